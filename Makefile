@@ -1,0 +1,52 @@
+# RingKV: every target sets up .venv from PyPI on first use; nothing is installed by hand.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.ringkv-installed
+BOARD  ?= ulx3s-85f
+JOBS   ?= 2
+
+.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv
+
+all: test
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[tools,dev]"
+	touch $(STAMP)
+
+## make demo: the main job (see README)
+demo: $(STAMP)
+	$(VENV)/bin/ringkv demo
+
+## make test: the whole suite but the long sweeps (CI runs this)
+test: $(STAMP)
+	$(PY) -m pytest -n $(JOBS) -m "not slow" --durations=15
+
+## make test-all: including the long sweeps
+test-all: $(STAMP)
+	$(PY) -m pytest -n $(JOBS) --durations=25
+
+formal: $(STAMP)
+	$(PY) -m pytest -n $(JOBS) -k formal
+
+## make bench: bench/results.json and docs/BENCHMARKS.md
+bench: $(STAMP)
+	$(PY) -m bench.run $(if $(ONLY),--only $(ONLY))
+
+## make bitstream BOARD=ulx3s-85f
+bitstream: $(STAMP)
+	$(VENV)/bin/ringkv build --board $(BOARD)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf build .pytest_cache sim_build results.xml
+	find . -name __pycache__ -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info

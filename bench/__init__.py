@@ -1,0 +1,1 @@
+"""RingKV benchmarks: ``python -m bench.run`` (``make bench``)."""

