@@ -1,0 +1,213 @@
+"""Golden record format: layout, round trip, corruption, foreign config, scan and rebuild."""
+
+import random
+
+import numpy as np
+import pytest
+from ringkv.host.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.host.record import (
+    SECTOR,
+    RecordError,
+    RecordLayout,
+    RecordStatus,
+    crc32,
+    decode_header,
+    encode_header,
+    encode_record,
+    format_listing,
+    header_template,
+    import_record,
+    main,
+    rebuild,
+    scan_image,
+)
+
+SMALL = RingKVConfig(layers=2, q_heads=2, kv_heads=1, head_dim=8, window=8, token_width=16,
+                     max_tokens=300)
+
+
+class Image:
+    def __init__(self, config, regions):
+        self.lay = RecordLayout(config)
+        self.data = bytearray(regions * self.lay.sectors_per_region * SECTOR)
+
+    def read(self, lba, n):
+        return bytes(self.data[lba * SECTOR:(lba + n) * SECTOR])
+
+    def write_record(self, region, writes, upto=None):
+        base = self.lay.region_lba(region) * SECTOR
+        for i, (off, data) in enumerate(writes):
+            if upto is not None and i >= upto:
+                return
+            self.data[base + off * SECTOR:base + off * SECTOR + len(data)] = data
+
+
+def random_snapshot(config, rng, count=None):
+    count = rng.randrange(0, 3 * config.window) if count is None else count
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+    rings = np.frombuffer(rng.randbytes(config.layers * config.kv_heads * 2 * config.window
+                                        * config.head_dim), dtype=np.uint8).reshape(
+        config.layers, config.kv_heads, 2, config.window, config.head_dim).copy()
+    head = rng.randrange(config.window)
+    return tokens, rings, count, head
+
+
+def test_layout_default():
+    lay = RecordLayout(DEFAULT_CONFIG)
+    assert lay.token_bytes == 2
+    assert lay.token_sectors_max == 64
+    assert lay.kv_sectors_max == 256
+    assert lay.sectors_per_region == 321
+    assert lay.kv_sector == 65
+    assert lay.region_lba(3) == 963
+    # the snapshot size stops growing at W tokens except for the tokens themselves
+    assert lay.record_bytes(128) == SECTOR * (1 + 1 + 256)
+    assert lay.record_bytes(10000) - lay.record_bytes(128) == SECTOR * (40 - 1)
+
+
+def test_header_fields():
+    h = encode_header(DEFAULT_CONFIG, count=300, ring_head=43, prefix_hash=0x1122334455667788,
+                      commit_seq=9, payload_crc=0xDEADBEEF)
+    assert len(h) == SECTOR and h[:8] == b"RINGKVSN"
+    assert h[48:56] == (0x1122334455667788).to_bytes(8, "little")
+    assert int.from_bytes(h[508:512], "little") == crc32(h[:508])
+    d = decode_header(h)
+    assert (d.count, d.ring_head, d.commit_seq, d.payload_crc) == (300, 43, 9, 0xDEADBEEF)
+    assert d.token_bytes == 600 and d.k_bytes == d.v_bytes == 4 * 2 * 128 * 64
+    assert d.config_fields == {"layers": 4, "q_heads": 4, "kv_heads": 2, "head_dim": 64,
+                               "window": 128, "token_width": 16, "max_tokens": 16384,
+                               "numerics": "ringkv-fx1"}
+    assert header_template(DEFAULT_CONFIG)[16:48] == DEFAULT_CONFIG.digest()
+
+
+def test_v_column_wise_and_k_token_order():
+    c = SMALL
+    rings = np.zeros((2, 1, 2, 8, 8), dtype=np.uint8)
+    for slot in range(8):
+        for dim in range(8):
+            rings[1, 0, 0, slot, dim] = 16 * slot + dim
+            rings[1, 0, 1, slot, dim] = 16 * slot + dim + 128
+    writes = encode_record(c, [0] * 20, rings, count=20, ring_head=2, prefix_hash=1, commit_seq=1)
+    kv = writes[1][1]
+    per = 8 * 8
+    k1 = kv[per:2 * per]
+    v1 = kv[3 * per:4 * per]
+    order = [(2 - 8 + 1 + t) % 8 for t in range(8)]   # oldest..newest: slots 3,4,...,2
+    assert list(k1[:8]) == [16 * order[0] + d for d in range(8)]
+    assert list(v1[:8]) == [16 * s + 128 for s in order]          # dim 0 of every token
+    assert list(v1[8:16]) == [16 * s + 129 for s in order]        # then dim 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_round_trip_random(seed):
+    rng = random.Random(seed)
+    img = Image(SMALL, 3)
+    tokens, rings, count, head = random_snapshot(SMALL, rng)
+    img.write_record(1, encode_record(SMALL, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=77, commit_seq=5))
+    out = np.zeros_like(rings)
+    status, h, meta = import_record(SMALL, img.read, 1, count=count, prefix_hash=77,
+                                    session_tokens=tokens, rings=out)
+    assert status is RecordStatus.OK and meta == (count, head)
+    v = min(count, SMALL.window)
+    for t in range(v):
+        s = (head - v + 1 + t) % SMALL.window
+        assert (out[:, :, :, s, :] == rings[:, :, :, s, :]).all()
+    assert import_record(SMALL, img.read, 1)[0] is RecordStatus.OK
+    assert import_record(SMALL, img.read, 0)[0] is RecordStatus.EMPTY
+
+
+def test_every_bit_flip_is_a_miss():
+    rng = random.Random(3)
+    img = Image(SMALL, 1)
+    tokens, rings, count, head = random_snapshot(SMALL, rng, count=11)
+    writes = encode_record(SMALL, tokens, rings, count=count, ring_head=head, prefix_hash=5,
+                           commit_seq=2)
+    img.write_record(0, writes)
+    used = [(off * SECTOR + i) for off, data in writes for i in range(len(data))]
+    lay = RecordLayout(SMALL)
+    # every byte carrying information (header fields, tokens, KV): flip one random bit each
+    tok_end = SECTOR + count * 2
+    kv_end = lay.kv_sector * SECTOR + 2 * 2 * 8 * 8
+    meaningful = [p for p in used if p < 116 or 508 <= p < 512 or SECTOR <= p < tok_end
+                  or lay.kv_sector * SECTOR <= p < kv_end]
+    for p in meaningful:
+        saved = img.data[p]
+        img.data[p] ^= 1 << rng.randrange(8)
+        status, _, _ = import_record(SMALL, img.read, 0, count=count, prefix_hash=5,
+                                     session_tokens=tokens, rings=rings.copy())
+        assert status is not RecordStatus.OK, p
+        img.data[p] = saved
+    assert import_record(SMALL, img.read, 0)[0] is RecordStatus.OK
+
+
+def test_foreign_config_names_field():
+    other = RingKVConfig(**{**SMALL.__dict__, "window": 16})
+    rng = random.Random(1)
+    tokens, rings, count, head = random_snapshot(other, rng, count=5)
+    writes = encode_record(other, tokens, rings, count=count, ring_head=head, prefix_hash=1,
+                           commit_seq=1)
+    header = writes[-1][1]
+    with pytest.raises(RecordError, match=r"window: 16 != 8 \(record != this device\)") as e:
+        decode_header(header, SMALL)
+    assert e.value.status is RecordStatus.FOREIGN_CONFIG
+    other2 = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx2"})
+    with pytest.raises(RecordError, match="numerics: 'ringkv-fx2' != 'ringkv-fx1'"):
+        decode_header(encode_header(other2, count=0, ring_head=0, prefix_hash=0, commit_seq=0,
+                                    payload_crc=0), SMALL)
+
+
+def test_token_mismatch_and_not_this():
+    rng = random.Random(2)
+    img = Image(SMALL, 1)
+    tokens, rings, count, head = random_snapshot(SMALL, rng, count=40)
+    img.write_record(0, encode_record(SMALL, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=9, commit_seq=1))
+    bad = list(tokens)
+    bad[17] ^= 1
+    out = rings.copy()
+    assert import_record(SMALL, img.read, 0, count=40, prefix_hash=9, session_tokens=bad,
+                         rings=out)[0] is RecordStatus.TOKEN_MISMATCH
+    assert (out == rings).all()
+    assert import_record(SMALL, img.read, 0, count=39, prefix_hash=9, session_tokens=tokens,
+                         rings=out)[0] is RecordStatus.NOT_THIS
+    assert import_record(SMALL, img.read, 0, count=40, prefix_hash=8, session_tokens=tokens,
+                         rings=out)[0] is RecordStatus.NOT_THIS
+
+
+def test_torn_export_and_rebuild_newest_wins():
+    rng = random.Random(4)
+    img = Image(SMALL, 4)
+    snap = random_snapshot(SMALL, rng, count=30)
+    tokens, rings, count, head = snap
+    rec = encode_record(SMALL, tokens, rings, count=count, ring_head=head, prefix_hash=3,
+                        commit_seq=1)
+    img.write_record(0, rec)
+    img.write_record(1, encode_record(SMALL, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=3, commit_seq=4))
+    # a newer snapshot of a longer conversation, torn before its header
+    t2, r2, c2, h2 = random_snapshot(SMALL, rng, count=31)
+    img.write_record(2, encode_record(SMALL, t2, r2, count=c2, ring_head=h2, prefix_hash=6,
+                                      commit_seq=5), upto=2)
+    infos = scan_image(SMALL, img.read, 4)
+    assert [i.status for i in infos] == [RecordStatus.OK, RecordStatus.OK, RecordStatus.EMPTY,
+                                         RecordStatus.EMPTY]
+    inserts, frees, next_seq = rebuild(infos)
+    assert inserts == [(30, 3, 1, 4)]
+    assert frees == [0, 2, 3]
+    assert next_seq == 5
+    listing = format_listing(infos)
+    assert "superseded" in listing and "2 valid, 1 live" in listing
+
+
+def test_inspect_cli(tmp_path, capsys):
+    rng = random.Random(5)
+    img = Image(DEFAULT_CONFIG, 2)
+    tokens, rings, count, head = random_snapshot(DEFAULT_CONFIG, rng, count=200)
+    img.write_record(1, encode_record(DEFAULT_CONFIG, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=0xABC, commit_seq=7))
+    path = tmp_path / "sd.img"
+    path.write_bytes(img.data)
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "     1 OK" in out and "0x0000000000000abc" in out and "1 valid" in out
