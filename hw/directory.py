@@ -1,0 +1,600 @@
+"""Cache directory and region allocator (seed 001): hash -> bucket -> doubly linked links.
+
+The golden model is :class:`ringkv.host.golden_directory.GoldenDirectory`; the block's document
+is ``docs/blocks/directory.md``.
+"""
+
+from amaranth.hdl import Array, Assert, Assume, Const, Module, Mux, ResetSignal, Shape, Signal
+from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["CacheDirectory", "Op", "Status", "command_layout", "response_layout",
+           "layout_fields", "NIL", "LINK_FIELD_WIDTH", "REGION_FIELD_WIDTH", "BUGS", "CHECKS",
+           "check_directory_params"]
+
+#: Width of the ``link``/``prev``/``next``/``victim`` fields; ``NIL`` (all ones) means "none".
+LINK_FIELD_WIDTH = 16
+#: Width of the ``region`` fields: up to 2**24 regions.
+REGION_FIELD_WIDTH = 24
+NIL = (1 << LINK_FIELD_WIDTH) - 1
+
+#: Deliberately broken variants for the formal tests (private knob ``_bug``).
+BUGS = ("region_leak", "region_dup", "link_dup", "lost_head", "stale_prev")
+#: Formal property groups (private knob ``_checks``).
+CHECKS = ("regions", "free_links", "reach", "links")
+
+
+class Op(enum.Enum, shape=4):
+    """Command opcodes (``command_layout().op``)."""
+    LOOKUP = 0
+    INSERT = 1
+    DELETE = 2
+    TOUCH = 3
+    EXPIRE = 4
+    READ = 5
+    INSERT_EXISTING = 6
+    CLEAR = 7
+
+
+class Status(enum.Enum, shape=4):
+    """Response status (``response_layout().status``). A lookup hit is ``OK``."""
+    OK = 0
+    MISS = 1
+    FULL = 2
+    BAD_COUNT = 3
+    BAD_LINK = 4
+    NOT_LIVE = 5
+    BAD_REGION = 6
+    BAD_OP = 7
+
+
+def command_layout(count_width=24, hash_width=64, stamp_width=32) -> data.StructLayout:
+    """The command payload; fields an operation does not use are ignored."""
+    return data.StructLayout({
+        "op": Op,
+        "evict": 1,                       # INSERT: evict the LRU link when full
+        "link": LINK_FIELD_WIDTH,         # DELETE, TOUCH, READ
+        "count": count_width,             # LOOKUP, INSERT, INSERT_EXISTING (token count)
+        "hash": hash_width,               # LOOKUP, INSERT, INSERT_EXISTING (prefix hash)
+        "region": REGION_FIELD_WIDTH,     # INSERT_EXISTING
+        "now": stamp_width,               # LOOKUP (hit), INSERT, INSERT_EXISTING, TOUCH, EXPIRE
+        "max_age": stamp_width,           # EXPIRE
+    })
+
+
+def response_layout(count_width=24, hash_width=64, stamp_width=32) -> data.StructLayout:
+    """The response payload; fields an operation does not report are zero."""
+    return data.StructLayout({
+        "status": Status,
+        "op": Op,                         # the command's opcode, echoed
+        "evicted": 1,                     # INSERT: an LRU link was evicted to make room
+        "link": LINK_FIELD_WIDTH,
+        "region": REGION_FIELD_WIDTH,
+        "count": count_width,
+        "hash": hash_width,
+        "stamp": stamp_width,             # READ
+        "prev": LINK_FIELD_WIDTH,         # READ (NIL: none)
+        "next": LINK_FIELD_WIDTH,         # READ (NIL: none)
+        "victim": LINK_FIELD_WIDTH,       # INSERT with evicted=1: the evicted link
+        "expired": LINK_FIELD_WIDTH,      # EXPIRE: number of links expired
+    })
+
+
+def layout_fields(layout) -> list[tuple[str, int]]:
+    """``[(name, width), ...]`` from the LSB, for ``pack_fields``/``unpack_fields``."""
+    return [(name, Shape.cast(field.shape).width) for name, field in layout]
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_pow2(what, value, low, high):
+    if not _is_int(value):
+        raise TypeError(f"{what} must be an integer, not {value!r}")
+    if not (low <= value <= high and value & (value - 1) == 0):
+        raise ValueError(f"{what} must be a power of two between {low} and {high}, not {value!r}")
+
+
+def _check_width(what, value, low, high):
+    if not _is_int(value):
+        raise TypeError(f"{what} must be an integer, not {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{what} must be between {low} and {high} bits, not {value!r}")
+
+
+def check_directory_params(buckets, links, regions, count_width, hash_width, stamp_width,
+                           b_threshold):
+    """Check the parameters shared by the RTL and the golden model; return ``b_threshold``."""
+    _check_pow2("Bucket count", buckets, 2, 1 << 16)
+    _check_pow2("Link count", links, 2, 1 << (LINK_FIELD_WIDTH - 1))
+    _check_pow2("Region count", regions, 2, 1 << REGION_FIELD_WIDTH)
+    _check_width("Count width", count_width, 1, 32)
+    _check_width("Hash width", hash_width, buckets.bit_length() - 1, 128)
+    _check_width("Stamp width", stamp_width, 1, 32)
+    if b_threshold is None:
+        b_threshold = max(1, regions // 2)
+    if not _is_int(b_threshold):
+        raise TypeError(f"FIFO B threshold must be an integer, not {b_threshold!r}")
+    if not 1 <= b_threshold <= regions:
+        raise ValueError(f"FIFO B threshold must be between 1 and {regions}, not {b_threshold!r}")
+    return b_threshold
+
+
+class _Table:
+    """One synchronous-read, one-write table: a block RAM, or registers when ``formal``.
+
+    Both forms behave the same: ``rdata`` is the row at ``raddr`` of the previous clock, and a
+    write is not seen by a read in the same clock (not transparent). The register form exists
+    so that formal assertions can range over every row (``rows``) of a small configuration.
+    """
+
+    def __init__(self, m, name, shape, depth, formal):
+        self.rows = None
+        self.raddr = Signal(range(depth), name=f"{name}_raddr")
+        self.waddr = Signal(range(depth), name=f"{name}_waddr")
+        self.we = Signal(name=f"{name}_we")
+        self.rdata = Signal(shape, name=f"{name}_rdata")
+        self.wdata = Signal(shape, name=f"{name}_wdata")
+        width = Shape.cast(shape).width
+        if formal:
+            self.rows = [Signal(width, name=f"{name}_{n}") for n in range(depth)]
+            rows = Array(self.rows)
+            rdata = Signal(width, name=f"{name}_rdata_raw")
+            m.d.sync += rdata.eq(rows[self.raddr])
+            m.d.comb += self.rdata.eq(rdata)
+            with m.If(self.we):
+                m.d.sync += rows[self.waddr].eq(self.wdata)
+        else:
+            m.submodules[name] = mem = memory.Memory(shape=width, depth=depth, init=[])
+            read = mem.read_port(transparent_for=())
+            write = mem.write_port()
+            m.d.comb += [read.addr.eq(self.raddr), self.rdata.eq(read.data),
+                         write.addr.eq(self.waddr), write.data.eq(self.wdata),
+                         write.en.eq(self.we)]
+
+    def write(self, m, addr, value):
+        m.d.comb += [self.we.eq(1), self.waddr.eq(addr), self.wdata.eq(value)]
+
+    def row(self, index, shape=None):
+        value = self.rows[index]
+        return data.View(shape, value) if shape is not None else value
+
+
+class CacheDirectory(wiring.Component):
+    """The cache directory of seed 001 with its two-FIFO region allocator.
+
+    A bucket table (``buckets`` heads, indexed by the low ``log2(buckets)`` bits of the hash)
+    heads doubly linked lists of links; a link holds valid, token count, full hash, storage
+    region, prev, next and a last-use stamp. Free links wait in a free-link FIFO. Regions are
+    in exactly one of FIFO A (never used since reset/clear), FIFO B (freed by delete, expiry or
+    eviction) or a live link.
+
+    Parameters
+    ----------
+    buckets, links, regions : int
+        Powers of two; ``links`` at most 2**15, ``regions`` at most 2**24.
+    count_width, hash_width, stamp_width : int
+        Field widths (defaults 24, 64, 32). ``hash_width >= log2(buckets)``.
+    b_threshold : int
+        Allocation policy: a new region comes from FIFO B when B holds at least ``b_threshold``
+        regions or A is empty, otherwise from A (default ``regions // 2``). ``regions`` gives
+        "A first" (wear spreading), 1 gives "B first" (locality).
+    formal : bool
+        Build the tables as registers and add the formal invariants (small configurations).
+
+    Ports
+    -----
+    i : ``In(stream.Signature(command_layout(...)))``
+        Commands (:class:`Op`). ``i.ready`` is high only while the directory is idle.
+    o : ``Out(stream.Signature(response_layout(...)))``
+        One response per command (:class:`Status`), held until ``o.ready``.
+
+    Latency, throughput, backpressure
+    ---------------------------------
+    One command at a time; cycles from the command transfer to ``o.valid`` (exact figures in
+    ``docs/BENCHMARKS.md``): lookup 3 + k for a hit at chain position k (0 = head) and
+    2 + n for a miss after a chain of n links; insert 2 (empty bucket) or 3; delete, touch,
+    read 2; expire ``links + e + 2`` for e expired links; an insert that must evict scans the
+    link pool (``links + 7`` more cycles); clear ``max(buckets, links) + 1``. The next command
+    is accepted one cycle after the response transfer. ``o.valid`` holds with a steady
+    payload until ``o.ready``; meanwhile ``i.ready`` is low. After reset the tables are swept
+    for ``max(buckets, links)`` cycles before the first command is accepted.
+    """
+
+    def __init__(self, *, buckets=1024, links=4096, regions=4096, count_width=24, hash_width=64,
+                 stamp_width=32, b_threshold=None, formal=False, _bug=None, _checks=CHECKS):
+        b_threshold = check_directory_params(buckets, links, regions, count_width, hash_width,
+                                             stamp_width, b_threshold)
+        if _bug is not None and _bug not in BUGS:
+            raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
+        self._buckets = buckets
+        self._links = links
+        self._regions = regions
+        self._count_width = count_width
+        self._hash_width = hash_width
+        self._stamp_width = stamp_width
+        self._b_threshold = b_threshold
+        self._formal = bool(formal)
+        self._bug = _bug
+        self._checks = tuple(_checks)
+        self._cmd_layout = command_layout(count_width, hash_width, stamp_width)
+        self._resp_layout = response_layout(count_width, hash_width, stamp_width)
+        super().__init__({
+            "i": In(stream.Signature(self._cmd_layout)),
+            "o": Out(stream.Signature(self._resp_layout)),
+        })
+
+    buckets = property(lambda self: self._buckets)
+    links = property(lambda self: self._links)
+    regions = property(lambda self: self._regions)
+    count_width = property(lambda self: self._count_width)
+    hash_width = property(lambda self: self._hash_width)
+    stamp_width = property(lambda self: self._stamp_width)
+    b_threshold = property(lambda self: self._b_threshold)
+    cmd_layout = property(lambda self: self._cmd_layout)
+    resp_layout = property(lambda self: self._resp_layout)
+
+    def params(self) -> dict:
+        """The parameters the golden model needs."""
+        return dict(buckets=self._buckets, links=self._links, regions=self._regions,
+                    count_width=self._count_width, hash_width=self._hash_width,
+                    stamp_width=self._stamp_width, b_threshold=self._b_threshold)
+
+    def elaborate(self, platform):
+        m = Module()
+        nb, nl, nr = self._buckets, self._links, self._regions
+        bb, lb, rb = nb.bit_length() - 1, nl.bit_length() - 1, nr.bit_length() - 1
+        bug = self._bug
+        formal = self._formal
+        nil_ptr = 1 << lb            # pointers are lb+1 bits; the top bit means "none"
+        ptr = lb + 1
+        meta_layout = data.StructLayout({"valid": 1, "count": self._count_width,
+                                          "hash": self._hash_width, "region": rb})
+
+        head = _Table(m, "head", ptr, nb, formal)
+        meta = _Table(m, "meta", meta_layout, nl, formal)
+        prev = _Table(m, "prev", ptr, nl, formal)
+        nxt = _Table(m, "next", ptr, nl, formal)
+        stamp = _Table(m, "stamp", self._stamp_width, nl, formal)
+        free_q = _Table(m, "free_links", lb, nl, formal)
+        fifo_b = _Table(m, "fifo_b", rb, nr, formal)
+
+        cmd = Signal(self._cmd_layout)
+        resp = Signal(self._resp_layout)
+        a_next = Signal(range(nr + 1))       # FIFO A is the range [a_next, regions)
+        b_rd = Signal(rb)
+        b_wr = Signal(rb)
+        b_level = Signal(range(nr + 1))
+        fl_rd = Signal(lb)
+        fl_wr = Signal(lb)
+        fl_level = Signal(range(nl + 1))
+        sweep = max(nb, nl)
+        idx = Signal(range(sweep + 1))
+        cur = Signal(lb)
+        old_head = Signal(ptr)
+        best_link = Signal(lb)
+        best_age = Signal(self._stamp_width)
+        have_best = Signal()
+        clearing = Signal()                  # INIT was entered by CLEAR: answer it
+        link_raddr = Signal(lb)
+
+        m.d.comb += [
+            meta.raddr.eq(link_raddr), prev.raddr.eq(link_raddr), nxt.raddr.eq(link_raddr),
+            stamp.raddr.eq(link_raddr), free_q.raddr.eq(fl_rd), fifo_b.raddr.eq(b_rd),
+            link_raddr.eq(cur), head.raddr.eq(cmd.hash[:bb]),
+        ]
+
+        def is_nil(p):
+            return p[lb]
+
+        def to_field(p):
+            return Mux(is_nil(p), NIL, p[:lb])
+
+        def age_of(stamp_value):
+            return (cmd.now - stamp_value)[:self._stamp_width]
+
+        def unlink(link):
+            """Unlink ``link`` (its rows in meta/prev/next ``rdata``); free link and region."""
+            p, n = prev.rdata, nxt.rdata
+            with m.If(is_nil(p)):
+                head.write(m, meta.rdata.hash[:bb], n)
+            with m.Else():
+                nxt.write(m, p[:lb], n)
+            if bug != "stale_prev":
+                with m.If(~is_nil(n)):
+                    prev.write(m, n[:lb], p)
+            dead = Signal(meta_layout)
+            m.d.comb += [dead.eq(meta.rdata), dead.valid.eq(0)]
+            meta.write(m, link, dead)
+            free_q.write(m, fl_wr, link)
+            m.d.sync += [fl_wr.eq(fl_wr + 1), fl_level.eq(fl_level + 1)]
+            if bug != "region_leak":
+                fifo_b.write(m, b_wr, meta.rdata.region)
+                m.d.sync += [b_wr.eq(b_wr + 1), b_level.eq(b_level + 1)]
+
+        # Allocation policy on both FIFO levels (docs/blocks/directory.md, "Allocator").
+        a_avail = a_next != nr
+        b_avail = b_level != 0
+        use_b = b_avail & (~a_avail | (b_level >= self._b_threshold))
+        new_region = Mux(use_b, fifo_b.rdata, a_next[:rb])
+
+        with m.FSM(init="INIT") as fsm:
+            with m.State("INIT"):
+                # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
+                with m.If(idx < nb):
+                    head.write(m, idx, nil_ptr)
+                with m.If(idx < nl):
+                    meta.write(m, idx, 0)
+                    free_q.write(m, idx, idx)
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(idx == sweep - 1):
+                    m.d.sync += [a_next.eq(0), b_rd.eq(0), b_wr.eq(0), b_level.eq(0),
+                                 fl_rd.eq(0), fl_wr.eq(0), fl_level.eq(nl), idx.eq(0),
+                                 clearing.eq(0)]
+                    with m.If(clearing):
+                        m.next = "RESP"
+                    with m.Else():
+                        m.next = "IDLE"
+
+            with m.State("IDLE"):
+                m.d.comb += [self.i.ready.eq(1), link_raddr.eq(self.i.payload.link[:lb]),
+                             head.raddr.eq(self.i.payload.hash[:bb])]
+                with m.If(self.i.valid):
+                    m.d.sync += [cmd.eq(self.i.payload), resp.eq(0),
+                                 resp.op.eq(self.i.payload.op), idx.eq(0)]
+                    with m.Switch(self.i.payload.op):
+                        with m.Case(Op.LOOKUP):
+                            m.next = "LK_HEAD"
+                        with m.Case(Op.INSERT, Op.INSERT_EXISTING):
+                            m.next = "INS_CHECK"
+                        with m.Case(Op.DELETE, Op.TOUCH, Op.READ):
+                            m.next = "LINK_OP"
+                        with m.Case(Op.EXPIRE):
+                            m.next = "EXP_ISSUE"
+                        with m.Case(Op.CLEAR):
+                            m.d.sync += clearing.eq(1)
+                            m.next = "INIT"
+                        with m.Default():
+                            m.d.sync += resp.status.eq(Status.BAD_OP)
+                            m.next = "RESP"
+
+            with m.State("LK_HEAD"):
+                m.d.comb += link_raddr.eq(head.rdata[:lb])
+                m.d.sync += cur.eq(head.rdata[:lb])
+                with m.If(cmd.count == 0):
+                    m.d.sync += resp.status.eq(Status.BAD_COUNT)
+                    m.next = "RESP"
+                with m.Elif(is_nil(head.rdata)):
+                    m.d.sync += resp.status.eq(Status.MISS)
+                    m.next = "RESP"
+                with m.Else():
+                    m.next = "LK_CMP"
+
+            with m.State("LK_CMP"):
+                # Follow next in the same cycle; the compare result picks hit, miss or go on.
+                m.d.comb += link_raddr.eq(nxt.rdata[:lb])
+                m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1)]
+                hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
+                       & (meta.rdata.hash == cmd.hash))
+                with m.If(hit):
+                    stamp.write(m, cur, cmd.now)
+                    m.d.sync += [resp.link.eq(cur), resp.region.eq(meta.rdata.region),
+                                 resp.count.eq(cmd.count), resp.hash.eq(cmd.hash)]
+                    m.next = "RESP"
+                with m.Elif(is_nil(nxt.rdata) | (idx == nl - 1)):
+                    # idx bounds the walk: a list never holds more than `links` links.
+                    m.d.sync += resp.status.eq(Status.MISS)
+                    m.next = "RESP"
+
+            with m.State("INS_CHECK"):
+                existing = cmd.op == Op.INSERT_EXISTING
+                have_link = fl_level != 0
+                have_region = a_avail | b_avail
+                region = Mux(existing, cmd.region[:rb], new_region)
+                with m.If(cmd.count == 0):
+                    m.d.sync += resp.status.eq(Status.BAD_COUNT)
+                    m.next = "RESP"
+                with m.Elif(existing & ((cmd.region >= nr) | (cmd.region < a_next))):
+                    m.d.sync += resp.status.eq(Status.BAD_REGION)
+                    m.next = "RESP"
+                with m.Elif(~have_link | (~existing & ~have_region)):
+                    with m.If(~existing & cmd.evict & ~resp.evicted):
+                        m.next = "EV_START"
+                    with m.Else():
+                        m.d.sync += resp.status.eq(Status.FULL)
+                        m.next = "RESP"
+                with m.Elif(existing & (cmd.region != a_next)):
+                    # Rebuild: regions of FIFO A below the record's are skipped into FIFO B.
+                    fifo_b.write(m, b_wr, a_next[:rb])
+                    m.d.sync += [b_wr.eq(b_wr + 1), b_level.eq(b_level + 1),
+                                 a_next.eq(a_next + 1)]
+                with m.Else():
+                    link = free_q.rdata
+                    new_meta = Signal(meta_layout)
+                    m.d.comb += [new_meta.valid.eq(1), new_meta.count.eq(cmd.count),
+                                 new_meta.hash.eq(cmd.hash), new_meta.region.eq(region)]
+                    meta.write(m, link, new_meta)
+                    prev.write(m, link, nil_ptr)
+                    nxt.write(m, link, head.rdata)
+                    stamp.write(m, link, cmd.now)
+                    if bug != "lost_head":
+                        head.write(m, cmd.hash[:bb], link)
+                    if bug != "link_dup":
+                        m.d.sync += [fl_rd.eq(fl_rd + 1), fl_level.eq(fl_level - 1)]
+                    if bug != "region_dup":
+                        with m.If(existing | ~use_b):
+                            m.d.sync += a_next.eq(a_next + 1)
+                        with m.Else():
+                            m.d.sync += [b_rd.eq(b_rd + 1), b_level.eq(b_level - 1)]
+                    m.d.sync += [resp.link.eq(link), resp.region.eq(region),
+                                 cur.eq(link), old_head.eq(head.rdata)]
+                    with m.If(is_nil(head.rdata)):
+                        m.next = "RESP"
+                    with m.Else():
+                        m.next = "INS_PREV"
+
+            with m.State("INS_PREV"):
+                prev.write(m, old_head[:lb], cur)
+                m.next = "RESP"
+
+            with m.State("EV_START"):
+                m.d.comb += link_raddr.eq(0)
+                m.d.sync += [idx.eq(0), have_best.eq(0)]
+                m.next = "EV_SCAN"
+
+            with m.State("EV_SCAN"):
+                # One link per clock: the oldest live stamp wins, ties to the lowest index.
+                m.d.comb += link_raddr.eq(idx + 1)
+                age = age_of(stamp.rdata)
+                with m.If(meta.rdata.valid & (~have_best | (age > best_age))):
+                    m.d.sync += [best_link.eq(idx), best_age.eq(age), have_best.eq(1)]
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(idx == nl - 1):
+                    m.next = "EV_READ"
+
+            with m.State("EV_READ"):
+                m.d.comb += link_raddr.eq(best_link)
+                m.d.sync += cur.eq(best_link)
+                with m.If(have_best):
+                    m.next = "EV_UNLINK"
+                with m.Else():
+                    m.d.sync += resp.status.eq(Status.FULL)
+                    m.next = "RESP"
+
+            with m.State("EV_UNLINK"):
+                unlink(cur)
+                m.d.sync += [resp.evicted.eq(1), resp.victim.eq(cur)]
+                m.next = "EV_WAIT"
+
+            with m.State("EV_WAIT"):
+                # The tables' read ports see EV_UNLINK's writes one clock later.
+                m.next = "INS_CHECK"
+
+            with m.State("LINK_OP"):
+                link = cmd.link[:lb]
+                with m.If(cmd.link >= nl):
+                    m.d.sync += resp.status.eq(Status.BAD_LINK)
+                with m.Elif(~meta.rdata.valid):
+                    m.d.sync += resp.status.eq(Status.NOT_LIVE)
+                with m.Else():
+                    m.d.sync += resp.link.eq(cmd.link)
+                    with m.Switch(cmd.op):
+                        with m.Case(Op.DELETE):
+                            unlink(link)
+                            m.d.sync += resp.region.eq(meta.rdata.region)
+                        with m.Case(Op.TOUCH):
+                            stamp.write(m, link, cmd.now)
+                        with m.Case(Op.READ):
+                            m.d.sync += [resp.region.eq(meta.rdata.region),
+                                         resp.count.eq(meta.rdata.count),
+                                         resp.hash.eq(meta.rdata.hash),
+                                         resp.stamp.eq(stamp.rdata),
+                                         resp.prev.eq(to_field(prev.rdata)),
+                                         resp.next.eq(to_field(nxt.rdata))]
+                m.next = "RESP"
+
+            with m.State("EXP_ISSUE"):
+                m.d.comb += link_raddr.eq(idx)
+                m.next = "EXP_CHECK"
+
+            with m.State("EXP_CHECK"):
+                last = idx == nl - 1
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(meta.rdata.valid & (age_of(stamp.rdata) > cmd.max_age)):
+                    unlink(idx[:lb])
+                    m.d.sync += resp.expired.eq(resp.expired + 1)
+                    # The next link may be a neighbour just rewritten: read it afresh.
+                    with m.If(last):
+                        m.next = "RESP"
+                    with m.Else():
+                        m.next = "EXP_ISSUE"
+                with m.Else():
+                    m.d.comb += link_raddr.eq(idx + 1)
+                    with m.If(last):
+                        m.next = "RESP"
+
+            with m.State("RESP"):
+                m.d.comb += [self.o.valid.eq(1), self.o.payload.eq(resp)]
+                with m.If(self.o.ready):
+                    m.next = "IDLE"
+
+        if formal:
+            m.d.comb += Assume(~ResetSignal())
+            idle = fsm.ongoing("IDLE")
+            self._add_properties(m, idle, head, meta, prev, nxt, free_q, fifo_b, meta_layout,
+                                 a_next, b_rd, b_level, fl_rd, fl_level, bb, lb)
+        return m
+
+    def _add_properties(self, m, idle, head, meta, prev, nxt, free_q, fifo_b, meta_layout,
+                        a_next, b_rd, b_level, fl_rd, fl_level, bb, lb):
+        """The directory's invariants, asserted whenever it is idle (between commands)."""
+        nb, nl, nr = self._buckets, self._links, self._regions
+        metas = [meta.row(n, meta_layout) for n in range(nl)]
+        valid = Array(Signal(name=f"live_{n}") for n in range(nl))
+        for n in range(nl):
+            m.d.comb += valid[n].eq(metas[n].valid)
+        prevs, nexts, heads = Array(prev.rows), Array(nxt.rows), head.rows
+
+        def occupied(slot, rd, level, depth):
+            return ((slot - rd) % depth) < level
+
+        def count(terms):
+            total = Const(0, range(len(terms) + 1))
+            for term in terms:
+                total = total + term
+            return total
+
+        def bucket_of(n):
+            return metas[n].hash[:bb]
+
+        def nil(p):
+            return p[lb]
+
+        bucket_bits = Array(bucket_of(n) for n in range(nl))
+        checks = []
+        if "regions" in self._checks:
+            # Every region is in exactly one of FIFO A, FIFO B or a live link.
+            for r in range(nr):
+                in_a = a_next <= r
+                in_b = [occupied(j, b_rd, b_level, nr) & (fifo_b.rows[j] == r)
+                        for j in range(nr)]
+                live = [metas[n].valid & (metas[n].region == r) for n in range(nl)]
+                checks.append(count([in_a, *in_b, *live]) == 1)
+        if "free_links" in self._checks:
+            # Free links and live links are disjoint, and together they are all links.
+            for n in range(nl):
+                free = [occupied(j, fl_rd, fl_level, nl) & (free_q.rows[j] == n)
+                        for j in range(nl)]
+                checks.append(count([*free, metas[n].valid]) == 1)
+        if "reach" in self._checks:
+            # Every live link is reachable from exactly one bucket (its hash's), no free link
+            # is reachable, and every list ends within `links` steps (no cycle).
+            reach = [[Const(0) for _ in range(nl)] for _ in range(nb)]
+            for b in range(nb):
+                p = heads[b]
+                for _ in range(nl):
+                    for n in range(nl):
+                        reach[b][n] = reach[b][n] | (~nil(p) & (p[:lb] == n))
+                    p = Mux(nil(p), p, nexts[p[:lb]])
+                checks.append(nil(p))
+            for n in range(nl):
+                by = count([reach[b][n] for b in range(nb)])
+                own = Array(reach[b][n] for b in range(nb))[bucket_of(n)]
+                checks.append(Mux(metas[n].valid, (by == 1) & own, by == 0))
+        if "links" in self._checks:
+            # prev and next agree; a link without prev heads its bucket.
+            for n in range(nl):
+                p, q = prev.rows[n], nxt.rows[n]
+                ok_next = nil(q) | (valid[q[:lb]] & (prevs[q[:lb]] == n))
+                ok_prev = Mux(nil(p), Array(heads)[bucket_of(n)] == n,
+                              valid[p[:lb]] & (nexts[p[:lb]] == n))
+                checks.append(~metas[n].valid | (ok_next & ok_prev))
+            for b in range(nb):
+                h = heads[b]
+                ok = nil(h) | (valid[h[:lb]] & nil(prevs[h[:lb]])
+                               & (bucket_bits[h[:lb]] == b))
+                checks.append(ok)
+        with m.If(idle):
+            for check in checks:
+                m.d.comb += Assert(check)
