@@ -1,0 +1,267 @@
+"""Bit-exact golden model of the SWA attention core's fixed-point datapath ("ringkv-fx1").
+
+Numerics ``ringkv-fx1`` (every quantity an integer; the real value is given beside it):
+
+=====================  ==========================  ==============================================
+quantity               format                      meaning
+=====================  ==========================  ==============================================
+q, k, v                int8, scale ``2**-5``       real = x / 32 (range -4 .. 3.97); the host
+                                                   quantizes with round-half-even and clips
+dot                    signed, ``d * 2**14`` max   sum over d of q*k (units ``2**-10``)
+score ``s``            signed, units ``2**-8``     ``(dot * CS) >> 18``: the score in base-2
+                                                   log units, ``CS = round(scale*log2(e)*2**16)``
+                                                   with ``scale = 1/sqrt(d)`` by default
+exp weight ``p``       unsigned Q1.15              ``exp2_fx(m - s)``: ``T[y & 255] >> (y >> 8)``
+                                                   with ``T[f] = round(2**15 * 2**(-f/256))``,
+                                                   0 when ``y >> 8 >= 16``
+lane sum ``l``         unsigned                    sum of ``p`` over the lane's valid slots
+lane accumulator       signed                      sum of ``p * v`` over the lane's valid slots
+merge weight alpha     unsigned Q1.15              ``exp2_fx(m - m_lane)``, 0 for an empty lane
+output ``o``           int16, scale ``2**-13``     real = o / 8192 (v units with 8 more
+                                                   fraction bits), rounded, saturated
+=====================  ==========================  ==============================================
+
+Split-KV merge (the core's merge unit computes exactly this):
+
+``L = sum_lanes (l * alpha) >> 15``, ``e = bitlength(L)``, ``R = 2**(e+16) // L`` (17 bits),
+``sh = bitlength(l) - 10`` (so that ``a = acc >> sh`` fits 18 bits signed),
+``beta = min((alpha * R << sh) >> (e + 6), 2**17 - 1)`` (18 bits signed),
+``o = clamp((sum_lanes a * beta + 2**16) >> 17, -32768, 32767)``.
+
+Every multiply of the hot loops has operands of at most 18 bits signed, so one MULT18X18D serves
+each MAC of a lane in all three phases (q*k, p*v and a*beta).
+
+The ring rule is Mixtral's ``slot = p % W`` expressed through the stored head:
+the next token goes to ``(head + 1) % W``; an empty ring has ``head = W - 1``; the valid slots are
+``0 .. min(n, W) - 1``. Lane ``l`` of ``P`` owns the contiguous slots ``l*S .. (l+1)*S - 1``,
+``S = W / P``; a lane whose slots are all invalid is empty and contributes nothing.
+"""
+
+import math
+
+import numpy as np
+
+__all__ = [
+    "NUMERICS", "QKV_FRAC", "OUT_FRAC", "P_FRAC", "SCORE_FRAC", "CS_SHIFT", "EXP_TABLE",
+    "quantize", "dequantize_out", "score_const", "exp2_fx", "lane_state", "merge_lanes",
+    "attend_fx", "FixedRingCore", "run_ops", "nrmse",
+]
+
+NUMERICS = "ringkv-fx1"
+QKV_FRAC = 5        # q, k, v: int8 with real = x * 2**-5
+OUT_FRAC = 13       # output: int16 with real = o * 2**-13
+P_FRAC = 15         # exp weights: Q1.15
+SCORE_FRAC = 8      # scores in base-2 log units with 8 fraction bits
+CS_SHIFT = 18       # s = (dot * CS) >> CS_SHIFT
+ACC_SHIFT_BITS = 10  # sh = bitlength(l) - 10
+BETA_MAX = (1 << 17) - 1
+
+EXP_TABLE = tuple(round(2.0 ** (P_FRAC - f / 256)) for f in range(256))
+
+
+def quantize(x, frac=QKV_FRAC):
+    """float array -> int8 array with real = x * 2**-frac (round half even, clipped)."""
+    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * (1 << frac)), -128, 127).astype(
+        np.int64)
+
+
+def dequantize_out(o):
+    """int16 output -> float64 in the real units of v."""
+    return np.asarray(o, dtype=np.float64) / (1 << OUT_FRAC)
+
+
+def score_const(head_dim, scale=None):
+    """``CS``: the score multiplier folding ``scale`` (default 1/sqrt(d)) and log2(e)."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    return int(round(scale * math.log2(math.e) * (1 << 16)))
+
+
+def exp2_fx(y):
+    """``2**(-y/256)`` in Q1.15 for integer ``y >= 0`` (scalar or array)."""
+    y = np.asarray(y, dtype=np.int64)
+    if np.any(y < 0):
+        raise ValueError("exp2_fx argument must be non-negative")
+    table = np.array(EXP_TABLE, dtype=np.int64)
+    hi = y >> 8
+    out = table[y & 255] >> np.minimum(hi, 16)
+    return np.where(hi >= 16, 0, out)
+
+
+def lane_state(q, k, v, cs):
+    """One lane's ``(m, l, acc)`` for queries ``q`` (G, d) over slots ``k``, ``v`` (n, d).
+
+    Returns ``None`` for an empty lane (no valid slot).
+    """
+    q = np.asarray(q, dtype=np.int64)
+    k = np.asarray(k, dtype=np.int64)
+    v = np.asarray(v, dtype=np.int64)
+    if len(k) == 0:
+        return None
+    dot = q @ k.T                                # (G, n)
+    s = (dot * cs) >> CS_SHIFT
+    m = s.max(axis=1)                            # (G,)
+    p = exp2_fx(m[:, None] - s)                  # (G, n)
+    return m, p.sum(axis=1), p @ v               # (G,), (G,), (G, d)
+
+
+def _bitlength(x):
+    return int(x).bit_length()
+
+
+def merge_lanes(states, group, head_dim):
+    """Merge lane states (``None`` = empty lane) into the int16 output (G, d)."""
+    live = [s for s in states if s is not None]
+    out = np.zeros((group, head_dim), dtype=np.int64)
+    if not live:
+        return out
+    for g in range(group):
+        m = max(int(s[0][g]) for s in live)
+        terms = []
+        total = 0
+        for s in live:
+            alpha = int(exp2_fx(m - int(s[0][g])))
+            lsum = int(s[1][g])
+            total += (lsum * alpha) >> P_FRAC
+            terms.append((alpha, lsum, s[2][g]))
+        e = _bitlength(total)
+        recip = (1 << (e + 16)) // total
+        acc = np.zeros(head_dim, dtype=object)
+        for alpha, lsum, vec in terms:
+            sh = max(_bitlength(lsum) - ACC_SHIFT_BITS, 0)
+            beta = min(((alpha * recip) << sh) >> (e + 6), BETA_MAX)
+            acc = acc + np.array([(int(x) >> sh) * beta for x in vec], dtype=object)
+        rounded = [(int(x) + (1 << 16)) >> 17 for x in acc]
+        out[g] = np.clip(np.array(rounded, dtype=np.int64), -32768, 32767)
+    return out
+
+
+def attend_fx(q, k_ring, v_ring, valid, lanes, cs):
+    """Decode attention of ``q`` (G, d) over ring slots ``0..valid-1`` split in ``lanes``.
+
+    ``k_ring``/``v_ring`` are (W, d) int8; returns the int16 output (G, d).
+    """
+    window = len(k_ring)
+    seg = window // lanes
+    states = []
+    for lane in range(lanes):
+        lo, hi = lane * seg, min((lane + 1) * seg, valid)
+        states.append(lane_state(q, k_ring[lo:hi], v_ring[lo:hi], cs) if hi > lo else None)
+    return merge_lanes(states, len(q), k_ring.shape[1])
+
+
+class FixedRingCore:
+    """The whole core, bit-exact: rings, metadata, commands and the ring access port.
+
+    Rings are int8 arrays ``[layer, kv_head, kind, slot, dim]`` (kind 0 = K, 1 = V); metadata is
+    per ring (``ring = layer * kv_heads + kv_head``): count ``n`` (32 bits, never wraps at W)
+    and head (slot of the newest token, ``W - 1`` when empty).
+    """
+
+    ERR_NONE, ERR_RANGE, ERR_COUNT, ERR_OP = 0, 1, 2, 3
+
+    def __init__(self, layers, q_heads, kv_heads, head_dim, window, lanes, scale=None):
+        self.layers, self.q_heads, self.kv_heads = layers, q_heads, kv_heads
+        self.head_dim, self.window, self.lanes = head_dim, window, lanes
+        self.group = q_heads // kv_heads
+        self.cs = score_const(head_dim, scale)
+        self.rings = np.zeros((layers, kv_heads, 2, window, head_dim), dtype=np.int64)
+        self.count = np.zeros(layers * kv_heads, dtype=np.int64)
+        self.head = np.full(layers * kv_heads, window - 1, dtype=np.int64)
+
+    # -- commands ---------------------------------------------------------------------------
+    def check(self, op, layer, kv_head, count):
+        """The status code the core gives command ``(op, layer, kv_head, count)``."""
+        if op not in (0, 1, 2):
+            return self.ERR_OP
+        if op == 0 and (layer >= self.layers or kv_head >= self.kv_heads):
+            return self.ERR_RANGE
+        if op == 1 and layer >= self.layers:
+            return self.ERR_RANGE
+        if op == 0 and count == 0:
+            return self.ERR_COUNT
+        return self.ERR_NONE
+
+    def attend(self, layer, kv_head, q, k, v):
+        """C tokens: ``q`` (C, G, d), ``k``/``v`` (C, d) int8 -> (C, G, d) int16 output.
+
+        Each token's K/V is written first, then its query attends the ring: the chunk's queries
+        see ``[valid slots | chunk]`` under the window, and the ring ends up holding the chunk's
+        last ``min(C, W)`` tokens (chunked prefill; ``C = 1`` is a decode step).
+        """
+        ring = layer * self.kv_heads + kv_head
+        out = []
+        for t in range(len(k)):
+            slot = (int(self.head[ring]) + 1) % self.window
+            self.rings[layer, kv_head, 0, slot] = k[t]
+            self.rings[layer, kv_head, 1, slot] = v[t]
+            self.head[ring] = slot
+            self.count[ring] = (int(self.count[ring]) + 1) & 0xFFFFFFFF
+            valid = min(int(self.count[ring]), self.window)
+            out.append(attend_fx(q[t], self.rings[layer, kv_head, 0],
+                                 self.rings[layer, kv_head, 1], valid, self.lanes, self.cs))
+        return np.array(out, dtype=np.int64).reshape(len(k), self.group, self.head_dim)
+
+    def clear(self, layer=None):
+        """Reset the rings of ``layer`` (all layers when ``None``) to empty."""
+        layers = range(self.layers) if layer is None else [layer]
+        for lay in layers:
+            for kvh in range(self.kv_heads):
+                ring = lay * self.kv_heads + kvh
+                self.count[ring] = 0
+                self.head[ring] = self.window - 1
+
+    # -- ring access port -----------------------------------------------------------------
+    @property
+    def ring_elements(self):
+        return self.layers * self.kv_heads * 2 * self.window * self.head_dim
+
+    def ring_read(self, addr):
+        """The int8 element at ``ring_addr`` as an unsigned byte; 0 outside the rings."""
+        if not 0 <= addr < self.ring_elements:
+            return 0
+        return int(self.rings.reshape(-1)[addr]) & 0xFF
+
+    def ring_write(self, addr, byte):
+        if 0 <= addr < self.ring_elements:
+            self.rings.reshape(-1)[addr] = ((byte & 0xFF) ^ 0x80) - 0x80
+
+
+def run_ops(model, ops):
+    """Apply ``ops`` (see ``ringkv.sim.attention_sim``) to ``model``; same result layout."""
+    res = {"outputs": [], "status": [], "reads": []}
+    for op in ops:
+        kind = op[0]
+        if kind == "cmd":
+            code, layer, kv_head, count = op[1:5]
+            err = model.check(code, layer, kv_head, count)
+            ring_count = 0
+            if err == model.ERR_NONE and code == 0:
+                res["outputs"].append(model.attend(layer, kv_head, op[5], op[6], op[7]))
+                ring_count = int(model.count[layer * model.kv_heads + kv_head])
+            elif err == model.ERR_NONE:
+                model.clear(layer if code == 1 else None)
+            res["status"].append((code, err, ring_count))
+        elif kind == "ring_write":
+            model.ring_write(op[1], op[2])
+        elif kind == "ring_read":
+            res["reads"].append(model.ring_read(op[1]))
+        elif kind == "meta_write":
+            ring, count, head = op[1:4]
+            if ring < len(model.count) and head < model.window:
+                model.count[ring], model.head[ring] = count, head
+        elif kind == "meta_read":
+            ring = op[1]
+            ok = ring < len(model.count)
+            res["reads"].append((int(model.count[ring]) if ok else 0,
+                                 int(model.head[ring]) if ok else 0))
+        else:
+            raise ValueError(f"unknown operation {kind!r}")
+    return res
+
+
+def nrmse(got, ref):
+    """Normalized RMS error ``||got - ref|| / ||ref||``."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.sqrt(np.mean((got - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))

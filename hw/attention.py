@@ -1,0 +1,682 @@
+"""SWA attention core: ring-buffer KV cache in block RAM, split-KV lanes, LSE merge.
+
+See ``docs/blocks/attention.md`` for the interface tables and measured figures, and
+``host/golden_fixed.py`` for the numerics (``ringkv-fx1``) that this core reproduces bit for bit.
+"""
+
+import math
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, enum, fifo, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..host.golden_fixed import CS_SHIFT, EXP_TABLE, score_const
+
+__all__ = ["AttentionCore", "AttnOp", "AttnErr"]
+
+
+class AttnOp(enum.Enum, shape=2):
+    """Command opcodes (``cmd.p.op``)."""
+    ATTEND = 0      # C = count tokens: write each token's K/V, then attend (decode, prefill)
+    CLEAR = 1       # empty every ring of ``layer``
+    CLEAR_ALL = 2   # empty every ring (new session)
+
+
+class AttnErr(enum.Enum, shape=2):
+    """Status codes (``status.p.err``); a command with an error changes nothing."""
+    NONE = 0
+    RANGE = 1       # layer >= L or kv_head >= Hkv
+    COUNT = 2       # ATTEND with count == 0
+    OP = 3          # unknown opcode
+
+
+def _pow2(x):
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and x & (x - 1) == 0
+
+
+def _log2(x):
+    return x.bit_length() - 1
+
+
+def _bits(x):
+    """Bits of a non-negative integer (at least 1)."""
+    return max(int(x).bit_length(), 1)
+
+
+class AttentionCore(wiring.Component):
+    """Sliding-window attention on ring-buffer K/V caches, with ``lanes`` split-KV lanes.
+
+    Parameters
+    ----------
+    layers, q_heads, kv_heads, head_dim, window:
+        Model shape: ``L``, ``Hq``, ``Hkv``, ``d``, ``W``. ``d`` and ``W`` are powers of two;
+        ``Hq`` is a multiple of ``Hkv`` (``G = Hq / Hkv`` query heads per KV head).
+    lanes:
+        ``P`` split-KV lanes (power of two, ``P <= W``). Lane ``l`` owns the contiguous ring slots
+        ``l*S .. (l+1)*S - 1`` (``S = W / P``) in its own block RAM bank.
+    macs:
+        ``M`` multiply-accumulates per lane per clock (power of two, ``M <= d``); also the number
+        of int8 elements per input beat and of int16 elements per output beat.
+    scale:
+        Softmax scale (default ``1/sqrt(d)``), folded into the score constant ``CS``.
+
+    Interfaces
+    ----------
+    ``cmd`` (in stream): ``op`` (:class:`AttnOp`), ``layer`` (8 bits), ``kv_head`` (8 bits),
+    ``count`` (16 bits, tokens for ATTEND). ``i`` (in stream): ``M`` int8 per beat; per token,
+    the ``G`` query vectors, then ``k``, then ``v`` (``d / M`` beats each, element ``e`` of a
+    vector in beat ``e // M`` at position ``e % M``, position 0 at the LSB). ``o`` (out stream):
+    ``M`` int16 per beat, per token the ``G`` output vectors in the same order. ``status`` (out
+    stream): one per command, ``op``, ``err`` (:class:`AttnErr`), ``count`` (the ring's token
+    count after the command). A rejected command consumes no ``i`` beat and emits no ``o`` beat.
+
+    Ring port (only while ``busy`` is low): ``ring_addr`` (32 bits, element address
+    ``((ring*2 + kind)*W + slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V),
+    ``ring_re`` (``ring_rdata`` valid one clock later; 0 outside the rings or while busy),
+    ``ring_we`` + ``ring_wdata`` (ignored outside the rings or while busy). Meta port (per ring):
+    ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time (0 for a bad
+    ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
+    (ignored for a bad ring index or ``meta_whead >= W``).
+
+    Latency and throughput
+    ----------------------
+    One ATTEND token takes ``(G + 2)·d/M`` input beats, then
+    ``2·G·T·d/M`` MAC cycles (``T = min(S, n)``, ``n`` the valid slots), a fixed drain of each
+    phase, and the merge (per query head about ``P`` + 20 cycles for the LSE weights and the
+    reciprocal, plus ``d/M`` output beats). Exact counts are in ``docs/BENCHMARKS.md``.
+
+    Backpressure: ``o`` goes through a FIFO that holds one token's whole output; the core waits
+    for it to be empty before it merges the next token, and ``status`` waits for its ``ready``.
+    ``i`` is read only while a token is being loaded.
+    """
+
+    def __init__(self, *, layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4,
+                 macs=8, scale=None):
+        for name, value in (("layers", layers), ("q_heads", q_heads), ("kv_heads", kv_heads)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
+                raise ValueError(f"{name} must be an integer in 1..256, not {value!r}")
+        if q_heads % kv_heads:
+            raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
+        for name, value in (("head_dim", head_dim), ("window", window)):
+            if not _pow2(value):
+                raise ValueError(f"{name} must be a positive power of two, not {value!r}")
+        if not _pow2(lanes) or lanes > window:
+            raise ValueError(f"lanes must be a power of two no larger than window ({window}), "
+                             f"not {lanes!r}")
+        if not _pow2(macs) or macs > head_dim:
+            raise ValueError(f"macs must be a power of two no larger than head_dim "
+                             f"({head_dim}), not {macs!r}")
+        if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
+                                  or not scale > 0):
+            raise ValueError(f"scale must be a positive number or None, not {scale!r}")
+        cs = score_const(head_dim, scale)
+        if not 1 <= cs < (1 << 17):
+            raise ValueError(f"scale {scale!r} gives a score constant {cs} outside 1..2**17-1")
+        if layers * kv_heads * 2 * window * head_dim > (1 << 32):
+            raise ValueError("the rings exceed the 32-bit ring_addr space")
+
+        self._L, self._Hq, self._Hkv = layers, q_heads, kv_heads
+        self._d, self._W, self._P, self._M = head_dim, window, lanes, macs
+        self._G = q_heads // kv_heads
+        self._scale = scale
+        self._cs = cs
+
+        self.cmd_layout = data.StructLayout({
+            "op": AttnOp, "layer": 8, "kv_head": 8, "count": 16})
+        self.status_layout = data.StructLayout({"op": AttnOp, "err": AttnErr, "count": 32})
+        super().__init__({
+            "cmd": In(stream.Signature(self.cmd_layout)),
+            "i": In(stream.Signature(data.ArrayLayout(signed(8), macs))),
+            "o": Out(stream.Signature(data.ArrayLayout(signed(16), macs))),
+            "status": Out(stream.Signature(self.status_layout)),
+            "busy": Out(1),
+            "ring_addr": In(32), "ring_re": In(1), "ring_rdata": Out(8),
+            "ring_we": In(1), "ring_wdata": In(8),
+            "meta_ring": In(8), "meta_count": Out(32), "meta_head": Out(16),
+            "meta_we": In(1), "meta_wcount": In(32), "meta_whead": In(16),
+        })
+
+    layers = property(lambda self: self._L)
+    q_heads = property(lambda self: self._Hq)
+    kv_heads = property(lambda self: self._Hkv)
+    head_dim = property(lambda self: self._d)
+    window = property(lambda self: self._W)
+    lanes = property(lambda self: self._P)
+    macs = property(lambda self: self._M)
+    group = property(lambda self: self._G)
+    scale = property(lambda self: self._scale)
+    score_const = property(lambda self: self._cs)
+
+    def ideal_cycles(self):
+        """The MAC-bound ideal of one decode step with a full ring: ``G·2·W·d/(P·M)``."""
+        return self._G * 2 * self._W * self._d // (self._P * self._M)
+
+    def elaborate(self, platform):
+        m = Module()
+        L, Hkv, d, W, P, M, G = (self._L, self._Hkv, self._d, self._W, self._P, self._M,
+                                 self._G)
+        S = W // P                      # slots per lane
+        CH = d // M                     # words (chunks of M elements) per vector
+        R = L * Hkv                     # rings per kind
+        GP = 1 << math.ceil(math.log2(G)) if G > 1 else 1
+        lane_depth = 2 * R * S * CH
+        total = 2 * R * W * d
+
+        # ---- widths (see host/golden_fixed.py) ----
+        dot_max = d * (1 << 14)
+        s_max = (dot_max * self._cs >> CS_SHIFT) + 1
+        SW = _bits(s_max) + 1                       # score, signed
+        YW = _bits(2 * s_max)                       # m - s, unsigned
+        LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
+        AW = 24 + _log2(S) + 1                      # lane accumulator, signed
+        LSW = LW + _log2(P) + 1                     # merged sum L
+        SHW = _bits(LW)                             # lane shift amount
+        ADD_LAT_A = math.ceil(_log2(M) / 2)         # registered adder-tree stages (2 levels)
+        ADD_LAT_M = math.ceil(_log2(P) / 2)
+
+        # ---- metadata per ring ----
+        ring_count = Array(Signal(32, name=f"ring_count{r}") for r in range(R))
+        ring_head = Array(Signal(range(W), name=f"ring_head{r}", init=W - 1) for r in range(R))
+
+        # ---- command latch and FSM state ----
+        cmd_op = Signal(AttnOp)
+        cmd_layer = Signal(8)
+        cmd_kvh = Signal(8)
+        cmd_left = Signal(16)           # tokens still to process
+        cmd_err = Signal(AttnErr)
+        ring = Signal(range(R))
+        busy = Signal()
+        m.d.comb += self.busy.eq(busy)
+
+        # ---- memories ----
+        q_mem = memory.Memory(shape=unsigned(8 * M), depth=G * CH, init=[])
+        m.submodules.q_mem = q_mem
+        q_wr = q_mem.write_port()
+        q_rd = q_mem.read_port(transparent_for=())
+
+        out_fifo = fifo.SyncFIFOBuffered(width=16 * M, depth=max(G * CH, 2))
+        m.submodules.out_fifo = out_fifo
+        m.d.comb += [
+            self.o.valid.eq(out_fifo.r_rdy),
+            self.o.payload.eq(out_fifo.r_data),
+            out_fifo.r_en.eq(self.o.ready),
+        ]
+
+        # ---- shared schedule: phases A (scores), B (exp, P*V), merge ----
+        PH_A, PH_B, PH_M = 0, 1, 2
+        phase = Signal(2)
+        nvalid = Signal(range(W + 1))   # valid slots after the write
+        tcount = Signal(range(S + 1))   # lane 0's valid slots: the lockstep loop length
+        it_t = Signal(range(S))
+        it_c = Signal(range(CH))
+        it_g = Signal(range(G))
+        issue = Signal()
+        ring_kind_base = Signal(range(2 * R))   # ring*2 (+1 for V)
+
+        # tag pipeline: what was issued k cycles ago
+        tag_layout = data.StructLayout({"valid": 1, "t": range(S), "c": range(CH),
+                                        "g": range(G)})
+        DEPTH = 12
+        tags = [Signal(tag_layout, name=f"tag{k}") for k in range(DEPTH)]
+        m.d.comb += [tags[0].valid.eq(issue), tags[0].t.eq(it_t), tags[0].c.eq(it_c),
+                     tags[0].g.eq(it_g)]
+        for k in range(1, DEPTH):
+            m.d.sync += tags[k].eq(tags[k - 1])
+
+        # ring port decode
+        dma_in = Signal()
+        dma_dim = self.ring_addr[:_log2(d)] if d > 1 else Const(0, 1)
+        dma_slot = self.ring_addr[_log2(d):_log2(d) + _log2(W)] if W > 1 else Const(0, 1)
+        dma_rk = Signal(32)
+        m.d.comb += [
+            dma_in.eq(self.ring_addr < total),
+            dma_rk.eq(self.ring_addr >> (_log2(d) + _log2(W))),
+        ]
+        dma_lane = Signal(range(P))
+        dma_t = Signal(range(S))
+        dma_c = Signal(range(CH))
+        dma_b = Signal(range(M))
+        dma_word = Signal(range(lane_depth))
+        m.d.comb += [
+            dma_lane.eq(dma_slot >> _log2(S)),
+            dma_t.eq(dma_slot & (S - 1)),
+            dma_c.eq(dma_dim >> _log2(M)),
+            dma_b.eq(dma_dim & (M - 1)),
+            dma_word.eq((dma_rk * S + dma_t) * CH + dma_c),
+        ]
+        dma_rd_lane = Signal(range(P))
+        dma_rd_b = Signal(range(M))
+        dma_rd_ok = Signal()
+        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_b),
+                     dma_rd_ok.eq(self.ring_re & dma_in & ~busy)]
+
+        # load: the new token's slot
+        load_idx = Signal(range((G + 2) * CH))
+        new_slot = Signal(range(W))
+        m.d.comb += new_slot.eq(Mux(ring_head[ring] == W - 1, 0, ring_head[ring] + 1))
+        load_beat = Signal()            # an i beat is transferred this cycle
+        load_kind = Signal()            # 0 = K, 1 = V
+        load_is_kv = Signal()
+        load_c = Signal(range(CH))
+        m.d.comb += [
+            load_is_kv.eq(load_idx >= G * CH),
+            load_kind.eq(load_idx >= (G + 1) * CH),
+            load_c.eq(Mux(load_kind, load_idx - (G + 1) * CH, load_idx - G * CH)),
+            q_wr.addr.eq(load_idx),
+            q_wr.data.eq(self.i.payload.as_value()),
+            q_wr.en.eq(load_beat & ~load_is_kv),
+            q_rd.addr.eq(it_g * CH + it_c),
+        ]
+        new_lane = Signal(range(P))
+        new_t = Signal(range(S))
+        m.d.comb += [new_lane.eq(new_slot >> _log2(S)), new_t.eq(new_slot & (S - 1))]
+
+        # ---- merge unit state ----
+        mg_g = Signal(range(G))
+        mg_m = Signal(signed(SW))
+        mg_i = Signal(range(P + 1))
+        mg_sum = Signal(LSW)
+        mg_prod = Signal(LW + 16)
+        mg_prod_ok = Signal()
+        mg_e = Signal(range(LSW + 1))
+        mg_rem = Signal(LSW + 1)
+        mg_recip = Signal(18)
+        mg_step = Signal(range(32))
+        mg_beta_calc = Signal(34)
+        mg_beta_ok = Signal()
+        mg_beta_i = Signal(range(P))
+        mg_issue = Signal()
+        mg_c = Signal(range(CH))
+
+        lane_prods = []                 # per lane: M products (signed 36)
+        lane_live = []
+        lane_m, lane_l, lane_sh, lane_alpha, lane_beta, lane_p = [], [], [], [], [], []
+        rd_words = []
+
+        for lane in range(P):
+            kv_mem = memory.Memory(shape=unsigned(8 * M), depth=lane_depth, init=[])
+            m.submodules[f"kv_mem{lane}"] = kv_mem
+            kv_wr = kv_mem.write_port(granularity=8)
+            kv_rd = kv_mem.read_port(transparent_for=())
+            rd_words.append(kv_rd.data)
+            sc_mem = memory.Memory(shape=signed(SW), depth=S * GP, init=[])
+            m.submodules[f"score_mem{lane}"] = sc_mem
+            sc_wr = sc_mem.write_port()
+            sc_rd = sc_mem.read_port(transparent_for=())
+            acc_mem = memory.Memory(shape=data.ArrayLayout(signed(AW), M), depth=GP * CH,
+                                    init=[])
+            m.submodules[f"acc_mem{lane}"] = acc_mem
+            acc_wr = acc_mem.write_port()
+            acc_rd = acc_mem.read_port(domain="comb")
+            exp_rom = memory.Memory(shape=16, depth=256, init=EXP_TABLE)
+            m.submodules[f"exp_rom{lane}"] = exp_rom
+            exp_rd = exp_rom.read_port(transparent_for=())
+
+            m_reg = Array(Signal(signed(SW), name=f"lane{lane}_m{g}") for g in range(G))
+            l_reg = Array(Signal(LW, name=f"lane{lane}_l{g}") for g in range(G))
+            dacc = Array(Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dot{g}")
+                         for g in range(G))
+            sh = Signal(range(LW + 1), name=f"lane{lane}_sh")
+            alpha = Signal(16, name=f"lane{lane}_alpha")
+            beta = Signal(18, name=f"lane{lane}_beta")
+            live = Signal(name=f"lane{lane}_live")
+            m.d.comb += live.eq(nvalid > lane * S)
+            lane_m.append(m_reg)
+            lane_l.append(l_reg)
+            lane_sh.append(sh)
+            lane_alpha.append(alpha)
+            lane_beta.append(beta)
+            lane_live.append(live)
+
+            def slot_valid(t, lane=lane):
+                return (lane * S + t) < nvalid
+
+            # K/V bank: read address and writes (load, ring port)
+            word_issue = Signal(range(lane_depth), name=f"lane{lane}_word")
+            m.d.comb += word_issue.eq(((ring_kind_base + (phase == PH_B)) * S + it_t) * CH
+                                      + it_c)
+            with m.If(busy):
+                m.d.comb += [kv_rd.addr.eq(word_issue), kv_rd.en.eq(issue & (it_g == 0))]
+            with m.Else():
+                m.d.comb += [kv_rd.addr.eq(dma_word), kv_rd.en.eq(self.ring_re)]
+            with m.If(busy):
+                m.d.comb += [
+                    kv_wr.addr.eq(((ring_kind_base + load_kind) * S + new_t) * CH + load_c),
+                    kv_wr.data.eq(self.i.payload.as_value()),
+                    kv_wr.en.eq(Mux(load_beat & load_is_kv & (new_lane == lane),
+                                    (1 << M) - 1, 0)),
+                ]
+            with m.Else():
+                m.d.comb += [
+                    kv_wr.addr.eq(dma_word),
+                    kv_wr.data.eq(Cat(*[self.ring_wdata] * M)),
+                    kv_wr.en.eq(Mux(self.ring_we & dma_in & (dma_lane == lane),
+                                    Const(1, M) << dma_b, 0)),
+                ]
+
+            # shared multiplier operands (signed 18 x signed 18 -> MULT18X18D)
+            opa = [Signal(signed(18), name=f"lane{lane}_opa{k}") for k in range(M)]
+            opb = [Signal(signed(18), name=f"lane{lane}_opb{k}") for k in range(M)]
+            prod = [Signal(signed(36), name=f"lane{lane}_prod{k}") for k in range(M)]
+            for k in range(M):
+                m.d.sync += prod[k].eq(opa[k] * opb[k])
+            lane_prods.append(prod)
+
+            # ---------- phase A: scores ----------
+            # A0 issue; A1 q/k words; A2 opa/opb; A3 prod; A3+ADD_LAT_A sum; then accumulate,
+            # CS multiply, store.
+            qw = q_rd.data
+            kw = kv_rd.data
+            # phase B: B1 score; B2 y; B3 table; B4 p; B5 opa/opb; B6 prod; B6: RMW
+            v_d = [Signal(8 * M, name=f"lane{lane}_vd{k}") for k in range(4)]
+            m.d.sync += v_d[0].eq(kv_rd.data)
+            for k in range(1, 4):
+                m.d.sync += v_d[k].eq(v_d[k - 1])
+            p_reg = Signal(17, name=f"lane{lane}_p")
+            lane_p.append(p_reg)
+            p_d = [Signal(17, name=f"lane{lane}_pd{k}") for k in range(2)]
+            m.d.sync += [p_d[0].eq(p_reg), p_d[1].eq(p_d[0])]
+
+            # merge: M0 issue (acc read, shift); M1 a_reg; M2 opa/opb; M3 prod
+            a_reg = [Signal(signed(18), name=f"lane{lane}_a{k}") for k in range(M)]
+            with m.Switch(phase):
+                with m.Case(PH_A):
+                    for k in range(M):
+                        m.d.sync += [opa[k].eq(qw.word_select(k, 8).as_signed()),
+                                     opb[k].eq(kw.word_select(k, 8).as_signed())]
+                with m.Case(PH_B):
+                    for k in range(M):
+                        m.d.sync += [opa[k].eq(p_reg),
+                                     opb[k].eq(v_d[2].word_select(k, 8).as_signed())]
+                with m.Default():
+                    for k in range(M):
+                        m.d.sync += [opa[k].eq(a_reg[k]), opb[k].eq(beta)]
+
+            # A: adder tree over the M products of q*k (at tags[3])
+            level = [p[:17].as_signed() for p in prod]
+            stage = 3
+            depth_done = 0
+            while len(level) > 1:
+                level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
+                depth_done += 1
+                if depth_done % 2 == 0 or len(level) == 1:
+                    regs = [Signal(signed(17 + depth_done), name=f"lane{lane}_tree{stage}_{j}")
+                            for j in range(len(level))]
+                    m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
+                    level = regs
+                    stage += 1
+            dot_sum = level[0]          # valid at tags[3 + ADD_LAT_A]
+            ta = tags[3 + ADD_LAT_A]
+            dot_final = Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dotf")
+            dot_tag = Signal(tag_layout, name=f"lane{lane}_dottag")
+            new_dot = Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dotn")
+            m.d.comb += new_dot.eq(Mux(ta.c == 0, 0, dacc[ta.g]) + dot_sum)
+            m.d.sync += dot_tag.valid.eq(0)
+            with m.If((phase == PH_A) & ta.valid):
+                m.d.sync += dacc[ta.g].eq(new_dot)
+                with m.If(ta.c == CH - 1):
+                    m.d.sync += [dot_final.eq(new_dot), dot_tag.eq(ta)]
+            sc_prod = Signal(signed(len(dot_final) + 18), name=f"lane{lane}_scp")
+            sc_tag = Signal(tag_layout, name=f"lane{lane}_sctag")
+            m.d.sync += [sc_prod.eq(dot_final * self._cs), sc_tag.eq(dot_tag)]
+            s_val = Signal(signed(SW), name=f"lane{lane}_s")
+            s_tag = Signal(tag_layout, name=f"lane{lane}_stag")
+            m.d.sync += [s_val.eq(sc_prod >> CS_SHIFT), s_tag.eq(sc_tag)]
+            m.d.comb += [
+                sc_wr.addr.eq(s_tag.t * GP + s_tag.g),
+                sc_wr.data.eq(s_val),
+                sc_wr.en.eq(s_tag.valid & (phase == PH_A)),
+            ]
+            with m.If(s_tag.valid & (phase == PH_A) & slot_valid(s_tag.t)):
+                with m.If((s_tag.t == 0) | (s_val > m_reg[s_tag.g])):
+                    m.d.sync += m_reg[s_tag.g].eq(s_val)
+
+            # ---------- phase B: exp weights and P*V ----------
+            m.d.comb += sc_rd.addr.eq(it_t * GP + it_g)
+            y = Signal(YW, name=f"lane{lane}_y")
+            y_hi = Signal(range(YW + 1), name=f"lane{lane}_yhi")
+            # exp ROM address: phase B from y, merge from the LSE difference
+            mg_diff = Signal(YW, name=f"lane{lane}_mdiff")
+            m.d.comb += mg_diff.eq(mg_m - m_reg[mg_g])
+            m.d.sync += y.eq(Mux(phase == PH_B, m_reg[tags[1].g] - sc_rd.data, mg_diff))
+            m.d.comb += exp_rd.addr.eq(y[:8])
+            m.d.sync += y_hi.eq(y >> 8)
+            m.d.sync += p_reg.eq(Mux(y_hi >= 16, 0, exp_rd.data >> y_hi[:4]))
+            tb = tags[6]                # prod of (p, v) valid here
+            acc_addr = Signal(range(GP * CH), name=f"lane{lane}_accaddr")
+            with m.If(phase == PH_B):
+                m.d.comb += acc_addr.eq(tb.g * CH + tb.c)
+            with m.Else():
+                m.d.comb += acc_addr.eq(mg_g * CH + mg_c)
+            m.d.comb += [acc_rd.addr.eq(acc_addr), acc_wr.addr.eq(acc_addr)]
+            for k in range(M):
+                m.d.comb += acc_wr.data[k].eq(
+                    Mux(tb.t == 0, 0, acc_rd.data[k]) + prod[k][:24].as_signed())
+            b_ok = (phase == PH_B) & tb.valid & slot_valid(tb.t)
+            m.d.comb += acc_wr.en.eq(b_ok)
+            with m.If(b_ok & (tb.c == 0)):
+                m.d.sync += l_reg[tb.g].eq(Mux(tb.t == 0, 0, l_reg[tb.g]) + p_d[1])
+
+            # ---------- merge: per-lane parts ----------
+            lsel = Signal(LW, name=f"lane{lane}_lsel")
+            m.d.comb += lsel.eq(l_reg[mg_g])
+            bl = Signal(range(LW + 1), name=f"lane{lane}_bl")
+            for b in range(LW):
+                with m.If(lsel[b]):
+                    m.d.comb += bl.eq(b + 1)
+            m.d.sync += sh.eq(Mux(bl > 10, bl - 10, 0))
+            with m.If(mg_issue):
+                for k in range(M):
+                    m.d.sync += a_reg[k].eq(acc_rd.data[k] >> sh)
+
+        # ---- merge across lanes: output adder tree (at M3 = tags-independent pipeline) ----
+        mg_tags = [Signal(name=f"mg_v{k}") for k in range(8)]
+        m.d.comb += mg_tags[0].eq(mg_issue)
+        for k in range(1, 8):
+            m.d.sync += mg_tags[k].eq(mg_tags[k - 1])
+        sums = []
+        for k in range(M):
+            level = [lane_prods[lane][k] for lane in range(P)]
+            depth_done = 0
+            while len(level) > 1:
+                level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
+                depth_done += 1
+                if depth_done % 2 == 0 or len(level) == 1:
+                    regs = [Signal(signed(36 + depth_done), name=f"mg_tree{k}_{depth_done}_{j}")
+                            for j in range(len(level))]
+                    m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
+                    level = regs
+            sums.append(level[0])
+        out_v = mg_tags[3 + ADD_LAT_M]
+        # M0 issue -> M1 a_reg -> M2 opa -> M3 prod -> (+tree) -> round
+        outs = []
+        for k in range(M):
+            r = Signal(signed(len(sums[k]) + 1), name=f"mg_round{k}")
+            m.d.comb += r.eq((sums[k] + (1 << 16)) >> 17)
+            outs.append(Mux(r > 32767, 32767, Mux(r < -32768, -32768, r))[:16])
+        m.d.comb += [out_fifo.w_data.eq(Cat(*outs)), out_fifo.w_en.eq(out_v)]
+        OUT_LAT = 3 + ADD_LAT_M
+
+        # ---- meta port ----
+        meta_ok = Signal()
+        m.d.comb += meta_ok.eq(self.meta_ring < R)
+        m.d.comb += [
+            self.meta_count.eq(Mux(meta_ok, ring_count[self.meta_ring], 0)),
+            self.meta_head.eq(Mux(meta_ok, ring_head[self.meta_ring], 0)),
+        ]
+        with m.If(self.meta_we & ~busy & meta_ok & (self.meta_whead < W)):
+            m.d.sync += [ring_count[self.meta_ring].eq(self.meta_wcount),
+                         ring_head[self.meta_ring].eq(self.meta_whead)]
+
+        # ring port read data: the addressed lane's word, the addressed byte
+        rd_word = Signal(8 * M)
+        m.d.comb += rd_word.eq(Array(rd_words)[dma_rd_lane])
+        m.d.comb += self.ring_rdata.eq(Mux(dma_rd_ok, rd_word.word_select(dma_rd_b, 8), 0))
+
+        # ---- the FSM ----
+        LAT_A = 3 + ADD_LAT_A + 3       # issue -> score stored
+        LAT_B = 7                       # issue -> acc written
+        drain = Signal(range(16))
+        with m.FSM():
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    p = self.cmd.payload
+                    m.d.sync += [cmd_op.eq(p.op), cmd_layer.eq(p.layer), cmd_kvh.eq(p.kv_head),
+                                 cmd_left.eq(p.count), busy.eq(1)]
+                    bad_range = (p.layer >= L) | ((p.op == AttnOp.ATTEND) & (p.kv_head >= Hkv))
+                    with m.If(p.op.as_value() == 3):
+                        m.d.sync += cmd_err.eq(AttnErr.OP)
+                        m.next = "STATUS"
+                    with m.Elif((p.op != AttnOp.CLEAR_ALL) & bad_range):
+                        m.d.sync += cmd_err.eq(AttnErr.RANGE)
+                        m.next = "STATUS"
+                    with m.Elif((p.op == AttnOp.ATTEND) & (p.count == 0)):
+                        m.d.sync += cmd_err.eq(AttnErr.COUNT)
+                        m.next = "STATUS"
+                    with m.Else():
+                        m.d.sync += [cmd_err.eq(AttnErr.NONE),
+                                     ring.eq(p.layer[:8] * Hkv + p.kv_head),
+                                     ring_kind_base.eq((p.layer[:8] * Hkv + p.kv_head) * 2),
+                                     load_idx.eq(0)]
+                        with m.If(p.op == AttnOp.ATTEND):
+                            m.next = "LOAD"
+                        with m.Else():
+                            m.next = "CLEAR"
+            with m.State("CLEAR"):
+                for r in range(R):
+                    with m.If((cmd_op == AttnOp.CLEAR_ALL) | (cmd_layer == r // Hkv)):
+                        m.d.sync += [ring_count[r].eq(0), ring_head[r].eq(W - 1)]
+                m.next = "STATUS"
+            with m.State("LOAD"):
+                m.d.comb += [self.i.ready.eq(1), load_beat.eq(self.i.valid)]
+                with m.If(self.i.valid):
+                    m.d.sync += load_idx.eq(load_idx + 1)
+                    with m.If(load_idx == (G + 2) * CH - 1):
+                        new_count = ring_count[ring] + 1
+                        m.d.sync += [
+                            load_idx.eq(0),
+                            ring_head[ring].eq(new_slot),
+                            ring_count[ring].eq(new_count),
+                            nvalid.eq(Mux(new_count >= W, W, new_count)),
+                            tcount.eq(Mux(new_count >= S, S, new_count)),
+                            phase.eq(PH_A), it_t.eq(0), it_c.eq(0), it_g.eq(0),
+                        ]
+                        m.next = "RUN"
+            with m.State("RUN"):
+                m.d.comb += issue.eq(1)
+
+                last_g = it_g == G - 1
+                last_c = it_c == CH - 1
+                last_t = it_t == tcount - 1
+                m.d.sync += it_g.eq(Mux(last_g, 0, it_g + 1))
+                with m.If(last_g):
+                    m.d.sync += it_c.eq(Mux(last_c, 0, it_c + 1))
+                    with m.If(last_c):
+                        m.d.sync += it_t.eq(it_t + 1)
+                        with m.If(last_t):
+                            m.d.sync += [it_t.eq(0), drain.eq(0)]
+                            m.next = "DRAIN"
+            with m.State("DRAIN"):
+                m.d.sync += drain.eq(drain + 1)
+                with m.If(phase == PH_A):
+                    with m.If(drain == LAT_A - 1):
+                        m.d.sync += phase.eq(PH_B)
+                        m.next = "RUN"
+                with m.Else():
+                    with m.If(drain == LAT_B - 1):
+                        m.d.sync += [phase.eq(PH_M), mg_g.eq(0)]
+                        m.next = "MG_WAIT"
+            with m.State("MG_WAIT"):
+                # the output FIFO holds one token: wait until the previous one has left
+                with m.If(out_fifo.level == 0):
+                    m.next = "MG_MAX"
+            with m.State("MG_MAX"):
+                # global max over live lanes (lane 0 is always live)
+                best = lane_m[0][mg_g]
+                for lane in range(1, P):
+                    cand = lane_m[lane][mg_g]
+                    best = Mux(lane_live[lane] & (cand > best), cand, best)
+                m.d.sync += [mg_m.eq(best), mg_step.eq(0)]
+                m.next = "MG_ALPHA"
+            with m.State("MG_ALPHA"):
+                # y <- m - m_lane (cycle 0), y_hi/ROM (1), p_reg (2), latch alpha (3)
+                m.d.sync += mg_step.eq(mg_step + 1)
+                with m.If(mg_step == 3):
+                    for lane in range(P):
+                        m.d.sync += lane_alpha[lane].eq(Mux(lane_live[lane],
+                                                            lane_p[lane], 0))
+                    m.d.sync += [mg_i.eq(0), mg_sum.eq(0), mg_prod_ok.eq(0)]
+                    m.next = "MG_SUM"
+            with m.State("MG_SUM"):
+                m.d.sync += [mg_prod.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]
+                                        * Array(lane_alpha)[mg_i]),
+                             mg_prod_ok.eq(mg_i < P), mg_i.eq(mg_i + 1)]
+                with m.If(mg_prod_ok):
+                    m.d.sync += mg_sum.eq(mg_sum + (mg_prod >> 15))
+                with m.If(mg_i == P):
+                    m.next = "MG_LOG"
+            with m.State("MG_LOG"):
+                for b in range(LSW):
+                    with m.If(mg_sum[b]):
+                        m.d.sync += [mg_e.eq(b + 1), mg_rem.eq(Const(1, LSW + 1) << (b - 1)
+                                                              if b >= 1 else 0)]
+                m.d.sync += [mg_step.eq(0), mg_recip.eq(0)]
+                m.next = "MG_DIV"
+            with m.State("MG_DIV"):
+                # restoring division: R = 2**(e+16) // L, 18 quotient bits
+                rem2 = Cat(Const(0, 1), mg_rem)
+                with m.If(rem2 >= mg_sum):
+                    m.d.sync += [mg_rem.eq(rem2 - mg_sum), mg_recip.eq(Cat(1, mg_recip))]
+                with m.Else():
+                    m.d.sync += [mg_rem.eq(rem2), mg_recip.eq(Cat(0, mg_recip))]
+                m.d.sync += mg_step.eq(mg_step + 1)
+                with m.If(mg_step == 17):
+                    m.d.sync += [mg_i.eq(0), mg_beta_ok.eq(0)]
+                    m.next = "MG_BETA"
+            with m.State("MG_BETA"):
+                m.d.sync += [mg_beta_calc.eq(Array(lane_alpha)[mg_i] * mg_recip),
+                             mg_beta_i.eq(mg_i), mg_beta_ok.eq(mg_i < P), mg_i.eq(mg_i + 1)]
+                with m.If(mg_beta_ok):
+                    shifted = Signal(34 + (1 << SHW), name="mg_shifted")
+                    m.d.comb += shifted.eq((mg_beta_calc << Array(lane_sh)[mg_beta_i])
+                                           >> (mg_e + 6))
+                    value = Mux(shifted > (1 << 17) - 1, (1 << 17) - 1, shifted)
+                    for lane in range(P):
+                        with m.If(mg_beta_i == lane):
+                            m.d.sync += lane_beta[lane].eq(value)
+                with m.If(mg_i == P):
+                    m.d.sync += mg_c.eq(0)
+                    m.next = "MG_OUT"
+            with m.State("MG_OUT"):
+                m.d.comb += mg_issue.eq(1)
+                m.d.sync += mg_c.eq(mg_c + 1)
+                with m.If(mg_c == CH - 1):
+                    m.d.sync += mg_c.eq(0)
+                    with m.If(mg_g == G - 1):
+                        m.d.sync += drain.eq(0)
+                        m.next = "MG_DRAIN"
+                    with m.Else():
+                        m.d.sync += mg_g.eq(mg_g + 1)
+                        m.next = "MG_MAX"
+            with m.State("MG_DRAIN"):
+                m.d.sync += drain.eq(drain + 1)
+                with m.If(drain == OUT_LAT - 1):
+                    m.d.sync += cmd_left.eq(cmd_left - 1)
+                    with m.If(cmd_left == 1):
+                        m.next = "STATUS"
+                    with m.Else():
+                        m.next = "LOAD"
+            with m.State("STATUS"):
+                m.d.comb += [
+                    self.status.valid.eq(1),
+                    self.status.payload.op.eq(cmd_op),
+                    self.status.payload.err.eq(cmd_err),
+                    self.status.payload.count.eq(
+                        Mux((cmd_err == AttnErr.NONE) & (cmd_op == AttnOp.ATTEND),
+                            ring_count[ring], 0)),
+                ]
+                with m.If(self.status.ready):
+                    m.d.sync += busy.eq(0)
+                    m.next = "IDLE"
+        return m

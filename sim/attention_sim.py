@@ -1,0 +1,132 @@
+"""Drive the SWA attention core in the Amaranth simulator (shared by its tests and its bench).
+
+A run is a list of operations, the same list the bit-exact model
+:func:`ringkv.host.golden_fixed.run_ops` takes:
+
+- ``("cmd", op, layer, kv_head, count, q, k, v)``: a command; for an accepted ATTEND ``q`` is
+  (C, G, d) and ``k``/``v`` are (C, d) int8 arrays, streamed per token as q_0..q_{G-1}, k, v;
+- ``("ring_write", addr, byte)``, ``("ring_read", addr)``: the ring access port (while idle);
+- ``("meta_write", ring, count, head)``, ``("meta_read", ring)``: the metadata port.
+
+:func:`rtl_run` returns ``{"outputs": [...], "status": [...], "reads": [...], "cycles": [...]}``
+where ``cycles`` holds, per command, the clocks from the command's acceptance to its status.
+"""
+
+import random
+
+import numpy as np
+from amaranth.sim import Simulator
+
+from .streams import stream_get, stream_put
+
+__all__ = ["token_beats", "rtl_run", "accepted_attends"]
+
+
+def token_beats(q, k, v, macs):
+    """The ``i`` beats of one token: lists of ``macs`` int8 values."""
+    beats = []
+    for vec in [*q, k, v]:
+        vec = [int(x) for x in vec]
+        beats += [vec[j:j + macs] for j in range(0, len(vec), macs)]
+    return beats
+
+
+def accepted_attends(model, ops):
+    """Which ``cmd`` operations of ``ops`` are accepted ATTENDs (by the golden checks)."""
+    return [op[0] == "cmd" and op[1] == 0 and model.check(*op[1:5]) == 0 for op in ops]
+
+
+def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
+    """Run ``ops`` on ``core``; ``checker`` is a golden model giving each command's status."""
+    rng_in, rng_out, rng_st = (random.Random(rng_seed + k) for k in range(3))
+    G, d, M = core.group, core.head_dim, core.macs
+    accepted = accepted_attends(checker, ops)
+    beats, n_out = [], 0
+    for op, ok in zip(ops, accepted):
+        if ok:
+            q, k, v = op[5], op[6], op[7]
+            for t in range(len(k)):
+                beats += token_beats(q[t], k[t], v[t], M)
+            n_out += len(k) * G * d // M
+    n_cmds = sum(op[0] == "cmd" for op in ops)
+    res = {"outputs": [], "status": [], "reads": [], "cycles": []}
+    clock = [0]
+    started = []
+    out_words = []
+
+    async def tick_counter(ctx):
+        while True:
+            await ctx.tick()
+            clock[0] += 1
+
+    async def commands(ctx):
+        for op in ops:
+            if op[0] == "cmd":
+                await stream_put(ctx, core.cmd, {"op": op[1], "layer": op[2], "kv_head": op[3],
+                                                 "count": op[4]})
+                started.append(clock[0])
+                continue
+            while ctx.get(core.busy):
+                await ctx.tick()
+            if op[0] == "ring_write":
+                ctx.set(core.ring_addr, op[1])
+                ctx.set(core.ring_wdata, op[2])
+                ctx.set(core.ring_we, 1)
+                await ctx.tick()
+                ctx.set(core.ring_we, 0)
+            elif op[0] == "ring_read":
+                ctx.set(core.ring_addr, op[1])
+                ctx.set(core.ring_re, 1)
+                await ctx.tick()
+                ctx.set(core.ring_re, 0)
+                res["reads"].append(ctx.get(core.ring_rdata))
+            elif op[0] == "meta_write":
+                ctx.set(core.meta_ring, op[1])
+                ctx.set(core.meta_wcount, op[2])
+                ctx.set(core.meta_whead, op[3])
+                ctx.set(core.meta_we, 1)
+                await ctx.tick()
+                ctx.set(core.meta_we, 0)
+            elif op[0] == "meta_read":
+                ctx.set(core.meta_ring, op[1])
+                await ctx.delay(1e-9)
+                res["reads"].append((ctx.get(core.meta_count), ctx.get(core.meta_head)))
+            else:
+                raise ValueError(f"unknown operation {op[0]!r}")
+
+    async def source(ctx):
+        for beat in beats:
+            await stream_put(ctx, core.i, beat, rng=rng_in, idle=idle)
+
+    async def sink(ctx):
+        for _ in range(n_out):
+            word = await stream_get(ctx, core.o, rng=rng_out, stall=stall)
+            out_words.append([int(word[j]) for j in range(M)])
+
+    async def status(ctx):
+        for _ in range(n_cmds):
+            p = await stream_get(ctx, core.status, rng=rng_st, stall=stall)
+            res["status"].append((p.op.value if hasattr(p.op, "value") else int(p.op),
+                                  int(p.err.value if hasattr(p.err, "value") else p.err),
+                                  int(p.count)))
+            res["cycles"].append(clock[0])
+
+    sim = Simulator(core)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tick_counter, background=True)
+    for tb in (commands, source, sink, status):
+        sim.add_testbench(tb)
+    if vcd:
+        with sim.write_vcd(vcd):
+            sim.run()
+    else:
+        sim.run()
+    res["cycles"] = [end - start for start, end in zip(started, res["cycles"])]
+    flat = np.array(out_words, dtype=np.int64).reshape(-1)
+    pos = 0
+    for op, ok in zip(ops, accepted):
+        if ok:
+            size = len(op[6]) * G * d
+            res["outputs"].append(flat[pos:pos + size].reshape(len(op[6]), G, d))
+            pos += size
+    return res
