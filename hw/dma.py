@@ -1,0 +1,579 @@
+"""The DMA engine: snapshot export (rings + tokens -> storage) and import (storage -> rings).
+
+The record layout is ``host/record.py``'s (SPEC §5, ``docs/blocks/record-format.md``); this
+engine is bit-exact with its golden ``encode_record`` / ``import_record``.
+
+**Export** (``op = EXPORT``, region ``r``): reads the per-layer ring metadata (all layers must
+agree on count and head, else ``BAD_REQUEST``), then writes three storage transfers: the tokens
+(read from token memory) to region sectors ``1..``, the KV area (K in token order, V column-wise,
+read from the ring port) to sectors ``kv_sector..``, and last the header to sector 0, built on
+the fly with the payload CRC and its own CRC. A power cut before the header is written leaves no
+valid header in the region, so the previous snapshot (in another region) stays the newest.
+
+**Import** (``op = IMPORT``, region, ``count`` and ``hash`` from the directory's hit): reads the
+header and checks magic, version, header CRC, config (digest and fields, against constants built
+from the engine's :class:`RingKVConfig`), field consistency, and that count and hash are the
+requested ones; then streams the stored tokens and compares each with token memory **before**
+any KV is written; then streams K and V into the ring port while computing the payload CRC, and
+finally writes the metadata (count, head) of every layer. Failures before the KV phase change
+nothing; a payload CRC failure (or storage error) in the KV phase writes count 0 to every layer,
+so the rings are empty: a miss, never a stale or corrupt cache.
+
+**Verify** (``op = VERIFY``, region): the import's checks without count/hash/token comparison and
+without writing the rings: the directory rebuild scan uses it (host-driven, see
+``docs/blocks/storage.md``). The response carries the record's count, hash and commit sequence.
+
+Throughput: one byte per clock on the storage port's data streams (its peak) in every data phase,
+with a 4-entry FIFO absorbing the one-clock read latency of the ring and token ports. Overhead per
+transfer: three storage commands (tokens, KV, header), ``layers * 2`` clocks of metadata reads and
+a few clocks per state change; see ``docs/BENCHMARKS.md`` for exact counts.
+Backpressure: ``cmd`` is accepted only when idle; ``resp`` holds until taken; every storage
+stream may stall at any time. The ring and token ports have fixed latency and no backpressure.
+"""
+
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value
+from amaranth.lib import data, enum, fifo, stream, wiring
+from amaranth.lib.crc import catalog
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..host.config import RingKVConfig
+from ..host.record import (
+    _OFF,
+    SECTOR,
+    RecordLayout,
+    RecordStatus,
+    header_template,
+)
+from .storage import StorageError, StorageOp, StoragePortSignature
+from .token_memory import TokenReadSignature
+
+__all__ = ["RingPortSignature", "DmaOp", "DmaCommand", "DmaResponse", "DmaEngine"]
+
+
+class RingPortSignature(wiring.Signature):
+    """The attention core's ring-access port, seen from the DMA (``.flip()`` for the core).
+
+    Element-addressed, synchronous, 8-bit (one int8 K or V element):
+
+    ============== ===== ======================================================================
+    member         dir   meaning
+    ============== ===== ======================================================================
+    ``ring_addr``  Out   ``((layer*Hkv + kv_head)*2 + kind)*W*d + slot*d + dim``; kind 0=K, 1=V
+    ``ring_re``    Out   read strobe; ``ring_rdata`` holds the element one clock later
+    ``ring_rdata`` In    read data
+    ``ring_we``    Out   write strobe (with ``ring_addr``, ``ring_wdata``)
+    ``ring_wdata`` Out   write data
+    ``meta_layer`` Out   layer of a metadata access
+    ``meta_re``    Out   metadata read strobe; ``meta_rcount``/``meta_rhead`` one clock later
+    ``meta_rcount`` In   tokens seen by the layer (32 bits, does not wrap)
+    ``meta_rhead`` In    slot of the newest token
+    ``meta_we``    Out   metadata write strobe (import), with ``meta_wcount``, ``meta_whead``
+    ``meta_wcount`` Out  count to write
+    ``meta_whead`` Out   head to write
+    ============== ===== ======================================================================
+
+    Used only while the attention core is idle.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, window: int):
+        self._params = (layers, kv_heads, head_dim, window)
+        super().__init__({
+            "ring_addr": Out(range(layers * kv_heads * 2 * window * head_dim)),
+            "ring_re": Out(1),
+            "ring_rdata": In(8),
+            "ring_we": Out(1),
+            "ring_wdata": Out(8),
+            "meta_layer": Out(range(layers)),
+            "meta_re": Out(1),
+            "meta_rcount": In(32),
+            "meta_rhead": In(range(window)),
+            "meta_we": Out(1),
+            "meta_wcount": Out(32),
+            "meta_whead": Out(range(window)),
+        })
+
+    @classmethod
+    def for_config(cls, config: RingKVConfig):
+        return cls(config.layers, config.kv_heads, config.head_dim, config.window)
+
+    def __eq__(self, other):
+        return type(other) is RingPortSignature and other._params == self._params
+
+    def __hash__(self):
+        return hash((RingPortSignature, self._params))
+
+    def __repr__(self):
+        return "RingPortSignature({}, {}, {}, {})".format(*self._params)
+
+
+class DmaOp(enum.Enum, shape=2):
+    EXPORT = 0
+    IMPORT = 1
+    VERIFY = 2
+
+
+DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32})
+DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32})
+
+
+class _Seg(enum.Enum, shape=2):
+    HDR = 0
+    TOK = 1
+    KV = 2
+
+
+def _is_pow2(x):
+    return x > 0 and x & (x - 1) == 0
+
+
+class DmaEngine(wiring.Component):
+    """Snapshot DMA between the ring port / token memory and a storage port.
+
+    Parameters: ``config`` (:class:`RingKVConfig`; ``window`` and ``head_dim`` powers of two,
+    ``token_width`` <= 32), ``regions`` (storage regions, region ``r`` at sector
+    ``base_lba + r * sectors_per_region``), ``base_lba``.
+
+    Ports: ``cmd`` (In stream of :data:`DmaCommand`), ``resp`` (Out stream of
+    :data:`DmaResponse`), ``storage`` (Out :class:`StoragePortSignature`), ``ring`` (Out
+    :class:`RingPortSignature`), ``tokens`` (Out :class:`TokenReadSignature`), ``busy``.
+    """
+
+    def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
+        if not isinstance(config, RingKVConfig):
+            raise TypeError(f"config must be a RingKVConfig, not {config!r}")
+        if not isinstance(regions, int) or isinstance(regions, bool) or regions <= 0:
+            raise TypeError(f"regions must be a positive integer, not {regions!r}")
+        if not isinstance(base_lba, int) or isinstance(base_lba, bool) or base_lba < 0:
+            raise TypeError(f"base_lba must be a non-negative integer, not {base_lba!r}")
+        if not _is_pow2(config.window):
+            raise ValueError(f"window must be a power of two, not {config.window!r}")
+        if not _is_pow2(config.head_dim):
+            raise ValueError(f"head_dim must be a power of two, not {config.head_dim!r}")
+        if config.token_width > 32:
+            raise ValueError(f"token_width must be at most 32, not {config.token_width!r}")
+        layout = RecordLayout(config)
+        if base_lba + regions * layout.sectors_per_region > 1 << 32:
+            raise ValueError(f"{regions} regions of {layout.sectors_per_region} sectors do not "
+                             f"fit in 32-bit sector addresses")
+        if max(layout.kv_sectors_max, layout.token_sectors_max) >= 1 << 16:
+            raise ValueError("a record area must be less than 65536 sectors")
+        if regions >= 1 << 16:
+            raise ValueError(f"regions must be less than 65536, not {regions!r}")
+        self._config, self._regions, self._base_lba, self._layout = (config, regions, base_lba,
+                                                                     layout)
+        super().__init__({
+            "cmd": In(stream.Signature(DmaCommand)),
+            "resp": Out(stream.Signature(DmaResponse)),
+            "storage": Out(StoragePortSignature()),
+            "ring": Out(RingPortSignature.for_config(config)),
+            "tokens": Out(TokenReadSignature(config.max_tokens, config.token_width)),
+            "busy": Out(1),
+        })
+
+    @property
+    def config(self):
+        return self._config
+
+    @property
+    def regions(self):
+        return self._regions
+
+    @property
+    def layout(self):
+        return self._layout
+
+    def elaborate(self, platform):
+        m = Module()
+        c, lay = self._config, self._layout
+        L, LH, W, D = c.layers, c.layers * c.kv_heads, c.window, c.head_dim
+        TB = lay.token_bytes
+        KV_PER_SLOT = 2 * LH * D          # KV bytes per valid slot
+        template = header_template(c)
+
+        st = self.storage
+        # --- request and record registers ------------------------------------------------
+        op = Signal(DmaOp)
+        region = Signal(16)
+        req_count = Signal(32)
+        req_hash = Signal(64)
+        req_seq = Signal(32)
+        base_lba = Signal(32)
+        n = Signal(32)                    # token count of the snapshot
+        head = Signal(range(W))
+        status = Signal(RecordStatus)
+        kv_started = Signal()
+        # header fields captured on import
+        hd_seq, hd_hash, hd_count, hd_head = Signal(32), Signal(64), Signal(32), Signal(32)
+        hd_tok, hd_k, hd_v, hd_pcrc = Signal(32), Signal(32), Signal(32), Signal(32)
+        bad_magic, bad_version, bad_config = Signal(), Signal(), Signal()
+        tok_bad = Signal()
+
+        v = Signal(range(W + 1))
+        m.d.comb += v.eq(Mux(n < W, n, W))
+        tok_payload = Signal(34)
+        kv_payload = Signal(32)
+        m.d.comb += [tok_payload.eq(n * TB), kv_payload.eq(v * KV_PER_SLOT)]
+        tok_sectors = Signal(16)
+        kv_sectors = Signal(16)
+        m.d.comb += [tok_sectors.eq((tok_payload + SECTOR - 1) >> 9),
+                     kv_sectors.eq((kv_payload + SECTOR - 1) >> 9)]
+        s0 = Signal(range(W))
+        m.d.comb += s0.eq(head + 1 - v)          # oldest valid slot, mod W (W a power of two)
+
+        # --- CRCs ------------------------------------------------------------------------
+        m.submodules.pcrc = pcrc = catalog.CRC32_ISO_HDLC(data_width=8).create()
+        m.submodules.hcrc = hcrc = catalog.CRC32_ISO_HDLC(data_width=8).create()
+
+        # --- segment and address generator -------------------------------------------------
+        seg = Signal(_Seg)
+        pay_left = Signal(34)             # payload bytes left in the segment
+        total_left = Signal(26)           # bytes (payload + padding) left in the segment
+        hdr_pos = Signal(9)
+        tok_i = Signal(range(c.max_tokens + 1))
+        tok_b = Signal(range(max(TB, 2)))
+        lh = Signal(range(max(LH, 2)))
+        t = Signal(range(W + 1))
+        dim = Signal(range(D))
+        slot = Signal(range(W))
+        kind = Signal()
+        ring_addr = Signal.like(self.ring.ring_addr)
+        m.d.comb += ring_addr.eq(Cat(dim, slot, kind, lh[:ceil_log2(LH)] if LH > 1 else []))
+
+        def init_counters():
+            return [tok_i.eq(0), tok_b.eq(0), lh.eq(0), t.eq(0), dim.eq(0), slot.eq(s0),
+                    kind.eq(0), hdr_pos.eq(0)]
+
+        def advance():
+            """Step the loop nest of the current segment by one payload byte."""
+            with m.If(seg == _Seg.TOK):
+                with m.If(tok_b == TB - 1):
+                    m.d.sync += [tok_b.eq(0), tok_i.eq(tok_i + 1)]
+                with m.Else():
+                    m.d.sync += tok_b.eq(tok_b + 1)
+            with m.Elif(seg == _Seg.KV):
+                next_slot = Signal.like(slot, name="next_slot")
+                m.d.comb += next_slot.eq(slot + 1)
+                last_t, last_dim, last_lh = t == v - 1, dim == D - 1, lh == LH - 1
+                with m.If(kind == 0):      # K: lh, t, dim (dim fastest)
+                    with m.If(last_dim):
+                        m.d.sync += [dim.eq(0), t.eq(t + 1), slot.eq(next_slot)]
+                        with m.If(last_t):
+                            m.d.sync += [t.eq(0), slot.eq(s0), lh.eq(lh + 1)]
+                            with m.If(last_lh):
+                                m.d.sync += [lh.eq(0), kind.eq(1)]
+                    with m.Else():
+                        m.d.sync += dim.eq(dim + 1)
+                with m.Else():             # V: lh, dim, t (t fastest): column-wise
+                    with m.If(last_t):
+                        m.d.sync += [t.eq(0), slot.eq(s0), dim.eq(dim + 1)]
+                        with m.If(last_dim):
+                            m.d.sync += [dim.eq(0), lh.eq(lh + 1)]
+                    with m.Else():
+                        m.d.sync += [t.eq(t + 1), slot.eq(next_slot)]
+            m.d.sync += hdr_pos.eq(hdr_pos + 1)
+
+        # --- export: header bytes, built at issue time --------------------------------------
+        var_fields = {"commit_seq": req_seq, "prefix_hash": req_hash, "count": n,
+                      "ring_head": head, "token_bytes": tok_payload, "k_bytes": kv_payload >> 1,
+                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc}
+        hdr_byte = Signal(8)
+        with m.Switch(hdr_pos):
+            for name, value in var_fields.items():
+                off, size = _OFF[name]
+                for i in range(size):
+                    with m.Case(off + i):
+                        m.d.comb += hdr_byte.eq(Value.cast(value)[8 * i:8 * i + 8]
+                                                if i * 8 < len(Value.cast(value)) else 0)
+            for i in range(4):
+                with m.Case(508 + i):
+                    m.d.comb += hdr_byte.eq(hcrc.crc[8 * i:8 * i + 8])
+            for off, byte in enumerate(template[:508]):
+                if byte and not any(_OFF[f][0] <= off < _OFF[f][0] + _OFF[f][1]
+                                    for f in var_fields):
+                    with m.Case(off):
+                        m.d.comb += hdr_byte.eq(byte)
+
+        # --- export datapath: issue -> one-clock read stage -> FIFO -> storage.wdata ---------
+        wfifo_rst = Signal()
+        wfifo = fifo.SyncFIFO(width=8, depth=4)
+        m.submodules.wfifo = ResetInserter(wfifo_rst)(wfifo)
+        b_valid = Signal()
+        b_src = Signal(2)                 # 0 constant, 1 token memory, 2 ring
+        b_const = Signal(8)
+        b_sel = Signal(range(max(TB, 2)))
+        b_crc = Signal()
+        tok_word = Signal(8 * TB)
+        m.d.comb += tok_word.eq(self.tokens.data)
+        b_data = Signal(8)
+        with m.Switch(b_src):
+            with m.Case(0):
+                m.d.comb += b_data.eq(b_const)
+            with m.Case(1):
+                m.d.comb += b_data.eq(tok_word.word_select(b_sel, 8))
+            with m.Default():
+                m.d.comb += b_data.eq(self.ring.ring_rdata)
+        m.d.comb += [wfifo.w_en.eq(b_valid), wfifo.w_data.eq(b_data),
+                     st.wdata.valid.eq(wfifo.r_rdy), st.wdata.payload.eq(wfifo.r_data),
+                     wfifo.r_en.eq(st.wdata.ready)]
+        m.d.sync += b_valid.eq(0)
+
+        # token compare pipeline (import)
+        cmp_valid = Signal()
+        cmp_byte = Signal(8)
+        cmp_sel = Signal(range(max(TB, 2)))
+        m.d.sync += cmp_valid.eq(0)
+        with m.If(cmp_valid & (tok_word.word_select(cmp_sel, 8) != cmp_byte)):
+            m.d.sync += tok_bad.eq(1)
+
+        # --- header parse (import) -----------------------------------------------------------
+        rbyte = st.rdata.payload
+        captures = {"commit_seq": hd_seq, "prefix_hash": hd_hash, "count": hd_count,
+                    "ring_head": hd_head, "token_bytes": hd_tok, "k_bytes": hd_k,
+                    "v_bytes": hd_v, "payload_crc": hd_pcrc}
+
+        def parse_header_byte():
+            with m.Switch(hdr_pos):
+                for name, reg in captures.items():
+                    off, size = _OFF[name]
+                    for i in range(size):
+                        with m.Case(off + i):
+                            m.d.sync += reg.word_select(i, 8).eq(rbyte)
+                for flag, (lo, hi) in ((bad_magic, (0, 8)), (bad_version, (8, 12)),
+                                       (bad_config, (16, 48)), (bad_config, (80, 116))):
+                    for off in range(lo, hi):
+                        with m.Case(off):
+                            with m.If(rbyte != template[off]):
+                                m.d.sync += flag.eq(1)
+
+        ml = Signal(range(max(L, 2)))
+        meta_bad = Signal()
+        meta_w_count = Signal(32)
+        meta_w_head = Signal(range(W))
+        seg_count = Signal(16)
+        seg_lba = Signal(32)
+        with m.Switch(seg):
+            with m.Case(_Seg.HDR):
+                m.d.comb += [seg_count.eq(1), seg_lba.eq(base_lba)]
+            with m.Case(_Seg.TOK):
+                m.d.comb += [seg_count.eq(tok_sectors), seg_lba.eq(base_lba + 1)]
+            with m.Default():
+                m.d.comb += [seg_count.eq(kv_sectors), seg_lba.eq(base_lba + lay.kv_sector)]
+        seg_pay = Signal(34)
+        with m.Switch(seg):
+            with m.Case(_Seg.HDR):
+                m.d.comb += seg_pay.eq(SECTOR - 4)
+            with m.Case(_Seg.TOK):
+                m.d.comb += seg_pay.eq(tok_payload)
+            with m.Default():
+                m.d.comb += seg_pay.eq(kv_payload)
+
+        exporting = op == DmaOp.EXPORT
+        importing = op == DmaOp.IMPORT
+
+        m.d.comb += [self.ring.ring_addr.eq(ring_addr), self.ring.meta_layer.eq(ml),
+                     self.tokens.addr.eq(tok_i), self.ring.ring_wdata.eq(rbyte),
+                     self.ring.meta_wcount.eq(meta_w_count), self.ring.meta_whead.eq(meta_w_head)]
+
+        with m.FSM(name="dma"):
+            with m.State("IDLE"):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    p = self.cmd.payload
+                    m.d.sync += [op.eq(p.op), region.eq(p.region), req_count.eq(p.count),
+                                 req_hash.eq(p.hash), req_seq.eq(p.seq),
+                                 status.eq(RecordStatus.OK), kv_started.eq(0), tok_bad.eq(0),
+                                 bad_magic.eq(0), bad_version.eq(0), bad_config.eq(0),
+                                 meta_bad.eq(0), ml.eq(0), n.eq(0), head.eq(0),
+                                 hd_seq.eq(0), hd_hash.eq(0), hd_count.eq(0)]
+                    m.d.comb += [pcrc.start.eq(1), hcrc.start.eq(1)]
+                    m.next = "CHECK"
+            with m.State("CHECK"):
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += base_lba.eq(self._base_lba + region * lay.sectors_per_region)
+                with m.If((region >= self._regions) | (op.as_value() == 3)):
+                    m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
+                    m.next = "RESP"
+                with m.Elif(exporting):
+                    m.next = "META_RD"
+                with m.Else():
+                    m.d.sync += seg.eq(_Seg.HDR)
+                    m.next = "SEG_CMD"
+            # ---- export: metadata of every layer ----
+            with m.State("META_RD"):
+                m.d.comb += [self.busy.eq(1), self.ring.meta_re.eq(1)]
+                m.next = "META_CAP"
+            with m.State("META_CAP"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(ml == 0):
+                    m.d.sync += [n.eq(self.ring.meta_rcount), head.eq(self.ring.meta_rhead)]
+                with m.Elif((self.ring.meta_rcount != n) | (self.ring.meta_rhead != head)):
+                    m.d.sync += meta_bad.eq(1)
+                with m.If(ml == L - 1):
+                    m.d.sync += ml.eq(0)
+                    m.next = "META_CHECK"
+                with m.Else():
+                    m.d.sync += ml.eq(ml + 1)
+                    m.next = "META_RD"
+            with m.State("META_CHECK"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(meta_bad | (n > c.max_tokens)):
+                    m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
+                    m.next = "RESP"
+                with m.Else():
+                    m.d.sync += seg.eq(Mux(n == 0, _Seg.HDR, _Seg.TOK))
+                    m.next = "SEG_CMD"
+            # ---- one storage transfer ----
+            with m.State("SEG_CMD"):
+                m.d.comb += [self.busy.eq(1), st.cmd.valid.eq(1),
+                             st.cmd.payload.op.eq(Mux(exporting, StorageOp.WRITE,
+                                                      StorageOp.READ)),
+                             st.cmd.payload.lba.eq(seg_lba), st.cmd.payload.count.eq(seg_count)]
+                with m.If(st.cmd.ready):
+                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
+                                 *init_counters()]
+                    m.next = "SEG_DATA"
+            with m.State("SEG_DATA"):
+                m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
+                with m.If(exporting):
+                    room = (wfifo.level + b_valid) < 4
+                    with m.If((total_left != 0) & room):
+                        m.d.sync += [total_left.eq(total_left - 1), b_valid.eq(1)]
+                        with m.If(seg == _Seg.HDR):
+                            m.d.sync += [b_src.eq(0), b_const.eq(hdr_byte), b_crc.eq(0)]
+                            m.d.comb += [hcrc.valid.eq(hdr_pos < SECTOR - 4),
+                                         hcrc.data.eq(hdr_byte)]
+                            advance()
+                        with m.Elif(pay_left != 0):
+                            m.d.sync += [pay_left.eq(pay_left - 1), b_crc.eq(1),
+                                         b_sel.eq(tok_b)]
+                            with m.If(seg == _Seg.TOK):
+                                m.d.comb += self.tokens.en.eq(1)
+                                m.d.sync += b_src.eq(1)
+                            with m.Else():
+                                m.d.comb += self.ring.ring_re.eq(1)
+                                m.d.sync += b_src.eq(2)
+                            advance()
+                        with m.Else():
+                            m.d.sync += [b_src.eq(0), b_const.eq(0), b_crc.eq(0)]
+                    m.d.comb += [pcrc.valid.eq(b_valid & b_crc), pcrc.data.eq(b_data)]
+                with m.Else():
+                    m.d.comb += st.rdata.ready.eq(total_left != 0)
+                    with m.If(st.rdata.valid & (total_left != 0)):
+                        m.d.sync += total_left.eq(total_left - 1)
+                        with m.If(seg == _Seg.HDR):
+                            m.d.comb += [hcrc.valid.eq(1), hcrc.data.eq(rbyte)]
+                            parse_header_byte()
+                            advance()
+                        with m.Elif(pay_left != 0):
+                            m.d.sync += pay_left.eq(pay_left - 1)
+                            m.d.comb += [pcrc.valid.eq(1), pcrc.data.eq(rbyte)]
+                            with m.If(seg == _Seg.TOK):
+                                with m.If(importing):
+                                    m.d.comb += self.tokens.en.eq(1)
+                                    m.d.sync += [cmp_valid.eq(1), cmp_byte.eq(rbyte),
+                                                 cmp_sel.eq(tok_b)]
+                            with m.Elif(importing):
+                                m.d.comb += self.ring.ring_we.eq(1)
+                                m.d.sync += kv_started.eq(1)
+                            advance()
+                data_done = (total_left == 0) & ~b_valid & (wfifo.level == 0)
+                with m.If(st.status.valid):
+                    with m.If((st.status.payload.error != StorageError.OK) | ~data_done):
+                        m.d.sync += status.eq(RecordStatus.STORAGE)
+                        m.d.comb += wfifo_rst.eq(1)
+                        m.d.sync += b_valid.eq(0)
+                        m.next = "FAIL"
+                    with m.Else():
+                        m.next = "SEG_NEXT"
+            with m.State("SEG_NEXT"):
+                m.d.comb += self.busy.eq(1)
+                with m.If(exporting):
+                    with m.Switch(seg):
+                        with m.Case(_Seg.TOK):
+                            m.d.sync += seg.eq(Mux(v == 0, _Seg.HDR, _Seg.KV))
+                            m.next = "SEG_CMD"
+                        with m.Case(_Seg.KV):
+                            m.d.sync += seg.eq(_Seg.HDR)
+                            m.next = "SEG_CMD"
+                        with m.Default():
+                            m.next = "RESP"
+                with m.Else():
+                    with m.Switch(seg):
+                        with m.Case(_Seg.HDR):
+                            m.d.sync += [n.eq(hd_count), head.eq(hd_head)]
+                            m.next = "HDR_EVAL"
+                        with m.Case(_Seg.TOK):
+                            with m.If(importing & tok_bad):
+                                m.d.sync += status.eq(RecordStatus.TOKEN_MISMATCH)
+                                m.next = "RESP"
+                            with m.Elif(v == 0):
+                                m.next = "CRC_EVAL"
+                            with m.Else():
+                                m.d.sync += seg.eq(_Seg.KV)
+                                m.next = "SEG_CMD"
+                        with m.Default():
+                            m.next = "CRC_EVAL"
+            # ---- import: header checks, in the golden model's order ----
+            with m.State("HDR_EVAL"):
+                m.d.comb += self.busy.eq(1)
+                bad_fields = ((hd_count > c.max_tokens) | (hd_head >= W)
+                              | (hd_tok != tok_payload) | (hd_k != kv_payload >> 1)
+                              | (hd_v != kv_payload >> 1))
+                with m.If(bad_magic):
+                    m.d.sync += status.eq(RecordStatus.EMPTY)
+                    m.next = "RESP"
+                with m.Elif(bad_version):
+                    m.d.sync += status.eq(RecordStatus.BAD_VERSION)
+                    m.next = "RESP"
+                with m.Elif(~hcrc.match_detected):
+                    m.d.sync += status.eq(RecordStatus.BAD_HEADER)
+                    m.next = "RESP"
+                with m.Elif(bad_config):
+                    m.d.sync += status.eq(RecordStatus.FOREIGN_CONFIG)
+                    m.next = "RESP"
+                with m.Elif(bad_fields):
+                    m.d.sync += status.eq(RecordStatus.BAD_HEADER)
+                    m.next = "RESP"
+                with m.Elif(importing & ((hd_count != req_count) | (hd_hash != req_hash))):
+                    m.d.sync += status.eq(RecordStatus.NOT_THIS)
+                    m.next = "RESP"
+                with m.Elif(hd_count == 0):
+                    m.next = "CRC_EVAL"
+                with m.Else():
+                    m.d.sync += seg.eq(_Seg.TOK)
+                    m.next = "SEG_CMD"
+            with m.State("CRC_EVAL"):
+                m.d.comb += self.busy.eq(1)
+                ok = pcrc.crc == hd_pcrc
+                with m.If(~ok):
+                    m.d.sync += status.eq(RecordStatus.BAD_PAYLOAD_CRC)
+                with m.If(importing & (ok | kv_started)):
+                    m.d.sync += [meta_w_count.eq(Mux(ok, n, 0)), meta_w_head.eq(Mux(ok, head, 0)),
+                                 ml.eq(0)]
+                    m.next = "META_WR"
+                with m.Else():
+                    m.next = "RESP"
+            with m.State("FAIL"):
+                # storage error: an import that has started writing the rings empties them
+                m.d.comb += self.busy.eq(1)
+                m.d.sync += [meta_w_count.eq(0), meta_w_head.eq(0), ml.eq(0)]
+                with m.If(importing & kv_started):
+                    m.next = "META_WR"
+                with m.Else():
+                    m.next = "RESP"
+            with m.State("META_WR"):
+                m.d.comb += [self.busy.eq(1), self.ring.meta_we.eq(1)]
+                with m.If(ml == L - 1):
+                    m.next = "RESP"
+                with m.Else():
+                    m.d.sync += ml.eq(ml + 1)
+            with m.State("RESP"):
+                m.d.comb += [self.busy.eq(1), self.resp.valid.eq(1),
+                             self.resp.payload.status.eq(status),
+                             self.resp.payload.count.eq(Mux(exporting, n, hd_count)),
+                             self.resp.payload.hash.eq(Mux(exporting, req_hash, hd_hash)),
+                             self.resp.payload.seq.eq(Mux(exporting, req_seq, hd_seq))]
+                with m.If(self.resp.ready):
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,75 @@
+"""The storage port: sector reads and writes with multi-sector bursts.
+
+Every storage backend sits behind :class:`StoragePortSignature` -- the SD card controller in SPI
+mode on the board (``hw/sdspi.py``), and in simulation the sector-level model of
+``sim/sector_model.py`` (a Python coroutine over an image file) -- so the DMA engine
+(``hw/dma.py``) does not know which one it talks to.
+
+Protocol, seen from the initiator (the DMA):
+
+1. one transfer on ``cmd``: ``{op, lba, count}`` (``count`` >= 1 sectors of 512 bytes);
+2. data: for a write the initiator sends ``count * 512`` bytes on ``wdata``; for a read the
+   target sends ``count * 512`` bytes on ``rdata``; both streams obey the ``lib.stream`` rules
+   and may stall at any time;
+3. one transfer on ``status``: ``{error}``, after the last data byte (for a write: after the
+   data is durable, e.g. when the SD card's busy phase has ended).
+
+On an error the target may stop the data phase early and send the status at once (a card that
+stops answering ends in a timeout error, never a hang), so an initiator keeps ``status.ready``
+high during the data phase and aborts the transfer when an error status arrives. A command with
+``count == 0`` or outside the medium gets ``RANGE`` without a data phase.
+
+Peak bandwidth of the port: one byte per clock on ``wdata``/``rdata`` (8-bit data streams,
+chosen to match the SD card's byte-serial bus and the DMA's element-wide ring port).
+"""
+
+from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
+           "StoragePortSignature"]
+
+SECTOR_BYTES = 512
+
+
+class StorageOp(enum.Enum, shape=1):
+    READ = 0
+    WRITE = 1
+
+
+class StorageError(enum.Enum, shape=3):
+    OK = 0
+    TIMEOUT = 1      #: no response, no data token, or busy for too long (card gone or hung)
+    CRC = 2          #: CRC7 rejected by the card, or CRC16 of read data wrong, or write CRC error
+    CARD = 3         #: the card answered with an error (R1 error bits, error token, write error)
+    RANGE = 4        #: count 0, or sectors outside the medium
+    NOT_READY = 5    #: initialisation failed (no card, unusable card)
+
+
+StorageCommand = data.StructLayout({"op": StorageOp, "lba": 32, "count": 16})
+StorageStatus = data.StructLayout({"error": StorageError})
+
+
+class StoragePortSignature(wiring.Signature):
+    """A sector storage port, initiator side (``.flip()`` for the target).
+
+    Members: ``cmd`` (Out, stream of :data:`StorageCommand`), ``wdata`` (Out, stream of 8-bit
+    bytes), ``rdata`` (In, stream of bytes), ``status`` (In, stream of :data:`StorageStatus`).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "cmd": Out(stream.Signature(StorageCommand)),
+            "wdata": Out(stream.Signature(8)),
+            "rdata": In(stream.Signature(8)),
+            "status": In(stream.Signature(StorageStatus)),
+        })
+
+    def __eq__(self, other):
+        return type(other) is StoragePortSignature
+
+    def __hash__(self):
+        return hash(StoragePortSignature)
+
+    def __repr__(self):
+        return "StoragePortSignature()"

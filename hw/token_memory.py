@@ -1,0 +1,111 @@
+"""Token memory: the computed tokens of the resident session (seed 001).
+
+``max_tokens`` x ``token_width`` block RAM with one write port, used by the link (append at the
+running count, or write at an index), and ``read_ports`` synchronous read ports (by default two:
+one for the hash engine, one for the DMA engine's export and import verification).
+
+Ports:
+
+* ``append``: stream of tokens (always ready) written at index ``count``, then ``count += 1``;
+  appends beyond ``max_tokens`` are dropped and set ``overflow``;
+* ``write``: ``{addr, data, en}`` write at an index (does not change ``count``);
+* ``clear``: pulse: ``count := 0``, ``overflow := 0``; ``set_count``/``count_we``: load ``count``
+  (the DMA's import sets it);
+* ``count``: number of tokens held; ``overflow``: an append was dropped;
+* ``read0``, ``read1``, ...: :class:`TokenReadSignature` (flipped) ``{addr, en}`` -> ``data`` one clock later (data
+  holds while ``en`` is low).
+
+Latency: write to read-visible 1 clock (read ports are not transparent: a read in the same clock
+as a write to the same address returns the old token). Throughput: one append or write and one
+read per port per clock. No backpressure (``append.ready`` is always 1).
+"""
+
+from amaranth import Module, Mux
+from amaranth.lib import memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["TokenReadSignature", "TokenMemory"]
+
+
+class TokenReadSignature(wiring.Signature):
+    """A synchronous token read port, reader side: ``addr``, ``en`` out; ``data`` in (1 clock)."""
+
+    def __init__(self, max_tokens: int, token_width: int):
+        self._max_tokens, self._token_width = max_tokens, token_width
+        super().__init__({"addr": Out(range(max_tokens)), "en": Out(1),
+                          "data": In(token_width)})
+
+    def __eq__(self, other):
+        return (type(other) is TokenReadSignature and other._max_tokens == self._max_tokens
+                and other._token_width == self._token_width)
+
+    def __hash__(self):
+        return hash((TokenReadSignature, self._max_tokens, self._token_width))
+
+    def __repr__(self):
+        return f"TokenReadSignature({self._max_tokens}, {self._token_width})"
+
+
+class TokenMemory(wiring.Component):
+    """Per-session token store; see the module docstring for ports and timing."""
+
+    def __init__(self, max_tokens: int, token_width: int, read_ports: int = 2):
+        for name, value in (("max_tokens", max_tokens), ("token_width", token_width),
+                            ("read_ports", read_ports)):
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise TypeError(f"{name} must be a positive integer, not {value!r}")
+        if token_width > 32:
+            raise ValueError(f"token_width must be at most 32, not {token_width!r}")
+        self._max_tokens, self._token_width, self._read_ports = max_tokens, token_width, read_ports
+        super().__init__({
+            "append": In(stream.Signature(token_width, always_ready=True)),
+            "write": In(wiring.Signature({"addr": Out(range(max_tokens)),
+                                          "data": Out(token_width), "en": Out(1)})),
+            "clear": In(1),
+            "count_we": In(1),
+            "set_count": In(range(max_tokens + 1)),
+            "count": Out(range(max_tokens + 1)),
+            "overflow": Out(1),
+            **{f"read{i}": In(TokenReadSignature(max_tokens, token_width))
+               for i in range(read_ports)},
+        })
+
+    @property
+    def max_tokens(self):
+        return self._max_tokens
+
+    @property
+    def token_width(self):
+        return self._token_width
+
+    def read_port(self, i: int):
+        """The ``i``-th read port (``TokenReadSignature`` flipped: connect a reader to it)."""
+        return getattr(self, f"read{i}")
+
+    def elaborate(self, platform):
+        m = Module()
+        # One write port, several read ports: yosys replicates the block RAM per read port.
+        m.submodules.mem = mem = memory.Memory(shape=self._token_width, depth=self._max_tokens,
+                                               init=[])
+        wp = mem.write_port()
+        full = self.count == self._max_tokens
+        with m.If(self.append.valid & ~full):
+            m.d.comb += [wp.addr.eq(self.count), wp.data.eq(self.append.payload), wp.en.eq(1)]
+        with m.Else():
+            m.d.comb += [wp.addr.eq(self.write.addr), wp.data.eq(self.write.data),
+                         wp.en.eq(self.write.en)]
+        with m.If(self.clear):
+            m.d.sync += [self.count.eq(0), self.overflow.eq(0)]
+        with m.Elif(self.count_we):
+            m.d.sync += self.count.eq(Mux(self.set_count > self._max_tokens, self._max_tokens,
+                                          self.set_count))
+        with m.Elif(self.append.valid):
+            with m.If(full):
+                m.d.sync += self.overflow.eq(1)
+            with m.Else():
+                m.d.sync += self.count.eq(self.count + 1)
+        for i in range(self._read_ports):
+            port = self.read_port(i)
+            rp = mem.read_port(transparent_for=())
+            m.d.comb += [rp.addr.eq(port.addr), rp.en.eq(port.en), port.data.eq(rp.data)]
+        return m

@@ -1,0 +1,113 @@
+"""A small ring-memory model implementing the attention core's ring-access port, and the DMA
+test harness built around it.
+
+:class:`RingMemoryModel` serves :class:`~ringkv.hw.dma.RingPortSignature` (flipped) from one
+block RAM of ``layers * kv_heads * 2 * window * head_dim`` bytes plus per-layer (count, head)
+registers, with the port's timing (read data one clock after ``ring_re``/``meta_re``). A test
+access port ``tap`` lets a testbench load and read the rings (sync read, one clock).
+
+:class:`DmaHarness` joins a :class:`~ringkv.hw.dma.DmaEngine`, the ring model and a
+:class:`~ringkv.hw.token_memory.TokenMemory`; the DMA's ``cmd``/``resp``/``storage`` and the
+token memory's ``append``/``clear`` become top-level ports, so the same harness is the top of the
+Amaranth-simulator tests and of the cocotb/Verilator tests.
+"""
+
+from amaranth import Module, Signal
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out, connect, flipped
+
+from ..hw.dma import DmaEngine, RingPortSignature
+from ..hw.token_memory import TokenMemory
+
+__all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
+
+
+def tap_signature(config):
+    elements = config.layers * config.kv_heads * 2 * config.window * config.head_dim
+    return wiring.Signature({
+        "addr": Out(range(elements)), "we": Out(1), "wdata": Out(8), "rdata": In(8),
+        "meta_layer": Out(range(config.layers)), "meta_we": Out(1), "meta_wcount": Out(32),
+        "meta_whead": Out(range(config.window)), "meta_rcount": In(32),
+        "meta_rhead": In(range(config.window)),
+    })
+
+
+class RingMemoryModel(wiring.Component):
+    """Rings and per-layer metadata behind ``ring`` (the DMA side) and ``tap`` (the testbench)."""
+
+    def __init__(self, config):
+        self._config = config
+        super().__init__({"ring": In(RingPortSignature.for_config(config)),
+                          "tap": In(tap_signature(config))})
+
+    def elaborate(self, platform):
+        m = Module()
+        c = self._config
+        elements = c.layers * c.kv_heads * 2 * c.window * c.head_dim
+        m.submodules.mem = mem = memory.Memory(shape=8, depth=elements, init=[])
+        wp = mem.write_port()
+        rp = mem.read_port(transparent_for=())
+        tp = mem.read_port(transparent_for=())
+        r = self.ring
+        with m.If(r.ring_we):
+            m.d.comb += [wp.addr.eq(r.ring_addr), wp.data.eq(r.ring_wdata), wp.en.eq(1)]
+        with m.Else():
+            m.d.comb += [wp.addr.eq(self.tap.addr), wp.data.eq(self.tap.wdata),
+                         wp.en.eq(self.tap.we)]
+        m.d.comb += [rp.addr.eq(r.ring_addr), rp.en.eq(r.ring_re), r.ring_rdata.eq(rp.data),
+                     tp.addr.eq(self.tap.addr), self.tap.rdata.eq(tp.data)]
+        counts = [Signal(32, name=f"count{i}") for i in range(c.layers)]
+        heads = [Signal(range(c.window), name=f"head{i}") for i in range(c.layers)]
+        for i in range(c.layers):
+            with m.If(r.meta_we & (r.meta_layer == i)):
+                m.d.sync += [counts[i].eq(r.meta_wcount), heads[i].eq(r.meta_whead)]
+            with m.Elif(self.tap.meta_we & (self.tap.meta_layer == i)):
+                m.d.sync += [counts[i].eq(self.tap.meta_wcount), heads[i].eq(self.tap.meta_whead)]
+        with m.If(r.meta_re):
+            with m.Switch(r.meta_layer):
+                for i in range(c.layers):
+                    with m.Case(i):
+                        m.d.sync += [r.meta_rcount.eq(counts[i]), r.meta_rhead.eq(heads[i])]
+        with m.Switch(self.tap.meta_layer):
+            for i in range(c.layers):
+                with m.Case(i):
+                    m.d.comb += [self.tap.meta_rcount.eq(counts[i]),
+                                 self.tap.meta_rhead.eq(heads[i])]
+        return m
+
+
+class DmaHarness(wiring.Component):
+    """DMA engine + ring model + token memory, for tests and benchmarks."""
+
+    def __init__(self, config, regions):
+        self._config = config
+        self.dma = DmaEngine(config, regions)
+        self.rings = RingMemoryModel(config)
+        self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
+        dma_sig = self.dma.signature.members
+        super().__init__({
+            "cmd": dma_sig["cmd"],
+            "resp": dma_sig["resp"],
+            "storage": dma_sig["storage"],
+            "busy": Out(1),
+            "tap": In(tap_signature(config)),
+            "tok_append": self.tmem.signature.members["append"],
+            "tok_clear": In(1),
+            "tok_count": Out(range(config.max_tokens + 1)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dma = dma = self.dma
+        m.submodules.rings = rings = self.rings
+        m.submodules.tmem = tmem = self.tmem
+        connect(m, flipped(self.cmd), dma.cmd)
+        connect(m, flipped(self.resp), dma.resp)
+        connect(m, flipped(self.storage), dma.storage)
+        connect(m, dma.ring, rings.ring)
+        connect(m, dma.tokens, tmem.read_port(0))
+        connect(m, flipped(self.tap), rings.tap)
+        connect(m, flipped(self.tok_append), tmem.append)
+        m.d.comb += [tmem.clear.eq(self.tok_clear), self.tok_count.eq(tmem.count),
+                     self.busy.eq(dma.busy)]
+        return m

@@ -1,0 +1,250 @@
+"""Fast sector-level storage model over an image file, for system simulation.
+
+:class:`SectorImage` is a disk image (a plain file of 512-byte sectors, or memory only); every
+completed sector write goes to the file at once, so stopping the simulator mid-export and
+starting a new one on the same file is a power cycle. The same file can be given to the
+bit-level SD card model (``sim/sdcard_model.py``) and to ``python -m ringkv.host.record``.
+
+The storage port (``hw/storage.py``) is served from Python, at up to one byte per clock:
+
+* :func:`serve_storage` -- an Amaranth-simulator testbench coroutine;
+* :class:`CocotbStorageServer` -- a cocotb coroutine for the Verilated design.
+
+Both take ``rng`` with ``idle`` (probability of a bubble before each read byte / status) and
+``stall`` (probability of withholding ``ready`` on ``cmd``/``wdata``), a ``cut_after`` budget of
+written bytes after which the "power" fails (:class:`PowerCut` is raised: the sector being
+written is torn, holding the bytes received so far), and ``dead`` to make the medium stop
+answering (the server then reports ``TIMEOUT``, as the SD controller does).
+"""
+
+import os
+from pathlib import Path
+
+from ..hw.storage import SECTOR_BYTES, StorageError, StorageOp
+
+__all__ = ["SectorImage", "PowerCut", "serve_storage", "CocotbStorageServer"]
+
+
+class PowerCut(Exception):
+    """The simulated power failed during a write."""
+
+
+class SectorImage:
+    """A sector-addressed image: ``path`` (created/extended to ``sectors``) or memory only."""
+
+    def __init__(self, path=None, sectors: int | None = None):
+        self.path = Path(path) if path is not None else None
+        if self.path is None:
+            if sectors is None:
+                raise ValueError("a memory image needs a size in sectors")
+            self._mem = bytearray(sectors * SECTOR_BYTES)
+            self.sectors = sectors
+            return
+        self._mem = None
+        if not self.path.exists():
+            self.path.write_bytes(b"")
+        size = self.path.stat().st_size
+        if sectors is not None and size < sectors * SECTOR_BYTES:
+            with open(self.path, "r+b") as f:
+                f.truncate(sectors * SECTOR_BYTES)
+            size = sectors * SECTOR_BYTES
+        self.sectors = size // SECTOR_BYTES
+        self._file = open(self.path, "r+b")  # noqa: SIM115 (kept open for the model's life)
+
+    def close(self):
+        if self._mem is None and not self._file.closed:
+            self._file.close()
+
+    def read(self, lba: int, count: int = 1) -> bytes:
+        if lba < 0 or lba + count > self.sectors:
+            raise IndexError(f"sectors {lba}..{lba + count - 1} outside {self.sectors}")
+        if self._mem is not None:
+            return bytes(self._mem[lba * SECTOR_BYTES:(lba + count) * SECTOR_BYTES])
+        self._file.seek(lba * SECTOR_BYTES)
+        return self._file.read(count * SECTOR_BYTES)
+
+    def write(self, lba: int, data: bytes):
+        """Write at sector ``lba`` (``data`` may be a partial sector: a torn write)."""
+        if lba < 0 or lba * SECTOR_BYTES + len(data) > self.sectors * SECTOR_BYTES:
+            raise IndexError(f"write at sector {lba} outside {self.sectors}")
+        if self._mem is not None:
+            self._mem[lba * SECTOR_BYTES:lba * SECTOR_BYTES + len(data)] = data
+            return
+        self._file.seek(lba * SECTOR_BYTES)
+        self._file.write(data)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def in_range(self, lba: int, count: int) -> bool:
+        return count > 0 and lba + count <= self.sectors
+
+    def __getitem__(self, key):
+        """Byte access for tests: ``image[a:b]``."""
+        if self._mem is not None:
+            return self._mem[key]
+        self._file.seek(0)
+        return self._file.read()[key]
+
+
+class _Budget:
+    def __init__(self, cut_after):
+        self.left = cut_after
+
+    def take(self):
+        """One byte written; True if the power fails before it lands."""
+        if self.left is None:
+            return False
+        if self.left == 0:
+            return True
+        self.left -= 1
+        return False
+
+
+async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
+                        cut_after=None, dead=False, log=None):
+    """Serve storage port ``port`` (the initiator's ``storage`` member) forever.
+
+    Run it with ``sim.add_testbench(..., background=True)``. ``log`` (a list) receives
+    ``(op, lba, count)`` of each command.
+    """
+    budget = _Budget(cut_after)
+
+    def chance(p):
+        return rng is not None and p > 0 and rng.random() < p
+
+    async def status(error):
+        while chance(idle):
+            await ctx.tick()
+        ctx.set(port.status.valid, 1)
+        ctx.set(port.status.payload, {"error": error})
+        await ctx.tick().until(port.status.ready)
+        ctx.set(port.status.valid, 0)
+
+    while True:
+        while chance(stall):
+            await ctx.tick()
+        ctx.set(port.cmd.ready, 1)
+        (cmd,) = await ctx.tick().sample(port.cmd.payload).until(port.cmd.valid)
+        ctx.set(port.cmd.ready, 0)
+        op, lba, count = cmd.op, cmd.lba, cmd.count
+        if log is not None:
+            log.append((op, lba, count))
+        if dead:
+            await ctx.tick().repeat(20)
+            await status(StorageError.TIMEOUT)
+            continue
+        if not image.in_range(lba, count):
+            await status(StorageError.RANGE)
+            continue
+        if op == StorageOp.READ:
+            data = image.read(lba, count)
+            for byte in data:
+                while chance(idle):
+                    await ctx.tick()
+                ctx.set(port.rdata.valid, 1)
+                ctx.set(port.rdata.payload, byte)
+                await ctx.tick().until(port.rdata.ready)
+                ctx.set(port.rdata.valid, 0)
+        else:
+            for s in range(count):
+                sector = bytearray()
+                for _ in range(SECTOR_BYTES):
+                    while chance(stall):
+                        ctx.set(port.wdata.ready, 0)
+                        await ctx.tick()
+                    ctx.set(port.wdata.ready, 1)
+                    (byte,) = await ctx.tick().sample(port.wdata.payload).until(
+                        port.wdata.valid)
+                    ctx.set(port.wdata.ready, 0)
+                    if budget.take():
+                        image.write(lba + s, bytes(sector))
+                        raise PowerCut(f"power cut in sector {lba + s} after {len(sector)} "
+                                       f"bytes")
+                    sector.append(byte)
+                image.write(lba + s, bytes(sector))
+        await status(StorageError.OK)
+
+
+class CocotbStorageServer:
+    """The same model for cocotb: ``cocotb.start_soon(server.run())``.
+
+    ``prefix`` is the storage port's name in the Verilog (``storage`` gives ``storage__cmd__valid``
+    and so on). The command payload is ``{op:1, lba:32, count:16}`` from the LSB.
+    """
+
+    def __init__(self, dut, prefix, clk, image, *, rng=None, idle=0.0, stall=0.0, cut_after=None,
+                 dead=False):
+        self.dut, self.clk, self.image = dut, clk, image
+        self.p = {name: getattr(dut, f"{prefix}__{name}") for name in (
+            "cmd__valid", "cmd__ready", "cmd__payload", "wdata__valid", "wdata__ready",
+            "wdata__payload", "rdata__valid", "rdata__ready", "rdata__payload",
+            "status__valid", "status__ready", "status__payload")}
+        self.rng, self.idle, self.stall, self.dead = rng, idle, stall, dead
+        self.budget = _Budget(cut_after)
+        self.cut = None
+        self.log = []
+        for name in ("cmd__ready", "wdata__ready", "rdata__valid", "status__valid"):
+            self.p[name].value = 0
+
+    def _chance(self, p):
+        return self.rng is not None and p > 0 and self.rng.random() < p
+
+    async def _edge(self):
+        from cocotb.triggers import RisingEdge
+        await RisingEdge(self.clk)
+
+    async def _take(self, stream, may_stall):
+        from cocotb.triggers import ReadOnly
+        while True:
+            ready = not (may_stall and self._chance(self.stall))
+            self.p[f"{stream}__ready"].value = int(ready)
+            await ReadOnly()
+            valid = int(self.p[f"{stream}__valid"].value)
+            value = int(self.p[f"{stream}__payload"].value) if valid else 0
+            await self._edge()
+            if ready and valid:
+                self.p[f"{stream}__ready"].value = 0
+                return value
+
+    async def _give(self, stream, value):
+        from cocotb.triggers import ReadOnly
+        while self._chance(self.idle):
+            await self._edge()
+        self.p[f"{stream}__valid"].value = 1
+        self.p[f"{stream}__payload"].value = value
+        while True:
+            await ReadOnly()
+            ready = int(self.p[f"{stream}__ready"].value)
+            await self._edge()
+            if ready:
+                break
+        self.p[f"{stream}__valid"].value = 0
+
+    async def run(self):
+        while True:
+            word = await self._take("cmd", True)
+            op, lba, count = word & 1, (word >> 1) & 0xFFFFFFFF, (word >> 33) & 0xFFFF
+            self.log.append((op, lba, count))
+            if self.dead:
+                for _ in range(20):
+                    await self._edge()
+                await self._give("status", StorageError.TIMEOUT.value)
+                continue
+            if not self.image.in_range(lba, count):
+                await self._give("status", StorageError.RANGE.value)
+                continue
+            if op == StorageOp.READ.value:
+                for byte in self.image.read(lba, count):
+                    await self._give("rdata", byte)
+            else:
+                for s in range(count):
+                    sector = bytearray()
+                    for _ in range(SECTOR_BYTES):
+                        byte = await self._take("wdata", True)
+                        if self.budget.take():
+                            self.image.write(lba + s, bytes(sector))
+                            self.cut = (lba + s, len(sector))
+                            return
+                        sector.append(byte)
+                    self.image.write(lba + s, bytes(sector))
+            await self._give("status", StorageError.OK.value)
