@@ -12,8 +12,10 @@ Ports:
 * ``clear``: pulse: ``count := 0``, ``overflow := 0``; ``set_count``/``count_we``: load ``count``
   (the DMA's import sets it);
 * ``count``: number of tokens held; ``overflow``: an append was dropped;
-* ``read0``, ``read1``, ...: :class:`TokenReadSignature` (flipped) ``{addr, en}`` -> ``data`` one clock later (data
-  holds while ``en`` is low).
+* ``read0``, ``read1``, ...: :class:`TokenReadSignature` (flipped): ``{addr, en}`` ->
+  ``data`` one clock later (data holds while ``en`` is low).
+
+An append and an indexed write in the same clock: the append wins, the write is dropped.
 
 Latency: write to read-visible 1 clock (read ports are not transparent: a read in the same clock
 as a write to the same address returns the old token). Throughput: one append or write and one
