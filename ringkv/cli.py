@@ -1,0 +1,190 @@
+"""``ringkv`` command line: demo, chat, sim, bench, build, storage.
+
+``demo`` and ``chat`` run the host (model + scheduler) against the software device (golden
+models in the FPGA's place); ``chat --link URL`` checks a device over the link. ``sim``,
+``build`` and ``storage`` call into the simulator server, the board build and the record
+scanner, and say so clearly when that part is not installed.
+"""
+
+import argparse
+import importlib
+import sys
+import time
+
+__all__ = ["main", "run_demo"]
+
+
+def _need(module: str, what: str):
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and module.startswith(e.name):
+            raise SystemExit(f"ringkv: {what} is not available yet: module {module} is missing "
+                             f"(it comes with the whole-system issue)") from None
+        raise
+
+
+def _backend(name, config):
+    from .host.model import FixedBackend, Float64Backend
+    return FixedBackend(config) if name == "fixed" else Float64Backend(config)
+
+
+def _model(args, config):
+    from .host.model import Model
+    return Model.load(args.weights, config) if args.weights else Model(config, seed=args.seed)
+
+
+def demo_script(seed: int = 0):
+    """The demo's requests: three interleaved sessions, a resume, an eviction, a long one."""
+    import random
+
+    from .host.model import BOS, encode_text
+    rng = random.Random(seed)
+
+    def text(n):
+        words = ["ring", "window", "session", "cache", "token", "snapshot", "fpga", "host"]
+        return encode_text(" ".join(rng.choice(words) for _ in range(n)) + ". ")
+
+    reqs = [("alice", [BOS] + text(20), 12), ("bob", [BOS] + text(12), 12),
+            ("alice", text(8), 12),                         # resume: hit, import
+            ("carol", [BOS] + text(10), 12),                # carol's export evicts bob
+            ("bob", text(6), 12)]                           # evicted: miss, recompute
+    for _ in range(4):                                      # alice grows to several W
+        reqs += [("alice", text(24), 16), ("carol", text(4), 8)]
+    return reqs
+
+
+def run_demo(args) -> int:
+    from .host.config import DEFAULT_CONFIG
+    from .host.model import decode_text
+    from .host.scheduler import Scheduler, SoftwareDevice, plain_run
+
+    config = DEFAULT_CONFIG
+    model = _model(args, config)
+    device = SoftwareDevice(config, attention=_backend(args.backend, config),
+                            capacity=args.capacity, image=args.image)
+    sched = Scheduler(model, device, chunk=args.chunk)
+    reqs = demo_script(args.seed)
+    print(f"RingKV demo (software device, {args.backend} attention): layers={config.layers} "
+          f"Hq={config.q_heads} Hkv={config.kv_heads} d={config.head_dim} W={config.window}, "
+          f"store capacity {args.capacity} snapshots\n")
+    header = (f"{'#':>2} {'session':8} {'path':9} {'tokens':>11} {'import B':>9} "
+              f"{'export B':>9} {'recomp':>6} {'ms':>7}  output")
+    print(header)
+    print("-" * len(header))
+    outs, rows = [], []
+    for i, (sid, tokens, n_new) in enumerate(reqs):
+        t0 = time.perf_counter()
+        out = sched.request(sid, tokens, n_new)
+        ms = (time.perf_counter() - t0) * 1e3
+        e = sched.events[-1]
+        outs.append(out)
+        rows.append((e, ms))
+        print(f"{i:>2} {sid:8} {e['path']:9} {e['before']:>5}->{e['after']:<5} "
+              f"{e['imported_bytes']:>9} {e['exported_bytes']:>9} {e['recomputed']:>6} "
+              f"{ms:>7.0f}  {decode_text(out)!r}")
+    print("\nchecking every generated token against a plain, unscheduled run ...")
+    ref = plain_run(model, reqs, lambda: _backend(args.backend, config), chunk=args.chunk)
+    bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
+    print("summary")
+    for path in ("first", "continue", "hit", "miss"):
+        sel = [(e, ms) for e, ms in rows if e["path"] == path]
+        if sel:
+            print(f"  {path:9} {len(sel):>3} requests, {sum(ms for _, ms in sel):>8.0f} ms, "
+                  f"imported {sum(e['imported_bytes'] for e, _ in sel)} B, recomputed "
+                  f"{sum(e['recomputed'] for e, _ in sel)} tokens")
+    stats = device.stats()
+    print(f"  device: {stats}")
+    longest = max(len(s.tokens) for s in sched.sessions.values())
+    print(f"  longest session: {longest} tokens = {longest / config.window:.1f} x W")
+    if bad:
+        print(f"MISMATCH in requests {bad}")
+        return 1
+    print(f"all {sum(map(len, outs))} generated tokens identical to the plain run")
+    return 0
+
+
+def run_chat(args) -> int:
+    if args.link:
+        from .host.link import Link
+        from .hw.protocol import PROTOCOL_VERSION, Op
+        with Link(args.link, timeout=args.timeout) as link:
+            status, payload = link.request(Op.PING, b"ringkv")
+            print(f"link {args.link}: PING {status.name} {payload!r}")
+            status, payload = link.request(Op.VERSION)
+            print(f"VERSION {status.name} {payload.hex()} (host protocol {PROTOCOL_VERSION})")
+        raise SystemExit("ringkv chat --link: inference over the link needs the device's command "
+                         "front end (issue 6, not yet merged); run `ringkv chat` for the "
+                         "software device")
+    from .host.config import DEFAULT_CONFIG
+    from .host.model import BOS, decode_text, encode_text
+    from .host.scheduler import Scheduler, SoftwareDevice
+    config = DEFAULT_CONFIG
+    sched = Scheduler(_model(args, config),
+                      SoftwareDevice(config, attention=_backend(args.backend, config),
+                                     capacity=args.capacity, image=args.image),
+                      chunk=args.chunk)
+    sid = "default"
+    print("ringkv chat (software device). '/session NAME' switches, '/quit' ends.")
+    for line in sys.stdin:
+        line = line.rstrip("\n")
+        if line in ("/quit", "/exit"):
+            break
+        if line.startswith("/session "):
+            sid = line.split(None, 1)[1]
+            continue
+        first = sid not in sched.sessions
+        out = sched.request(sid, ([BOS] if first else []) + encode_text(line), args.tokens)
+        e = sched.events[-1]
+        print(f"[{sid} {e['path']} {e['after']} tokens] {decode_text(out)!r}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="ringkv", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    def model_args(p):
+        p.add_argument("--backend", choices=["float64", "fixed"], default="float64",
+                       help="attention in the FPGA's place: float64 rings or the bit-exact "
+                            "fixed-point core model")
+        p.add_argument("--weights", help=".npz weights (default: fixed seed)")
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--chunk", type=int, default=64, help="prefill chunk")
+        p.add_argument("--capacity", type=int, default=2, help="snapshots the store holds")
+        p.add_argument("--image", help="persist the software store to this file")
+
+    model_args(sub.add_parser("demo", help="scripted scenario on the software device"))
+    p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
+    model_args(p)
+    p.add_argument("--link", help="socket://HOST:PORT or /dev/ttyUSB0")
+    p.add_argument("--timeout", type=float, default=1.0)
+    p.add_argument("--tokens", type=int, default=32, help="tokens to generate per line")
+    sub.add_parser("sim", help="run the simulated device behind a TCP socket",
+                   add_help=False)
+    sub.add_parser("bench", help="run the benchmarks (python -m bench.run)", add_help=False)
+    sub.add_parser("build", help="synthesize a bitstream for --board", add_help=False)
+    p = sub.add_parser("storage", help="inspect a storage image")
+    p.add_argument("action", choices=["ls"])
+    p.add_argument("image")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+
+    args, rest = parser.parse_known_args(argv)
+    if args.cmd == "demo":
+        return run_demo(args)
+    if args.cmd == "chat":
+        return run_chat(args)
+    if args.cmd == "sim":
+        return _need("ringkv.sim.server", "the simulator server").main(rest)
+    if args.cmd == "bench":
+        return _need("bench.run", "the benchmark runner").main(rest)
+    if args.cmd == "build":
+        return _need("ringkv.boards.build", "the board build").main(rest)
+    if args.cmd == "storage":
+        return _need("ringkv.host.record", "the record scanner").main([args.image, *args.rest])
+    parser.error(f"unknown command {args.cmd}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
