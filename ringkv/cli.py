@@ -48,6 +48,7 @@ def demo_script(seed: int = 0):
     reqs = [("alice", [BOS] + text(20), 12), ("bob", [BOS] + text(12), 12),
             ("alice", text(8), 12),                         # resume: hit, import
             ("carol", [BOS] + text(10), 12),                # carol's export evicts bob
+            ("carol", text(5), 8),                          # continuation: no query
             ("bob", text(6), 12)]                           # evicted: miss, recompute
     for _ in range(4):                                      # alice grows to several W
         reqs += [("alice", text(24), 16), ("carol", text(4), 8)]
