@@ -91,7 +91,8 @@ class DmaHarness(wiring.Component):
             "storage": dma_sig["storage"],
             "busy": Out(1),
             "tap": In(tap_signature(config)),
-            "tok_append": self.tmem.signature.members["append"],
+            "tok_append": In(wiring.Signature({"valid": Out(1),
+                                               "payload": Out(config.token_width)})),
             "tok_clear": In(1),
             "tok_count": Out(range(config.max_tokens + 1)),
         })
@@ -107,7 +108,8 @@ class DmaHarness(wiring.Component):
         connect(m, dma.ring, rings.ring)
         connect(m, dma.tokens, tmem.read_port(0))
         connect(m, flipped(self.tap), rings.tap)
-        connect(m, flipped(self.tok_append), tmem.append)
+        m.d.comb += [tmem.append.valid.eq(self.tok_append.valid),
+                     tmem.append.payload.eq(self.tok_append.payload)]
         m.d.comb += [tmem.clear.eq(self.tok_clear), self.tok_count.eq(tmem.count),
                      self.busy.eq(dma.busy)]
         return m

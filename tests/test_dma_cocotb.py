@@ -1,0 +1,26 @@
+"""DMA harness on Verilator via cocotb (tests/cocotb/cocotb_dma.py)."""
+
+from dataclasses import asdict
+
+import pytest
+from conftest import requires_verilator
+from ringkv.host.config import RingKVConfig
+from ringkv.sim.cocotb_run import run_cocotb
+from ringkv.sim.ring_model import DmaHarness
+
+CONFIGS = {
+    "small": (RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=16,
+                           token_width=16, max_tokens=700), 3, 12),
+    "odd": (RingKVConfig(layers=3, q_heads=3, kv_heads=1, head_dim=4, window=8, token_width=12,
+                         max_tokens=90), 2, 10),
+}
+
+
+@requires_verilator
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_dma_cocotb(name):
+    config, regions, trials = CONFIGS[name]
+    run_cocotb(DmaHarness(config, regions), toplevel="dma_harness", test_module="cocotb_dma",
+               build_name=f"dma_harness_{name}",
+               params={"config": asdict(config), "regions": regions, "trials": trials,
+                       "seed": len(name), "cuts": 3})
