@@ -5,6 +5,8 @@ import random
 import pytest
 from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
+from conftest import requires_verilator
+
 from ringkv.host.protocol import (
     GAP,
     Decoder,
@@ -222,3 +224,31 @@ def test_encoder_bit_exact():
     decoded = Decoder(response=True).feed(got)
     assert [(f.op, f.seq, f.status, f.payload) for f in decoded] == \
         [(op, seq, st.value, p) for op, seq, st, p in responses]
+
+
+def _cocotb_fuzz(frames, seed):
+    from ringkv.sim.cocotb_run import run_cocotb
+    run_cocotb(FrameDecoder(max_payload=32, timeout=40), toplevel="frame_decoder",
+               test_module="cocotb_framing", testcase="decoder_fuzz",
+               params={"unit": "decoder", "seed": seed, "frames": frames, "max_payload": 32,
+                       "timeout": 40})
+
+
+@requires_verilator
+def test_cocotb_decoder_fuzz():
+    """The link fuzz on Verilator: random/malformed frames against the golden decoder."""
+    _cocotb_fuzz(300, 7)
+
+
+@pytest.mark.slow
+@requires_verilator
+def test_cocotb_decoder_fuzz_thousands():
+    """The whole-system issue's link fuzz: 4000 random and malformed frames."""
+    _cocotb_fuzz(4000, 8)
+
+
+@requires_verilator
+def test_cocotb_encoder():
+    from ringkv.sim.cocotb_run import run_cocotb
+    run_cocotb(FrameEncoder(), toplevel="frame_encoder", test_module="cocotb_framing",
+               testcase="encoder_random", params={"unit": "encoder", "seed": 8, "frames": 60})

@@ -2,6 +2,7 @@
 
 import pytest
 import serial
+
 from ringkv.host.link import DeviceError, FrameServer, Link, LinkError
 from ringkv.hw.protocol import Op, Status
 

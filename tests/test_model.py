@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from ringkv.host.config import RingKVConfig
 from ringkv.host.model import (
     BOS,

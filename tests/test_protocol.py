@@ -3,6 +3,7 @@
 import random
 
 import pytest
+
 from ringkv.host.protocol import (
     GAP,
     Decoder,

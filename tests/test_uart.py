@@ -6,6 +6,8 @@ from fractions import Fraction
 import pytest
 from amaranth import Elaboratable, Module
 from amaranth.sim import Simulator
+from conftest import requires_verilator
+
 from ringkv.host.golden_uart import decode_line, line_levels, tx_levels
 from ringkv.hw.uart import UART, UARTReceiver, UARTTransmitter, baud_error, divisor_for
 from ringkv.sim.streams import stream_get, stream_put
@@ -230,3 +232,10 @@ def test_rx_overrun_drops_new_bytes():
     sim.add_testbench(bench)
     sim.run()
     assert result == {"overruns": 3, "got": [10, 11, 12, 13], "left": 0}
+
+
+@requires_verilator
+def test_cocotb_uart():
+    from ringkv.sim.cocotb_run import run_cocotb
+    run_cocotb(UART(ULX3S), toplevel="uart", test_module="cocotb_uart",
+               params={"num": 25, "den": 3, "seed": 1, "bytes": 60})
