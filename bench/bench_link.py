@@ -18,7 +18,7 @@ def decoder_cycles(n: int) -> int:
     """Clocks from the SYNC byte's transfer to the last payload byte's (source/sink never
     stall)."""
     dut = FrameDecoder()
-    frame = encode_request(Op.PING, 1, bytes(range(n)))
+    frame = encode_request(Op.PING, 1, bytes(i & 0xFF for i in range(n)))
     result = {}
 
     async def bench(ctx):
