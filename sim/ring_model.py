@@ -17,6 +17,7 @@ from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ..hw.dma import DmaEngine, RingPortSignature
+from ..hw.sdspi import SDSPIController, SPISignature
 from ..hw.token_memory import TokenMemory
 
 __all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
@@ -77,18 +78,26 @@ class RingMemoryModel(wiring.Component):
 
 
 class DmaHarness(wiring.Component):
-    """DMA engine + ring model + token memory, for tests and benchmarks."""
+    """DMA engine + ring model + token memory, for tests and benchmarks.
 
-    def __init__(self, config, regions):
+    With ``sd`` (a dict of :class:`~ringkv.hw.sdspi.SDSPIController` parameters) the storage
+    port goes to an SD-SPI controller inside the harness and the SPI pins (``spi``) and
+    ``sd_ready`` are the top-level ports instead of ``storage``: the board's storage path.
+    """
+
+    def __init__(self, config, regions, *, sd=None):
         self._config = config
         self.dma = DmaEngine(config, regions)
         self.rings = RingMemoryModel(config)
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
+        self.sd = SDSPIController(**sd) if sd is not None else None
         dma_sig = self.dma.signature.members
+        storage = ({"storage": dma_sig["storage"]} if sd is None else
+                   {"spi": Out(SPISignature()), "sd_ready": Out(1)})
         super().__init__({
             "cmd": dma_sig["cmd"],
             "resp": dma_sig["resp"],
-            "storage": dma_sig["storage"],
+            **storage,
             "busy": Out(1),
             "tap": In(tap_signature(config)),
             "tok_append": In(wiring.Signature({"valid": Out(1),
@@ -104,7 +113,13 @@ class DmaHarness(wiring.Component):
         m.submodules.tmem = tmem = self.tmem
         connect(m, flipped(self.cmd), dma.cmd)
         connect(m, flipped(self.resp), dma.resp)
-        connect(m, flipped(self.storage), dma.storage)
+        if self.sd is None:
+            connect(m, flipped(self.storage), dma.storage)
+        else:
+            m.submodules.sd = self.sd
+            connect(m, dma.storage, self.sd.storage)
+            connect(m, flipped(self.spi), self.sd.spi)
+            m.d.comb += self.sd_ready.eq(self.sd.ready)
         connect(m, dma.ring, rings.ring)
         connect(m, dma.tokens, tmem.read_port(0))
         connect(m, flipped(self.tap), rings.tap)

@@ -69,6 +69,16 @@ class SDCardSPI:
         self.crc_errors = 0
         self.block_len_set = False
 
+    def power_cycle(self):
+        """Power off and on: the card forgets everything but its image."""
+        self.out.clear()
+        self.clocks_cs_high = 0
+        self.awake, self.idle, self.initialised, self.app = False, True, False, False
+        self.frame = bytearray()
+        self.mode = "cmd"
+        self.rx_block = None
+        self.block_len_set = False
+
     # --- byte slots ---------------------------------------------------------------------------
     def peek(self) -> int:
         """The byte the card sends in the next slot (call at the start of a slot)."""
@@ -133,6 +143,7 @@ class SDCardSPI:
         if index == 0:
             self.idle, self.initialised = True, False
             self.polls = 0
+            self.out.clear()
             self._respond(0x01)
         elif index == 8:
             if not self.v2:

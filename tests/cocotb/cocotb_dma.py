@@ -7,6 +7,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
+
 from ringkv.host.config import RingKVConfig
 from ringkv.host.record import (
     SECTOR,
@@ -205,7 +206,7 @@ async def power_cut_during_export(dut):
     Clock(dut.clk, 10, unit="ns").start()
     rng = random.Random(P.get("seed", 1) + 200)
     lay = RecordLayout(CONFIG)
-    for trial in range(P.get("cuts", 3)):
+    for _ in range(P.get("cuts", 3)):
         image = new_image(rng)
         bench = Bench(dut, image, rng.randrange(1 << 30), p=0.2)
         await bench.reset()

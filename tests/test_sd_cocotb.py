@@ -1,0 +1,28 @@
+"""SD-SPI controller (and the whole board storage path) on Verilator via cocotb."""
+
+from dataclasses import asdict
+
+from conftest import requires_verilator
+
+from ringkv.host.config import RingKVConfig
+from ringkv.hw.sdspi import SDSPIController
+from ringkv.sim.cocotb_run import run_cocotb
+from ringkv.sim.ring_model import DmaHarness
+
+FAST = dict(init_half_period=2, half_period=1, resp_timeout=16, token_timeout=200,
+            busy_timeout=200, init_retries=8)
+
+
+@requires_verilator
+def test_sd_controller_cocotb():
+    run_cocotb(SDSPIController(**FAST), toplevel="sd_spi", test_module="cocotb_sd",
+               params={"seed": 3, "transfers": 4})
+
+
+@requires_verilator
+def test_sd_system_cocotb():
+    """DMA -> SD-SPI controller -> bit-level card model: export, power cycle, import."""
+    config = RingKVConfig(layers=2, q_heads=2, kv_heads=1, head_dim=8, window=8, token_width=16,
+                          max_tokens=300)
+    run_cocotb(DmaHarness(config, 2, sd=FAST), toplevel="sd_system",
+               test_module="cocotb_sd_system", params={"config": asdict(config), "regions": 2})
