@@ -62,12 +62,12 @@ class AttentionCore(wiring.Component):
 
     Interfaces
     ----------
-    ``cmd`` (in stream): ``op`` (:class:`AttnOp`), ``layer`` (8 bits), ``kv_head`` (8 bits),
+    ``cmd`` (in stream): ``op`` (2 bits, :class:`AttnOp`; 3 is rejected), ``layer`` (8 bits), ``kv_head`` (8 bits),
     ``count`` (16 bits, tokens for ATTEND). ``i`` (in stream): ``M`` int8 per beat; per token,
     the ``G`` query vectors, then ``k``, then ``v`` (``d / M`` beats each, element ``e`` of a
     vector in beat ``e // M`` at position ``e % M``, position 0 at the LSB). ``o`` (out stream):
     ``M`` int16 per beat, per token the ``G`` output vectors in the same order. ``status`` (out
-    stream): one per command, ``op``, ``err`` (:class:`AttnErr`), ``count`` (the ring's token
+    stream): one per command, ``op`` (as given), ``err`` (2 bits, :class:`AttnErr`), ``count`` (the ring's token
     count after the command). A rejected command consumes no ``i`` beat and emits no ``o`` beat.
 
     Ring port (only while ``busy`` is low): ``ring_addr`` (32 bits, element address
@@ -122,8 +122,8 @@ class AttentionCore(wiring.Component):
         self._cs = cs
 
         self.cmd_layout = data.StructLayout({
-            "op": AttnOp, "layer": 8, "kv_head": 8, "count": 16})
-        self.status_layout = data.StructLayout({"op": AttnOp, "err": AttnErr, "count": 32})
+            "op": 2, "layer": 8, "kv_head": 8, "count": 16})
+        self.status_layout = data.StructLayout({"op": 2, "err": 2, "count": 32})
         super().__init__({
             "cmd": In(stream.Signature(self.cmd_layout)),
             "i": In(stream.Signature(data.ArrayLayout(signed(8), macs))),
@@ -179,11 +179,11 @@ class AttentionCore(wiring.Component):
         ring_head = Array(Signal(range(W), name=f"ring_head{r}", init=W - 1) for r in range(R))
 
         # ---- command latch and FSM state ----
-        cmd_op = Signal(AttnOp)
+        cmd_op = Signal(2)
         cmd_layer = Signal(8)
         cmd_kvh = Signal(8)
         cmd_left = Signal(16)           # tokens still to process
-        cmd_err = Signal(AttnErr)
+        cmd_err = Signal(2)
         ring = Signal(range(R))
         busy = Signal()
         m.d.comb += self.busy.eq(busy)
@@ -194,7 +194,7 @@ class AttentionCore(wiring.Component):
         q_wr = q_mem.write_port()
         q_rd = q_mem.read_port(transparent_for=())
 
-        out_fifo = fifo.SyncFIFOBuffered(width=16 * M, depth=max(G * CH, 2))
+        out_fifo = fifo.SyncFIFO(width=16 * M, depth=G * CH)
         m.submodules.out_fifo = out_fifo
         m.d.comb += [
             self.o.valid.eq(out_fifo.r_rdy),
@@ -434,7 +434,7 @@ class AttentionCore(wiring.Component):
             # ---------- phase B: exp weights and P*V ----------
             m.d.comb += sc_rd.addr.eq(it_t * GP + it_g)
             y = Signal(YW, name=f"lane{lane}_y")
-            y_hi = Signal(range(YW + 1), name=f"lane{lane}_yhi")
+            y_hi = Signal(YW, name=f"lane{lane}_yhi")
             # exp ROM address: phase B from y, merge from the LSE difference
             mg_diff = Signal(YW, name=f"lane{lane}_mdiff")
             m.d.comb += mg_diff.eq(mg_m - m_reg[mg_g])
@@ -525,7 +525,7 @@ class AttentionCore(wiring.Component):
                     m.d.sync += [cmd_op.eq(p.op), cmd_layer.eq(p.layer), cmd_kvh.eq(p.kv_head),
                                  cmd_left.eq(p.count), busy.eq(1)]
                     bad_range = (p.layer >= L) | ((p.op == AttnOp.ATTEND) & (p.kv_head >= Hkv))
-                    with m.If(p.op.as_value() == 3):
+                    with m.If(p.op == 3):
                         m.d.sync += cmd_err.eq(AttnErr.OP)
                         m.next = "STATUS"
                     with m.Elif((p.op != AttnOp.CLEAR_ALL) & bad_range):

@@ -106,9 +106,7 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
     async def status(ctx):
         for _ in range(n_cmds):
             p = await stream_get(ctx, core.status, rng=rng_st, stall=stall)
-            res["status"].append((p.op.value if hasattr(p.op, "value") else int(p.op),
-                                  int(p.err.value if hasattr(p.err, "value") else p.err),
-                                  int(p.count)))
+            res["status"].append((int(p.op), int(p.err), int(p.count)))
             res["cycles"].append(clock[0])
 
     sim = Simulator(core)
