@@ -44,7 +44,7 @@ import numpy as np
 __all__ = [
     "NUMERICS", "QKV_FRAC", "OUT_FRAC", "P_FRAC", "SCORE_FRAC", "CS_SHIFT", "EXP_TABLE",
     "quantize", "dequantize_out", "score_const", "exp2_fx", "lane_state", "merge_lanes",
-    "attend_fx", "FixedRingCore", "run_ops", "nrmse",
+    "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
 NUMERICS = "ringkv-fx1"
@@ -258,6 +258,26 @@ def run_ops(model, ops):
         else:
             raise ValueError(f"unknown operation {kind!r}")
     return res
+
+
+def lane_segments(window, lanes, valid):
+    """The core's static split: lane ``l`` holds ring slots ``l*S .. (l+1)*S - 1`` clipped to the
+    ``valid`` slots; ``(start, stop)`` per lane, empty when ``start == stop``."""
+    seg = window // lanes
+    return [(min(lane * seg, valid), min((lane + 1) * seg, valid)) for lane in range(lanes)]
+
+
+def attend_float(q, k_ring, v_ring, valid, lanes, scale=None):
+    """float64 split-KV reference of :func:`attend_fx` (same lanes, exact softmax and merge).
+
+    ``q`` (G, d), ``k_ring``/``v_ring`` (W, d) in real units; returns (G, d) float64.
+    """
+    from .golden_swa import lse_merge, partial_attention
+    q = np.asarray(q, dtype=np.float64)
+    scale = 1.0 / math.sqrt(q.shape[1]) if scale is None else scale
+    segs = lane_segments(len(k_ring), lanes, valid)
+    return np.array([lse_merge([partial_attention(qg, k_ring[a:b], v_ring[a:b], scale)
+                                for a, b in segs]) for qg in q])
 
 
 def nrmse(got, ref):

@@ -1,0 +1,148 @@
+"""The fixed-point golden model ("ringkv-fx1") against the float64 references."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ringkv.host import golden_fixed as gf
+from ringkv.host.golden_ring import RingKVCache
+from ringkv.host.golden_swa import swa_attention
+
+
+def test_numerics_name_matches_config():
+    from ringkv.host.config import DEFAULT_CONFIG
+    assert gf.NUMERICS == DEFAULT_CONFIG.numerics == "ringkv-fx1"
+
+
+def test_exp2_table_and_function():
+    assert gf.EXP_TABLE[0] == 1 << 15 and len(gf.EXP_TABLE) == 256
+    assert all(a > b for a, b in zip(gf.EXP_TABLE, gf.EXP_TABLE[1:]))
+    y = np.arange(0, 16 * 256 + 300)
+    got = gf.exp2_fx(y)
+    assert np.all(np.diff(got) <= 0)
+    ref = 2.0 ** (15 - y / 256)
+    live = y < 8 * 256
+    assert np.all(np.abs(got[live] - ref[live]) <= 1.0)
+    assert np.all(got[y >= 16 * 256] == 0)
+    with pytest.raises(ValueError, match="non-negative"):
+        gf.exp2_fx(-1)
+
+
+def test_quantize_rounds_and_clips():
+    assert gf.quantize([0.0, 1.0, -4.0, 10.0, -10.0, 1 / 64]).tolist() == [0, 32, -128, 127,
+                                                                          -128, 0]
+
+
+@pytest.mark.parametrize("window,lanes,valid", [(8, 1, 8), (8, 4, 3), (8, 8, 1), (16, 4, 16),
+                                                (32, 8, 5)])
+def test_float_split_reference_equals_golden_swa(window, lanes, valid):
+    """The float64 split-KV reference (static lane segments, LSE merge, empty lanes) agrees
+    with the foundation's golden SWA."""
+    rng = np.random.default_rng(window * 100 + lanes)
+    d, G = 8, 3
+    q = rng.standard_normal((G, d))
+    k = rng.standard_normal((window, d))
+    v = rng.standard_normal((window, d))
+    got = gf.attend_float(q, k, v, valid, lanes)
+    ref = swa_attention(q[None], k[:valid, None], v[:valid, None])[0]
+    assert np.allclose(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def _accuracy(window, lanes, d=64, G=2, trials=6, seed=0):
+    rng = np.random.default_rng(seed)
+    worst_dp, worst_total = 0.0, 0.0
+    for _ in range(trials):
+        qf = rng.standard_normal((G, d))
+        kf, vf = rng.standard_normal((window, d)), rng.standard_normal((window, d))
+        q, k, v = gf.quantize(qf), gf.quantize(kf), gf.quantize(vf)
+        o = gf.dequantize_out(gf.attend_fx(q, k, v, window, lanes, gf.score_const(d)))
+        s = 2.0 ** -gf.QKV_FRAC
+        ref_q = gf.attend_float(q * s, k * s, v * s, window, lanes)
+        ref = gf.attend_float(qf, kf, vf, window, lanes)
+        worst_dp = max(worst_dp, gf.nrmse(o, ref_q))
+        worst_total = max(worst_total, gf.nrmse(o, ref))
+    return worst_dp, worst_total
+
+
+@pytest.mark.parametrize("window,lanes", [(32, 1), (128, 4), (128, 8), (256, 2)])
+def test_accuracy_normal_inputs(window, lanes):
+    """N(0, 1) inputs: the datapath's normalized RMS error against float64 is at most 1%."""
+    datapath, total = _accuracy(window, lanes)
+    assert datapath <= 0.01
+    assert total <= 0.15      # includes the int8 quantization of q, k, v (reported in docs)
+
+
+def test_accuracy_peaky_and_limits():
+    d, W, P, G = 64, 128, 4, 2
+    rng = np.random.default_rng(5)
+    s = 2.0 ** -gf.QKV_FRAC
+    cases = []
+    # one score far above the rest
+    k = rng.integers(-8, 8, (W, d))
+    k[37] = 127
+    cases.append((np.full((G, d), 127), k, rng.integers(-128, 128, (W, d))))
+    # every element at the format limits, scores all equal and maximal
+    cases.append((np.full((G, d), 127), np.full((W, d), 127), np.full((W, d), -128)))
+    cases.append((np.full((G, d), -128), np.full((W, d), -128), np.full((W, d), 127)))
+    # large alternating magnitudes
+    sign = np.where(rng.random((W, d)) < 0.5, -128, 127)
+    cases.append((np.full((G, d), 127), sign, sign[::-1].copy()))
+    for q, k, v in cases:
+        o = gf.attend_fx(q, k, v, W, P, gf.score_const(d))
+        assert o.min() >= -32768 and o.max() <= 32767
+        ref = gf.attend_float(q * s, k * s, v * s, W, P)
+        assert np.max(np.abs(gf.dequantize_out(o) - ref)) <= 2 ** -9
+
+
+def test_empty_lanes_contribute_nothing():
+    rng = np.random.default_rng(3)
+    q = rng.integers(-128, 128, (2, 8))
+    k = rng.integers(-128, 128, (16, 8))
+    v = rng.integers(-128, 128, (16, 8))
+    cs = gf.score_const(8)
+    k2, v2 = k.copy(), v.copy()
+    k2[3:], v2[3:] = 127, -128      # slots beyond the valid ones must not matter
+    a = gf.attend_fx(q, k, v, 3, 8, cs)
+    assert np.array_equal(a, gf.attend_fx(q, k2, v2, 3, 8, cs))
+    # S = 2 slots per lane: lanes 2..7 are empty; merging without them gives the same bits
+    states = [gf.lane_state(q, k[0:2], v[0:2], cs), gf.lane_state(q, k[2:3], v[2:3], cs)]
+    assert np.array_equal(a, gf.merge_lanes(states + [None] * 6, 2, 8))
+    assert np.array_equal(a, gf.merge_lanes(states, 2, 8))
+    assert np.array_equal(gf.merge_lanes([None] * 4, 2, 8), np.zeros((2, 8)))
+
+
+@pytest.mark.parametrize("rule", ["mod", "seed000"])
+@pytest.mark.parametrize("chunks", [[1] * 12, [3, 1, 5, 1], [8, 1, 1], [11, 2], [1, 2, 17]])
+def test_fixed_core_matches_float_ring(rule, chunks):
+    """Decode and chunked prefill on the fixed core track the float64 ring cache (both slot
+    rules give the same outputs); the fixed ring holds the same tokens as the 'mod' rule."""
+    L, Hq, Hkv, d, W, P = 1, 4, 2, 16, 8, 2
+    core = gf.FixedRingCore(L, Hq, Hkv, d, W, P)
+    ref = RingKVCache(W, Hkv, d, rule=rule)
+    rng = np.random.default_rng(len(chunks))
+    s = 2.0 ** -gf.QKV_FRAC
+    for C in chunks:
+        q = gf.quantize(rng.standard_normal((C, Hq, d)))
+        k = gf.quantize(rng.standard_normal((C, Hkv, d)))
+        v = gf.quantize(rng.standard_normal((C, Hkv, d)))
+        out = np.concatenate([core.attend(0, h, q[:, h * 2:h * 2 + 2], k[:, h], v[:, h])
+                              for h in range(Hkv)], axis=1)
+        want = ref.chunked_prefill(q * s, k * s, v * s) if C > 1 else \
+            ref.decode_step(q[0] * s, k[0] * s, v[0] * s)[None]
+        assert gf.nrmse(gf.dequantize_out(out), want) < 0.01
+        assert math.isclose(core.count[0], ref.n)
+    if rule == "mod":
+        fixed = np.stack([core.rings[0, h, 0] for h in range(Hkv)], axis=1) * s
+        assert np.array_equal(fixed, ref.k_slots)
+
+
+def test_ring_port_addressing():
+    core = gf.FixedRingCore(2, 2, 1, 4, 4, 2)
+    addr = ((1 * 1 + 0) * 2 + 1) * 4 * 4 + 3 * 4 + 2      # layer 1, V, slot 3, dim 2
+    core.ring_write(addr, 0xFE)
+    assert core.rings[1, 0, 1, 3, 2] == -2
+    assert core.ring_read(addr) == 0xFE
+    assert core.ring_read(core.ring_elements) == 0
+    core.ring_write(core.ring_elements, 5)
+    assert core.rings.sum() == -2
