@@ -3,8 +3,9 @@
 The record layout is ``host/record.py``'s (SPEC §5, ``docs/blocks/record-format.md``); this
 engine is bit-exact with its golden ``encode_record`` / ``import_record``.
 
-**Export** (``op = EXPORT``, region ``r``): reads the per-layer ring metadata (all layers must
-agree on count and head, else ``BAD_REQUEST``), then writes three storage transfers: the tokens
+**Export** (``op = EXPORT``, region ``r``): reads the metadata of every ring (all
+``layers * kv_heads`` rings must agree on count and head, else ``BAD_REQUEST``), then writes
+three storage transfers: the tokens
 (read from token memory) to region sectors ``1..``, the KV area (K in token order, V column-wise,
 read from the ring port) to sectors ``kv_sector..``, and last the header to sector 0, built on
 the fly with the payload CRC and its own CRC. A power cut before the header is written leaves no
@@ -15,9 +16,9 @@ header and checks magic, version, header CRC, config (digest and fields, against
 from the engine's :class:`RingKVConfig`), field consistency, and that count and hash are the
 requested ones; then streams the stored tokens and compares each with token memory **before**
 any KV is written; then streams K and V into the ring port while computing the payload CRC, and
-finally writes the metadata (count, head) of every layer. Failures before the KV phase change
-nothing; a payload CRC failure (or storage error) in the KV phase writes count 0 to every layer,
-so the rings are empty: a miss, never a stale or corrupt cache.
+finally writes the metadata (count, head) of every ring. Failures before the KV phase change
+nothing; a payload CRC failure (or storage error) in the KV phase writes count 0 to every
+ring, so the rings are empty: a miss, never a stale or corrupt cache.
 
 **Verify** (``op = VERIFY``, region): the import's checks without count/hash/token comparison and
 without writing the rings: the directory rebuild scan uses it (host-driven, see
@@ -25,8 +26,8 @@ without writing the rings: the directory rebuild scan uses it (host-driven, see
 
 Throughput: one byte per clock on the storage port's data streams (its peak) in every data phase,
 with a 4-entry FIFO absorbing the one-clock read latency of the ring and token ports. Overhead per
-transfer: three storage commands (tokens, KV, header), ``layers * 2`` clocks of metadata reads and
-a few clocks per state change; see ``docs/BENCHMARKS.md`` for exact counts.
+transfer: three storage commands (tokens, KV, header), ``2 * layers * kv_heads`` clocks of
+metadata reads and a few clocks per state change; see ``docs/BENCHMARKS.md`` for exact counts.
 Backpressure: ``cmd`` is accepted only when idle; ``resp`` holds until taken; every storage
 stream may stall at any time. The ring and token ports have fixed latency and no backpressure.
 """
@@ -48,49 +49,53 @@ from ..host.record import (
 from .storage import StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenReadSignature
 
-__all__ = ["RingPortSignature", "DmaOp", "DmaCommand", "DmaResponse", "DmaEngine"]
+__all__ = ["RingPortSignature", "RING_PORT_MEMBERS", "connect_ring", "DmaOp", "DmaCommand",
+           "DmaResponse", "DmaEngine"]
 
 
 class RingPortSignature(wiring.Signature):
-    """The attention core's ring-access port, seen from the DMA (``.flip()`` for the core).
+    """The attention core's ring-access port (``hw/attention.py``), seen from the DMA.
 
-    Element-addressed, synchronous, 8-bit (one int8 K or V element):
+    Same member names and widths as the attention core's ports, so the top connects them one to
+    one (:func:`connect_ring`; ``RingPortSignature(...).flip()`` is the core's side).
+    Element-addressed, synchronous, 8-bit (one int8 K or V element); used only while the core is
+    idle:
 
-    ============== ===== ======================================================================
-    member         dir   meaning
-    ============== ===== ======================================================================
-    ``ring_addr``  Out   ``((layer*Hkv + kv_head)*2 + kind)*W*d + slot*d + dim``; kind 0=K, 1=V
-    ``ring_re``    Out   read strobe; ``ring_rdata`` holds the element one clock later
-    ``ring_rdata`` In    read data
-    ``ring_we``    Out   write strobe (with ``ring_addr``, ``ring_wdata``)
-    ``ring_wdata`` Out   write data
-    ``meta_layer`` Out   layer of a metadata access
-    ``meta_re``    Out   metadata read strobe; ``meta_rcount``/``meta_rhead`` one clock later
-    ``meta_rcount`` In   tokens seen by the layer (32 bits, does not wrap)
-    ``meta_rhead`` In    slot of the newest token
-    ``meta_we``    Out   metadata write strobe (import), with ``meta_wcount``, ``meta_whead``
-    ``meta_wcount`` Out  count to write
-    ``meta_whead`` Out   head to write
-    ============== ===== ======================================================================
+    =============== ===== =====================================================================
+    member          dir   meaning
+    =============== ===== =====================================================================
+    ``ring_addr``   Out   32 bits: ``((ring*2 + kind)*W + slot)*d + dim``, ``ring = layer*Hkv +
+                          kv_head``, kind 0 = K, 1 = V
+    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the element one clock later
+    ``ring_rdata``  In    8 bits, read data
+    ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``
+    ``ring_wdata``  Out   8 bits, write data
+    ``meta_ring``   Out   8 bits, ring whose metadata is read or written
+    ``meta_count``  In    32 bits, tokens seen by the ring (does not wrap)
+    ``meta_head``   In    16 bits, slot of the newest token
+    ``meta_we``     Out   metadata write strobe, with ``meta_wcount``, ``meta_whead``
+    ``meta_wcount`` Out   32 bits
+    ``meta_whead``  Out   16 bits
+    =============== ===== =====================================================================
 
-    Used only while the attention core is idle.
+    The DMA holds ``meta_ring`` for two clocks before it samples ``meta_count``/``meta_head``,
+    so a combinational (the attention core) or a one-clock synchronous metadata read both work.
     """
 
     def __init__(self, layers: int, kv_heads: int, head_dim: int, window: int):
         self._params = (layers, kv_heads, head_dim, window)
         super().__init__({
-            "ring_addr": Out(range(layers * kv_heads * 2 * window * head_dim)),
+            "ring_addr": Out(32),
             "ring_re": Out(1),
             "ring_rdata": In(8),
             "ring_we": Out(1),
             "ring_wdata": Out(8),
-            "meta_layer": Out(range(layers)),
-            "meta_re": Out(1),
-            "meta_rcount": In(32),
-            "meta_rhead": In(range(window)),
+            "meta_ring": Out(8),
+            "meta_count": In(32),
+            "meta_head": In(16),
             "meta_we": Out(1),
             "meta_wcount": Out(32),
-            "meta_whead": Out(range(window)),
+            "meta_whead": Out(16),
         })
 
     @classmethod
@@ -105,6 +110,19 @@ class RingPortSignature(wiring.Signature):
 
     def __repr__(self):
         return "RingPortSignature({}, {}, {}, {})".format(*self._params)
+
+
+RING_PORT_MEMBERS = ("ring_addr", "ring_re", "ring_rdata", "ring_we", "ring_wdata", "meta_ring",
+                     "meta_count", "meta_head", "meta_we", "meta_wcount", "meta_whead")
+
+
+def connect_ring(m, dma_ring, core):
+    """Connect the DMA's ``ring`` port to a core with the same members at its top level (the
+    attention core's flat ports) by comb assignments."""
+    for name in RING_PORT_MEMBERS:
+        flow = dma_ring.signature.members[name].flow
+        a, b = getattr(dma_ring, name), getattr(core, name)
+        m.d.comb += (b.eq(a) if flow == Out else a.eq(b))
 
 
 class DmaOp(enum.Enum, shape=2):
@@ -156,6 +174,9 @@ class DmaEngine(wiring.Component):
         if base_lba + regions * layout.sectors_per_region > 1 << 32:
             raise ValueError(f"{regions} regions of {layout.sectors_per_region} sectors do not "
                              f"fit in 32-bit sector addresses")
+        if config.layers * config.kv_heads > 256:
+            raise ValueError(f"layers * kv_heads must be at most 256, not "
+                             f"{config.layers * config.kv_heads}")
         if max(layout.kv_sectors_max, layout.token_sectors_max) >= 1 << 16:
             raise ValueError("a record area must be less than 65536 sectors")
         if regions >= 1 << 16:
@@ -186,7 +207,7 @@ class DmaEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c, lay = self._config, self._layout
-        L, LH, W, D = c.layers, c.layers * c.kv_heads, c.window, c.head_dim
+        LH, W, D = c.layers * c.kv_heads, c.window, c.head_dim
         TB = lay.token_bytes
         KV_PER_SLOT = 2 * LH * D          # KV bytes per valid slot
         template = header_template(c)
@@ -237,7 +258,7 @@ class DmaEngine(wiring.Component):
         dim = Signal(range(D))
         slot = Signal(range(W))
         kind = Signal()
-        ring_addr = Signal.like(self.ring.ring_addr)
+        ring_addr = Signal(32)
         m.d.comb += ring_addr.eq(Cat(dim, slot, kind, lh[:ceil_log2(LH)] if LH > 1 else []))
 
         def init_counters():
@@ -346,7 +367,7 @@ class DmaEngine(wiring.Component):
                             with m.If(rbyte != template[off]):
                                 m.d.sync += flag.eq(1)
 
-        ml = Signal(range(max(L, 2)))
+        ml = Signal(range(max(LH, 2)))    # ring index of a metadata access
         meta_bad = Signal()
         meta_w_count = Signal(32)
         meta_w_head = Signal(range(W))
@@ -371,7 +392,7 @@ class DmaEngine(wiring.Component):
         exporting = op == DmaOp.EXPORT
         importing = op == DmaOp.IMPORT
 
-        m.d.comb += [self.ring.ring_addr.eq(ring_addr), self.ring.meta_layer.eq(ml),
+        m.d.comb += [self.ring.ring_addr.eq(ring_addr), self.ring.meta_ring.eq(ml),
                      self.tokens.addr.eq(tok_i), self.ring.ring_wdata.eq(rbyte),
                      self.ring.meta_wcount.eq(meta_w_count), self.ring.meta_whead.eq(meta_w_head)]
 
@@ -399,17 +420,19 @@ class DmaEngine(wiring.Component):
                 with m.Else():
                     m.d.sync += seg.eq(_Seg.HDR)
                     m.next = "SEG_CMD"
-            # ---- export: metadata of every layer ----
+            # ---- export: metadata of every ring ----
             with m.State("META_RD"):
-                m.d.comb += [self.busy.eq(1), self.ring.meta_re.eq(1)]
+                m.d.comb += self.busy.eq(1)
                 m.next = "META_CAP"
             with m.State("META_CAP"):
                 m.d.comb += self.busy.eq(1)
-                with m.If(ml == 0):
-                    m.d.sync += [n.eq(self.ring.meta_rcount), head.eq(self.ring.meta_rhead)]
-                with m.Elif((self.ring.meta_rcount != n) | (self.ring.meta_rhead != head)):
+                with m.If(self.ring.meta_head >= W):
                     m.d.sync += meta_bad.eq(1)
-                with m.If(ml == L - 1):
+                with m.If(ml == 0):
+                    m.d.sync += [n.eq(self.ring.meta_count), head.eq(self.ring.meta_head)]
+                with m.Elif((self.ring.meta_count != n) | (self.ring.meta_head != head)):
+                    m.d.sync += meta_bad.eq(1)
+                with m.If(ml == LH - 1):
                     m.d.sync += ml.eq(0)
                     m.next = "META_CHECK"
                 with m.Else():
@@ -564,7 +587,7 @@ class DmaEngine(wiring.Component):
                     m.next = "RESP"
             with m.State("META_WR"):
                 m.d.comb += [self.busy.eq(1), self.ring.meta_we.eq(1)]
-                with m.If(ml == L - 1):
+                with m.If(ml == LH - 1):
                     m.next = "RESP"
                 with m.Else():
                     m.d.sync += ml.eq(ml + 1)

@@ -3,7 +3,8 @@ test harness built around it.
 
 :class:`RingMemoryModel` serves :class:`~ringkv.hw.dma.RingPortSignature` (flipped) from one
 block RAM of ``layers * kv_heads * 2 * window * head_dim`` bytes plus per-layer (count, head)
-registers, with the port's timing (read data one clock after ``ring_re``/``meta_re``). A test
+registers, with the attention core's timing (ring data one clock after ``ring_re``, metadata
+combinational, per ring ``layer * kv_heads + kv_head``). A test
 access port ``tap`` lets a testbench load and read the rings (sync read, one clock).
 
 :class:`DmaHarness` joins a :class:`~ringkv.hw.dma.DmaEngine`, the ring model and a
@@ -27,9 +28,8 @@ def tap_signature(config):
     elements = config.layers * config.kv_heads * 2 * config.window * config.head_dim
     return wiring.Signature({
         "addr": Out(range(elements)), "we": Out(1), "wdata": Out(8), "rdata": In(8),
-        "meta_layer": Out(range(config.layers)), "meta_we": Out(1), "meta_wcount": Out(32),
-        "meta_whead": Out(range(config.window)), "meta_rcount": In(32),
-        "meta_rhead": In(range(config.window)),
+        "meta_ring": Out(8), "meta_we": Out(1), "meta_wcount": Out(32),
+        "meta_whead": Out(16), "meta_rcount": In(32), "meta_rhead": In(16),
     })
 
 
@@ -57,23 +57,22 @@ class RingMemoryModel(wiring.Component):
                          wp.en.eq(self.tap.we)]
         m.d.comb += [rp.addr.eq(r.ring_addr), rp.en.eq(r.ring_re), r.ring_rdata.eq(rp.data),
                      tp.addr.eq(self.tap.addr), self.tap.rdata.eq(tp.data)]
-        counts = [Signal(32, name=f"count{i}") for i in range(c.layers)]
-        heads = [Signal(range(c.window), name=f"head{i}") for i in range(c.layers)]
-        for i in range(c.layers):
-            with m.If(r.meta_we & (r.meta_layer == i)):
+        rings = c.layers * c.kv_heads
+        counts = [Signal(32, name=f"count{i}") for i in range(rings)]
+        heads = [Signal(16, name=f"head{i}") for i in range(rings)]
+        for i in range(rings):
+            with m.If(r.meta_we & (r.meta_ring == i)):
                 m.d.sync += [counts[i].eq(r.meta_wcount), heads[i].eq(r.meta_whead)]
-            with m.Elif(self.tap.meta_we & (self.tap.meta_layer == i)):
+            with m.Elif(self.tap.meta_we & (self.tap.meta_ring == i)):
                 m.d.sync += [counts[i].eq(self.tap.meta_wcount), heads[i].eq(self.tap.meta_whead)]
-        with m.If(r.meta_re):
-            with m.Switch(r.meta_layer):
-                for i in range(c.layers):
+        # metadata reads are combinational, as on the attention core
+        for port, rcount, rhead in ((r.meta_ring, r.meta_count, r.meta_head),
+                                    (self.tap.meta_ring, self.tap.meta_rcount,
+                                     self.tap.meta_rhead)):
+            with m.Switch(port):
+                for i in range(rings):
                     with m.Case(i):
-                        m.d.sync += [r.meta_rcount.eq(counts[i]), r.meta_rhead.eq(heads[i])]
-        with m.Switch(self.tap.meta_layer):
-            for i in range(c.layers):
-                with m.Case(i):
-                    m.d.comb += [self.tap.meta_rcount.eq(counts[i]),
-                                 self.tap.meta_rhead.eq(heads[i])]
+                        m.d.comb += [rcount.eq(counts[i]), rhead.eq(heads[i])]
         return m
 
 

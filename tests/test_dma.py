@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+
 from ringkv.host.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.host.record import (
     SECTOR,
@@ -20,6 +21,9 @@ from ringkv.hw.storage import StorageOp
 from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sector_model import PowerCut, SectorImage, serve_storage
 from ringkv.sim.streams import stream_get, stream_put
+
+# background testbenches (the storage server, the card) are abandoned when the body ends
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 SMALL = RingKVConfig(layers=2, q_heads=2, kv_heads=1, head_dim=8, window=8, token_width=16,
                      max_tokens=600)
@@ -41,8 +45,8 @@ async def load_state(ctx, h, config, rings, count, head, tokens, *, meta_heads=N
         await ctx.tick()
     ctx.set(h.tap.we, 0)
     ctx.set(h.tap.meta_we, 1)
-    for layer in range(config.layers):
-        ctx.set(h.tap.meta_layer, layer)
+    for layer in range(config.layers * config.kv_heads):
+        ctx.set(h.tap.meta_ring, layer)
         ctx.set(h.tap.meta_wcount, count)
         ctx.set(h.tap.meta_whead, meta_heads[layer] if meta_heads else head)
         await ctx.tick()
@@ -65,8 +69,8 @@ async def read_state(ctx, h, config):
         await ctx.tick()
         out[i] = ctx.get(h.tap.rdata)
     meta = []
-    for layer in range(config.layers):
-        ctx.set(h.tap.meta_layer, layer)
+    for layer in range(config.layers * config.kv_heads):
+        ctx.set(h.tap.meta_ring, layer)
         meta.append((ctx.get(h.tap.meta_rcount), ctx.get(h.tap.meta_rhead)))
     return out.reshape(config.layers, config.kv_heads, 2, config.window, config.head_dim), meta
 
@@ -142,7 +146,10 @@ def test_parameter_errors():
         DmaEngine(TINY, 70000)
     sig = RingPortSignature.for_config(DEFAULT_CONFIG)
     assert sig == DmaEngine(DEFAULT_CONFIG, 4).signature.members["ring"].signature
-    assert sig.members["ring_addr"].shape == range(131072)
+    assert sig.members["ring_addr"].shape == 32
+    with pytest.raises(ValueError, match=r"^layers \* kv_heads must be at most 256, not 320$"):
+        DmaEngine(RingKVConfig(layers=160, q_heads=2, kv_heads=2, head_dim=2, window=2,
+                               max_tokens=4), 2)
 
 
 # --- export is bit-exact with the golden encoder ---------------------------------------------
@@ -198,7 +205,7 @@ def test_round_trip(config, seed):
     exp, imp, ver, (got, meta) = res["value"]
     assert exp[0] is RecordStatus.OK and imp == (RecordStatus.OK, count, 99, 3)
     assert ver == (RecordStatus.OK, count, 99, 3)
-    assert meta == [(count, head)] * config.layers
+    assert meta == [(count, head)] * (config.layers * config.kv_heads)
     for s in range(config.window):
         want = rings[:, :, :, s, :] if s in valid_slots(config, count, head) else 0
         assert (got[:, :, :, s, :] == want).all()
@@ -271,7 +278,7 @@ def test_import_checks_match_golden():
         st, (got, got_meta) = by_name[name]
         assert st is want, name
         assert (got == golden_rings).all(), name
-        assert got_meta == [meta or (3, 2)] * config.layers, name
+        assert got_meta == [meta or (3, 2)] * (config.layers * config.kv_heads), name
         if name.startswith("flip"):
             assert st is not RecordStatus.OK
 
@@ -347,3 +354,74 @@ def test_power_cut_keeps_previous_snapshot(seed):
     assert got[1][0] is not RecordStatus.OK
     inserts, frees, next_seq = rebuild(infos)
     assert inserts == [(30, 11, 0, 1)] and frees == [1, 2]
+
+
+def test_with_attention_core():
+    """The DMA against the real attention core's ring port (hw/attention.py): import a golden
+    record into the core's rings, export it again: the new record is the golden encoding."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+
+    from ringkv.hw.attention import AttentionCore
+    from ringkv.hw.dma import connect_ring
+    from ringkv.hw.token_memory import TokenMemory
+
+    config = SMALL
+    rng = random.Random(50)
+    image = new_image(config, 2, rng)
+    rings, count, head, tokens = write_golden(config, image, 0, rng, 21, hash=0x77, seq=1)
+
+    class Top(wiring.Component):
+        def __init__(self):
+            self.dma = DmaEngine(config, 2)
+            self.core = AttentionCore(layers=config.layers, q_heads=config.q_heads,
+                                      kv_heads=config.kv_heads, head_dim=config.head_dim,
+                                      window=config.window, lanes=2, macs=2)
+            self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
+            sig = self.dma.signature.members
+            super().__init__({"cmd": sig["cmd"], "resp": sig["resp"],
+                              "storage": sig["storage"],
+                              "tok": wiring.In(wiring.Signature({
+                                  "valid": wiring.Out(1),
+                                  "payload": wiring.Out(config.token_width)}))})
+
+        def elaborate(self, platform):
+            m = Module()
+            m.submodules.dma, m.submodules.core = self.dma, self.core
+            m.submodules.tmem = self.tmem
+            wiring.connect(m, wiring.flipped(self.cmd), self.dma.cmd)
+            wiring.connect(m, wiring.flipped(self.resp), self.dma.resp)
+            wiring.connect(m, wiring.flipped(self.storage), self.dma.storage)
+            wiring.connect(m, self.dma.tokens, self.tmem.read_port(0))
+            connect_ring(m, self.dma.ring, self.core)
+            m.d.comb += [self.tmem.append.valid.eq(self.tok.valid),
+                         self.tmem.append.payload.eq(self.tok.payload)]
+            return m
+
+    top = Top()
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    out = {}
+
+    async def server(ctx):
+        await serve_storage(ctx, top.storage, image)
+
+    async def bench(ctx):
+        ctx.set(top.tok.valid, 1)
+        for t in tokens:
+            ctx.set(top.tok.payload, t)
+            await ctx.tick()
+        ctx.set(top.tok.valid, 0)
+        out["imp"] = await dma_op(ctx, top, DmaOp.IMPORT, 0, count=count, hash=0x77)
+        out["meta"] = [(ctx.get(top.core.meta_count), ctx.get(top.core.meta_head))]
+        out["exp"] = await dma_op(ctx, top, DmaOp.EXPORT, 1, hash=0x77, seq=2)
+
+    sim.add_testbench(server, background=True)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out["imp"] == (RecordStatus.OK, count, 0x77, 1)
+    assert out["exp"] == (RecordStatus.OK, count, 0x77, 2)
+    lay = RecordLayout(config)
+    for off, data in encode_record(config, tokens, rings, count=count, ring_head=head,
+                                   prefix_hash=0x77, commit_seq=2):
+        assert image.read(lay.region_lba(1) + off, len(data) // SECTOR) == data

@@ -4,11 +4,15 @@ import random
 
 import pytest
 from amaranth.sim import Simulator
+
 from ringkv.hw.sdspi import SDSPIController
 from ringkv.hw.storage import StorageError, StorageOp
 from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
 from ringkv.sim.sector_model import SectorImage
 from ringkv.sim.streams import stream_put
+
+# background testbenches (the storage server, the card) are abandoned when the body ends
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 FAST = dict(init_half_period=2, half_period=1, resp_timeout=16, token_timeout=64,
             busy_timeout=64, init_retries=8)

@@ -63,8 +63,8 @@ class Bench:
             await RisingEdge(d.clk)
         d.tap__we.value = 0
         d.tap__meta_we.value = 1
-        for layer in range(CONFIG.layers):
-            d.tap__meta_layer.value = layer
+        for layer in range(CONFIG.layers * CONFIG.kv_heads):
+            d.tap__meta_ring.value = layer
             d.tap__meta_wcount.value = count
             d.tap__meta_whead.value = meta_heads[layer] if meta_heads else head
             await RisingEdge(d.clk)
@@ -88,8 +88,8 @@ class Bench:
             await Timer(1, "ns")
             out[i] = int(d.tap__rdata.value)
         meta = []
-        for layer in range(CONFIG.layers):
-            d.tap__meta_layer.value = layer
+        for layer in range(CONFIG.layers * CONFIG.kv_heads):
+            d.tap__meta_ring.value = layer
             await Timer(1, "ns")
             meta.append((int(d.tap__meta_rcount.value), int(d.tap__meta_rhead.value)))
         shape = (CONFIG.layers, CONFIG.kv_heads, 2, CONFIG.window, CONFIG.head_dim)
@@ -154,7 +154,7 @@ async def round_trips(dut):
         st = await bench.op(IMPORT, region, count=count, hash=h)
         assert st == (RecordStatus.OK, count, h, seq), (trial, st)
         got, meta = await bench.read_rings()
-        assert meta == [(count, head)] * CONFIG.layers
+        assert meta == [(count, head)] * (CONFIG.layers * CONFIG.kv_heads)
         for s in range(CONFIG.window):
             want = rings if s in valid_slots(count, head) else stale
             assert (got[:, :, :, s, :] == want[:, :, :, s, :]).all(), (trial, s)
@@ -194,7 +194,8 @@ async def corruption_is_a_miss(dut):
                                       session_tokens=tokens, rings=golden)
         got, got_meta = await bench.read_rings()
         assert st is want and st is not RecordStatus.OK, (pos, st, want)
-        assert (got == golden).all() and got_meta == [meta or (3, 2)] * CONFIG.layers, pos
+        rings_n = CONFIG.layers * CONFIG.kv_heads
+        assert (got == golden).all() and got_meta == [meta or (3, 2)] * rings_n, pos
         raw[pos % SECTOR] ^= bit
         image.write(pos // SECTOR, bytes(raw))
 
