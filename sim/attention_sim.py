@@ -19,7 +19,7 @@ from amaranth.sim import Simulator
 
 from .streams import stream_get, stream_put
 
-__all__ = ["token_beats", "rtl_run", "accepted_attends"]
+__all__ = ["token_beats", "rtl_run", "accepted_attends", "random_ops", "core_params"]
 
 
 def token_beats(q, k, v, macs):
@@ -128,3 +128,63 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
             res["outputs"].append(flat[pos:pos + size].reshape(len(op[6]), G, d))
             pos += size
     return res
+
+
+def random_ops(rng, p, steps):
+    """A random operation script for a core with parameters ``p`` (dict: layers, kv_heads,
+    group, head_dim, window): ATTENDs of 1, 2, W-1, W, W+1 and 2W+1 tokens with normal, peaky
+    and format-limit data, clears, rejected commands, ring and meta port traffic."""
+    L, Hkv, G, d, W = p["layers"], p["kv_heads"], p["group"], p["head_dim"], p["window"]
+    nprng = np.random.default_rng(rng.randrange(1 << 30))
+    total = 2 * L * Hkv * W * d
+    ops = []
+    for _ in range(steps):
+        C = rng.choice([1, 1, 1, 1, 2, max(W - 1, 1), W, W + 1, 2 * W + 1])
+        layer, kvh = rng.randrange(L), rng.randrange(Hkv)
+        q = nprng.integers(-128, 128, (C, G, d))
+        k = nprng.integers(-128, 128, (C, d))
+        v = nprng.integers(-128, 128, (C, d))
+        style = rng.random()
+        if style < 0.15:        # format limits: every score at its extreme
+            q[:] = 127
+            k[:] = rng.choice([127, -128])
+            v[:] = rng.choice([127, -128])
+        elif style < 0.3:       # peaky: one key far above the rest
+            k[:] = nprng.integers(-8, 8, (C, d))
+            k[-1] = 127
+            q[:] = 127
+        ops.append(("cmd", 0, layer, kvh, C, q, k, v))
+        r = rng.random()
+        if r < 0.06:
+            ops.append(("cmd", 1, rng.randrange(L), 0, 0, None, None, None))
+        elif r < 0.09:
+            ops.append(("cmd", 2, 0, 0, 0, None, None, None))
+        elif r < 0.14:
+            ops.append(("cmd", rng.choice([0, 1]), L + rng.randrange(3), 0, 1, None, None, None))
+        elif r < 0.17:
+            ops.append(("cmd", 0, 0, Hkv, 1, None, None, None))
+        elif r < 0.20:
+            ops.append(("cmd", 3, 0, 0, 1, None, None, None))
+        elif r < 0.23:
+            ops.append(("cmd", 0, 0, 0, 0, None, None, None))
+        elif r < 0.33:
+            for _ in range(4):
+                addr = rng.randrange(total + 8)
+                ops.append(("ring_read", addr))
+                ops.append(("ring_write", addr, rng.randrange(256)))
+                ops.append(("ring_read", addr))
+        elif r < 0.38:
+            ring = rng.randrange(L * Hkv + 1)
+            ops.append(("meta_read", ring))
+            ops.append(("meta_write", ring, rng.randrange(3 * W), rng.randrange(W + 1)))
+            ops.append(("meta_read", ring))
+    return ops
+
+
+def core_params(core):
+    """The parameter dict :func:`random_ops` and the cocotb test take, from a core."""
+    return {"layers": core.layers, "kv_heads": core.kv_heads, "group": core.group,
+            "head_dim": core.head_dim, "window": core.window, "macs": core.macs,
+            "model": {"layers": core.layers, "q_heads": core.q_heads,
+                      "kv_heads": core.kv_heads, "head_dim": core.head_dim,
+                      "window": core.window, "lanes": core.lanes, "scale": core.scale}}

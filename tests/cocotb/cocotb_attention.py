@@ -13,60 +13,12 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
 from ringkv.host.golden_fixed import FixedRingCore, run_ops
-from ringkv.sim.attention_sim import accepted_attends, token_beats
+from ringkv.sim.attention_sim import accepted_attends, random_ops, token_beats
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
 
 CMD = [("op", 2), ("layer", 8), ("kv_head", 8), ("count", 16)]
 STATUS = [("op", 2), ("err", 2), ("count", 32)]
-
-
-def random_ops(rng, p, steps):
-    L, Hkv, G, d, W = p["layers"], p["kv_heads"], p["group"], p["head_dim"], p["window"]
-    nprng = np.random.default_rng(rng.randrange(1 << 30))
-    total = 2 * L * Hkv * W * d
-    ops = []
-    for _ in range(steps):
-        C = rng.choice([1, 1, 1, 1, 2, max(W - 1, 1), W, W + 1, 2 * W + 1])
-        layer, kvh = rng.randrange(L), rng.randrange(Hkv)
-        q = nprng.integers(-128, 128, (C, G, d))
-        k = nprng.integers(-128, 128, (C, d))
-        v = nprng.integers(-128, 128, (C, d))
-        style = rng.random()
-        if style < 0.15:        # format limits: every score at its extreme
-            q[:] = 127
-            k[:] = rng.choice([127, -128])
-            v[:] = rng.choice([127, -128])
-        elif style < 0.3:       # peaky: one key far above the rest
-            k[:] = nprng.integers(-8, 8, (C, d))
-            k[-1] = 127
-            q[:] = 127
-        ops.append(("cmd", 0, layer, kvh, C, q, k, v))
-        r = rng.random()
-        if r < 0.06:
-            ops.append(("cmd", 1, rng.randrange(L), 0, 0, None, None, None))
-        elif r < 0.09:
-            ops.append(("cmd", 2, 0, 0, 0, None, None, None))
-        elif r < 0.14:
-            ops.append(("cmd", rng.choice([0, 1]), L + rng.randrange(3), 0, 1, None, None, None))
-        elif r < 0.17:
-            ops.append(("cmd", 0, 0, Hkv, 1, None, None, None))
-        elif r < 0.20:
-            ops.append(("cmd", 3, 0, 0, 1, None, None, None))
-        elif r < 0.23:
-            ops.append(("cmd", 0, 0, 0, 0, None, None, None))
-        elif r < 0.33:
-            for _ in range(4):
-                addr = rng.randrange(total + 8)
-                ops.append(("ring_read", addr))
-                ops.append(("ring_write", addr, rng.randrange(256)))
-                ops.append(("ring_read", addr))
-        elif r < 0.38:
-            ring = rng.randrange(L * Hkv + 1)
-            ops.append(("meta_read", ring))
-            ops.append(("meta_write", ring, rng.randrange(3 * W), rng.randrange(W + 1)))
-            ops.append(("meta_read", ring))
-    return ops
 
 
 async def run(dut, p, ops, rng, idle, stall):

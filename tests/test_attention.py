@@ -1,0 +1,147 @@
+"""SWA attention core: parameter checks, Amaranth-simulator tests, cocotb on Verilator."""
+
+import random
+
+import numpy as np
+import pytest
+from conftest import requires_verilator
+
+from ringkv.host.golden_fixed import FixedRingCore, run_ops
+from ringkv.hw.attention import AttentionCore
+from ringkv.sim.attention_sim import core_params, random_ops, rtl_run
+
+SMALL = dict(layers=2, q_heads=4, kv_heads=2, head_dim=8)
+
+
+def check(core, ops, **kw):
+    p = core_params(core)
+    got = rtl_run(core, ops, checker=FixedRingCore(**p["model"]), **kw)
+    want = run_ops(FixedRingCore(**p["model"]), ops)
+    assert got["status"] == want["status"]
+    assert got["reads"] == want["reads"]
+    assert len(got["outputs"]) == len(want["outputs"])
+    for j, (a, b) in enumerate(zip(got["outputs"], want["outputs"])):
+        assert np.array_equal(a, b), f"attend {j}"
+    return got, want
+
+
+def attend(rng, layer, kvh, C, G, d):
+    return ("cmd", 0, layer, kvh, C, rng.integers(-128, 128, (C, G, d)),
+            rng.integers(-128, 128, (C, d)), rng.integers(-128, 128, (C, d)))
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(layers=0), "layers must be an integer in 1..256, not 0"),
+    (dict(q_heads=3, kv_heads=2), "q_heads (3) must be a multiple of kv_heads (2)"),
+    (dict(kv_heads=True), "kv_heads must be an integer in 1..256, not True"),
+    (dict(head_dim=48), "head_dim must be a positive power of two, not 48"),
+    (dict(window=100), "window must be a positive power of two, not 100"),
+    (dict(window=4, lanes=8), "lanes must be a power of two no larger than window (4), not 8"),
+    (dict(lanes=3), "lanes must be a power of two no larger than window (128), not 3"),
+    (dict(head_dim=8, macs=16), "macs must be a power of two no larger than head_dim (8), not 16"),
+    (dict(scale=-1.0), "scale must be a positive number or None, not -1.0"),
+    (dict(scale=1e-9), "scale 1e-09 gives a score constant 0 outside 1..2**17-1"),
+])
+def test_parameter_errors(kwargs, message):
+    with pytest.raises(ValueError) as info:
+        AttentionCore(**kwargs)
+    assert str(info.value) == message
+
+
+def test_properties_and_ideal():
+    core = AttentionCore()
+    core._MustUse__silence = True       # inspected, never elaborated
+    assert (core.layers, core.q_heads, core.kv_heads, core.head_dim, core.window) == \
+        (4, 4, 2, 64, 128)
+    assert (core.lanes, core.macs, core.group) == (4, 8, 2)
+    assert core.ideal_cycles() == 2 * 2 * 128 * 64 // 32
+
+
+def test_decode_wraps_many_times():
+    """Decode steps from n = 0 through several wrap-arounds of one ring, exact equality;
+    the other rings are untouched."""
+    core = AttentionCore(**SMALL, window=4, lanes=2, macs=4)
+    rng = np.random.default_rng(1)
+    ops = [attend(rng, 1, 0, 1, 2, 8) for _ in range(14)]
+    ops += [("meta_read", r) for r in range(4)]
+    got, _ = check(core, ops)
+    assert [s[2] for s in got["status"]] == list(range(1, 15))
+    assert got["reads"] == [(0, 3), (0, 3), (14, (14 - 1) % 4), (0, 3)]
+
+
+@pytest.mark.parametrize("window,lanes,macs", [(8, 4, 2), (4, 1, 8), (1, 1, 4)])
+def test_chunked_prefill_below_at_above_window(window, lanes, macs):
+    core = AttentionCore(**SMALL, window=window, lanes=lanes, macs=macs)
+    rng = np.random.default_rng(window)
+    ops = [attend(rng, 0, 1, C, 2, 8) for C in (max(window - 1, 1), window, window + 1,
+                                                 2 * window + 3, 1)]
+    check(core, ops, idle=0.2, stall=0.3, rng_seed=window)
+
+
+@pytest.mark.parametrize("config,seed", [
+    (dict(SMALL, window=8, lanes=4, macs=2), 1),       # empty lanes while n < W
+    (dict(layers=1, q_heads=3, kv_heads=1, head_dim=4, window=4, lanes=2, macs=1), 2),
+    (dict(layers=2, q_heads=2, kv_heads=2, head_dim=8, window=2, lanes=2, macs=8), 3),
+])
+def test_random_scripts_with_backpressure(config, seed):
+    """Random scripts (errors, clears, ring/meta port traffic included) with idle cycles on
+    cmd/i and backpressure on o/status."""
+    core = AttentionCore(**config)
+    rng = random.Random(seed)
+    ops = random_ops(rng, core_params(core), 6)
+    check(core, ops, idle=0.3, stall=0.4, rng_seed=seed)
+
+
+def test_rejected_commands_change_nothing():
+    core = AttentionCore(**SMALL, window=4, lanes=2, macs=4)
+    rng = np.random.default_rng(2)
+    ops = [attend(rng, 0, 0, 3, 2, 8),
+           ("cmd", 0, 2, 0, 1, None, None, None),     # layer out of range
+           ("cmd", 0, 0, 2, 1, None, None, None),     # kv head out of range
+           ("cmd", 0, 0, 0, 0, None, None, None),     # zero tokens
+           ("cmd", 3, 0, 0, 1, None, None, None),     # unknown opcode
+           ("cmd", 1, 7, 0, 0, None, None, None),     # clear of a missing layer
+           ("meta_write", 4, 9, 0), ("meta_write", 0, 9, 4),   # bad ring, bad head
+           ("ring_write", 2 * 2 * 2 * 4 * 8, 0x55), ("ring_read", 2 * 2 * 2 * 4 * 8),
+           ("meta_read", 0), ("meta_read", 4),
+           attend(rng, 0, 0, 1, 2, 8)]
+    got, _ = check(core, ops)
+    assert [s[1] for s in got["status"]] == [0, 1, 1, 2, 3, 1, 0]
+    assert got["reads"] == [0, (3, 2), (0, 0)]
+
+
+def test_ring_port_export_import():
+    """Export a ring through the port, clear, import it back with its metadata: the next
+    decode gives the same output as without the round trip."""
+    kw = dict(layers=1, q_heads=2, kv_heads=1, head_dim=4, window=4, lanes=2, macs=2)
+    core = AttentionCore(**kw)
+    rng = np.random.default_rng(4)
+    pre = attend(rng, 0, 0, 6, 2, 4)
+    nxt = attend(rng, 0, 0, 1, 2, 4)
+    model = FixedRingCore(**core_params(core)["model"])
+    run_ops(model, [pre])
+    image = [model.ring_read(a) for a in range(model.ring_elements)]
+    ops = [pre, ("meta_read", 0)] + [("ring_read", a) for a in range(len(image))]
+    ops += [("cmd", 2, 0, 0, 0, None, None, None)]
+    ops += [("ring_write", a, 0) for a in range(len(image))]
+    ops += [("ring_write", a, b) for a, b in enumerate(image)]
+    ops += [("meta_write", 0, 6, 1), nxt]
+    got, want = check(core, ops)
+    assert got["reads"][1:] == image
+    ref = FixedRingCore(**core_params(core)["model"])
+    assert np.array_equal(got["outputs"][1], run_ops(ref, [pre, nxt])["outputs"][1])
+
+
+@pytest.mark.parametrize("config,seed", [
+    (dict(SMALL, window=8, lanes=4, macs=2), 11),
+    (dict(layers=2, q_heads=4, kv_heads=1, head_dim=8, window=4, lanes=1, macs=8), 12),
+])
+@requires_verilator
+def test_cocotb_random_scripts(config, seed):
+    from ringkv.sim.cocotb_run import run_cocotb
+    core = AttentionCore(**config)
+    params = dict(core_params(core), seed=seed, steps=14,
+                  pressure=[(0.0, 0.0), (0.3, 0.5), (0.6, 0.2)])
+    name = "attn_" + "_".join(f"{k[0]}{v}" for k, v in sorted(config.items()))
+    run_cocotb(core, toplevel="attention_core", test_module="cocotb_attention", params=params,
+               build_name=name)
