@@ -1,0 +1,217 @@
+"""Storage path: DMA export/import cycles and efficiency, snapshot size, SD-SPI throughput,
+synthesis of the DMA engine, the token memory and the SD-SPI controller.
+
+DMA figures come from the Amaranth simulator: ``DmaHarness`` (DMA engine + ring model + token
+memory) with the sector-level storage model serving the storage port at its peak (one byte per
+clock, no idle cycles), cycles counted from the command transfer to the response. SD-SPI figures
+come from the Amaranth simulator with the bit-level card model (``sim/sdcard_model.py``: 2 filler
+bytes before each read token, 3 busy bytes after each written block).
+"""
+
+import random
+
+from amaranth.sim import Simulator
+
+from ringkv.host.config import DEFAULT_CONFIG
+from ringkv.host.record import RecordLayout, RecordStatus
+from ringkv.hw.dma import DmaEngine, DmaOp
+from ringkv.hw.sdspi import SDSPIController
+from ringkv.hw.storage import StorageOp
+from ringkv.hw.token_memory import TokenMemory
+from ringkv.sim.ring_model import DmaHarness
+from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
+from ringkv.sim.sector_model import SectorImage, serve_storage
+
+from .run import SYNTH_HEADER, synth_result, synth_rows, table
+
+TITLE = "Storage path (DMA engine, snapshot records, SD card in SPI mode)"
+
+DMA_COUNTS = (1, 128, 1000, 4096)
+SIZE_COUNTS = (1, 64, 128, 1000, 4096, 16384)
+SD_BENCH = dict(init_half_period=2, half_period=1, resp_timeout=16, token_timeout=200,
+                busy_timeout=200, init_retries=8)
+SD_BOARD = dict(init_half_period=63, half_period=1, resp_timeout=16, token_timeout=1 << 19,
+                busy_timeout=1 << 20, init_retries=1 << 12)
+REGIONS = 1024
+
+
+def _dma_cycles(config, count):
+    """(export cycles, import cycles, record bytes) of one snapshot of ``count`` tokens."""
+    lay = RecordLayout(config)
+    h = DmaHarness(config, 2)
+    image = SectorImage(sectors=2 * lay.sectors_per_region)
+    sim = Simulator(h)
+    sim.add_clock(1e-8)
+    clock = [0]
+    out = {}
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock[0] += 1
+
+    async def server(ctx):
+        await serve_storage(ctx, h.storage, image)
+
+    async def op(ctx, payload):
+        ctx.set(h.cmd.valid, 1)
+        ctx.set(h.cmd.payload, payload)
+        await ctx.tick().until(h.cmd.ready)
+        ctx.set(h.cmd.valid, 0)
+        start = clock[0]
+        ctx.set(h.resp.ready, 1)
+        (resp,) = await ctx.tick().sample(h.resp.payload).until(h.resp.valid)
+        ctx.set(h.resp.ready, 0)
+        return RecordStatus(resp.status), clock[0] - start
+
+    async def body(ctx):
+        ctx.set(h.tap.meta_we, 1)
+        for ring in range(config.layers * config.kv_heads):
+            ctx.set(h.tap.meta_ring, ring)
+            ctx.set(h.tap.meta_wcount, count)
+            ctx.set(h.tap.meta_whead, (count - 1) % config.window)
+            await ctx.tick()
+        ctx.set(h.tap.meta_we, 0)
+        out["export"] = await op(ctx, {"op": DmaOp.EXPORT, "region": 1, "hash": 5, "seq": 1})
+        out["import"] = await op(ctx, {"op": DmaOp.IMPORT, "region": 1, "count": count,
+                                       "hash": 5})
+
+    sim.add_testbench(counter, background=True)
+    sim.add_testbench(server, background=True)
+    sim.add_testbench(body)
+    sim.run()
+    for name in ("export", "import"):
+        if out[name][0] is not RecordStatus.OK:
+            raise RuntimeError(f"bench {name} of {count} tokens: {out[name][0]}")
+    return out["export"][1], out["import"][1], lay.record_bytes(count)
+
+
+def _sd_cycles(op, sectors):
+    """Cycles from command transfer to status of an SD transfer (card already initialised)."""
+    image = SectorImage(sectors=64)
+    image.write(0, random.Random(1).randbytes(64 * 512))
+    card = SDCardSPI(image)
+    dut = SDSPIController(**SD_BENCH)
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    clock = [0]
+    out = {}
+    s = dut.storage
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock[0] += 1
+
+    async def card_proc(ctx):
+        await amaranth_sd_card(ctx, dut.spi, card)
+
+    async def transfer(ctx, op, lba, count):
+        ctx.set(s.cmd.valid, 1)
+        ctx.set(s.cmd.payload, {"op": op, "lba": lba, "count": count})
+        await ctx.tick().until(s.cmd.ready)
+        ctx.set(s.cmd.valid, 0)
+        start = clock[0]
+        ctx.set(s.rdata.ready, 1)
+        ctx.set(s.status.ready, 1)
+        ctx.set(s.wdata.valid, 1)
+        ctx.set(s.wdata.payload, 0xA5)
+        await ctx.tick().until(s.status.valid)
+        ctx.set(s.wdata.valid, 0)
+        ctx.set(s.status.ready, 0)
+        return clock[0] - start
+
+    async def body(ctx):
+        await transfer(ctx, StorageOp.READ, 0, 1)              # initialises the card
+        out["cycles"] = await transfer(ctx, op, 8, sectors)
+
+    sim.add_testbench(counter, background=True)
+    sim.add_testbench(card_proc, background=True)
+    sim.add_testbench(body)
+    sim.run()
+    return out["cycles"]
+
+
+def run():
+    from ringkv.boards.synth import synth_core
+    config = DEFAULT_CONFIG
+    cfg = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim,
+           "window": config.window, "max_tokens": config.max_tokens}
+    results = []
+    lay = RecordLayout(config)
+    for n in SIZE_COUNTS:
+        results.append({"name": "snapshot.bytes", "value": lay.record_bytes(n), "unit": "bytes",
+                        "params": {**cfg, "count": n,
+                                   "token_bytes": n * lay.token_bytes,
+                                   "kv_bytes": 2 * config.layers * config.kv_heads
+                                   * min(n, config.window) * config.head_dim}})
+    for n in DMA_COUNTS:
+        exp, imp, size = _dma_cycles(config, n)
+        for name, cycles in (("export", exp), ("import", imp)):
+            results.append({"name": f"dma.{name}.cycles", "value": cycles, "unit": "cycles",
+                            "params": {**cfg, "count": n, "record_bytes": size,
+                                       "efficiency": round(size / cycles, 4),
+                                       "peak_bytes_per_clock": 1}})
+    for op, sectors in ((StorageOp.READ, 1), (StorageOp.READ, 8), (StorageOp.WRITE, 1),
+                        (StorageOp.WRITE, 8)):
+        cycles = _sd_cycles(op, sectors)
+        sclk = cycles / (2 * SD_BENCH["half_period"])
+        results.append({"name": f"sdspi.{op.name.lower()}.cycles", "value": cycles,
+                        "unit": "cycles",
+                        "params": {"sectors": sectors, "half_period": SD_BENCH["half_period"],
+                                   "sclk_cycles": sclk,
+                                   "efficiency_vs_1bit": round(8 * 512 * sectors / sclk, 4),
+                                   "card": "read_latency=2 bytes, busy=3 bytes"}})
+    for core, comp, conf in (
+            ("sdspi", SDSPIController(**SD_BOARD), SD_BOARD),
+            ("dma", DmaEngine(config, REGIONS), {**cfg, "regions": REGIONS}),
+            ("token_memory", TokenMemory(config.max_tokens, config.token_width, 2),
+             {"max_tokens": config.max_tokens, "token_width": config.token_width,
+              "read_ports": 2})):
+        results.append(synth_result(core, conf, synth_core(comp, f"storage_{core}")))
+    return results
+
+
+def markdown(results) -> str:
+    by = {}
+    for r in results:
+        by.setdefault(r["name"], []).append(r)
+    out = []
+    rows = []
+    for r in by.get("snapshot.bytes", []):
+        p = r["params"]
+        rows.append([p["count"], p["token_bytes"], p["kv_bytes"], r["value"]])
+    if rows:
+        out.append("Snapshot size (default config, bytes written by one export: header sector + "
+                   "token sectors + KV sectors). Beyond W = 128 tokens only the tokens grow "
+                   "(2 bytes each):\n")
+        out.append(table(["tokens n", "token bytes", "K+V bytes", "record bytes"], rows))
+    rows = []
+    exports = {r["params"]["count"]: r for r in by.get("dma.export.cycles", [])}
+    imports = {r["params"]["count"]: r for r in by.get("dma.import.cycles", [])}
+    for n in sorted(exports):
+        e, i = exports[n], imports.get(n)
+        rows.append([n, e["params"]["record_bytes"], e["value"],
+                     f"{e['params']['efficiency']:.4f}",
+                     i["value"] if i else "", f"{i['params']['efficiency']:.4f}" if i else ""])
+    if rows:
+        out.append("\nDMA engine, default config, storage port at its peak of 1 byte/clock "
+                   "(sector model, no stalls); cycles from command to response; efficiency = "
+                   "record bytes / cycles (target >= 0.90):\n")
+        out.append(table(["tokens n", "record bytes", "export cycles", "export B/clk",
+                          "import cycles", "import B/clk"], rows))
+    rows = []
+    for name in ("sdspi.read.cycles", "sdspi.write.cycles"):
+        for r in by.get(name, []):
+            p = r["params"]
+            rows.append([name.split(".")[1], p["sectors"], r["value"], p["sclk_cycles"],
+                         f"{p['efficiency_vs_1bit']:.4f}"])
+    if rows:
+        out.append("\nSD-SPI controller against the bit-level card model (SCLK = clk/2, "
+                   "`half_period=1`; card: 2 filler bytes before a read token, 3 busy bytes "
+                   "after a written block); efficiency = data bits / SCLK cycles, i.e. against "
+                   "the 1-bit-per-SCLK limit. At a 25 MHz SCLK the limit is 3.125 MB/s:\n")
+        out.append(table(["op", "sectors", "cycles", "SCLK cycles", "efficiency"], rows))
+    synth = [r for r in results if r["unit"] == "MHz"]
+    if synth:
+        out.append("\nSynthesis (out of context, LFE5U-85F):\n")
+        out.append(table(SYNTH_HEADER, synth_rows(synth)))
+    return "\n".join(out) + "\n"
