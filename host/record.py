@@ -432,13 +432,15 @@ def rebuild(infos: list[RecordInfo]):
 
     ``inserts`` are ``(count, prefix_hash, region, commit_seq)`` for the directory's
     insert-existing command, one per distinct ``(count, prefix_hash)``: the newest commit
-    wins. ``frees`` are the regions to give back to the allocator: empty, torn, corrupt,
-    foreign and superseded records. ``next_seq`` is the commit sequence number to use next.
+    wins; they are sorted by region, the order ``INSERT_EXISTING`` requires (the directory puts
+    the regions it skips into its FIFO B). ``frees`` are the regions not inserted: empty, torn,
+    corrupt, foreign, zero-token and superseded records. ``next_seq`` is the commit sequence
+    number to use next (above every record seen, valid or not).
     """
     best: dict[tuple[int, int], RecordInfo] = {}
     frees = []
     for info in infos:
-        if info.status is not RecordStatus.OK:
+        if info.status is not RecordStatus.OK or info.count == 0:
             frees.append(info.region)
             continue
         key = (info.count, info.prefix_hash)
