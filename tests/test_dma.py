@@ -186,7 +186,11 @@ def test_export_bit_exact(config, count, seed):
 
 # --- round trip and import checks ---------------------------------------------------------
 
-@pytest.mark.parametrize("config,seed", [(SMALL, 10), (SMALL, 11), (TINY, 12), (TINY, 13)])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("config,seed", [(SMALL, 10), pytest.param(SMALL, 11, marks=SLOW),
+                                         (TINY, 12), pytest.param(TINY, 13, marks=SLOW)])
 def test_round_trip(config, seed):
     rng = random.Random(seed)
     image = new_image(config, 2, rng)
@@ -318,7 +322,8 @@ def test_storage_error_is_reported():
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-@pytest.mark.parametrize("seed", [40, 41, 42])
+@pytest.mark.parametrize("seed", [40, pytest.param(41, marks=pytest.mark.slow),
+                                  pytest.param(42, marks=pytest.mark.slow)])
 def test_power_cut_keeps_previous_snapshot(seed):
     """Export snapshot A, then a longer B into another region with the power failing at a
     random byte; after the restart the rebuild scan finds A valid and B not."""

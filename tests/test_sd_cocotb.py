@@ -2,6 +2,7 @@
 
 from dataclasses import asdict
 
+import pytest
 from conftest import requires_verilator
 
 from ringkv.host.config import RingKVConfig
@@ -14,12 +15,14 @@ FAST = dict(init_half_period=2, half_period=1, resp_timeout=16, token_timeout=20
 
 
 @requires_verilator
-def test_sd_controller_cocotb():
+@pytest.mark.parametrize("transfers", [1, pytest.param(6, marks=pytest.mark.slow)])
+def test_sd_controller_cocotb(transfers):
     run_cocotb(SDSPIController(**FAST), toplevel="sd_spi", test_module="cocotb_sd",
-               params={"seed": 3, "transfers": 4})
+               params={"seed": 3 + transfers, "transfers": transfers})
 
 
 @requires_verilator
+@pytest.mark.slow
 def test_sd_system_cocotb():
     """DMA -> SD-SPI controller -> bit-level card model: export, power cycle, import."""
     config = RingKVConfig(layers=2, q_heads=2, kv_heads=1, head_dim=8, window=8, token_width=16,

@@ -93,7 +93,8 @@ def test_parameter_errors():
         SDSPIController(init_half_period=4, half_period=8)
 
 
-@pytest.mark.parametrize("kind", ["sdhc", "sdsc", "v1"])
+@pytest.mark.parametrize("kind", ["sdhc", pytest.param("sdsc", marks=pytest.mark.slow),
+                                  pytest.param("v1", marks=pytest.mark.slow)])
 def test_init_and_round_trip(kind):
     rng = random.Random(hash(kind) & 0xFFFF)
     image = SectorImage(sectors=64)
@@ -124,6 +125,7 @@ def test_init_and_round_trip(kind):
     assert card.crc_errors == 0
 
 
+@pytest.mark.slow          # the cocotb test card_that_stops_answering covers these in `make test`
 def test_errors_never_hang():
     image = SectorImage(sectors=16)
     card = SDCardSPI(image, bad_read_crc=1)
