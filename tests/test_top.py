@@ -1,0 +1,148 @@
+"""RingKVTop in the Amaranth simulator: every op through byte frames, against golden models."""
+
+import random
+
+import numpy as np
+import pytest
+
+from ringkv.host.config import RingKVConfig, hash_seed
+from ringkv.host.golden_fixed import FixedRingCore
+from ringkv.host.golden_hash import sequence_hash
+from ringkv.host.ops import (
+    DIR_RESPONSE,
+    FLAG_EVICT,
+    FLAG_EXISTING,
+    NO_RECORD,
+    REQUESTS,
+    RESPONSES,
+    RING_CLEAR_ALL,
+    RING_ELEMENTS,
+    RING_META,
+    SNAPSHOT_RESPONSE,
+    attn_out_bytes,
+    pack_attn,
+    pack_tokens,
+    unpack_attn,
+    unpack_tokens,
+)
+from ringkv.host.protocol import encode_request
+from ringkv.host.record import RecordLayout, RecordStatus, header_template
+from ringkv.hw.protocol import Op, Status
+from ringkv.hw.top import RingKVTop
+from ringkv.sim.top_bench import image_for, run_top
+
+CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
+REGIONS = 4
+LANES, MACS = 2, 4
+
+
+def make_top(**kw):
+    kw = {"regions": REGIONS, "lanes": LANES, "macs": MACS, "max_payload": 1024, **kw}
+    return RingKVTop(CFG, **kw)
+
+
+def req(op, **fields):
+    return REQUESTS[op].pack(**fields)
+
+
+async def call(ctx, link, op, payload=b"", status=Status.OK):
+    frame = await link.request(ctx, op, payload)
+    assert Status(frame.status) == status, (op, Status(frame.status), frame.payload)
+    return frame.payload
+
+
+def rand_qkv(rng, count):
+    q = rng.integers(-128, 128, size=(count, CFG.q_heads, CFG.head_dim))
+    k = rng.integers(-128, 128, size=(count, CFG.kv_heads, CFG.head_dim))
+    v = rng.integers(-128, 128, size=(count, CFG.kv_heads, CFG.head_dim))
+    return q, k, v
+
+
+def golden_attend(core, layer, q, k, v):
+    g = CFG.group
+    out = np.zeros((len(k), CFG.q_heads, CFG.head_dim), dtype=np.int64)
+    for h in range(CFG.kv_heads):
+        out[:, h * g:(h + 1) * g] = core.attend(layer, h, q[:, h * g:(h + 1) * g], k[:, h],
+                                                v[:, h])
+    return out
+
+
+async def attend(ctx, link, layer, q, k, v, op=Op.ATTN_PREFILL):
+    payload = await call(ctx, link, op, pack_attn(CFG, layer, q, k, v))
+    assert len(payload) == attn_out_bytes(CFG, len(k))
+    return unpack_attn(CFG, payload, len(k))
+
+
+async def read_rings(ctx, link):
+    c = CFG
+    total = c.layers * c.kv_heads * 2 * c.window * c.head_dim
+    elems = b""
+    for addr in range(0, total, 512):
+        n = min(512, total - addr)
+        elems += await call(ctx, link, Op.RING_READ,
+                            req(Op.RING_READ, addr=addr, n=n, what=RING_ELEMENTS))
+    rings = np.frombuffer(elems, dtype=np.int8).astype(np.int64)
+    rings = rings.reshape(c.layers, c.kv_heads, 2, c.window, c.head_dim)
+    raw = await call(ctx, link, Op.RING_READ,
+                     req(Op.RING_READ, addr=0, n=c.layers * c.kv_heads, what=RING_META))
+    meta = [(int.from_bytes(raw[i:i + 4], "little"), int.from_bytes(raw[i + 4:i + 6], "little"))
+            for i in range(0, len(raw), 6)]
+    return rings, meta
+
+
+# ---------------------------------------------------------------------------------------------
+def test_parameter_checks():
+    with pytest.raises(TypeError, match=r"^config must be a RingKVConfig, not 3$"):
+        RingKVTop(3)
+    with pytest.raises(ValueError, match=r"^regions must be a power of two between 2 and "
+                                         r"32768, not 3$"):
+        RingKVTop(CFG, regions=3)
+    with pytest.raises(ValueError, match=r"^links must be a power of two between 2 and 32768, "
+                                         r"not 5$"):
+        RingKVTop(CFG, links=5)
+    with pytest.raises(ValueError, match=r"^max_payload must be an integer in 1\.\.65535, "
+                                         r"not 0$"):
+        RingKVTop(CFG, max_payload=0)
+    with pytest.raises(ValueError, match=r"^max_payload must be at least 68 bytes \(one "
+                                         r"attention token of this config\), not 40$"):
+        RingKVTop(CFG, max_payload=40, lanes=2, macs=4)
+
+
+def test_identity_and_tokens():
+    top = make_top()
+    image = image_for(top)
+    rng = random.Random(1)
+    tokens = [rng.randrange(1 << 16) for _ in range(40)]
+
+    async def scenario(ctx, link):
+        assert await call(ctx, link, Op.PING, b"hello") == b"hello"
+        assert await call(ctx, link, Op.PING) == b""
+        ver = RESPONSES[Op.VERSION].unpack(await call(ctx, link, Op.VERSION))
+        assert ver["regions"] == REGIONS and ver["max_payload"] == 1024
+        assert ver["sectors_per_region"] == RecordLayout(CFG).sectors_per_region
+        cd = RESPONSES[Op.CONFIG_DIGEST].unpack(await call(ctx, link, Op.CONFIG_DIGEST))
+        assert cd["digest"] == CFG.digest()
+        assert cd["fields"] == header_template(CFG)[80:116]
+        # tokens: append in two parts, read back, hash every interesting prefix
+        r = await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=25)
+                       + pack_tokens(CFG, tokens[:25]))
+        assert RESPONSES[Op.TOKENS_APPEND].unpack(r)["count"] == 25
+        r = await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=15)
+                       + pack_tokens(CFG, tokens[25:]))
+        assert RESPONSES[Op.TOKENS_APPEND].unpack(r)["count"] == 40
+        got = await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=3, n=30))
+        assert unpack_tokens(CFG, got) == tokens[3:33]
+        for n in (0, 1, 17, 40):
+            r = await call(ctx, link, Op.HASH_QUERY, req(Op.HASH_QUERY, n=n))
+            assert RESPONSES[Op.HASH_QUERY].unpack(r)["hash"] == sequence_hash(
+                tokens[:n], hash_seed(CFG))
+        # TOKENS_WRITE replaces from an offset and sets the count
+        r = await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=10, n=2)
+                       + pack_tokens(CFG, [7, 8]))
+        assert RESPONSES[Op.TOKENS_WRITE].unpack(r)["count"] == 12
+        got = await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=0, n=12))
+        assert unpack_tokens(CFG, got) == tokens[:10] + [7, 8]
+        st = RESPONSES[Op.STATS].unpack(await call(ctx, link, Op.STATS))
+        assert st["frames"] == 14 and st["frame_errors"] == 0 and st["cycles"] > 0
+
+    run_top(top, image, scenario)
