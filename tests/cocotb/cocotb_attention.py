@@ -61,10 +61,10 @@ async def run(dut, p, ops, rng, idle, stall):
                                                          op[1:5]))))
             continue
         while True:
+            await RisingEdge(dut.clk)
             await ReadOnly()
             if not int(dut.busy.value):
                 break
-            await RisingEdge(dut.clk)
         await RisingEdge(dut.clk)
         if op[0] in ("ring_write", "ring_read"):
             dut.ring_addr.value = op[1]
