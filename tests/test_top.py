@@ -146,3 +146,85 @@ def test_identity_and_tokens():
         assert st["frames"] == 14 and st["frame_errors"] == 0 and st["cycles"] > 0
 
     run_top(top, image, scenario)
+
+
+def test_export_query_hit_miss_corrupt():
+    """Seed 001 end to end: export, resume by query (HIT, rings restored bit-exactly), unknown
+    prefix (MISS), corrupted record (MISS, dropped from the directory, rings emptied)."""
+    top = make_top()
+    image = image_for(top)
+    lay = RecordLayout(CFG)
+    rng = np.random.default_rng(2)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    golden = FixedRingCore(CFG.layers, CFG.q_heads, CFG.kv_heads, CFG.head_dim, CFG.window,
+                           LANES)
+    h12 = sequence_hash(tokens, hash_seed(CFG))
+
+    async def scenario(ctx, link):
+        await call(ctx, link, Op.SESSION_BEGIN)
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=12)
+                   + pack_tokens(CFG, tokens))
+        for layer in range(CFG.layers):
+            q, k, v = rand_qkv(rng, 12)
+            out = await attend(ctx, link, layer, q, k, v)
+            assert np.array_equal(out, golden_attend(golden, layer, q, k, v))
+        # export: region 0 from FIFO A, commit sequence 1
+        r = SNAPSHOT_RESPONSE.unpack(await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=12)))
+        assert (r["record_status"], r["region"], r["count"], r["hash"], r["seq"]) == (
+            RecordStatus.OK.value, 0, 12, h12, 1)
+        assert r["bytes"] == 12 * 2 + 2 * CFG.layers * CFG.kv_heads * CFG.window * CFG.head_dim
+        # the stored record is the golden encoding of the golden rings
+        from ringkv.host.record import import_record
+        rings = np.zeros_like(golden.rings)
+        status, header, meta = import_record(
+            CFG, lambda lba, n: image.read(lba, n), 0, count=12, prefix_hash=h12,
+            session_tokens=tokens, rings=rings)
+        assert status is RecordStatus.OK and meta == (12, int(golden.head[0]))
+        assert np.array_equal(rings & 0xFF, golden.rings & 0xFF)
+        # a new session wipes the rings' metadata and the tokens; the query restores both
+        await call(ctx, link, Op.SESSION_BEGIN)
+        _, meta = await read_rings(ctx, link)
+        assert meta == [(0, CFG.window - 1)] * (CFG.layers * CFG.kv_heads)
+        await call(ctx, link, Op.RING_CLEAR, req(Op.RING_CLEAR, layer=RING_CLEAR_ALL))
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=12)
+                   + pack_tokens(CFG, tokens))
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
+        assert Status(frame.status) == Status.HIT
+        r = SNAPSHOT_RESPONSE.unpack(frame.payload)
+        assert (r["record_status"], r["region"], r["count"], r["hash"], r["seq"]) == (
+            RecordStatus.OK.value, 0, 12, h12, 1)
+        got_rings, meta = await read_rings(ctx, link)
+        assert np.array_equal(got_rings, golden.rings)
+        assert meta == [(int(golden.count[i]), int(golden.head[i]))
+                        for i in range(CFG.layers * CFG.kv_heads)]
+        # the restored state computes on bit-exactly
+        q, k, v = rand_qkv(rng, 1)
+        out = await attend(ctx, link, 0, q, k, v, op=Op.ATTN_DECODE)
+        assert np.array_equal(out, golden_attend(golden, 0, q, k, v))
+        # an unknown prefix: the directory misses, the DMA does not run
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=5))
+        assert Status(frame.status) == Status.MISS
+        assert SNAPSHOT_RESPONSE.unpack(frame.payload)["record_status"] == NO_RECORD
+        # corrupt one KV byte of the stored record: a directory hit, but a MISS
+        lba = lay.region_lba(0) + lay.kv_sector
+        sector = bytearray(image.read(lba, 1))
+        sector[5] ^= 0x10
+        image.write(lba, bytes(sector))
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
+        assert Status(frame.status) == Status.MISS
+        r = SNAPSHOT_RESPONSE.unpack(frame.payload)
+        assert r["record_status"] == RecordStatus.BAD_PAYLOAD_CRC.value and r["dir_status"] == 0
+        _, meta = await read_rings(ctx, link)
+        assert meta == [(0, 0)] * (CFG.layers * CFG.kv_heads)      # emptied, never stale
+        # ... and the record is dropped from the directory, its region freed to FIFO B
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
+        assert Status(frame.status) == Status.MISS
+        assert SNAPSHOT_RESPONSE.unpack(frame.payload)["record_status"] == NO_RECORD
+        al = RESPONSES[Op.ALLOC_STATUS].unpack(await call(ctx, link, Op.ALLOC_STATUS))
+        assert (al["fifo_a"], al["fifo_b"], al["live"], al["commit_seq"]) == (
+            REGIONS - 1, 1, 0, 2)
+        st = RESPONSES[Op.STATS].unpack(await call(ctx, link, Op.STATS))
+        assert (st["queries"], st["hits"], st["exports"]) == (4, 1, 1)
+        assert st["dma_cycles"] > 0 and st["attn_cycles"] > 0 and st["dir_cycles"] > 0
+
+    run_top(top, image, scenario)
