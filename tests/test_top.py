@@ -228,3 +228,89 @@ def test_export_query_hit_miss_corrupt():
         assert st["dma_cycles"] > 0 and st["attn_cycles"] > 0 and st["dir_cycles"] > 0
 
     run_top(top, image, scenario)
+
+
+def test_errors_change_nothing():
+    """Frame errors, unknown/unimplemented ops, wrong lengths and out-of-range arguments get
+    their status, and the device state (tokens, rings, directory, allocator) is unchanged."""
+    top = make_top()
+    image = image_for(top)
+    rng = np.random.default_rng(3)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=6)]
+
+    async def state(ctx, link):
+        toks = await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=0, n=6))
+        rings = await read_rings(ctx, link)
+        alloc = await call(ctx, link, Op.ALLOC_STATUS)
+        d = await link.request(ctx, Op.DIR_READ, req(Op.DIR_READ, link=0))
+        return toks, rings[0].tobytes(), rings[1], alloc[:-4], d.status, d.payload
+
+    async def scenario(ctx, link):
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=6)
+                   + pack_tokens(CFG, tokens))
+        q, k, v = rand_qkv(rng, 6)
+        await attend(ctx, link, 1, q, k, v)
+        alloc = await call(ctx, link, Op.ALLOC_STATUS)
+        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=6), Status.BAD_ARG)   # layer 0: 0
+        assert await call(ctx, link, Op.ALLOC_STATUS) == alloc
+        await attend(ctx, link, 0, q, k, v)
+        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=6))
+        before = await state(ctx, link)
+        # frame layer: bad CRC (answered with the op and seq received), unknown opcode
+        frame = bytearray(encode_request(Op.TOKENS_APPEND, 77, req(Op.TOKENS_APPEND, n=1)
+                                         + b"\x01\x02"))
+        frame[-1] ^= 1
+        await link.send(ctx, bytes(frame))
+        err = await link.receive(ctx)
+        assert (err.op, err.seq, Status(err.status)) == (Op.TOKENS_APPEND.value, 77,
+                                                          Status.BAD_CRC)
+        await link.send(ctx, encode_request(0x7E, 78, b"xyz"))
+        err = await link.receive(ctx)
+        assert (err.op, err.seq, Status(err.status)) == (0x7E, 78, Status.UNKNOWN_OP)
+        # ops of Op the gateware does not implement
+        await call(ctx, link, Op.IMPORT, req(Op.QUERY, n=6), Status.UNKNOWN_OP)
+        await call(ctx, link, Op.STORAGE_REBUILD, b"", Status.UNKNOWN_OP)
+        # lengths
+        await call(ctx, link, Op.VERSION, b"\0", Status.BAD_LENGTH)
+        await call(ctx, link, Op.QUERY, b"\1\0\0", Status.BAD_LENGTH)
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=2) + b"\1\2\3",
+                   Status.BAD_LENGTH)
+        await call(ctx, link, Op.TOKENS_WRITE, b"\0\0", Status.BAD_LENGTH)
+        q, k, v = rand_qkv(rng, 2)
+        await call(ctx, link, Op.ATTN_PREFILL, pack_attn(CFG, 0, q, k, v)[:-1],
+                   Status.BAD_LENGTH)
+        await call(ctx, link, Op.DIR_CLEAR, b"\0\0", Status.BAD_LENGTH)
+        # arguments out of range
+        await call(ctx, link, Op.ATTN_PREFILL, pack_attn(CFG, CFG.layers, q, k, v),
+                   Status.BAD_ARG)
+        await call(ctx, link, Op.ATTN_DECODE, pack_attn(CFG, 0, q, k, v), Status.BAD_ARG)
+        await call(ctx, link, Op.ATTN_PREFILL, req(Op.ATTN_PREFILL, layer=0, count=0),
+                   Status.BAD_ARG)
+        await call(ctx, link, Op.RING_CLEAR, req(Op.RING_CLEAR, layer=CFG.layers),
+                   Status.BAD_ARG)
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=59)
+                   + pack_tokens(CFG, [0] * 59), Status.BAD_ARG)
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=7, n=1)
+                   + pack_tokens(CFG, [0]), Status.BAD_ARG)
+        await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=5, n=2), Status.BAD_ARG)
+        await call(ctx, link, Op.HASH_QUERY, req(Op.HASH_QUERY, n=7), Status.BAD_ARG)
+        await call(ctx, link, Op.QUERY, req(Op.QUERY, n=0), Status.BAD_ARG)
+        await call(ctx, link, Op.QUERY, req(Op.QUERY, n=7), Status.BAD_ARG)
+        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=5), Status.BAD_ARG)   # rings hold 6
+        await call(ctx, link, Op.DIR_INSERT, req(Op.DIR_INSERT, count=1, hash=1, region=REGIONS,
+                                                 flags=FLAG_EXISTING), Status.BAD_ARG)
+        await call(ctx, link, Op.DIR_DELETE, req(Op.DIR_DELETE, link=REGIONS), Status.BAD_ARG)
+        await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=0, n=5, what=RING_META),
+                   Status.BAD_ARG)
+        await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=0, n=1, what=2),
+                   Status.BAD_ARG)
+        total = RecordLayout(CFG).sectors_per_region * REGIONS
+        await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=total), Status.BAD_ARG)
+        # directory-level refusals carry the directory's status
+        p = await call(ctx, link, Op.DIR_DELETE, req(Op.DIR_DELETE, link=3), Status.BAD_ARG)
+        assert DIR_RESPONSE.unpack(p)["dir_status"] == 5          # NOT_LIVE
+        assert await state(ctx, link) == before
+        st = RESPONSES[Op.STATS].unpack(await call(ctx, link, Op.STATS))
+        assert st["frame_errors"] == 2 and st["rejected"] == 25
+
+    run_top(top, image, scenario)
