@@ -314,3 +314,45 @@ def test_errors_change_nothing():
         assert st["frame_errors"] == 2 and st["rejected"] == 25
 
     run_top(top, image, scenario)
+
+
+def test_fuzz_then_ping_and_snapshot():
+    """Random bytes (with SYNCs, truncated and corrupted frames) never hang the device; after
+    the line goes idle a ping and a stored snapshot still work."""
+    top = make_top(timeout=300)
+    image = image_for(top)
+    rng = np.random.default_rng(4)
+    pyrng = random.Random(4)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=5)]
+
+    async def scenario(ctx, link):
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=5)
+                   + pack_tokens(CFG, tokens))
+        for layer in range(CFG.layers):
+            q, k, v = rand_qkv(rng, 5)
+            await attend(ctx, link, layer, q, k, v)
+        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=5))
+        junk = bytearray()
+        for _ in range(40):
+            kind = pyrng.randrange(4)
+            if kind == 0:
+                junk += bytes(pyrng.randrange(256) for _ in range(pyrng.randrange(1, 12)))
+            elif kind == 1:
+                junk += bytes([0xA5]) + bytes(pyrng.randrange(256) for _ in range(4))
+            else:
+                frame = bytearray(encode_request(pyrng.choice([Op.PING, Op.STATS, Op.VERSION]),
+                                                 pyrng.randrange(256),
+                                                 bytes(pyrng.randrange(256) for _ in range(3))))
+                frame[pyrng.randrange(1, len(frame))] ^= 1 << pyrng.randrange(8)
+                junk += frame if kind == 2 else frame[:pyrng.randrange(1, len(frame))]
+        await link.send(ctx, bytes(junk))
+        await ctx.tick().repeat(2000)           # longer than the decoder's timeout
+        link.events.clear()
+        assert await call(ctx, link, Op.PING, b"alive") == b"alive"
+        await call(ctx, link, Op.SESSION_BEGIN)
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=5)
+                   + pack_tokens(CFG, tokens))
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=5))
+        assert Status(frame.status) == Status.HIT
+
+    run_top(top, image, scenario, rng=pyrng, idle=0.2, stall=0.3)
