@@ -135,6 +135,7 @@ def test_ring_port_export_import():
 @pytest.mark.parametrize("config,seed", [
     (dict(SMALL, window=8, lanes=4, macs=2), 11),
     (dict(layers=2, q_heads=4, kv_heads=1, head_dim=8, window=4, lanes=1, macs=8), 12),
+    (dict(layers=1, q_heads=2, kv_heads=2, head_dim=4, window=1, lanes=1, macs=2), 13),
 ])
 @requires_verilator
 def test_cocotb_random_scripts(config, seed):

@@ -79,6 +79,7 @@ async def run(dut, p, ops, rng, idle, stall):
             if op[0] == "ring_read":
                 await ReadOnly()
                 res["reads"].append(int(dut.ring_rdata.value))
+                await RisingEdge(dut.clk)
         elif op[0] == "meta_write":
             dut.meta_ring.value = op[1]
             dut.meta_wcount.value = op[2]
