@@ -62,13 +62,14 @@ class AttentionCore(wiring.Component):
 
     Interfaces
     ----------
-    ``cmd`` (in stream): ``op`` (2 bits, :class:`AttnOp`; 3 is rejected), ``layer`` (8 bits), ``kv_head`` (8 bits),
-    ``count`` (16 bits, tokens for ATTEND). ``i`` (in stream): ``M`` int8 per beat; per token,
-    the ``G`` query vectors, then ``k``, then ``v`` (``d / M`` beats each, element ``e`` of a
-    vector in beat ``e // M`` at position ``e % M``, position 0 at the LSB). ``o`` (out stream):
-    ``M`` int16 per beat, per token the ``G`` output vectors in the same order. ``status`` (out
-    stream): one per command, ``op`` (as given), ``err`` (2 bits, :class:`AttnErr`), ``count`` (the ring's token
-    count after the command). A rejected command consumes no ``i`` beat and emits no ``o`` beat.
+    ``cmd`` (in stream): ``op`` (2 bits, :class:`AttnOp`; 3 is rejected), ``layer`` (8 bits),
+    ``kv_head`` (8 bits), ``count`` (16 bits, tokens for ATTEND). ``i`` (in stream): ``M`` int8
+    per beat; per token, the ``G`` query vectors, then ``k``, then ``v`` (``d / M`` beats each,
+    element ``e`` of a vector in beat ``e // M`` at position ``e % M``, position 0 at the LSB).
+    ``o`` (out stream): ``M`` int16 per beat, per token the ``G`` output vectors in the same
+    order. ``status`` (out stream): one per command, ``op`` (as given), ``err`` (2 bits,
+    :class:`AttnErr`), ``count`` (the ring's token count after the command). A rejected command
+    consumes no ``i`` beat and emits no ``o`` beat.
 
     Ring port (only while ``busy`` is low): ``ring_addr`` (32 bits, element address
     ``((ring*2 + kind)*W + slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V),
