@@ -16,7 +16,7 @@ takes its argument offsets and response packing from there) and documented in
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal, Value
-from amaranth.lib import data, enum, fifo, memory, stream, wiring
+from amaranth.lib import enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..host.config import RingKVConfig, hash_seed
@@ -197,7 +197,7 @@ class RingKVTop(wiring.Component):
         m = Module()
         c, lay = self._config, self._layout
         L, Hq, Hkv, d, W = c.layers, c.q_heads, c.kv_heads, c.head_dim, c.window
-        G, R = c.group, c.layers * c.kv_heads
+        R = c.layers * c.kv_heads
         TB = lay.token_bytes
         MT = c.max_tokens
         M = self.attention.macs

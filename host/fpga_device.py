@@ -1,0 +1,283 @@
+"""The FPGA (or its simulation) as the scheduler's :class:`~ringkv.host.scheduler.Device` and
+the model's :class:`~ringkv.host.model.AttentionBackend`, over a :class:`~ringkv.host.link.Link`.
+
+Every call is one or more requests of :mod:`ringkv.hw.protocol`, packed with the layouts of
+:mod:`ringkv.host.ops`; transfers larger than the device's payload bound are split. The
+device's ``QUERY`` verifies **and imports** on a hit (seed 001: hash, lookup, token comparison,
+config digest, payload CRC), so :meth:`FpgaDevice.import_` only reports the bytes moved.
+
+Attention runs in the fixed-point numerics of the core (``ringkv-fx1``, see
+:mod:`ringkv.host.golden_fixed`): q/k/v are quantized to int8 here, outputs dequantized.
+"""
+
+import numpy as np
+
+from ..hw.protocol import DEFAULT_MAX_PAYLOAD, Op, Status
+from .config import RingKVConfig
+from .golden_fixed import dequantize_out, quantize
+from .ops import (
+    DIR_RESPONSE,
+    FLAG_EXISTING,
+    META_BYTES,
+    REQUESTS,
+    RESPONSES,
+    RING_CLEAR_ALL,
+    RING_ELEMENTS,
+    RING_META,
+    SNAPSHOT_RESPONSE,
+    max_attn_tokens,
+    pack_attn,
+    pack_tokens,
+    token_bytes,
+    unpack_attn,
+    unpack_tokens,
+)
+from .record import SECTOR, RecordLayout, RecordStatus, rebuild, scan_image
+from .scheduler import Device, QueryResult
+
+__all__ = ["FpgaDevice", "ConfigMismatch"]
+
+_MISS_REASONS = {
+    RecordStatus.EMPTY: "no record",
+    RecordStatus.FOREIGN_CONFIG: "foreign config",
+    RecordStatus.TOKEN_MISMATCH: "tokens differ",
+    RecordStatus.BAD_PAYLOAD_CRC: "corrupt record",
+    RecordStatus.BAD_HEADER: "corrupt record",
+    RecordStatus.BAD_VERSION: "foreign format",
+    RecordStatus.NOT_THIS: "stale directory entry",
+    RecordStatus.STORAGE: "storage error",
+}
+
+
+class ConfigMismatch(ValueError):
+    """The device's configuration differs from the host's; ``fields`` names the differences."""
+
+    def __init__(self, fields):
+        self.fields = list(fields)
+        super().__init__("device configuration differs from the host's: " + "; ".join(fields))
+
+
+class FpgaDevice(Device):
+    """:class:`Device` + :class:`AttentionBackend` driving ``RingKVTop`` over ``link``.
+
+    ``max_payload`` is the device's request bound (``Op.VERSION`` reports it; default
+    :data:`~ringkv.hw.protocol.DEFAULT_MAX_PAYLOAD`).
+    """
+
+    def __init__(self, link, config: RingKVConfig, *, max_payload: int = DEFAULT_MAX_PAYLOAD):
+        if not isinstance(config, RingKVConfig):
+            raise TypeError(f"config must be a RingKVConfig, not {config!r}")
+        self.link, self.config, self.max_payload = link, config, max_payload
+        self.attention = self
+        self._tb = token_bytes(config)
+        self._attn_chunk = max_attn_tokens(config, max_payload)
+        if self._attn_chunk < 1:
+            raise ValueError(f"max_payload {max_payload} cannot carry one attention token")
+        self._last_hit = None
+        self.counters = {"queries": 0, "hits": 0, "misses": 0, "imports": 0, "exports": 0,
+                         "bytes_in": 0, "bytes_out": 0, "device_cycles": 0}
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _request(self, op, payload=b"", ok=(Status.OK,)):
+        status, data = self.link.request(op, payload)
+        if status not in ok:
+            raise RuntimeError(f"device answered {status.name} to {op.name}")
+        return status, data
+
+    def _call(self, op, **fields):
+        return self._request(op, REQUESTS[op].pack(**fields))[1]
+
+    # -- identity -----------------------------------------------------------------------------
+    def version(self) -> dict:
+        return RESPONSES[Op.VERSION].unpack(self._call(Op.VERSION))
+
+    def check_config(self) -> None:
+        """Compare the device's ``CONFIG_DIGEST`` with the host's configuration; raise
+        :class:`ConfigMismatch` naming the differing fields."""
+        from .record import _decode_fields
+        r = RESPONSES[Op.CONFIG_DIGEST].unpack(self._call(Op.CONFIG_DIGEST))
+        if r["digest"] == self.config.digest():
+            return
+        buf = bytearray(SECTOR)
+        buf[80:116] = r["fields"]
+        fields = _decode_fields(buf).config_fields
+        try:
+            theirs = RingKVConfig(**fields)
+        except (TypeError, ValueError) as e:
+            raise ConfigMismatch([f"device reports invalid fields ({e})"]) from None
+        diffs = theirs.diff(self.config)
+        raise ConfigMismatch([f"{d} (device != host)" for d in diffs]
+                             or ["config digest (same fields: another digest scheme)"])
+
+    def stats(self) -> dict:
+        out = dict(self.counters)
+        out["device"] = RESPONSES[Op.STATS].unpack(self._call(Op.STATS))
+        out["alloc"] = RESPONSES[Op.ALLOC_STATUS].unpack(self._call(Op.ALLOC_STATUS))
+        return out
+
+    # -- token memory ---------------------------------------------------------------------------
+    def _token_chunk(self, header):
+        return max(1, (self.max_payload - header) // self._tb)
+
+    def write_tokens(self, tokens) -> None:
+        tokens = list(tokens)
+        step = self._token_chunk(REQUESTS[Op.TOKENS_WRITE].size)
+        offset = 0
+        while True:
+            part = tokens[offset:offset + step]
+            self._request(Op.TOKENS_WRITE, REQUESTS[Op.TOKENS_WRITE].pack(
+                offset=offset, n=len(part)) + pack_tokens(self.config, part))
+            offset += len(part)
+            if offset >= len(tokens):
+                return
+
+    def append_tokens(self, tokens) -> None:
+        tokens = list(tokens)
+        step = self._token_chunk(REQUESTS[Op.TOKENS_APPEND].size)
+        for s in range(0, len(tokens), step):
+            part = tokens[s:s + step]
+            self._request(Op.TOKENS_APPEND, REQUESTS[Op.TOKENS_APPEND].pack(n=len(part))
+                          + pack_tokens(self.config, part))
+
+    def read_tokens(self, offset: int, n: int) -> list[int]:
+        out = []
+        step = max(1, self.max_payload // self._tb)
+        for s in range(offset, offset + n, step):
+            k = min(step, offset + n - s)
+            out += unpack_tokens(self.config, self._call(Op.TOKENS_READ, offset=s, n=k))
+        return out
+
+    def hash_prefix(self, n: int) -> int:
+        return RESPONSES[Op.HASH_QUERY].unpack(self._call(Op.HASH_QUERY, n=n))["hash"]
+
+    # -- snapshot store (seed 001) ----------------------------------------------------------
+    def query(self, tokens) -> QueryResult:
+        """Write ``tokens`` to token memory, then ``QUERY``: on a hit the device has verified
+        the record and imported it into the rings."""
+        tokens = list(tokens)
+        self.write_tokens(tokens)
+        self.counters["queries"] += 1
+        status, data = self._request(Op.QUERY, REQUESTS[Op.QUERY].pack(n=len(tokens)),
+                                     ok=(Status.HIT, Status.MISS))
+        r = SNAPSHOT_RESPONSE.unpack(data)
+        self.counters["device_cycles"] += r["cycles"]
+        hit = status == Status.HIT
+        reason = ""
+        if not hit:
+            try:
+                reason = _MISS_REASONS.get(RecordStatus(r["record_status"]), "miss")
+            except ValueError:
+                reason = "no record"
+        self.counters["hits" if hit else "misses"] += 1
+        result = QueryResult(hit, len(tokens), r["hash"], reason)
+        self._last_hit = (result, r["bytes"]) if hit else None
+        return result
+
+    def import_(self, result: QueryResult) -> int:
+        if not result.hit or self._last_hit is None or self._last_hit[0] != result:
+            raise ValueError("import needs the result of the last query, a hit")
+        moved = self._last_hit[1]
+        self.counters["imports"] += 1
+        self.counters["bytes_in"] += moved
+        return moved
+
+    def export(self, tokens, replaces=None):
+        n = len(tokens)
+        data = self._request(Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=n))[1]
+        r = SNAPSHOT_RESPONSE.unpack(data)
+        key = (n, r["hash"])
+        if replaces is not None and tuple(replaces) != key:
+            self.forget(replaces)
+        self.counters["exports"] += 1
+        self.counters["bytes_out"] += r["bytes"]
+        self.counters["device_cycles"] += r["cycles"]
+        return key, r["bytes"]
+
+    def forget(self, key) -> bool:
+        """Delete the directory entry of ``key = (count, hash)`` (its region is freed)."""
+        count, h = key
+        status, data = self._request(Op.DIR_LOOKUP, REQUESTS[Op.DIR_LOOKUP].pack(
+            count=count, hash=h), ok=(Status.OK, Status.MISS))
+        if status != Status.OK:
+            return False
+        link = DIR_RESPONSE.unpack(data)["link"]
+        self._request(Op.DIR_DELETE, REQUESTS[Op.DIR_DELETE].pack(link=link))
+        return True
+
+    def read_sectors(self, lba: int, count: int) -> bytes:
+        return b"".join(self._call(Op.SECTOR_READ, lba=lba + i) for i in range(count))
+
+    def rebuild(self, regions: int | None = None):
+        """Rebuild the directory from storage after a power cycle (host-driven).
+
+        Scans every region through ``SECTOR_READ`` with the golden record checks
+        (:func:`ringkv.host.record.scan_image`: header, config, payload CRC), then
+        ``DIR_CLEAR`` (setting the next commit sequence number) and one ``DIR_INSERT`` with
+        ``FLAG_EXISTING`` per live record, in region order. Returns ``(inserts, frees,
+        next_seq)`` as :func:`ringkv.host.record.rebuild`.
+        """
+        info = self.version()
+        regions = info["regions"] if regions is None else regions
+        base = info["base_lba"]
+        lay = RecordLayout(self.config)
+        if info["sectors_per_region"] != lay.sectors_per_region:
+            raise ConfigMismatch(["sectors_per_region: device and host record layouts differ"])
+
+        def read(lba, n):
+            return self.read_sectors(base + lba, n)
+
+        infos = scan_image(self.config, read, regions)
+        inserts, frees, next_seq = rebuild(infos)
+        self._request(Op.DIR_CLEAR, REQUESTS[Op.DIR_CLEAR].pack(next_seq=next_seq))
+        for count, h, region, _seq in inserts:
+            self._call(Op.DIR_INSERT, count=count, hash=h, region=region, flags=FLAG_EXISTING)
+        return inserts, frees, next_seq
+
+    # -- AttentionBackend -------------------------------------------------------------------
+    @property
+    def n(self) -> int:
+        raw = self._call(Op.RING_READ, addr=0, n=1, what=RING_META)
+        return int.from_bytes(raw[:4], "little")
+
+    def ring_meta(self) -> list[tuple[int, int]]:
+        c = self.config
+        rings = c.layers * c.kv_heads
+        raw = self._call(Op.RING_READ, addr=0, n=rings, what=RING_META)
+        return [(int.from_bytes(raw[i:i + 4], "little"),
+                 int.from_bytes(raw[i + 4:i + META_BYTES], "little"))
+                for i in range(0, len(raw), META_BYTES)]
+
+    def reset(self) -> None:
+        self._call(Op.RING_CLEAR, layer=RING_CLEAR_ALL)
+
+    def _attend(self, op, layer, qi, ki, vi):
+        out = []
+        for s in range(0, len(ki), self._attn_chunk):
+            e = s + self._attn_chunk
+            payload = pack_attn(self.config, layer, qi[s:e], ki[s:e], vi[s:e])
+            data = self._request(op, payload)[1]
+            out.append(unpack_attn(self.config, data, len(ki[s:e])))
+        return np.concatenate(out)
+
+    def prefill(self, layer, q, k, v):
+        qi, ki, vi = quantize(np.asarray(q)), quantize(np.asarray(k)), quantize(np.asarray(v))
+        return dequantize_out(self._attend(Op.ATTN_PREFILL, layer, qi, ki, vi))
+
+    def decode(self, layer, q, k, v):
+        qi, ki, vi = (quantize(np.asarray(x))[None] for x in (q, k, v))
+        return dequantize_out(self._attend(Op.ATTN_DECODE, layer, qi, ki, vi))[0]
+
+    def snapshot(self):
+        """The rings (int8, ``[layer, kv_head, kind, slot, dim]``) and per-ring metadata."""
+        c = self.config
+        total = c.layers * c.kv_heads * 2 * c.window * c.head_dim
+        raw = b""
+        for addr in range(0, total, self.max_payload):
+            raw += self._call(Op.RING_READ, addr=addr, n=min(self.max_payload, total - addr),
+                              what=RING_ELEMENTS)
+        rings = np.frombuffer(raw, dtype=np.int8).astype(np.int64).reshape(
+            c.layers, c.kv_heads, 2, c.window, c.head_dim)
+        return rings, self.ring_meta()
+
+    def restore(self, snapshot) -> None:
+        raise NotImplementedError("the device restores rings by QUERY (verified import) only")
