@@ -44,6 +44,7 @@ class GoldenDirectory:
         self.count_mask = (1 << count_width) - 1
         self.hash_mask = (1 << hash_width) - 1
         self.stamp_mask = (1 << stamp_width) - 1
+        self.deep_hits = 0                      # lookup hits below the head of a chain
         self.clear()
 
     # -- state ----------------------------------------------------------------------------
@@ -141,13 +142,16 @@ class GoldenDirectory:
             if c["count"] == 0:
                 return Status.BAD_COUNT
             link = self.head[self.bucket(c["hash"])]
+            position = 0
             while link is not None:
                 row = self.live[link]
                 if row["count"] == c["count"] and row["hash"] == c["hash"]:
+                    self.deep_hits += position > 0
                     row["stamp"] = c["now"]
                     r.update(link=link, region=row["region"], count=c["count"], hash=c["hash"])
                     return Status.OK
                 link = self.next[link]
+                position += 1
             return Status.MISS
         if op in (Op.INSERT, Op.INSERT_EXISTING):
             existing = op == Op.INSERT_EXISTING

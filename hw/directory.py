@@ -129,7 +129,7 @@ class _Table:
     so that formal assertions can range over every row (``rows``) of a small configuration.
     """
 
-    def __init__(self, m, name, shape, depth, formal):
+    def __init__(self, m, name, shape, depth, formal, init=None):
         self.rows = None
         self.raddr = Signal(range(depth), name=f"{name}_raddr")
         self.waddr = Signal(range(depth), name=f"{name}_waddr")
@@ -138,7 +138,8 @@ class _Table:
         self.wdata = Signal(shape, name=f"{name}_wdata")
         width = Shape.cast(shape).width
         if formal:
-            self.rows = [Signal(width, name=f"{name}_{n}") for n in range(depth)]
+            init = list(init or [0] * depth)
+            self.rows = [Signal(width, name=f"{name}_{n}", init=init[n]) for n in range(depth)]
             rows = Array(self.rows)
             rdata = Signal(width, name=f"{name}_rdata_raw")
             m.d.sync += rdata.eq(rows[self.raddr])
@@ -252,12 +253,14 @@ class CacheDirectory(wiring.Component):
         meta_layout = data.StructLayout({"valid": 1, "count": self._count_width,
                                           "hash": self._hash_width, "region": rb})
 
-        head = _Table(m, "head", ptr, nb, formal)
+        # In formal mode the tables start out as the reset sweep leaves them (the sweep itself is
+        # still checked: CLEAR runs it), so that the bounded depth is spent on commands.
+        head = _Table(m, "head", ptr, nb, formal, init=[nil_ptr] * nb)
         meta = _Table(m, "meta", meta_layout, nl, formal)
         prev = _Table(m, "prev", ptr, nl, formal)
         nxt = _Table(m, "next", ptr, nl, formal)
         stamp = _Table(m, "stamp", self._stamp_width, nl, formal)
-        free_q = _Table(m, "free_links", lb, nl, formal)
+        free_q = _Table(m, "free_links", lb, nl, formal, init=range(nl))
         fifo_b = _Table(m, "fifo_b", rb, nr, formal)
 
         cmd = Signal(self._cmd_layout)
@@ -268,7 +271,7 @@ class CacheDirectory(wiring.Component):
         b_level = Signal(range(nr + 1))
         fl_rd = Signal(lb)
         fl_wr = Signal(lb)
-        fl_level = Signal(range(nl + 1))
+        fl_level = Signal(range(nl + 1), init=nl if formal else 0)
         sweep = max(nb, nl)
         idx = Signal(range(sweep + 1))
         cur = Signal(lb)
@@ -319,7 +322,7 @@ class CacheDirectory(wiring.Component):
         use_b = b_avail & (~a_avail | (b_level >= self._b_threshold))
         new_region = Mux(use_b, fifo_b.rdata, a_next[:rb])
 
-        with m.FSM(init="INIT") as fsm:
+        with m.FSM(init="IDLE" if formal else "INIT") as fsm:
             with m.State("INIT"):
                 # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
                 with m.If(idx < nb):
@@ -523,13 +526,16 @@ class CacheDirectory(wiring.Component):
             m.d.comb += Assume(~ResetSignal())
             idle = fsm.ongoing("IDLE")
             self._add_properties(m, idle, head, meta, prev, nxt, free_q, fifo_b, meta_layout,
-                                 a_next, b_rd, b_level, fl_rd, fl_level, bb, lb)
+                                 a_next, b_rd, b_wr, b_level, fl_rd, fl_wr, fl_level, bb, lb)
+            with m.If(idle):
+                m.d.comb += Assert(~clearing)
         return m
 
     def _add_properties(self, m, idle, head, meta, prev, nxt, free_q, fifo_b, meta_layout,
-                        a_next, b_rd, b_level, fl_rd, fl_level, bb, lb):
+                        a_next, b_rd, b_wr, b_level, fl_rd, fl_wr, fl_level, bb, lb):
         """The directory's invariants, asserted whenever it is idle (between commands)."""
         nb, nl, nr = self._buckets, self._links, self._regions
+        rb = nr.bit_length() - 1
         metas = [meta.row(n, meta_layout) for n in range(nl)]
         valid = Array(Signal(name=f"live_{n}") for n in range(nl))
         for n in range(nl):
@@ -555,6 +561,7 @@ class CacheDirectory(wiring.Component):
         checks = []
         if "regions" in self._checks:
             # Every region is in exactly one of FIFO A, FIFO B or a live link.
+            checks += [a_next <= nr, b_level <= nr, b_wr == (b_rd + b_level)[:rb]]
             for r in range(nr):
                 in_a = a_next <= r
                 in_b = [occupied(j, b_rd, b_level, nr) & (fifo_b.rows[j] == r)
@@ -563,6 +570,7 @@ class CacheDirectory(wiring.Component):
                 checks.append(count([in_a, *in_b, *live]) == 1)
         if "free_links" in self._checks:
             # Free links and live links are disjoint, and together they are all links.
+            checks += [fl_level <= nl, fl_wr == (fl_rd + fl_level)[:lb]]
             for n in range(nl):
                 free = [occupied(j, fl_rd, fl_level, nl) & (free_q.rows[j] == n)
                         for j in range(nl)]
