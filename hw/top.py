@@ -6,7 +6,7 @@
                               │       │                 │  with TOKENS_READ)
                               │       ├─► CacheDirectory (+ allocator)
                               │       ├─► DmaEngine ─── storage port (muxed with SECTOR_READ)
-                              │       │      └─ ring port ─► glue ─► AttentionCore ring/meta
+                              │       │      └─ ring port ─► AttentionCore ring/meta (muxed with RING_READ)
                               │       └─► AttentionCore (cmd / i / o / status)
     tx ◄─ FrameEncoder ◄──────┘
 
@@ -122,9 +122,8 @@ class RingKVTop(wiring.Component):
     hash engine is fixed latency (``n + 2`` clocks); the directory answers every command (its
     worst case is an evicting insert, ``links + 10`` clocks); the DMA answers every command
     once the storage port answers (the storage contract: a dead card ends in ``TIMEOUT``); the
-    attention core answers every command the dispatcher has checked (layer, count, lengths);
-    the meta glue drains in ``layers * kv_heads`` clocks. The only unbounded waits are on the
-    link itself: ``tx.ready`` (the host must read) and ``rx`` (a partial frame times out).
+    attention core answers every command the dispatcher has checked (layer, count, lengths).
+    The only unbounded waits are on the link itself: ``tx.ready`` (the host must read) and ``rx`` (a partial frame times out).
 
     Latency and throughput: a request is decoded at one byte per clock and its header reaches
     the dispatcher 2 clocks after the last CRC byte; simple ops answer within ~5 clocks of the
@@ -322,7 +321,7 @@ class RingKVTop(wiring.Component):
         sec_rd = sector.read_port(transparent_for=())
         sec_err = Signal()
 
-        # ---- attention ring / meta ports: DMA, glue, or the dispatcher's RING_READ ---------
+        # ---- attention ring / meta ports: the DMA while busy, else the dispatcher ---------
         top_ring_addr = Signal(32)
         top_ring_re = Signal()
         top_meta_ring = Signal(8)
