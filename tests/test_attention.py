@@ -146,3 +146,20 @@ def test_cocotb_random_scripts(config, seed):
     name = "attn_" + "_".join(f"{k[0]}{v}" for k, v in sorted(config.items()))
     run_cocotb(core, toplevel="attention_core", test_module="cocotb_attention", params=params,
                build_name=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config,seed", [
+    (dict(layers=2, q_heads=3, kv_heads=1, head_dim=4, window=8, lanes=8, macs=4), 21),
+    (dict(layers=1, q_heads=4, kv_heads=2, head_dim=16, window=16, lanes=2, macs=4), 22),
+    (dict(layers=3, q_heads=2, kv_heads=2, head_dim=8, window=8, lanes=2, macs=1), 23),
+])
+@requires_verilator
+def test_cocotb_more_parameters(config, seed):
+    """More parameter sets (G = 3, one slot per lane, M = 1, larger rings): the long sweep."""
+    from ringkv.sim.cocotb_run import run_cocotb
+    core = AttentionCore(**config)
+    params = dict(core_params(core), seed=seed, steps=12, pressure=[(0.0, 0.0), (0.4, 0.4)])
+    name = "attn_" + "_".join(f"{k[0]}{v}" for k, v in sorted(config.items()))
+    run_cocotb(core, toplevel="attention_core", test_module="cocotb_attention", params=params,
+               build_name=name)
