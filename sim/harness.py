@@ -1,0 +1,145 @@
+"""The simulated FPGA: ``RingKVTop`` built with Verilator, reachable over a TCP socket.
+
+``ringkv sim`` (:func:`main`) builds the top for a configuration (cached in ``build/``), starts
+it under cocotb with the storage port served from an image file, and prints
+``socket://127.0.0.1:PORT`` — the URL that :class:`ringkv.host.link.Link` (pyserial's
+``serial_for_url``) connects to, exactly as it would open ``/dev/ttyUSB0`` for the board.
+
+:class:`SimDevice` runs the same thing as a child process for scripts and tests: it starts the
+simulator, waits for the URL, and ``stop()`` / ``kill()`` end it (``kill`` is a power cut: the
+image keeps what was written, sector by sector).
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..host.config import DEFAULT_CONFIG, RingKVConfig
+from .cocotb_run import BUILD_ROOT
+from .toolchain import setup_environ
+from .verilog import write_verilog
+
+__all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME"]
+
+TOP_NAME = "ringkv_top"
+
+
+def _top(config, top_kwargs):
+    from ..hw.top import RingKVTop
+    return RingKVTop(config, **top_kwargs)
+
+
+def _build_dir(config: RingKVConfig, top_kwargs: dict) -> Path:
+    key = config.digest().hex()[:12] + "".join(f"_{k}{v}" for k, v in sorted(top_kwargs.items()))
+    return BUILD_ROOT / "sim" / key
+
+
+def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path, int]:
+    """Verilate the top (skipped when the Verilog is unchanged); return (build dir, sectors)."""
+    setup_environ()
+    from cocotb_tools.runner import get_runner
+
+    top = _top(config, top_kwargs)
+    sectors = top.base_lba + top.regions * top.record_layout.sectors_per_region
+    build_dir = _build_dir(config, top_kwargs)
+    source = build_dir / f"{TOP_NAME}.v"
+    old = source.read_text() if source.exists() else None
+    write_verilog(top, TOP_NAME, source)
+    binary = build_dir / TOP_NAME
+    if old != source.read_text() or not binary.exists():
+        runner = get_runner("verilator")
+        runner.build(sources=[source], hdl_toplevel=TOP_NAME, build_dir=build_dir,
+                     build_args=["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"],
+                     timescale=("1ns", "1ps"), always=True)
+    (build_dir / "sectors").write_text(str(sectors))
+    return build_dir, sectors
+
+
+def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: bool = False,
+          **top_kwargs):
+    """Build if needed, then run the simulated device until killed (or one connection)."""
+    build_dir, sectors = build_top(config, **top_kwargs)
+    from cocotb_tools.runner import get_runner
+    runner = get_runner("verilator")
+    env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
+                                       "sectors": sectors, "once": once}),
+           "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING")}
+    runner.test(hdl_toplevel=TOP_NAME, hdl_toplevel_lang="verilog",
+                test_module="ringkv.sim.cocotb_server",
+                build_dir=build_dir, test_dir=build_dir / "run", extra_env=env,
+                timescale=("1ns", "1ps"))
+
+
+class SimDevice:
+    """A simulated device in a child process (``python -m ringkv.sim.harness``)."""
+
+    def __init__(self, image, *, config: RingKVConfig = DEFAULT_CONFIG, log=None,
+                 startup_timeout: float = 900.0, **top_kwargs):
+        self.image = Path(image)
+        self.config = config
+        cmd = [sys.executable, "-m", "ringkv.sim.harness", "--image", str(self.image),
+               "--config", json.dumps(config.__dict__), "--top", json.dumps(top_kwargs)]
+        self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     start_new_session=True)
+        self.url = None
+        deadline = time.monotonic() + startup_timeout
+        for line in self.proc.stdout:
+            if line.startswith("RINGKV-SIM listening on "):
+                self.url = line.split()[-1]
+                break
+            if time.monotonic() > deadline:
+                break
+        if self.url is None:
+            self.kill()
+            raise RuntimeError(f"the simulator did not start (exit {self.proc.poll()}); "
+                               f"see {log or 'its log'}")
+
+    def kill(self):
+        """Power cut: the process ends at once; the image keeps every completed sector."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 9)
+        self.proc.wait()
+        self._close_log()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._close_log()
+
+    def _close_log(self):
+        if self.log not in (None, subprocess.DEVNULL) and not self.log.closed:
+            self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="ringkv sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--image", default="ringkv.img", help="storage image file (created)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
+    parser.add_argument("--config", default=None, help="RingKVConfig fields as JSON")
+    parser.add_argument("--top", default="{}", help="RingKVTop keyword arguments as JSON")
+    parser.add_argument("--once", action="store_true", help="exit after one connection")
+    args = parser.parse_args(argv)
+    config = RingKVConfig(**json.loads(args.config)) if args.config else DEFAULT_CONFIG
+    print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
+          file=sys.stderr, flush=True)
+    serve(args.image, config=config, port=args.port, once=args.once, **json.loads(args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
