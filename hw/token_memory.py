@@ -6,7 +6,8 @@ one for the hash engine, one for the DMA engine's export and import verification
 
 Ports:
 
-* ``append``: stream of tokens (always ready) written at index ``count``, then ``count += 1``;
+* ``append``: stream of tokens (``ready`` is always 1) written at index ``count``, then
+  ``count += 1``;
   appends beyond ``max_tokens`` are dropped and set ``overflow``;
 * ``write``: ``{addr, data, en}`` write at an index (does not change ``count``);
 * ``clear``: pulse: ``count := 0``, ``overflow := 0``; ``set_count``/``count_we``: load ``count``
@@ -19,7 +20,8 @@ An append and an indexed write in the same clock: the append wins, the write is 
 
 Latency: write to read-visible 1 clock (read ports are not transparent: a read in the same clock
 as a write to the same address returns the old token). Throughput: one append or write and one
-read per port per clock. No backpressure (``append.ready`` is always 1).
+read per port per clock. No backpressure (``append.ready`` is always 1; a plain stream, not
+``always_ready``, so the block converts to Verilog on its own).
 """
 
 from amaranth import Module, Mux
@@ -60,7 +62,7 @@ class TokenMemory(wiring.Component):
             raise ValueError(f"token_width must be at most 32, not {token_width!r}")
         self._max_tokens, self._token_width, self._read_ports = max_tokens, token_width, read_ports
         super().__init__({
-            "append": In(stream.Signature(token_width, always_ready=True)),
+            "append": In(stream.Signature(token_width)),
             "write": In(wiring.Signature({"addr": Out(range(max_tokens)),
                                           "data": Out(token_width), "en": Out(1)})),
             "clear": In(1),
@@ -87,6 +89,7 @@ class TokenMemory(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         # One write port, several read ports: yosys replicates the block RAM per read port.
+        m.d.comb += self.append.ready.eq(1)
         m.submodules.mem = mem = memory.Memory(shape=self._token_width, depth=self._max_tokens,
                                                init=[])
         wp = mem.write_port()

@@ -4,6 +4,7 @@ import random
 
 import numpy as np
 import pytest
+
 from ringkv.host.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.host.record import (
     SECTOR,
