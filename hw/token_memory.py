@@ -11,7 +11,7 @@ Ports:
   appends beyond ``max_tokens`` are dropped and set ``overflow``;
 * ``write``: ``{addr, data, en}`` write at an index (does not change ``count``);
 * ``clear``: pulse: ``count := 0``, ``overflow := 0``; ``set_count``/``count_we``: load ``count``
-  (the DMA's import sets it);
+  (the host sets it after an import);
 * ``count``: number of tokens held; ``overflow``: an append was dropped;
 * ``read0``, ``read1``, ...: :class:`TokenReadSignature` (flipped): ``{addr, en}`` ->
   ``data`` one clock later (data holds while ``en`` is low).
