@@ -197,7 +197,8 @@ class CacheDirectory(wiring.Component):
     ``docs/BENCHMARKS.md``): lookup 3 + k for a hit at chain position k (0 = head) and
     2 + n for a miss after a chain of n links; insert 2 (empty bucket) or 3; delete, touch,
     read 2; expire ``links + e + 2`` for e expired links; an insert that must evict scans the
-    link pool (``links + 7`` more cycles); clear ``max(buckets, links) + 1``. The next command
+    link pool (``links + 7``, or ``links + 8`` into a non-empty bucket); clear
+    ``max(buckets, links) + 1``. The next command
     is accepted one cycle after the response transfer. ``o.valid`` holds with a steady
     payload until ``o.ready``; meanwhile ``i.ready`` is low. After reset the tables are swept
     for ``max(buckets, links)`` cycles before the first command is accepted.
