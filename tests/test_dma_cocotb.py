@@ -11,9 +11,9 @@ from ringkv.sim.ring_model import DmaHarness
 
 CONFIGS = {
     "small": (RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=16,
-                           token_width=16, max_tokens=700), 3, 12),
+                           token_width=16, max_tokens=700), 3, 8),
     "odd": (RingKVConfig(layers=3, q_heads=3, kv_heads=1, head_dim=4, window=8, token_width=12,
-                         max_tokens=90), 2, 10),
+                         max_tokens=90), 2, 16),
 }
 
 
