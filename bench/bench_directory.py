@@ -171,8 +171,8 @@ def markdown(results) -> str:
             row += [f"{r['value']:g}", r["params"]["samples"]] if r else ["—", 0]
         rows.append(row)
     lines.append(table(["k or n", "hit at k", "samples", "miss after n", "samples"], rows))
-    lines += ["", "Scans over the link pool (4096 links): expire takes links + e + 2 cycles for e "
-              "expired links; an insert that evicts scans the pool once (links + 8).", ""]
+    lines += ["", "Scans over the link pool (4096 links): expire takes 2 * links + e + 2 cycles "
+              "for e expired links; an insert that evicts scans the pool once (links + 8).", ""]
     lines.append(table(["operation", "cycles"], [
         ["expire, nothing expired", cell("expire.none")],
         [f"expire, {by['expire.some']['params']['expired']} links expired",

@@ -196,7 +196,7 @@ class CacheDirectory(wiring.Component):
     One command at a time; cycles from the command transfer to ``o.valid`` (exact figures in
     ``docs/BENCHMARKS.md``): lookup 3 + k for a hit at chain position k (0 = head) and
     2 + n for a miss after a chain of n links; insert 2 (empty bucket) or 3; delete, touch,
-    read 2; expire ``links + e + 2`` for e expired links; an insert that must evict scans the
+    read 2; expire ``2 * links + e + 2`` for e expired links; an insert that must evict scans the
     link pool (``links + 7``, or ``links + 8`` into a non-empty bucket); clear
     ``max(buckets, links) + 1``. The next command
     is accepted one cycle after the response transfer. ``o.valid`` holds with a steady
@@ -280,6 +280,7 @@ class CacheDirectory(wiring.Component):
         best_link = Signal(lb)
         best_age = Signal(self._stamp_width)
         have_best = Signal()
+        expire_now = Signal()
         clearing = Signal()                  # INIT was entered by CLEAR: answer it
         link_raddr = Signal(lb)
 
@@ -503,9 +504,17 @@ class CacheDirectory(wiring.Component):
                 m.next = "EXP_CHECK"
 
             with m.State("EXP_CHECK"):
+                # The age compare goes into a register, not straight into the unlink's write
+                # enables: that path (stamp read, subtract, compare, write) was the critical one.
+                m.d.comb += link_raddr.eq(idx)
+                m.d.sync += expire_now.eq(meta.rdata.valid
+                                          & (age_of(stamp.rdata) > cmd.max_age))
+                m.next = "EXP_ACT"
+
+            with m.State("EXP_ACT"):
                 last = idx == nl - 1
                 m.d.sync += idx.eq(idx + 1)
-                with m.If(meta.rdata.valid & (age_of(stamp.rdata) > cmd.max_age)):
+                with m.If(expire_now):
                     unlink(idx[:lb])
                     m.d.sync += resp.expired.eq(resp.expired + 1)
                     # The next link may be a neighbour just rewritten: read it afresh.
@@ -517,6 +526,8 @@ class CacheDirectory(wiring.Component):
                     m.d.comb += link_raddr.eq(idx + 1)
                     with m.If(last):
                         m.next = "RESP"
+                    with m.Else():
+                        m.next = "EXP_CHECK"
 
             with m.State("RESP"):
                 m.d.comb += [self.o.valid.eq(1), self.o.payload.eq(resp)]

@@ -1,6 +1,7 @@
-"""Cache directory: cocotb on Verilator against the golden model (tests/cocotb/cocotb_directory.py)."""
+"""Cache directory: cocotb on Verilator against the golden model (tests/cocotb/)."""
 
 from conftest import requires_verilator
+
 from ringkv.hw.directory import CacheDirectory
 from ringkv.sim.cocotb_run import run_cocotb
 

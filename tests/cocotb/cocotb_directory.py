@@ -9,6 +9,7 @@ from collections import Counter
 import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
+
 from ringkv.host.golden_directory import GoldenDirectory, Op, Status, random_commands
 from ringkv.hw.directory import command_layout, layout_fields, response_layout
 from ringkv.sim.cocotb_run import cocotb_params
