@@ -10,7 +10,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["RingKVConfig", "DEFAULT_CONFIG", "hash_seed"]
+__all__ = ["RingKVConfig", "DEFAULT_CONFIG", "DEMO_CONFIG", "hash_seed"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,11 @@ class RingKVConfig:
 
 
 DEFAULT_CONFIG = RingKVConfig()
+
+#: The end-to-end demo's device: small enough that a Verilator simulation of the whole top
+#: answers a token in well under a second, large enough to wrap the ring many times.
+DEMO_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, window=32,
+                           max_tokens=1024)
 
 
 def hash_seed(config: RingKVConfig = DEFAULT_CONFIG, salt: bytes = b"", width: int = 64) -> int:

@@ -60,9 +60,18 @@ def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path
 
 
 def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: bool = False,
-          **top_kwargs):
-    """Build if needed, then run the simulated device until killed (or one connection)."""
-    build_dir, sectors = build_top(config, **top_kwargs)
+          prebuilt: bool = False, **top_kwargs):
+    """Build if needed, then run the simulated device until killed (or one connection).
+
+    ``prebuilt``: the caller has just run :func:`build_top` with the same arguments; skip the
+    elaboration (tens of seconds for a large top) and use the build directory as it is.
+    """
+    build_dir = _build_dir(config, top_kwargs)
+    if prebuilt and (build_dir / TOP_NAME).exists() and (build_dir / "sectors").exists():
+        sectors = int((build_dir / "sectors").read_text())
+        setup_environ()
+    else:
+        build_dir, sectors = build_top(config, **top_kwargs)
     from cocotb_tools.runner import get_runner
     runner = get_runner("verilator")
     env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
@@ -78,11 +87,13 @@ class SimDevice:
     """A simulated device in a child process (``python -m ringkv.sim.harness``)."""
 
     def __init__(self, image, *, config: RingKVConfig = DEFAULT_CONFIG, log=None,
-                 startup_timeout: float = 900.0, **top_kwargs):
+                 startup_timeout: float = 900.0, prebuilt: bool = False, **top_kwargs):
         self.image = Path(image)
         self.config = config
         cmd = [sys.executable, "-m", "ringkv.sim.harness", "--image", str(self.image),
                "--config", json.dumps(config.__dict__), "--top", json.dumps(top_kwargs)]
+        if prebuilt:
+            cmd.append("--prebuilt")
         self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      start_new_session=True)
@@ -133,11 +144,14 @@ def main(argv=None):
     parser.add_argument("--config", default=None, help="RingKVConfig fields as JSON")
     parser.add_argument("--top", default="{}", help="RingKVTop keyword arguments as JSON")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
+    parser.add_argument("--prebuilt", action="store_true",
+                        help="use the existing Verilator build without re-elaborating")
     args = parser.parse_args(argv)
     config = RingKVConfig(**json.loads(args.config)) if args.config else DEFAULT_CONFIG
     print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
           file=sys.stderr, flush=True)
-    serve(args.image, config=config, port=args.port, once=args.once, **json.loads(args.top))
+    serve(args.image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
+          **json.loads(args.top))
     return 0
 
 
