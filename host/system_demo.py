@@ -32,7 +32,7 @@ from .model import BOS, FixedBackend, Model, encode_text
 from .record import RecordLayout
 from .scheduler import Scheduler, plain_run
 
-__all__ = ["run_system_demo", "SCENARIO"]
+__all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO"]
 
 LANES = 4
 MACS = 8
@@ -45,7 +45,8 @@ def _text(rng, n):
 
 
 def scenario(seed=0):
-    """``[(step label, device, session, tokens, n_new)]``; device "A" or "B"; None = action."""
+    """``[(label, device, session, tokens, n_new)]``; an action has session ``None`` and names
+    itself in ``label``: ``"power cut"`` or ``"move <session>"`` (to device B)."""
     rng = random.Random(seed)
     return [
         ("three interleaved sessions", "A", "alice", [BOS] + _text(rng, 6), 6),
@@ -55,7 +56,7 @@ def scenario(seed=0):
         ("evicted snapshot", "A", "bob", _text(rng, 2), 6),
         ("power cut", "A", None, None, None),
         ("resume after the power cycle", "A", "carol", _text(rng, 3), 6),
-        ("move to a second device", "B", None, None, None),
+        ("move carol", "B", None, None, None),
         ("resume on device B", "B", "carol", _text(rng, 2), 6),
         ("long conversation", "B", "carol", _text(rng, 12), 8),
         ("", "B", "carol", _text(rng, 12), 8),
@@ -64,10 +65,27 @@ def scenario(seed=0):
     ]
 
 
+def short_scenario(seed=1):
+    """The shorter end-to-end run of ``make test``: every path, a power cut and a move."""
+    rng = random.Random(seed)
+    return [
+        ("two sessions", "A", "alice", [BOS] + _text(rng, 3), 3),
+        ("", "A", "bob", [BOS] + _text(rng, 2), 3),
+        ("resume after the other", "A", "alice", _text(rng, 1), 3),
+        ("", "A", "carol", [BOS] + _text(rng, 2), 2),
+        ("evicted snapshot", "A", "bob", _text(rng, 1), 2),
+        ("power cut", "A", None, None, None),
+        ("resume after the power cycle", "A", "carol", _text(rng, 1), 2),
+        ("move carol", "B", None, None, None),
+        ("resume on device B", "B", "carol", _text(rng, 1), 2),
+    ]
+
+
 SCENARIO = scenario()
 
 
-def run_system_demo(*, workdir=None, verbose=True, seed=0) -> int:
+def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None) -> int:
+    steps = SCENARIO if steps is None else steps
     from ..sim.harness import SimDevice, build_top
 
     config = DEMO_CONFIG
@@ -87,7 +105,7 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0) -> int:
     say(f"Verilator model ready ({time.monotonic() - t0:.0f} s); work dir {workdir}\n")
 
     model = Model(config, hidden=64, ffn=128, seed=seed)
-    plan = [s for s in SCENARIO if s[2] is not None]
+    plan = [s for s in steps if s[2] is not None]
     reference = plain_run(model, [(sid, toks, n) for _, _, sid, toks, n in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
 
@@ -112,7 +130,7 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0) -> int:
     say("-" * len(header))
     outputs, rows, failures = [], [], []
     step = 0
-    for label, devname, sid, tokens, n_new in SCENARIO:
+    for label, devname, sid, tokens, n_new in steps:
         if sid is None:
             if label == "power cut":
                 dev, _ = devices.pop("A")
@@ -123,7 +141,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0) -> int:
                     f"directory rebuilt from storage: {inserts} records re-inserted, "
                     f"{frees} regions free")
             else:
-                key = sched.sessions["carol"].key
+                moved = label.split()[1]
+                key = sched.sessions[moved].key
                 lay = RecordLayout(config)
                 region = _region_of(devices["A"][1], key)
                 span = lay.sectors_per_region * 512
@@ -134,7 +153,7 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0) -> int:
                     f.write(data)
                 fpga, inserts, _ = start("B", image_b)
                 sched.device, sched.resident = fpga, None
-                say(f"   -- carol's record (region {region}, {len(data)} B) copied to "
+                say(f"   -- {moved}'s record (region {region}, {len(data)} B) copied to "
                     f"{image_b.name}; device B started, rebuild found {inserts} record(s)")
             continue
         t = time.monotonic()

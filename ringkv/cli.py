@@ -1,9 +1,10 @@
 """``ringkv`` command line: demo, chat, sim, bench, build, storage.
 
-``demo`` and ``chat`` run the host (model + scheduler) against the software device (golden
-models in the FPGA's place); ``chat --link URL`` checks a device over the link. ``sim``,
-``build`` and ``storage`` call into the simulator server, the board build and the record
-scanner, and say so clearly when that part is not installed.
+``demo`` runs the end-to-end scenario against simulated FPGAs (Verilator) — ``demo
+--software`` the same host against the software device (golden models in the FPGA's place);
+``chat`` talks to the software device, or to a device at ``--link URL`` (``socket://`` for
+``ringkv sim``, ``/dev/ttyUSB0`` for the board); ``sim`` starts the simulated device, ``build``
+the board bitstream, ``storage ls`` lists the records in an image, ``bench`` the benchmarks.
 """
 
 import argparse
@@ -155,7 +156,11 @@ def main(argv=None) -> int:
         p.add_argument("--capacity", type=int, default=2, help="snapshots the store holds")
         p.add_argument("--image", help="persist the software store to this file")
 
-    model_args(sub.add_parser("demo", help="scripted scenario on the software device"))
+    p = sub.add_parser("demo", help="end-to-end scenario on simulated FPGAs (Verilator)")
+    model_args(p)
+    p.add_argument("--software", action="store_true",
+                   help="run the scenario on the software device instead")
+    p.add_argument("--workdir", help="keep images and simulator logs here")
     p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
     model_args(p)
     p.add_argument("--link", help="socket://HOST:PORT or /dev/ttyUSB0")
@@ -172,11 +177,14 @@ def main(argv=None) -> int:
 
     args, rest = parser.parse_known_args(argv)
     if args.cmd == "demo":
-        return run_demo(args)
+        if args.software:
+            return run_demo(args)
+        from .host.system_demo import run_system_demo
+        return run_system_demo(workdir=args.workdir)
     if args.cmd == "chat":
         return run_chat(args)
     if args.cmd == "sim":
-        return _need("ringkv.sim.server", "the simulator server").main(rest)
+        return _need("ringkv.sim.harness", "the simulator server").main(rest)
     if args.cmd == "bench":
         return _need("bench.run", "the benchmark runner").main(rest)
     if args.cmd == "build":

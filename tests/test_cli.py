@@ -6,7 +6,7 @@ from ringkv.cli import main
 
 
 def test_demo_runs_and_matches_plain_run(capsys):
-    assert main(["demo"]) == 0
+    assert main(["demo", "--software"]) == 0
     out = capsys.readouterr().out
     assert "identical to the plain run" in out
     for path in ("first", "continue", "hit", "miss"):
@@ -18,7 +18,7 @@ def test_missing_module_message(monkeypatch):
     real = importlib.import_module
 
     def fake(name, *a):
-        if name == "ringkv.sim.server":
+        if name == "ringkv.sim.harness":
             raise ModuleNotFoundError(f"No module named '{name}'", name=name)
         return real(name, *a)
 

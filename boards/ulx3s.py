@@ -1,0 +1,128 @@
+"""RingKV on the ULX3S (LFE5U-85F): PLL, USB UART, SD card in SPI mode, the whole top.
+
+``ULX3STop`` wraps :class:`ringkv.hw.top.RingKVTop` for the board:
+
+* the 25 MHz oscillator drives an ECP5 ``EHXPLLL`` to the system clock (``sys_mhz``, default
+  40 MHz; parameters from :func:`pll_params`, the same search as Trellis' ``ecppll``); the
+  system reset is held until the PLL locks;
+* the FT231X USB UART (pins M1/L4) carries the framed protocol through
+  :class:`ringkv.hw.uart.UART` at ``baud`` (default 3 Mbaud, a fractional divisor, so the
+  average bit time is exact);
+* the micro-SD slot, in SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on CMD, CIPO on DAT0),
+  through :class:`ringkv.hw.sdspi.SDSPIController` on the top's storage port;
+* LEDs: 0 = PLL locked, 1 = SD card initialised, 2 = SDHC/SDXC, 3 = heartbeat.
+
+Built by ``ringkv build --board ulx3s-85f`` (:mod:`ringkv.boards.build`). This path is
+synthesized, placed, routed and timed here, but untested on hardware.
+"""
+
+from fractions import Fraction
+
+from amaranth import *
+from amaranth.lib import wiring
+
+from ..host.config import DEFAULT_CONFIG, RingKVConfig
+from ..hw.sdspi import SDSPIController
+from ..hw.top import RingKVTop
+from ..hw.uart import UART
+
+__all__ = ["ULX3STop", "pll_params"]
+
+
+def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
+    """``EHXPLLL`` dividers for ``f_out`` from ``f_in`` with CLKOP feedback.
+
+    ``f_out = f_in * CLKFB_DIV / CLKI_DIV``, ``f_vco = f_out * CLKOP_DIV`` in 400..800 MHz,
+    ``f_pfd = f_in / CLKI_DIV`` in 3.125..400 MHz; the closest output wins, then the VCO
+    nearest 600 MHz. Raises ``ValueError`` when nothing is within 0.5%.
+    """
+    best = None
+    for clki in range(1, 129):
+        pfd = f_in_mhz / clki
+        if not 3.125 <= pfd <= 400:
+            continue
+        for clkfb in range(1, 81):
+            out = pfd * clkfb
+            for clkop in range(1, 129):
+                vco = out * clkop
+                if not 400 <= vco <= 800:
+                    continue
+                key = (abs(out - f_out_mhz), abs(vco - 600))
+                if best is None or key < best[0]:
+                    best = (key, {"CLKI_DIV": clki, "CLKFB_DIV": clkfb, "CLKOP_DIV": clkop,
+                                  "f_out_mhz": out, "f_vco_mhz": vco})
+    if best is None or best[0][0] > f_out_mhz * 0.005:
+        raise ValueError(f"no EHXPLLL setting gives {f_out_mhz} MHz from {f_in_mhz} MHz")
+    return best[1]
+
+
+class ULX3STop(Elaboratable):
+    """The board top level; see the module docstring."""
+
+    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, sys_mhz: float = 40.0,
+                 baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
+                 sd_mhz: float = 10.0):
+        self.config = config
+        self.pll = pll_params(25.0, sys_mhz)
+        self.sys_hz = self.pll["f_out_mhz"] * 1e6
+        self.baud = baud
+        self.divisor = Fraction(round(self.sys_hz), baud)
+        # SPI clock = sys / (2 * half_period); 400 kHz or less during initialisation.
+        self.sd_half = max(1, round(self.sys_hz / (2 * sd_mhz * 1e6)))
+        self.sd_init_half = max(self.sd_half, round(self.sys_hz / (2 * 400e3) + 0.5))
+        self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs)
+
+    def elaborate(self, platform):
+        m = Module()
+        clk25 = platform.request("clk25", 0)
+        m.domains.sync = ClockDomain("sync")
+        pll_clk = Signal()      # named (not a tuple assignment) for the clock constraint
+        locked = Signal()
+        p = self.pll
+        m.submodules.pll = Instance(
+            "EHXPLLL",
+            a_FREQUENCY_PIN_CLKI="25",
+            a_FREQUENCY_PIN_CLKOP=f"{p['f_out_mhz']:g}",
+            a_ICP_CURRENT="12", a_LPF_RESISTOR="8", a_MFG_ENABLE_FILTEROPAMP="1",
+            a_MFG_GMCREF_SEL="2",
+            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
+            p_OUTDIVIDER_MUXC="DIVC", p_OUTDIVIDER_MUXD="DIVD",
+            p_CLKI_DIV=p["CLKI_DIV"], p_CLKOP_ENABLE="ENABLED", p_CLKOP_DIV=p["CLKOP_DIV"],
+            p_CLKOP_CPHASE=p["CLKOP_DIV"] // 2 - 1, p_CLKOP_FPHASE=0,
+            p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=p["CLKFB_DIV"],
+            i_RST=0, i_STDBY=0, i_CLKI=clk25.i, o_CLKOP=pll_clk, i_CLKFB=pll_clk,
+            i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
+            i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
+        # Reset held for 2**8 cycles after lock.
+        hold = Signal(8)
+        m.domains.por = ClockDomain("por", reset_less=True)
+        m.d.comb += [ClockSignal("sync").eq(pll_clk), ClockSignal("por").eq(pll_clk),
+                     ResetSignal("sync").eq(~hold.all())]
+        with m.If(~locked):
+            m.d.por += hold.eq(0)
+        with m.Elif(~hold.all()):
+            m.d.por += hold.eq(hold + 1)
+        platform.add_clock_constraint(pll_clk, self.sys_hz)
+
+        m.submodules.top = top = self.top
+        m.submodules.uart = uart = UART(self.divisor)
+        uart_pins = platform.request("uart", 0)
+        m.d.comb += [uart.rx.eq(uart_pins.rx.i), uart_pins.tx.o.eq(uart.tx)]
+        wiring.connect(m, uart.o, top.rx)
+        wiring.connect(m, top.tx, uart.i)
+
+        m.submodules.sd = sd = SDSPIController(init_half_period=self.sd_init_half,
+                                               half_period=self.sd_half)
+        wiring.connect(m, top.storage, sd.storage)
+        sd_pins = platform.request("sd_card_spi", 0)
+        m.d.comb += [sd_pins.clk.o.eq(sd.spi.sclk), sd_pins.copi.o.eq(sd.spi.mosi),
+                     sd_pins.cs.o.eq(~sd.spi.cs_n), sd_pins.cs.oe.eq(1),
+                     sd.spi.miso.eq(sd_pins.cipo.i)]
+
+        beat = Signal(26)
+        m.d.sync += beat.eq(beat + 1)
+        leds = [platform.request("led", i) for i in range(4)]
+        m.d.comb += [leds[0].o.eq(locked), leds[1].o.eq(sd.ready), leds[2].o.eq(sd.sdhc),
+                     leds[3].o.eq(beat[-1])]
+        return m
