@@ -25,7 +25,8 @@ Split-KV merge (the core's merge unit computes exactly this):
 
 ``L = sum_lanes (l * alpha) >> 15``, ``e = bitlength(L)``, ``R = 2**(e+16) // L`` (17 bits),
 ``sh = bitlength(l) - 10`` (so that ``a = acc >> sh`` fits 18 bits signed),
-``beta = min((alpha * R << sh) >> (e + 6), 2**17 - 1)`` (18 bits signed),
+``beta = min((alpha * R) >> max(e + 6 - sh, 0), 2**17 - 1)`` (18 bits signed; equal to
+``(alpha * R << sh) >> (e + 6)``, the shift is never negative when ``alpha >= 1``),
 ``o = clamp((sum_lanes a * beta + 2**16) >> 17, -32768, 32767)``.
 
 Every multiply of the hot loops has operands of at most 18 bits signed, so one MULT18X18D serves
@@ -129,7 +130,8 @@ def merge_lanes(states, group, head_dim):
         acc = np.zeros(head_dim, dtype=object)
         for alpha, lsum, vec in terms:
             sh = max(_bitlength(lsum) - ACC_SHIFT_BITS, 0)
-            beta = min(((alpha * recip) << sh) >> (e + 6), BETA_MAX)
+            # == ((alpha * recip) << sh) >> (e + 6): e + 6 - sh >= 0 whenever alpha >= 1
+            beta = min((alpha * recip) >> max(e + 6 - sh, 0), BETA_MAX)
             acc = acc + np.array([(int(x) >> sh) * beta for x in vec], dtype=object)
         rounded = [(int(x) + (1 << 16)) >> 17 for x in acc]
         out[g] = np.clip(np.array(rounded, dtype=np.int64), -32768, 32767)

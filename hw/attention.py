@@ -171,7 +171,6 @@ class AttentionCore(wiring.Component):
         LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
         AW = 24 + _log2(S) + 1                      # lane accumulator, signed
         LSW = LW + _log2(P) + 1                     # merged sum L
-        SHW = _bits(LW)                             # lane shift amount
         ADD_LAT_A = math.ceil(_log2(M) / 2)         # registered adder-tree stages (2 levels)
         ADD_LAT_M = math.ceil(_log2(P) / 2)
 
@@ -186,6 +185,8 @@ class AttentionCore(wiring.Component):
         cmd_left = Signal(16)           # tokens still to process
         cmd_err = Signal(2)
         ring = Signal(range(R))
+        cur_count = Signal(32)
+        cur_count_inc = Signal(32)
         busy = Signal()
         m.d.comb += self.busy.eq(busy)
 
@@ -292,6 +293,7 @@ class AttentionCore(wiring.Component):
         lane_prods = []                 # per lane: M products (signed 36)
         lane_live = []
         lane_m, lane_l, lane_sh, lane_alpha, lane_beta, lane_p = [], [], [], [], [], []
+        lane_amt = []
         rd_words = []
 
         for lane in range(P):
@@ -318,6 +320,7 @@ class AttentionCore(wiring.Component):
             dacc = Array(Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dot{g}")
                          for g in range(G))
             sh = Signal(range(LW + 1), name=f"lane{lane}_sh")
+            lane_amt.append(Signal(range(LSW + 8), name=f"lane{lane}_amt"))
             alpha = Signal(16, name=f"lane{lane}_alpha")
             beta = Signal(18, name=f"lane{lane}_beta")
             live = Signal(name=f"lane{lane}_live")
@@ -550,11 +553,15 @@ class AttentionCore(wiring.Component):
                         m.d.sync += [ring_count[r].eq(0), ring_head[r].eq(W - 1)]
                 m.next = "STATUS"
             with m.State("LOAD"):
+                # the ring's count + 1 is ready two clocks into LOAD; a token has at least
+                # three beats, so the last beat always sees it (keeps the 32-bit mux and adder
+                # off the critical path)
+                m.d.sync += [cur_count.eq(ring_count[ring]), cur_count_inc.eq(cur_count + 1)]
                 m.d.comb += [self.i.ready.eq(1), load_beat.eq(self.i.valid)]
                 with m.If(self.i.valid):
                     m.d.sync += load_idx.eq(load_idx + 1)
                     with m.If(load_idx == (G + 2) * CH - 1):
-                        new_count = ring_count[ring] + 1
+                        new_count = cur_count_inc
                         m.d.sync += [
                             load_idx.eq(0),
                             ring_head[ring].eq(new_slot),
@@ -632,6 +639,10 @@ class AttentionCore(wiring.Component):
                 with m.Else():
                     m.d.sync += [mg_rem.eq(rem2), mg_recip.eq(Cat(0, mg_recip))]
                 m.d.sync += mg_step.eq(mg_step + 1)
+                for lane in range(P):
+                    # e + 6 - sh >= 0 whenever alpha >= 1 (and alpha * R = 0 otherwise)
+                    amt = mg_e + 6 - lane_sh[lane]
+                    m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
                     m.d.sync += [mg_i.eq(0), mg_beta_ok.eq(0)]
                     m.next = "MG_BETA"
@@ -639,9 +650,8 @@ class AttentionCore(wiring.Component):
                 m.d.sync += [mg_beta_calc.eq(Array(lane_alpha)[mg_i] * mg_recip),
                              mg_beta_i.eq(mg_i), mg_beta_ok.eq(mg_i < P), mg_i.eq(mg_i + 1)]
                 with m.If(mg_beta_ok):
-                    shifted = Signal(34 + (1 << SHW), name="mg_shifted")
-                    m.d.comb += shifted.eq((mg_beta_calc << Array(lane_sh)[mg_beta_i])
-                                           >> (mg_e + 6))
+                    shifted = Signal(34, name="mg_shifted")
+                    m.d.comb += shifted.eq(mg_beta_calc >> Array(lane_amt)[mg_beta_i])
                     value = Mux(shifted > (1 << 17) - 1, (1 << 17) - 1, shifted)
                     for lane in range(P):
                         with m.If(mg_beta_i == lane):
