@@ -211,7 +211,7 @@ def markdown(results) -> str:
                    "the 1-bit-per-SCLK limit. At a 25 MHz SCLK the limit is 3.125 MB/s:\n")
         out.append(table(["op", "sectors", "cycles", "SCLK cycles", "efficiency"], rows))
     sd = {(r["name"].split(".")[1], r["params"]["sectors"]): r["value"]
-          for r in results if r["name"].startswith("sdspi.")}
+          for r in results if r["name"].startswith("sdspi.") and r["unit"] == "cycles"}
     sizes = {r["params"]["count"]: r["params"] for r in by.get("snapshot.bytes", [])}
     if len(sd) == 4 and sizes:
         lay = RecordLayout(DEFAULT_CONFIG)
