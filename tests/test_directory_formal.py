@@ -98,9 +98,3 @@ def test_formal_broken_variant_fails(bug):
     nothing)."""
     checks, depth = BROKEN[bug]
     assert run_sby(f"bug_{bug}", depth, bug=bug, checks=(checks,)) == "FAIL"
-
-
-@requires_yowasp
-@pytest.mark.slow
-def test_formal_invariants_hold_depth_20():
-    assert run_sby("ok_depth20", 20) == "PASS"
