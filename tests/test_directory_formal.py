@@ -98,3 +98,10 @@ def test_formal_broken_variant_fails(bug):
     nothing)."""
     checks, depth = BROKEN[bug]
     assert run_sby(f"bug_{bug}", depth, bug=bug, checks=(checks,)) == "FAIL"
+
+
+@requires_yowasp
+@pytest.mark.slow
+def test_formal_invariants_hold_depth_16():
+    """All invariants for every run of up to 16 cycles (about 13 minutes with z3)."""
+    assert run_sby("ok_all_16", 16) == "PASS"
