@@ -42,6 +42,8 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="groups to run")
     parser.add_argument("--list", action="store_true", help="list the groups")
+    parser.add_argument("--render", action="store_true",
+                        help="only regenerate docs/BENCHMARKS.md from bench/results.json")
     args = parser.parse_args(argv)
     from ringkv.sim.toolchain import setup_environ
     setup_environ()
@@ -49,7 +51,7 @@ def main(argv=None):
     if args.list:
         print("\n".join(all_groups))
         return 0
-    selected = args.only if args.only else all_groups
+    selected = [] if args.render else (args.only if args.only else all_groups)
     unknown = sorted(set(selected) - set(all_groups))
     if unknown:
         parser.error(f"unknown group(s) {unknown}; known: {all_groups}")

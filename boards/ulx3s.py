@@ -75,8 +75,9 @@ class ULX3STop(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         clk25 = platform.request("clk25", 0)
-        m.domains.sync = ClockDomain("sync")
-        pll_clk = Signal()      # named (not a tuple assignment) for the clock constraint
+        cd_sync = ClockDomain("sync")
+        m.domains += cd_sync
+        pll_clk = cd_sync.clk   # the PLL drives the domain's clock net directly
         locked = Signal()
         p = self.pll
         m.submodules.pll = Instance(
@@ -97,13 +98,14 @@ class ULX3STop(Elaboratable):
         # Reset held for 2**8 cycles after lock.
         hold = Signal(8)
         m.domains.por = ClockDomain("por", reset_less=True)
-        m.d.comb += [ClockSignal("sync").eq(pll_clk), ClockSignal("por").eq(pll_clk),
-                     ResetSignal("sync").eq(~hold.all())]
+        m.d.comb += [ClockSignal("por").eq(pll_clk), ResetSignal("sync").eq(~hold.all())]
         with m.If(~locked):
             m.d.por += hold.eq(0)
         with m.Elif(~hold.all()):
             m.d.por += hold.eq(hold + 1)
-        platform.add_clock_constraint(pll_clk, self.sys_hz)
+        # No constraint of our own on the PLL output: nextpnr-ecp5 derives it from the
+        # 25 MHz constraint of clk25 and the EHXPLLL dividers (a net name given here is not
+        # stable through yosys' flattening).
 
         m.submodules.top = top = self.top
         m.submodules.uart = uart = UART(self.divisor)
