@@ -59,5 +59,6 @@ def markdown(results):
     rows = [[r["params"]["payload"], r["value"], r["params"]["payload"] * 2 + 9]
             for r in results if r["unit"] == "cycles"]
     return (table(["payload bytes n", "cycles SYNC in → last byte out", "2n + 9"], rows)
-            + "\n\nReception takes n + 7 cycles, the check 1, the release 1 + n (header, then n bytes).\n\n"
+            + "\n\nReception takes n + 7 cycles, the check 1, the release 1 + n "
+              "(header, then n bytes).\n\n"
             + table(SYNTH_HEADER, synth_rows(results)))

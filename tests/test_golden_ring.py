@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from ringkv.host.golden_ring import SLOT_RULES, RingKVCache
 from ringkv.host.golden_swa import swa_attention
 

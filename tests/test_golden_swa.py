@@ -5,6 +5,7 @@ import zlib
 
 import numpy as np
 import pytest
+
 from ringkv.host.golden_swa import (
     lse_merge,
     partial_attention,

@@ -5,6 +5,7 @@ import random
 import pytest
 from amaranth.sim import Simulator
 from conftest import requires_verilator
+
 from ringkv.host.config import RingKVConfig, hash_seed
 from ringkv.host.golden_hash import hash_step, prefix_hashes, sequence_hash
 from ringkv.hw.hash_engine import HashEngine
