@@ -106,28 +106,36 @@ def run_demo(args) -> int:
     return 0
 
 
+def _config(name):
+    from .host.config import DEFAULT_CONFIG, DEMO_CONFIG
+    return {"default": DEFAULT_CONFIG, "demo": DEMO_CONFIG}[name]
+
+
 def run_chat(args) -> int:
-    if args.link:
-        from .host.link import Link
-        from .hw.protocol import PROTOCOL_VERSION, Op
-        with Link(args.link, timeout=args.timeout) as link:
-            status, payload = link.request(Op.PING, b"ringkv")
-            print(f"link {args.link}: PING {status.name} {payload!r}")
-            status, payload = link.request(Op.VERSION)
-            print(f"VERSION {status.name} {payload.hex()} (host protocol {PROTOCOL_VERSION})")
-        raise SystemExit("ringkv chat --link: inference over the link needs the device's command "
-                         "front end (issue 6, not yet merged); run `ringkv chat` for the "
-                         "software device")
-    from .host.config import DEFAULT_CONFIG
-    from .host.model import BOS, decode_text, encode_text
+    from .host.model import BOS, Model, decode_text, encode_text
     from .host.scheduler import Scheduler, SoftwareDevice
-    config = DEFAULT_CONFIG
-    sched = Scheduler(_model(args, config),
-                      SoftwareDevice(config, attention=_backend(args.backend, config),
-                                     capacity=args.capacity, image=args.image),
-                      chunk=args.chunk)
+    config = _config(args.config)
+    if args.link:
+        from .host.fpga_device import FpgaDevice
+        from .host.link import Link
+        link = Link(args.link, timeout=args.timeout)
+        device = FpgaDevice(link, config)
+        device.check_config()        # refuses a device built for another configuration
+        inserts, frees, _ = device.rebuild()
+        print(f"device at {args.link}: {len(inserts)} stored snapshots, {len(frees)} free "
+              f"regions")
+        where = f"device at {args.link}"
+        model = (Model.load(args.weights, config) if args.weights
+                 else Model(config, hidden=64 if args.config == "demo" else 256,
+                            ffn=128 if args.config == "demo" else 512, seed=args.seed))
+    else:
+        device = SoftwareDevice(config, attention=_backend(args.backend, config),
+                                capacity=args.capacity, image=args.image)
+        where = "software device"
+        model = _model(args, config)
+    sched = Scheduler(model, device, chunk=args.chunk)
     sid = "default"
-    print("ringkv chat (software device). '/session NAME' switches, '/quit' ends.")
+    print(f"ringkv chat ({where}). '/session NAME' switches, '/quit' ends.")
     for line in sys.stdin:
         line = line.rstrip("\n")
         if line in ("/quit", "/exit"):
@@ -163,8 +171,10 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", help="keep images and simulator logs here")
     p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
     model_args(p)
-    p.add_argument("--link", help="socket://HOST:PORT or /dev/ttyUSB0")
-    p.add_argument("--timeout", type=float, default=1.0)
+    p.add_argument("--link", help="socket://HOST:PORT (ringkv sim) or /dev/ttyUSB0 (board)")
+    p.add_argument("--config", choices=["default", "demo"], default="default",
+                   help="the device configuration (must match the device's)")
+    p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--tokens", type=int, default=32, help="tokens to generate per line")
     sub.add_parser("sim", help="run the simulated device behind a TCP socket",
                    add_help=False)

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..host.config import DEFAULT_CONFIG, RingKVConfig
+from ..host.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
 from .cocotb_run import BUILD_ROOT
 from .toolchain import setup_environ
 from .verilog import write_verilog
@@ -141,13 +141,19 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="ringkv sim", description=__doc__.splitlines()[0])
     parser.add_argument("--image", default="ringkv.img", help="storage image file (created)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
-    parser.add_argument("--config", default=None, help="RingKVConfig fields as JSON")
+    parser.add_argument("--config", default=None,
+                        help="'default', 'demo' or RingKVConfig fields as JSON")
     parser.add_argument("--top", default="{}", help="RingKVTop keyword arguments as JSON")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
                         help="use the existing Verilator build without re-elaborating")
     args = parser.parse_args(argv)
-    config = RingKVConfig(**json.loads(args.config)) if args.config else DEFAULT_CONFIG
+    if args.config in (None, "default"):
+        config = DEFAULT_CONFIG
+    elif args.config == "demo":
+        config = DEMO_CONFIG
+    else:
+        config = RingKVConfig(**json.loads(args.config))
     print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
           file=sys.stderr, flush=True)
     serve(args.image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
