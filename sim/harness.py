@@ -54,7 +54,8 @@ def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path
         runner = get_runner("verilator")
         runner.build(sources=[source], hdl_toplevel=TOP_NAME, build_dir=build_dir,
                      build_args=["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"],
-                     timescale=("1ns", "1ps"), always=True)
+                     timescale=("1ns", "1ps"), always=True,
+                     log_file=build_dir / "verilator-build.log")
     (build_dir / "sectors").write_text(str(sectors))
     return build_dir, sectors
 
