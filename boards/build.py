@@ -35,6 +35,12 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     name = "ringkv_ulx3s"
     platform.build(top, name=name, build_dir=str(build_dir), do_program=False,
                    nextpnr_opts=f"--report report.json --seed {seed}")
+    return report_figures(build_dir, top, board=board, name=name)
+
+
+def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") -> dict:
+    """The figures of a finished build, read from nextpnr's ``report.json``."""
+    build_dir = Path(build_dir)
     report = json.loads((build_dir / "report.json").read_text())
     fmax = report.get("fmax", {})
     clock = max(fmax.values(), key=lambda c: c["constraint"]) if fmax else None
@@ -44,7 +50,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     return {"board": board, "fmax_mhz": round(clock["achieved"], 2) if clock else None,
             "target_mhz": round(clock["constraint"], 2) if clock else None,
             "utilization": util, "bitstream": str(build_dir / f"{name}.bit"),
-            "config": top.config.__dict__, "regions": regions,
+            "config": dict(top.config.__dict__), "regions": top.top.regions,
             "uart_baud": top.baud, "sd_spi_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
 
 
