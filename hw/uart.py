@@ -231,20 +231,19 @@ class UART(wiring.Component):
     overruns: Out(16)
 
     def __init__(self, divisor, *, fifo_depth: int = 16):
-        self._divisor = _check_divisor(divisor)
-        if isinstance(fifo_depth, bool) or not isinstance(fifo_depth, int) or fifo_depth < 1:
-            raise TypeError(f"FIFO depth must be a positive integer, not {fifo_depth!r}")
-        self._fifo_depth = fifo_depth
+        # The children check the parameters (same messages as when used alone).
+        self._receiver = UARTReceiver(divisor, fifo_depth=fifo_depth)
+        self._transmitter = UARTTransmitter(divisor)
         super().__init__()
 
     @property
     def divisor(self) -> Fraction:
-        return self._divisor
+        return self._receiver.divisor
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.receiver = rxr = UARTReceiver(self._divisor, fifo_depth=self._fifo_depth)
-        m.submodules.transmitter = txr = UARTTransmitter(self._divisor)
+        m.submodules.receiver = rxr = self._receiver
+        m.submodules.transmitter = txr = self._transmitter
         wiring.connect(m, wiring.flipped(self.o), rxr.o)
         wiring.connect(m, wiring.flipped(self.i), txr.i)
         m.d.comb += [
