@@ -36,7 +36,7 @@ from .model import AttentionBackend, Float64Backend, Model
 from .record import kv_bytes_of
 
 __all__ = ["Device", "SoftwareDevice", "QueryResult", "Scheduler", "Session", "plain_run",
-           "snapshot_bytes"]
+           "snapshot_bytes", "path_summary"]
 
 
 def snapshot_bytes(config: RingKVConfig, count: int) -> int:
@@ -256,3 +256,16 @@ def plain_run(model: Model, requests, backend_factory=None, chunk: int = 64) -> 
         state[sid] = (backend, pos + len(inputs) + max(len(out) - 1, 0), out[-1:])
         outs.append(out)
     return outs
+
+
+def path_summary(events) -> list[str]:
+    """One line per scheduler path (first, continue, hit, miss): requests, bytes imported,
+    tokens recomputed; ``events`` as :attr:`Scheduler.events`."""
+    events, lines = list(events), []
+    for path in ("first", "continue", "hit", "miss"):
+        sel = [e for e in events if e["path"] == path]
+        if sel:
+            lines.append(f"  {path:9} {len(sel):>3} requests: imported "
+                         f"{sum(e['imported_bytes'] for e in sel):>6} B, recomputed "
+                         f"{sum(e['recomputed'] for e in sel):>5} tokens")
+    return lines

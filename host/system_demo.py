@@ -30,7 +30,7 @@ from .fpga_device import FpgaDevice
 from .link import Link
 from .model import BOS, FixedBackend, Model, encode_text
 from .record import RecordLayout
-from .scheduler import Scheduler, plain_run
+from .scheduler import Scheduler, path_summary, plain_run
 
 __all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO"]
 
@@ -177,12 +177,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None) -> int:
         dev.stop()
 
     say("\nsummary")
-    for path in ("first", "continue", "hit", "miss"):
-        sel = [(e, c) for e, c in rows if e["path"] == path]
-        if sel:
-            say(f"  {path:9} {len(sel):>2} requests: imported "
-                f"{sum(e['imported_bytes'] for e, _ in sel):>6} B, recomputed "
-                f"{sum(e['recomputed'] for e, _ in sel):>4} tokens")
+    for line in path_summary(e for e, _ in rows):
+        say(line)
     longest = max(len(s.tokens) for s in sched.sessions.values())
     snap = RecordLayout(config)
     say(f"  longest session {longest} tokens = {longest / config.window:.1f} x W; a snapshot "

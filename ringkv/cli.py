@@ -59,7 +59,7 @@ def demo_script(seed: int = 0):
 def run_demo(args) -> int:
     from .host.config import DEFAULT_CONFIG
     from .host.model import decode_text
-    from .host.scheduler import Scheduler, SoftwareDevice, plain_run
+    from .host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
 
     config = DEFAULT_CONFIG
     model = _model(args, config)
@@ -89,12 +89,8 @@ def run_demo(args) -> int:
     ref = plain_run(model, reqs, lambda: _backend(args.backend, config), chunk=args.chunk)
     bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
     print("summary")
-    for path in ("first", "continue", "hit", "miss"):
-        sel = [(e, ms) for e, ms in rows if e["path"] == path]
-        if sel:
-            print(f"  {path:9} {len(sel):>3} requests, {sum(ms for _, ms in sel):>8.0f} ms, "
-                  f"imported {sum(e['imported_bytes'] for e, _ in sel)} B, recomputed "
-                  f"{sum(e['recomputed'] for e, _ in sel)} tokens")
+    for line in path_summary(e for e, _ in rows):
+        print(line)
     stats = device.stats()
     print(f"  device: {stats}")
     longest = max(len(s.tokens) for s in sched.sessions.values())

@@ -116,8 +116,9 @@ async def _collect(ctx, stream, got, *, rng=None, stall=0.0):
             got.append(payload)
 
 
-def _drive_rx(dut, levels, *, stall=0.0, seed=0):
-    """Drive ``dut.rx`` with ``levels`` while a sink with random stalls reads ``o``."""
+def _drive_rx(dut, levels, *, stall=0.0, seed=0, counters=None):
+    """Drive ``dut.rx`` with ``levels`` while a sink with random stalls reads ``o``; put the
+    error counters at the end into ``counters`` if given."""
     got = []
     rng = random.Random(seed)
 
@@ -126,6 +127,9 @@ def _drive_rx(dut, levels, *, stall=0.0, seed=0):
             ctx.set(dut.rx, level)
             await ctx.tick()
         await ctx.tick().repeat(40)
+        if counters is not None:
+            counters["framing"] = ctx.get(dut.framing_errors)
+            counters["overruns"] = ctx.get(dut.overruns)
 
     async def sink(ctx):
         await _collect(ctx, dut.o, got, rng=rng, stall=stall)
@@ -164,52 +168,16 @@ def test_rx_framing_errors_and_glitch():
     levels = [1] * 20 + [0] + [1] * 30 + levels          # a one-cycle glitch first
     expected = decode_line(levels, period)
     assert expected == bytes(b for b, bad in zip(data, stops) if not bad)
-    dut = UARTReceiver(ULX3S)
     counts = {}
-
-    async def line(ctx):
-        for level in levels:
-            ctx.set(dut.rx, level)
-            await ctx.tick()
-        counts["framing"] = ctx.get(dut.framing_errors)
-        counts["overruns"] = ctx.get(dut.overruns)
-
-    got = []
-
-    async def sink(ctx):
-        await _collect(ctx, dut.o, got)
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(line)
-    sim.add_testbench(sink, background=True)
-    sim.run()
-    assert bytes(got) == expected
+    assert _drive_rx(UARTReceiver(ULX3S), levels, counters=counts) == expected
     assert counts == {"framing": sum(stops), "overruns": 0}
 
 
 def test_rx_break_is_one_error():
     levels = [1] * 10 + [0] * 400 + [1] * 40 + line_levels(b"\x42", 5.0)
-    dut = UARTReceiver(5)
     counts = {}
-
-    async def line(ctx):
-        for level in levels:
-            ctx.set(dut.rx, level)
-            await ctx.tick()
-        counts["framing"] = ctx.get(dut.framing_errors)
-
-    got = []
-
-    async def sink(ctx):
-        await _collect(ctx, dut.o, got)
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-6)
-    sim.add_testbench(line)
-    sim.add_testbench(sink, background=True)
-    sim.run()
-    assert got == [0x42] and counts["framing"] == 1
+    assert _drive_rx(UARTReceiver(5), levels, counters=counts) == b"\x42"
+    assert counts == {"framing": 1, "overruns": 0}
 
 
 def test_rx_overrun_drops_new_bytes():
