@@ -404,3 +404,76 @@ def test_scheduler_on_fpga_device_and_rebuild():
         assert result.hit and (result.count, result.prefix_hash) == key_a
         assert dev.read_tokens(0, len(tokens_a)) == tokens_a
         assert dev.n == len(tokens_a)
+
+
+def test_export_evicts_lru_and_reexport_retires_old_record():
+    """Full storage: an export evicts the least recently used snapshot (a query hit counts as a
+    use) and the evicted session then misses. Re-exporting a key writes a new record in another
+    region first and retires the old one only after the new header is committed (a power cut in
+    between leaves the old snapshot valid), so with every region live the re-export also needs
+    an eviction."""
+    top = make_top()
+    image = image_for(top)
+    rng = np.random.default_rng(7)
+    sessions = [[int(t) for t in rng.integers(0, 1 << 16, size=6)] for _ in range(REGIONS + 1)]
+
+    async def compute(ctx, link, tokens):
+        await call(ctx, link, Op.SESSION_BEGIN)
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=len(tokens))
+                   + pack_tokens(CFG, tokens))
+        q, k, v = rand_qkv(rng, len(tokens))
+        for layer in range(CFG.layers):
+            await attend(ctx, link, layer, q, k, v)
+
+    async def export(ctx, link, tokens):
+        return SNAPSHOT_RESPONSE.unpack(
+            await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=len(tokens))))
+
+    async def query(ctx, link, tokens):
+        await call(ctx, link, Op.SESSION_BEGIN)
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=len(tokens))
+                   + pack_tokens(CFG, tokens))
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=len(tokens)))
+        return Status(frame.status), SNAPSHOT_RESPONSE.unpack(frame.payload)
+
+    async def alloc(ctx, link):
+        a = RESPONSES[Op.ALLOC_STATUS].unpack(await call(ctx, link, Op.ALLOC_STATUS))
+        return a["fifo_a"], a["fifo_b"], a["live"]
+
+    async def scenario(ctx, link):
+        first = sessions[:REGIONS]
+        for tokens in first:
+            await compute(ctx, link, tokens)
+            assert (await export(ctx, link, tokens))["record_status"] == RecordStatus.OK.value
+        assert await alloc(ctx, link) == (0, 0, REGIONS)
+        # session 0 is used again: session 1 is now the least recently used
+        assert (await query(ctx, link, first[0]))[0] == Status.HIT
+        await compute(ctx, link, sessions[REGIONS])
+        r = await export(ctx, link, sessions[REGIONS])
+        assert r["record_status"] == RecordStatus.OK.value
+        assert await alloc(ctx, link) == (0, 0, REGIONS)
+        status, r1 = await query(ctx, link, first[1])
+        assert status == Status.MISS and r1["record_status"] == NO_RECORD
+        regions, seqs = set(), {}
+        for i in (0, 2, 3, REGIONS):
+            status, r = await query(ctx, link, sessions[i])
+            assert status == Status.HIT, i
+            regions.add(r["region"])
+            seqs[i] = r["seq"]
+        assert regions == set(range(REGIONS))
+        # re-export the resident session (the last hit, REGIONS) with unchanged rings: the
+        # LRU (session 0) is evicted for the new record, then the old record is retired
+        rings_before = await read_rings(ctx, link)
+        new = await export(ctx, link, sessions[REGIONS])
+        assert new["record_status"] == RecordStatus.OK.value and new["seq"] > seqs[REGIONS]
+        assert await alloc(ctx, link) == (0, 1, REGIONS - 1)
+        assert (await query(ctx, link, first[0]))[0] == Status.MISS
+        status, r = await query(ctx, link, sessions[REGIONS])
+        assert status == Status.HIT and (r["seq"], r["region"]) == (new["seq"], new["region"])
+        rings_after = await read_rings(ctx, link)
+        assert np.array_equal(rings_after[0], rings_before[0])
+        assert rings_after[1] == rings_before[1]
+        for i in (2, 3):
+            assert (await query(ctx, link, sessions[i]))[0] == Status.HIT
+
+    run_top(top, image, scenario)
