@@ -85,12 +85,13 @@ def _dma_cycles(config, count):
     return out["export"][1], out["import"][1], lay.record_bytes(count)
 
 
-def _sd_cycles(op, sectors):
-    """Cycles from command transfer to status of an SD transfer (card already initialised)."""
+def sd_cycles(op, sectors, params=SD_BENCH):
+    """Cycles from command transfer to status of an SD transfer (card already initialised),
+    for the controller built with ``params``."""
     image = SectorImage(sectors=64)
     image.write(0, random.Random(1).randbytes(64 * 512))
     card = SDCardSPI(image)
-    dut = SDSPIController(**SD_BENCH)
+    dut = SDSPIController(**params)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     clock = [0]
@@ -130,6 +131,16 @@ def _sd_cycles(op, sectors):
     return out["cycles"]
 
 
+def sd_record_cycles(sd: dict, op: str, lay: RecordLayout, count: int) -> float:
+    """Cycles to move one record of ``count`` tokens over the SD card, estimated from measured
+    1- and 8-sector transfers ``sd[(op, sectors)]`` (``op`` "read" or "write"): linear in the
+    sector count, three transfers per record (header, tokens, KV), as the DMA issues them."""
+    per = (sd[(op, 8)] - sd[(op, 1)]) / 7          # cycles per extra sector
+    fixed = sd[(op, 1)] - per                       # per-transfer overhead
+    return sum(fixed + per * k for k in (1, lay.token_sectors(count), lay.kv_sectors(count))
+               if k)
+
+
 def run():
     from ringkv.boards.synth import synth_core
     config = DEFAULT_CONFIG
@@ -152,7 +163,7 @@ def run():
                                        "peak_bytes_per_clock": 1}})
     for op, sectors in ((StorageOp.READ, 1), (StorageOp.READ, 8), (StorageOp.WRITE, 1),
                         (StorageOp.WRITE, 8)):
-        cycles = _sd_cycles(op, sectors)
+        cycles = sd_cycles(op, sectors)
         sclk = cycles / (2 * SD_BENCH["half_period"])
         results.append({"name": f"sdspi.{op.name.lower()}.cycles", "value": cycles,
                         "unit": "cycles",
@@ -219,12 +230,7 @@ def markdown(results) -> str:
         for n in (128, 1000, 16384):
             if n not in sizes:
                 continue
-            tok, kv = lay.token_sectors(n), lay.kv_sectors(n)
-            est = {}
-            for op in ("read", "write"):
-                per = (sd[(op, 8)] - sd[(op, 1)]) / 7          # cycles per extra sector
-                fixed = sd[(op, 1)] - per                       # per-transfer overhead
-                est[op] = sum(fixed + per * k for k in (1, tok, kv) if k)
+            est = {op: sd_record_cycles(sd, op, lay, n) for op in ("read", "write")}
             rows.append([n, lay.record_bytes(n), round(est["write"]),
                          f"{est['write'] / 50e6 * 1e3:.1f}", round(est["read"]),
                          f"{est['read'] / 50e6 * 1e3:.1f}"])
