@@ -378,7 +378,8 @@ def markdown(results) -> str:
               f"{100 * p['attn_s'] / total:.1f} %"],
              ["host numpy (rest of the model)", "wall clock", _ms(p["host_s"]),
               f"{100 * p['host_s'] / total:.1f} %"],
-             ["**total**", "", _ms(total), f"**{r['value']:.1f} tokens/s**"]]))
+             ["**total**", f"{round(total * p['clk_mhz'] * 1e6)} cycles at "
+              f"{p['clk_mhz']:g} MHz", _ms(total), f"**{r['value']:.1f} tokens/s**"]]))
         out.append(f"\nThe attention core alone would sustain {p['device_only_tokens_per_s']:g} "
                    f"tokens/s at {p['clk_mhz']:g} MHz: the board's loop is bound by the UART.")
     for r in by.get("export.record", []):
