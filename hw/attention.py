@@ -81,10 +81,13 @@ class AttentionCore(wiring.Component):
 
     Latency and throughput
     ----------------------
-    One ATTEND token takes ``(G + 2)·d/M`` input beats, then
-    ``2·G·T·d/M`` MAC cycles (``T = min(S, n)``, ``n`` the valid slots), a fixed drain of each
-    phase, and the merge (per query head about ``P`` + 20 cycles for the LSE weights and the
-    reciprocal, plus ``d/M`` output beats). Exact counts are in ``docs/BENCHMARKS.md``.
+    One ATTEND token takes ``(G + 2)·d/M`` input beats, then ``2·G·T·d/M`` MAC cycles
+    (``T = min(S, n)``, ``n`` the valid slots), a drain of ``7 + ceil(log2(M)/2)`` clocks after
+    phase A and of 9 after phase B, and the merge: one clock, then per query head
+    ``2·P + log2(P) + 32`` clocks for the LSE weights and the reciprocal plus ``d/M`` output
+    beats, then a drain of ``5 + ceil(log2(P)/2)`` clocks. A command adds one clock for its
+    status. These counts are exact with ``i`` always valid and ``o`` always ready (tested);
+    measured figures are in ``docs/BENCHMARKS.md``.
 
     Backpressure: ``o`` goes through a FIFO that holds one token's whole output; the core waits
     for it to be empty before it merges the next token, and ``status`` waits for its ``ready``.
@@ -171,8 +174,22 @@ class AttentionCore(wiring.Component):
         LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
         AW = 24 + _log2(S) + 1                      # lane accumulator, signed
         LSW = LW + _log2(P) + 1                     # merged sum L
+        DW = _bits(dot_max) + 2                     # dot product, signed
         ADD_LAT_A = math.ceil(_log2(M) / 2)         # registered adder-tree stages (2 levels)
         ADD_LAT_M = math.ceil(_log2(P) / 2)
+
+        # ---- timing rules of this datapath (LFE5U-85F, nextpnr's timing model) ----
+        # * A DP16KD (the K/V banks, the exp tables) has a clock-to-output of about 5.6 ns: its
+        #   read data goes straight into a register, never through logic first.
+        # * A MULT18X18D is used without its internal registers (yosys does not pack them) and
+        #   takes about 4 ns: every multiplier has registered operands and a registered
+        #   product, with no mux in front and no adder behind. Products wider than 18x18 are
+        #   split by hand into 18x18 parts whose sum is formed in the next stage.
+        # * Selections across lanes or heads and the adders that follow them are separated by
+        #   a register (the merge unit's max tree, the operand selects of the shared merge
+        #   multipliers, the shifts of alpha*R and of the accumulators).
+        # The extra stages add a fixed number of clocks per token and per query head (see the
+        # docstring), never a clock inside the MAC loop.
 
         # ---- metadata per ring ----
         ring_count = Array(Signal(32, name=f"ring_count{r}") for r in range(R))
@@ -180,8 +197,6 @@ class AttentionCore(wiring.Component):
 
         # ---- command latch and FSM state ----
         cmd_op = Signal(2)
-        cmd_layer = Signal(8)
-        cmd_kvh = Signal(8)
         cmd_left = Signal(16)           # tokens still to process
         cmd_err = Signal(2)
         ring = Signal(range(R))
@@ -191,10 +206,14 @@ class AttentionCore(wiring.Component):
         m.d.comb += self.busy.eq(busy)
 
         # ---- memories ----
-        q_mem = memory.Memory(shape=unsigned(8 * M), depth=G * CH, init=[])
+        # word addresses are bit fields (every size below is a power of two): q word
+        # ``g*CH + c``, K/V word ``((ring*2 + kind)*S + t)*CH + c``, score ``t*GP + g``
+        q_mem = memory.Memory(shape=unsigned(8 * M), depth=GP * CH, init=[])
         m.submodules.q_mem = q_mem
         q_wr = q_mem.write_port()
         q_rd = q_mem.read_port(transparent_for=())
+        q_word = Signal(8 * M)          # q_rd.data, registered
+        m.d.sync += q_word.eq(q_rd.data)
 
         out_fifo = fifo.SyncFIFO(width=16 * M, depth=G * CH)
         m.submodules.out_fifo = out_fifo
@@ -213,15 +232,26 @@ class AttentionCore(wiring.Component):
         it_c = Signal(range(CH))
         it_g = Signal(range(G))
         issue = Signal()
-        ring_kind_base = Signal(range(2 * R))   # ring*2 (+1 for V)
+
+        # pipeline stages (k = clocks after the issue of (t, c, g)):
+        # phase A: A1 q/k words out of the memories; A2 registered; A3 opa/opb; A4 products;
+        #   A4+ADD_LAT_A dot sum; +1 dot accumulated; +2 dot*CS in two parts; +3 score
+        #   (stored, running max updated at the end of that clock)
+        # phase B: B1 score -> y = m - s; B2 exp table address; B3 table word; B4 registered;
+        #   B5 p; B6 opa/opb; B7 product -> accumulator register, lane sum; B8 accumulator
+        #   stored after the lane's last slot
+        TA = 4 + ADD_LAT_A              # dot sum valid
+        LAT_A = TA + 3                  # issue -> score stored (the phase A drain)
+        TB = 7                          # p*v product valid
+        LAT_B = TB + 2                  # issue -> accumulator stored (the phase B drain)
 
         # tag pipeline: what was issued k cycles ago
         tag_layout = data.StructLayout({"valid": 1, "t": range(S), "c": range(CH),
-                                        "g": range(G)})
-        DEPTH = 12
+                                        "g": range(G), "last_t": 1})
+        DEPTH = max(TA, TB + 1) + 1
         tags = [Signal(tag_layout, name=f"tag{k}") for k in range(DEPTH)]
         m.d.comb += [tags[0].valid.eq(issue), tags[0].t.eq(it_t), tags[0].c.eq(it_c),
-                     tags[0].g.eq(it_g)]
+                     tags[0].g.eq(it_g), tags[0].last_t.eq(it_t == tcount - 1)]
         for k in range(1, DEPTH):
             m.d.sync += tags[k].eq(tags[k - 1])
 
@@ -244,7 +274,7 @@ class AttentionCore(wiring.Component):
             dma_t.eq(dma_slot & (S - 1)),
             dma_c.eq(dma_dim >> _log2(M)),
             dma_b.eq(dma_dim & (M - 1)),
-            dma_word.eq((dma_rk * S + dma_t) * CH + dma_c),
+            dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
         ]
         dma_rd_lane = Signal(range(P))
         dma_rd_b = Signal(range(M))
@@ -252,22 +282,23 @@ class AttentionCore(wiring.Component):
         m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_b),
                      dma_rd_ok.eq(self.ring_re & dma_in & ~busy)]
 
-        # load: the new token's slot
-        load_idx = Signal(range((G + 2) * CH))
+        # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
+        load_c = Signal(range(CH))
+        load_vec = Signal(range(G + 2))
+        # the new token's slot, registered: ring_head only changes at the end of a token's load
+        # or while idle, and the first k beat comes at least one clock into LOAD
         new_slot = Signal(range(W))
-        m.d.comb += new_slot.eq(Mux(ring_head[ring] == W - 1, 0, ring_head[ring] + 1))
+        m.d.sync += new_slot.eq(Mux(ring_head[ring] == W - 1, 0, ring_head[ring] + 1))
         load_beat = Signal()            # an i beat is transferred this cycle
         load_kind = Signal()            # 0 = K, 1 = V
         load_is_kv = Signal()
-        load_c = Signal(range(CH))
         m.d.comb += [
-            load_is_kv.eq(load_idx >= G * CH),
-            load_kind.eq(load_idx >= (G + 1) * CH),
-            load_c.eq(Mux(load_kind, load_idx - (G + 1) * CH, load_idx - G * CH)),
-            q_wr.addr.eq(load_idx),
+            load_is_kv.eq(load_vec >= G),
+            load_kind.eq(load_vec == G + 1),
+            q_wr.addr.eq(Cat(load_c, load_vec[:len(it_g)])),
             q_wr.data.eq(self.i.payload.as_value()),
             q_wr.en.eq(load_beat & ~load_is_kv),
-            q_rd.addr.eq(it_g * CH + it_c),
+            q_rd.addr.eq(Cat(it_c, it_g)),
         ]
         new_lane = Signal(range(P))
         new_t = Signal(range(S))
@@ -275,18 +306,13 @@ class AttentionCore(wiring.Component):
 
         # ---- merge unit state ----
         mg_g = Signal(range(G))
-        mg_m = Signal(signed(SW))
-        mg_i = Signal(range(P + 1))
+        mg_m = Signal(signed(SW))       # global max of head mg_g (the max tree's output)
+        mg_i = Signal(range(P + 8))
         mg_sum = Signal(LSW)
-        mg_prod = Signal(LW + 16)
-        mg_prod_ok = Signal()
         mg_e = Signal(range(LSW + 1))
         mg_rem = Signal(LSW + 1)
         mg_recip = Signal(18)
-        mg_step = Signal(range(32))
-        mg_beta_calc = Signal(34)
-        mg_beta_ok = Signal()
-        mg_beta_i = Signal(range(P))
+        mg_step = Signal(range(64))
         mg_issue = Signal()
         mg_c = Signal(range(CH))
 
@@ -295,6 +321,10 @@ class AttentionCore(wiring.Component):
         lane_m, lane_l, lane_sh, lane_alpha, lane_beta, lane_p = [], [], [], [], [], []
         lane_amt = []
         rd_words = []
+        word_issue = Signal(range(lane_depth))
+        m.d.comb += word_issue.eq(Cat(it_c, it_t, phase == PH_B, ring))
+        word_load = Signal(range(lane_depth))
+        m.d.comb += word_load.eq(Cat(load_c, new_t, load_kind, ring))
 
         for lane in range(P):
             kv_mem = memory.Memory(shape=unsigned(8 * M), depth=lane_depth, init=[])
@@ -317,8 +347,7 @@ class AttentionCore(wiring.Component):
 
             m_reg = Array(Signal(signed(SW), name=f"lane{lane}_m{g}") for g in range(G))
             l_reg = Array(Signal(LW, name=f"lane{lane}_l{g}") for g in range(G))
-            dacc = Array(Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dot{g}")
-                         for g in range(G))
+            dacc = Array(Signal(signed(DW), name=f"lane{lane}_dot{g}") for g in range(G))
             sh = Signal(range(LW + 1), name=f"lane{lane}_sh")
             lane_amt.append(Signal(range(LSW + 8), name=f"lane{lane}_amt"))
             alpha = Signal(16, name=f"lane{lane}_alpha")
@@ -336,16 +365,13 @@ class AttentionCore(wiring.Component):
                 return (lane * S + t) < nvalid
 
             # K/V bank: read address and writes (load, ring port)
-            word_issue = Signal(range(lane_depth), name=f"lane{lane}_word")
-            m.d.comb += word_issue.eq(((ring_kind_base + (phase == PH_B)) * S + it_t) * CH
-                                      + it_c)
             with m.If(busy):
-                m.d.comb += [kv_rd.addr.eq(word_issue), kv_rd.en.eq(issue & (it_g == 0))]
+                m.d.comb += [kv_rd.addr.eq(word_issue), kv_rd.en.eq(issue)]
             with m.Else():
                 m.d.comb += [kv_rd.addr.eq(dma_word), kv_rd.en.eq(self.ring_re)]
             with m.If(busy):
                 m.d.comb += [
-                    kv_wr.addr.eq(((ring_kind_base + load_kind) * S + new_t) * CH + load_c),
+                    kv_wr.addr.eq(word_load),
                     kv_wr.data.eq(self.i.payload.as_value()),
                     kv_wr.en.eq(Mux(load_beat & load_is_kv & (new_lane == lane),
                                     (1 << M) - 1, 0)),
@@ -366,12 +392,7 @@ class AttentionCore(wiring.Component):
                 m.d.sync += prod[k].eq(opa[k] * opb[k])
             lane_prods.append(prod)
 
-            # ---------- phase A: scores ----------
-            # A0 issue; A1 q/k words; A2 opa/opb; A3 prod; A3+ADD_LAT_A sum; then accumulate,
-            # CS multiply, store.
-            qw = q_rd.data
-            kw = kv_rd.data
-            # phase B: B1 score; B2 y; B3 table; B4 p; B5 opa/opb; B6 prod; B6: RMW
+            # the bank word, registered (k in phase A, v in phase B), and its delay line
             v_d = [Signal(8 * M, name=f"lane{lane}_vd{k}") for k in range(4)]
             m.d.sync += v_d[0].eq(kv_rd.data)
             for k in range(1, 4):
@@ -381,24 +402,26 @@ class AttentionCore(wiring.Component):
             p_d = [Signal(17, name=f"lane{lane}_pd{k}") for k in range(2)]
             m.d.sync += [p_d[0].eq(p_reg), p_d[1].eq(p_d[0])]
 
-            # merge: M0 issue (acc read, shift); M1 a_reg; M2 opa/opb; M3 prod
+            # merge: M0 issue (acc read); M1 acc word; M2 a = acc >> sh; M3 opa/opb; M4 prod
+            acc_word = [Signal(signed(AW), name=f"lane{lane}_accw{k}") for k in range(M)]
             a_reg = [Signal(signed(18), name=f"lane{lane}_a{k}") for k in range(M)]
             with m.Switch(phase):
                 with m.Case(PH_A):
                     for k in range(M):
-                        m.d.sync += [opa[k].eq(qw.word_select(k, 8).as_signed()),
-                                     opb[k].eq(kw.word_select(k, 8).as_signed())]
+                        m.d.sync += [opa[k].eq(q_word.word_select(k, 8).as_signed()),
+                                     opb[k].eq(v_d[0].word_select(k, 8).as_signed())]
                 with m.Case(PH_B):
                     for k in range(M):
                         m.d.sync += [opa[k].eq(p_reg),
-                                     opb[k].eq(v_d[2].word_select(k, 8).as_signed())]
+                                     opb[k].eq(v_d[3].word_select(k, 8).as_signed())]
                 with m.Default():
                     for k in range(M):
                         m.d.sync += [opa[k].eq(a_reg[k]), opb[k].eq(beta)]
 
-            # A: adder tree over the M products of q*k (at tags[3])
+            # ---------- phase A: scores ----------
+            # adder tree over the M products of q*k (at A4)
             level = [p[:17].as_signed() for p in prod]
-            stage = 3
+            stage = 4
             depth_done = 0
             while len(level) > 1:
                 level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
@@ -409,25 +432,35 @@ class AttentionCore(wiring.Component):
                     m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
                     level = regs
                     stage += 1
-            dot_sum = level[0]          # valid at tags[3 + ADD_LAT_A]
-            ta = tags[3 + ADD_LAT_A]
-            dot_final = Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dotf")
+            dot_sum = level[0]          # valid at tags[TA]
+            ta = tags[TA]
+            dot_final = Signal(signed(DW), name=f"lane{lane}_dotf")
             dot_tag = Signal(tag_layout, name=f"lane{lane}_dottag")
-            new_dot = Signal(signed(_bits(dot_max) + 2), name=f"lane{lane}_dotn")
+            new_dot = Signal(signed(DW), name=f"lane{lane}_dotn")
             m.d.comb += new_dot.eq(Mux(ta.c == 0, 0, dacc[ta.g]) + dot_sum)
             m.d.sync += dot_tag.valid.eq(0)
             with m.If((phase == PH_A) & ta.valid):
                 m.d.sync += dacc[ta.g].eq(new_dot)
                 with m.If(ta.c == CH - 1):
                     m.d.sync += [dot_final.eq(new_dot), dot_tag.eq(ta)]
-            sc_prod = Signal(signed(len(dot_final) + 18), name=f"lane{lane}_scp")
+            # s = (dot * CS) >> 18 with dot = dot_hi * 2**17 + dot_lo (dot_lo unsigned): the
+            # two partial products (17 x 17 bits and the rest) are registered, then added
             sc_tag = Signal(tag_layout, name=f"lane{lane}_sctag")
-            m.d.sync += [sc_prod.eq(dot_final * self._cs), sc_tag.eq(dot_tag)]
+            m.d.sync += sc_tag.eq(dot_tag)
+            if DW > 17:
+                sc_lo = Signal(unsigned(17 + 17), name=f"lane{lane}_sclo")
+                sc_hi = Signal(signed(DW - 17 + 18), name=f"lane{lane}_schi")
+                m.d.sync += [sc_lo.eq(dot_final[:17] * self._cs),
+                             sc_hi.eq(dot_final[17:].as_signed() * self._cs)]
+                sc_prod = (sc_hi << 17) + sc_lo
+            else:
+                sc_prod = Signal(signed(DW + 18), name=f"lane{lane}_scp")
+                m.d.sync += sc_prod.eq(dot_final * self._cs)
             s_val = Signal(signed(SW), name=f"lane{lane}_s")
             s_tag = Signal(tag_layout, name=f"lane{lane}_stag")
             m.d.sync += [s_val.eq(sc_prod >> CS_SHIFT), s_tag.eq(sc_tag)]
             m.d.comb += [
-                sc_wr.addr.eq(s_tag.t * GP + s_tag.g),
+                sc_wr.addr.eq(Cat(s_tag.g, s_tag.t)),
                 sc_wr.data.eq(s_val),
                 sc_wr.en.eq(s_tag.valid & (phase == PH_A)),
             ]
@@ -436,49 +469,85 @@ class AttentionCore(wiring.Component):
                     m.d.sync += m_reg[s_tag.g].eq(s_val)
 
             # ---------- phase B: exp weights and P*V ----------
-            m.d.comb += sc_rd.addr.eq(it_t * GP + it_g)
+            m.d.comb += sc_rd.addr.eq(Cat(it_g, it_t))
             y = Signal(YW, name=f"lane{lane}_y")
             y_hi = Signal(YW, name=f"lane{lane}_yhi")
+            y_hi_d = Signal(YW, name=f"lane{lane}_yhid")
+            exp_word = Signal(16, name=f"lane{lane}_expw")
             # exp ROM address: phase B from y, merge from the LSE difference
             mg_diff = Signal(YW, name=f"lane{lane}_mdiff")
+            lane_diff = Signal(YW, name=f"lane{lane}_ldiff")
             m.d.comb += mg_diff.eq(mg_m - m_reg[mg_g])
-            m.d.sync += y.eq(Mux(phase == PH_B, m_reg[tags[1].g] - sc_rd.data, mg_diff))
+            m.d.comb += lane_diff.eq(m_reg[tags[1].g] - sc_rd.data)
+            m.d.sync += y.eq(Mux(phase == PH_B, lane_diff, mg_diff))
             m.d.comb += exp_rd.addr.eq(y[:8])
-            m.d.sync += y_hi.eq(y >> 8)
-            m.d.sync += p_reg.eq(Mux(y_hi >= 16, 0, exp_rd.data >> y_hi[:4]))
-            tb = tags[6]                # prod of (p, v) valid here
-            acc_addr = Signal(range(GP * CH), name=f"lane{lane}_accaddr")
-            with m.If(phase == PH_B):
-                m.d.comb += acc_addr.eq(tb.g * CH + tb.c)
-            with m.Else():
-                m.d.comb += acc_addr.eq(mg_g * CH + mg_c)
-            m.d.comb += [acc_rd.addr.eq(acc_addr), acc_wr.addr.eq(acc_addr)]
+            m.d.sync += [y_hi.eq(y >> 8), y_hi_d.eq(y_hi), exp_word.eq(exp_rd.data)]
+            m.d.sync += p_reg.eq(Mux(y_hi_d >= 16, 0, exp_word >> y_hi_d[:4]))
+            # Phase B runs t innermost (see RUN), so the accumulator of (g, c) is a register
+            # summing over consecutive clocks, stored once after the last slot: no
+            # read-modify-write of the accumulator memory in one clock.
+            tb = tags[TB]               # prod of (p, v) valid here
+            tw = tags[TB + 1]           # the accumulator of (tw.g, tw.c) is final here
+            b_slot_ok = Signal(name=f"lane{lane}_bslot")
+            m.d.sync += b_slot_ok.eq(slot_valid(tags[TB - 1].t))
+            acc_reg = [Signal(signed(AW), name=f"lane{lane}_acc{k}") for k in range(M)]
+            with m.If((phase == PH_B) & tb.valid):
+                for k in range(M):
+                    m.d.sync += acc_reg[k].eq(Mux(tb.t == 0, 0, acc_reg[k])
+                                              + Mux(b_slot_ok, prod[k][:24].as_signed(), 0))
+            m.d.comb += [
+                acc_wr.addr.eq(Cat(tw.c, tw.g)),
+                acc_wr.en.eq((phase == PH_B) & tw.valid & tw.last_t),
+                acc_rd.addr.eq(Cat(mg_c, mg_g)),
+            ]
             for k in range(M):
-                m.d.comb += acc_wr.data[k].eq(
-                    Mux(tb.t == 0, 0, acc_rd.data[k]) + prod[k][:24].as_signed())
-            b_ok = (phase == PH_B) & tb.valid & slot_valid(tb.t)
-            m.d.comb += acc_wr.en.eq(b_ok)
-            with m.If(b_ok & (tb.c == 0)):
+                m.d.comb += acc_wr.data[k].eq(acc_reg[k])
+            with m.If((phase == PH_B) & tb.valid & b_slot_ok & (tb.c == 0)):
                 m.d.sync += l_reg[tb.g].eq(Mux(tb.t == 0, 0, l_reg[tb.g]) + p_d[1])
 
             # ---------- merge: per-lane parts ----------
+            # sh follows mg_g two clocks late (l selected, then its bit length): the last
+            # output word of a head still shifts with that head's sh
             lsel = Signal(LW, name=f"lane{lane}_lsel")
-            m.d.comb += lsel.eq(l_reg[mg_g])
+            m.d.sync += lsel.eq(l_reg[mg_g])
             bl = Signal(range(LW + 1), name=f"lane{lane}_bl")
             for b in range(LW):
                 with m.If(lsel[b]):
                     m.d.comb += bl.eq(b + 1)
             m.d.sync += sh.eq(Mux(bl > 10, bl - 10, 0))
-            with m.If(mg_issue):
-                for k in range(M):
-                    m.d.sync += a_reg[k].eq(acc_rd.data[k] >> sh)
+            for k in range(M):
+                m.d.sync += [acc_word[k].eq(acc_rd.data[k]), a_reg[k].eq(acc_word[k] >> sh)]
 
-        # ---- merge across lanes: output adder tree (at M3 = tags-independent pipeline) ----
-        mg_tags = [Signal(name=f"mg_v{k}") for k in range(8)]
+        # ---- merge: global max over the live lanes, a registered tree ----
+        # level 0 registers each lane's m of head mg_g with its live flag; each level keeps
+        # the larger of two live candidates. mg_m is valid MAX_LAT clocks after mg_g.
+        level = []
+        for lane in range(P):
+            cand = Signal(signed(SW), name=f"mg_cand{lane}")
+            ok = Signal(name=f"mg_ok{lane}")
+            m.d.sync += [cand.eq(lane_m[lane][mg_g]), ok.eq(lane_live[lane])]
+            level.append((cand, ok))
+        depth_done = 0
+        while len(level) > 1:
+            nxt = []
+            depth_done += 1
+            for j in range(0, len(level), 2):
+                (a, a_ok), (b, b_ok) = level[j], level[j + 1]
+                v = Signal(signed(SW), name=f"mg_max{depth_done}_{j // 2}")
+                ok = Signal(name=f"mg_maxok{depth_done}_{j // 2}")
+                m.d.sync += [v.eq(Mux(b_ok & (~a_ok | (b > a)), b, a)), ok.eq(a_ok | b_ok)]
+                nxt.append((v, ok))
+            level = nxt
+        m.d.comb += mg_m.eq(level[0][0])
+        MAX_LAT = 1 + _log2(P)
+
+        # ---- merge across lanes: output adder tree ----
+        OUT_LAT = 5 + ADD_LAT_M         # M0 issue .. M4 prod, the tree, the rounded word
+        mg_tags = [Signal(name=f"mg_v{k}") for k in range(OUT_LAT + 1)]
         m.d.comb += mg_tags[0].eq(mg_issue)
-        for k in range(1, 8):
+        for k in range(1, OUT_LAT + 1):
             m.d.sync += mg_tags[k].eq(mg_tags[k - 1])
-        sums = []
+        outs = []
         for k in range(M):
             level = [lane_prods[lane][k] for lane in range(P)]
             depth_done = 0
@@ -490,16 +559,59 @@ class AttentionCore(wiring.Component):
                             for j in range(len(level))]
                     m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
                     level = regs
-            sums.append(level[0])
-        out_v = mg_tags[3 + ADD_LAT_M]
-        # M0 issue -> M1 a_reg -> M2 opa -> M3 prod -> (+tree) -> round
-        outs = []
-        for k in range(M):
-            r = Signal(signed(len(sums[k]) + 1), name=f"mg_round{k}")
-            m.d.comb += r.eq((sums[k] + (1 << 16)) >> 17)
-            outs.append(Mux(r > 32767, 32767, Mux(r < -32768, -32768, r))[:16])
-        m.d.comb += [out_fifo.w_data.eq(Cat(*outs)), out_fifo.w_en.eq(out_v)]
-        OUT_LAT = 3 + ADD_LAT_M
+            r = Signal(signed(len(level[0]) + 1), name=f"mg_round{k}")
+            m.d.comb += r.eq((level[0] + (1 << 16)) >> 17)
+            out = Signal(16, name=f"mg_out{k}")
+            m.d.sync += out.eq(Mux(r > 32767, 32767, Mux(r < -32768, -32768, r))[:16])
+            outs.append(out)
+        m.d.comb += [out_fifo.w_data.eq(Cat(*outs)), out_fifo.w_en.eq(mg_tags[OUT_LAT])]
+
+        # ---- merge: L = sum (l * alpha) >> 15 over the lanes, one lane per clock ----
+        # S0 select (l, alpha) of lane mg_i; S1 l_lo*alpha and l_hi*alpha (l = l_hi*2**17 +
+        # l_lo); S2 term = l_hi*alpha*4 + (l_lo*alpha >> 15) = (l*alpha) >> 15; S3 sum
+        LO = min(LW, 17)
+        sum_l = Signal(LW)
+        sum_a = Signal(16)
+        sum_v = Signal()
+        sum_plo = Signal(LO + 16)
+        sum_phi = Signal(max(LW - 17, 1) + 16)
+        sum_pv = Signal()
+        sum_term = Signal(LW + 1)
+        sum_tv = Signal()
+        m.d.sync += [sum_v.eq(0), sum_plo.eq(sum_l[:LO] * sum_a), sum_pv.eq(sum_v),
+                     sum_tv.eq(sum_pv)]
+        if LW > 17:
+            m.d.sync += [sum_phi.eq(sum_l[17:] * sum_a),
+                         sum_term.eq((sum_phi << 2) + (sum_plo >> 15))]
+        else:
+            m.d.sync += sum_term.eq(sum_plo >> 15)
+        with m.If(sum_tv):
+            m.d.sync += mg_sum.eq(mg_sum + sum_term)
+
+        # ---- merge: beta = min((alpha * R) >> amt, 2**17 - 1), one lane per clock ----
+        # B0 select (alpha, amt) of lane mg_i; B1 alpha*R_lo and alpha*R_hi (R = R_hi*2**17 +
+        # R_lo, R <= 2**17); B2 alpha*R; B3 shifted; B4 saturated into the lane's beta
+        b_alpha = Signal(16)
+        b_amt = [Signal(range(LSW + 8), name=f"b_amt{k}") for k in range(3)]
+        b_idx = [Signal(range(P), name=f"b_idx{k}") for k in range(4)]
+        b_v = [Signal(name=f"b_v{k}") for k in range(4)]
+        b_lo = Signal(16 + 17)
+        b_hi = Signal(16)
+        b_calc = Signal(34)
+        b_shifted = Signal(34)
+        m.d.sync += [b_v[0].eq(0),
+                     b_lo.eq(b_alpha * mg_recip[:17]), b_hi.eq(Mux(mg_recip[17], b_alpha, 0)),
+                     b_calc.eq(b_lo + (b_hi << 17)),
+                     b_shifted.eq(b_calc >> b_amt[2])]
+        for k in range(1, 4):
+            m.d.sync += [b_idx[k].eq(b_idx[k - 1]), b_v[k].eq(b_v[k - 1])]
+            if k < 3:
+                m.d.sync += b_amt[k].eq(b_amt[k - 1])
+        with m.If(b_v[3]):
+            value = Mux(b_shifted > (1 << 17) - 1, (1 << 17) - 1, b_shifted)
+            for lane in range(P):
+                with m.If(b_idx[3] == lane):
+                    m.d.sync += lane_beta[lane].eq(value)
 
         # ---- meta port ----
         meta_ok = Signal()
@@ -517,18 +629,27 @@ class AttentionCore(wiring.Component):
         m.d.comb += rd_word.eq(Array(rd_words)[dma_rd_lane])
         m.d.comb += self.ring_rdata.eq(Mux(dma_rd_ok, rd_word.word_select(dma_rd_b, 8), 0))
 
+        # the ring's new head and count are stored one clock after the token's last beat
+        # (from registers: the enables of the 8-way metadata registers stay off the load's
+        # beat counting); nothing reads them before the next token or the status
+        commit = Signal()
+        clear_mask = Signal(R)
+        m.d.sync += commit.eq(0)
+        with m.If(commit):
+            m.d.sync += [ring_head[ring].eq(new_slot), ring_count[ring].eq(cur_count_inc)]
+
         # ---- the FSM ----
-        LAT_A = 3 + ADD_LAT_A + 3       # issue -> score stored
-        LAT_B = 7                       # issue -> acc written
-        drain = Signal(range(16))
+        drain = Signal(range(32))
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(self.cmd.valid):
                     p = self.cmd.payload
-                    m.d.sync += [cmd_op.eq(p.op), cmd_layer.eq(p.layer), cmd_kvh.eq(p.kv_head),
-                                 cmd_left.eq(p.count), busy.eq(1)]
+                    m.d.sync += [cmd_op.eq(p.op), cmd_left.eq(p.count), busy.eq(1)]
                     bad_range = (p.layer >= L) | ((p.op == AttnOp.ATTEND) & (p.kv_head >= Hkv))
+                    # the rings a CLEAR empties, decided here so that CLEAR is a plain write
+                    m.d.sync += clear_mask.eq(Cat(*[
+                        (p.op == AttnOp.CLEAR_ALL) | (p.layer == r // Hkv) for r in range(R)]))
                     with m.If(p.op == 3):
                         m.d.sync += cmd_err.eq(AttnErr.OP)
                         m.next = "STATUS"
@@ -541,15 +662,14 @@ class AttentionCore(wiring.Component):
                     with m.Else():
                         m.d.sync += [cmd_err.eq(AttnErr.NONE),
                                      ring.eq(p.layer[:8] * Hkv + p.kv_head),
-                                     ring_kind_base.eq((p.layer[:8] * Hkv + p.kv_head) * 2),
-                                     load_idx.eq(0)]
+                                     load_c.eq(0), load_vec.eq(0)]
                         with m.If(p.op == AttnOp.ATTEND):
                             m.next = "LOAD"
                         with m.Else():
                             m.next = "CLEAR"
             with m.State("CLEAR"):
                 for r in range(R):
-                    with m.If((cmd_op == AttnOp.CLEAR_ALL) | (cmd_layer == r // Hkv)):
+                    with m.If(clear_mask[r]):
                         m.d.sync += [ring_count[r].eq(0), ring_head[r].eq(W - 1)]
                 m.next = "STATUS"
             with m.State("LOAD"):
@@ -559,32 +679,45 @@ class AttentionCore(wiring.Component):
                 m.d.sync += [cur_count.eq(ring_count[ring]), cur_count_inc.eq(cur_count + 1)]
                 m.d.comb += [self.i.ready.eq(1), load_beat.eq(self.i.valid)]
                 with m.If(self.i.valid):
-                    m.d.sync += load_idx.eq(load_idx + 1)
-                    with m.If(load_idx == (G + 2) * CH - 1):
-                        new_count = cur_count_inc
-                        m.d.sync += [
-                            load_idx.eq(0),
-                            ring_head[ring].eq(new_slot),
-                            ring_count[ring].eq(new_count),
-                            nvalid.eq(Mux(new_count >= W, W, new_count)),
-                            tcount.eq(Mux(new_count >= S, S, new_count)),
-                            phase.eq(PH_A), it_t.eq(0), it_c.eq(0), it_g.eq(0),
-                        ]
-                        m.next = "RUN"
+                    m.d.sync += load_c.eq(load_c + 1)
+                    with m.If(load_c == CH - 1):
+                        m.d.sync += [load_c.eq(0), load_vec.eq(load_vec + 1)]
+                        with m.If(load_vec == G + 1):
+                            new_count = cur_count_inc
+                            m.d.sync += [
+                                load_vec.eq(0),
+                                commit.eq(1),
+                                nvalid.eq(Mux(new_count >= W, W, new_count)),
+                                tcount.eq(Mux(new_count >= S, S, new_count)),
+                                phase.eq(PH_A), it_t.eq(0), it_c.eq(0), it_g.eq(0),
+                            ]
+                            m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += issue.eq(1)
 
                 last_g = it_g == G - 1
                 last_c = it_c == CH - 1
                 last_t = it_t == tcount - 1
-                m.d.sync += it_g.eq(Mux(last_g, 0, it_g + 1))
-                with m.If(last_g):
-                    m.d.sync += it_c.eq(Mux(last_c, 0, it_c + 1))
-                    with m.If(last_c):
-                        m.d.sync += it_t.eq(it_t + 1)
-                        with m.If(last_t):
-                            m.d.sync += [it_t.eq(0), drain.eq(0)]
-                            m.next = "DRAIN"
+                with m.If(phase == PH_A):
+                    # t, c, g (g innermost): one K word serves the G queries
+                    m.d.sync += it_g.eq(Mux(last_g, 0, it_g + 1))
+                    with m.If(last_g):
+                        m.d.sync += it_c.eq(Mux(last_c, 0, it_c + 1))
+                        with m.If(last_c):
+                            m.d.sync += it_t.eq(it_t + 1)
+                            with m.If(last_t):
+                                m.d.sync += [it_t.eq(0), drain.eq(0)]
+                                m.next = "DRAIN"
+                with m.Else():
+                    # g, c, t (t innermost): each accumulator sums over consecutive clocks
+                    m.d.sync += it_t.eq(Mux(last_t, 0, it_t + 1))
+                    with m.If(last_t):
+                        m.d.sync += it_c.eq(Mux(last_c, 0, it_c + 1))
+                        with m.If(last_c):
+                            m.d.sync += it_g.eq(it_g + 1)
+                            with m.If(last_g):
+                                m.d.sync += [it_g.eq(0), drain.eq(0)]
+                                m.next = "DRAIN"
             with m.State("DRAIN"):
                 m.d.sync += drain.eq(drain + 1)
                 with m.If(phase == PH_A):
@@ -598,31 +731,24 @@ class AttentionCore(wiring.Component):
             with m.State("MG_WAIT"):
                 # the output FIFO holds one token: wait until the previous one has left
                 with m.If(out_fifo.level == 0):
-                    m.next = "MG_MAX"
-            with m.State("MG_MAX"):
-                # global max over live lanes (lane 0 is always live)
-                best = lane_m[0][mg_g]
-                for lane in range(1, P):
-                    cand = lane_m[lane][mg_g]
-                    best = Mux(lane_live[lane] & (cand > best), cand, best)
-                m.d.sync += [mg_m.eq(best), mg_step.eq(0)]
-                m.next = "MG_ALPHA"
+                    m.d.sync += mg_step.eq(0)
+                    m.next = "MG_ALPHA"
             with m.State("MG_ALPHA"):
-                # y <- m - m_lane (cycle 0), y_hi/ROM (1), p_reg (2), latch alpha (3)
+                # the max tree gives mg_m at step MAX_LAT; then y <- m - m_lane (+1), table
+                # address (+2), table word (+3), p_reg (+4): latch alpha
                 m.d.sync += mg_step.eq(mg_step + 1)
-                with m.If(mg_step == 3):
+                with m.If(mg_step == MAX_LAT + 4):
                     for lane in range(P):
                         m.d.sync += lane_alpha[lane].eq(Mux(lane_live[lane],
                                                             lane_p[lane], 0))
-                    m.d.sync += [mg_i.eq(0), mg_sum.eq(0), mg_prod_ok.eq(0)]
+                    m.d.sync += [mg_i.eq(0), mg_sum.eq(0)]
                     m.next = "MG_SUM"
             with m.State("MG_SUM"):
-                m.d.sync += [mg_prod.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]
-                                        * Array(lane_alpha)[mg_i]),
-                             mg_prod_ok.eq(mg_i < P), mg_i.eq(mg_i + 1)]
-                with m.If(mg_prod_ok):
-                    m.d.sync += mg_sum.eq(mg_sum + (mg_prod >> 15))
-                with m.If(mg_i == P):
+                m.d.sync += mg_i.eq(mg_i + 1)
+                with m.If(mg_i < P):
+                    m.d.sync += [sum_l.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]),
+                                 sum_a.eq(Array(lane_alpha)[mg_i]), sum_v.eq(1)]
+                with m.If(mg_i == P + 2):        # the last term is summed in this clock
                     m.next = "MG_LOG"
             with m.State("MG_LOG"):
                 for b in range(LSW):
@@ -644,19 +770,15 @@ class AttentionCore(wiring.Component):
                     amt = mg_e + 6 - lane_sh[lane]
                     m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
-                    m.d.sync += [mg_i.eq(0), mg_beta_ok.eq(0)]
+                    m.d.sync += mg_i.eq(0)
                     m.next = "MG_BETA"
             with m.State("MG_BETA"):
-                m.d.sync += [mg_beta_calc.eq(Array(lane_alpha)[mg_i] * mg_recip),
-                             mg_beta_i.eq(mg_i), mg_beta_ok.eq(mg_i < P), mg_i.eq(mg_i + 1)]
-                with m.If(mg_beta_ok):
-                    shifted = Signal(34, name="mg_shifted")
-                    m.d.comb += shifted.eq(mg_beta_calc >> Array(lane_amt)[mg_beta_i])
-                    value = Mux(shifted > (1 << 17) - 1, (1 << 17) - 1, shifted)
-                    for lane in range(P):
-                        with m.If(mg_beta_i == lane):
-                            m.d.sync += lane_beta[lane].eq(value)
-                with m.If(mg_i == P):
+                m.d.sync += mg_i.eq(mg_i + 1)
+                with m.If(mg_i < P):
+                    m.d.sync += [b_alpha.eq(Array(lane_alpha)[mg_i]),
+                                 b_amt[0].eq(Array(lane_amt)[mg_i]),
+                                 b_idx[0].eq(mg_i), b_v[0].eq(1)]
+                with m.If(mg_i == P + 3):        # the last beta is written in this clock
                     m.d.sync += mg_c.eq(0)
                     m.next = "MG_OUT"
             with m.State("MG_OUT"):
@@ -668,8 +790,8 @@ class AttentionCore(wiring.Component):
                         m.d.sync += drain.eq(0)
                         m.next = "MG_DRAIN"
                     with m.Else():
-                        m.d.sync += mg_g.eq(mg_g + 1)
-                        m.next = "MG_MAX"
+                        m.d.sync += [mg_g.eq(mg_g + 1), mg_step.eq(0)]
+                        m.next = "MG_ALPHA"
             with m.State("MG_DRAIN"):
                 m.d.sync += drain.eq(drain + 1)
                 with m.If(drain == OUT_LAT - 1):

@@ -1,5 +1,6 @@
 """SWA attention core: parameter checks, Amaranth-simulator tests, cocotb on Verilator."""
 
+import math
 import random
 
 import numpy as np
@@ -67,6 +68,37 @@ def test_decode_wraps_many_times():
     got, _ = check(core, ops)
     assert [s[2] for s in got["status"]] == list(range(1, 15))
     assert got["reads"] == [(0, 3), (0, 3), (14, (14 - 1) % 4), (0, 3)]
+
+
+def documented_token_cycles(core, n):
+    """The clocks of one ATTEND token with ``n`` valid slots, as the docstring states them
+    (input always valid, output always ready), without the command's status clock."""
+    G, d, M, P = core.group, core.head_dim, core.macs, core.lanes
+    T = min(core.window // P, n)
+    drain_a = 7 + math.ceil(math.log2(M) / 2)
+    drain_out = 5 + math.ceil(math.log2(P) / 2)
+    merge_head = 2 * P + int(math.log2(P)) + 32 + d // M
+    return ((G + 2) * d // M + 2 * G * T * d // M + drain_a + 9 + 1 + G * merge_head
+            + drain_out)
+
+
+@pytest.mark.parametrize("config,fill", [
+    (dict(layers=1, q_heads=2, kv_heads=1, head_dim=16, window=16, lanes=4, macs=4), 16),
+    (dict(layers=1, q_heads=2, kv_heads=1, head_dim=16, window=16, lanes=4, macs=4), 2),
+    (dict(layers=2, q_heads=3, kv_heads=1, head_dim=8, window=8, lanes=1, macs=2), 8),
+    (dict(layers=1, q_heads=4, kv_heads=1, head_dim=32, window=8, lanes=8, macs=32), 5),
+])
+def test_cycles_match_docstring(config, fill):
+    """A decode step and a 3-token prefill take exactly the clocks the docstring states."""
+    core = AttentionCore(**config)
+    rng = np.random.default_rng(fill)
+    G, d = core.group, core.head_dim
+    ops = [("meta_write", 0, fill - 1, (fill - 2) % core.window),
+           attend(rng, 0, 0, 1, G, d), attend(rng, 0, 0, 3, G, d)]
+    got, _ = check(core, ops)
+    assert got["cycles"][0] == documented_token_cycles(core, fill) + 1
+    assert got["cycles"][1] == sum(documented_token_cycles(core, fill + 1 + j)
+                                   for j in range(3)) + 1
 
 
 @pytest.mark.parametrize("window,lanes,macs", [(8, 4, 2), (4, 1, 8), (1, 1, 4)])
