@@ -280,8 +280,19 @@ class CacheDirectory(wiring.Component):
         best_link = Signal(lb)
         best_age = Signal(self._stamp_width)
         have_best = Signal()
+        scan_link = Signal(lb)               # eviction scan: the link whose age is registered
+        scan_stamp = Signal(self._stamp_width)
+        exp_diff = Signal(self._stamp_width)     # EXPIRE: (now - max_age) mod 2**stamp_width
+        exp_ge = Signal()                        # EXPIRE: now >= max_age
+        scan_live = Signal()
         expire_now = Signal()
         clearing = Signal()                  # INIT was entered by CLEAR: answer it
+        # A lookup's verdict, registered unconditionally in LK_CMP (see there).
+        lk_walk = Signal()                   # the lookup compared links: RESP reports lk_hit
+        lk_hit = Signal()
+        lk_link = Signal(lb)
+        lk_region = Signal(rb)
+        chase = Signal()                     # LK_CMP walks on: read address := next pointer
         link_raddr = Signal(lb)
 
         m.d.comb += [
@@ -324,6 +335,26 @@ class CacheDirectory(wiring.Component):
         use_b = b_avail & (~a_avail | (b_level >= self._b_threshold))
         new_region = Mux(use_b, fifo_b.rdata, a_next[:rb])
 
+        # The response: ``resp``, or a lookup's verdict from the lk_* registers.
+        answer = Signal(self._resp_layout)
+        m.d.comb += answer.eq(resp)
+        with m.If(lk_walk & lk_hit):
+            m.d.comb += [answer.link.eq(lk_link), answer.region.eq(lk_region),
+                         answer.count.eq(cmd.count), answer.hash.eq(cmd.hash)]
+        with m.Elif(lk_walk):
+            m.d.comb += answer.status.eq(Status.MISS)
+
+        def respond():
+            """Offer ``answer`` (held steady: it depends on registers only) until taken."""
+            m.d.comb += [self.o.valid.eq(1), self.o.payload.eq(answer)]
+            with m.If(lk_walk & lk_hit):
+                # A hit refreshes the link's stamp; writing it again while waiting is harmless.
+                stamp.write(m, lk_link, cmd.now)
+            with m.If(self.o.ready):
+                m.next = "IDLE"
+            with m.Else():
+                m.next = "RESP"
+
         with m.FSM(init="IDLE" if formal else "INIT") as fsm:
             with m.State("INIT"):
                 # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
@@ -347,7 +378,10 @@ class CacheDirectory(wiring.Component):
                              head.raddr.eq(self.i.payload.hash[:bb])]
                 with m.If(self.i.valid):
                     m.d.sync += [cmd.eq(self.i.payload), resp.eq(0),
-                                 resp.op.eq(self.i.payload.op), idx.eq(0)]
+                                 resp.op.eq(self.i.payload.op), idx.eq(0), lk_walk.eq(0),
+                                 lk_hit.eq(0),
+                                 exp_diff.eq(self.i.payload.now - self.i.payload.max_age),
+                                 exp_ge.eq(self.i.payload.now >= self.i.payload.max_age)]
                     with m.Switch(self.i.payload.op):
                         with m.Case(Op.LOOKUP):
                             m.next = "LK_HEAD"
@@ -374,23 +408,28 @@ class CacheDirectory(wiring.Component):
                     m.d.sync += resp.status.eq(Status.MISS)
                     m.next = "RESP"
                 with m.Else():
+                    m.d.sync += [lk_walk.eq(1), chase.eq(1)]
                     m.next = "LK_CMP"
 
             with m.State("LK_CMP"):
-                # Follow next in the same cycle; the compare result picks hit, miss or go on.
-                m.d.comb += link_raddr.eq(nxt.rdata[:lb])
-                m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1)]
-                hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
-                       & (meta.rdata.hash == cmd.hash))
-                with m.If(hit):
-                    stamp.write(m, cur, cmd.now)
-                    m.d.sync += [resp.link.eq(cur), resp.region.eq(meta.rdata.region),
-                                 resp.count.eq(cmd.count), resp.hash.eq(cmd.hash)]
-                    m.next = "RESP"
-                with m.Elif(is_nil(nxt.rdata) | (idx == nl - 1)):
+                # Follow next in the same cycle. The compare (block RAM output, 64-bit hash and
+                # count) goes into one flip-flop, lk_hit, and nowhere else: it was the critical
+                # path when it also drove the FSM, the response register's enables and the
+                # stamp write. The walk goes on one link while lk_hit settles; a set lk_hit
+                # answers at once, as RESP does, so a hit costs no extra clock.
+                with m.If(lk_hit):
+                    respond()
+                with m.Else():
+                    # (link_raddr follows nxt.rdata: ``chase``, below the FSM.)
+                    hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
+                           & (meta.rdata.hash == cmd.hash))
                     # idx bounds the walk: a list never holds more than `links` links.
-                    m.d.sync += resp.status.eq(Status.MISS)
-                    m.next = "RESP"
+                    end = is_nil(nxt.rdata) | (idx == nl - 1)
+                    m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
+                                 lk_link.eq(cur), lk_region.eq(meta.rdata.region),
+                                 chase.eq(~hit & ~end)]
+                    with m.If(end):
+                        m.next = "RESP"
 
             with m.State("INS_CHECK"):
                 existing = cmd.op == Op.INSERT_EXISTING
@@ -405,7 +444,10 @@ class CacheDirectory(wiring.Component):
                     m.next = "RESP"
                 with m.Elif(~have_link | (~existing & ~have_region)):
                     with m.If(~existing & cmd.evict & ~resp.evicted):
-                        m.next = "EV_START"
+                        # Start the LRU scan: read link 0 now.
+                        m.d.comb += link_raddr.eq(0)
+                        m.d.sync += [idx.eq(0), have_best.eq(0), scan_live.eq(0)]
+                        m.next = "EV_SCAN"
                     with m.Else():
                         m.d.sync += resp.status.eq(Status.FULL)
                         m.next = "RESP"
@@ -443,20 +485,26 @@ class CacheDirectory(wiring.Component):
                 prev.write(m, old_head[:lb], cur)
                 m.next = "RESP"
 
-            with m.State("EV_START"):
-                m.d.comb += link_raddr.eq(0)
-                m.d.sync += [idx.eq(0), have_best.eq(0)]
-                m.next = "EV_SCAN"
+            def scan_compare():
+                scan_age = age_of(scan_stamp)
+                with m.If(scan_live & (~have_best | (scan_age > best_age))):
+                    m.d.sync += [best_link.eq(scan_link), best_age.eq(scan_age),
+                                 have_best.eq(1)]
 
             with m.State("EV_SCAN"):
                 # One link per clock: the oldest live stamp wins, ties to the lowest index.
+                # Two stages (the stamp is registered, then aged and compared with the best so
+                # far): the stamp read, subtraction and compare in one clock was too slow.
                 m.d.comb += link_raddr.eq(idx + 1)
-                age = age_of(stamp.rdata)
-                with m.If(meta.rdata.valid & (~have_best | (age > best_age))):
-                    m.d.sync += [best_link.eq(idx), best_age.eq(age), have_best.eq(1)]
-                m.d.sync += idx.eq(idx + 1)
+                m.d.sync += [scan_link.eq(idx), scan_stamp.eq(stamp.rdata),
+                             scan_live.eq(meta.rdata.valid), idx.eq(idx + 1)]
+                scan_compare()
                 with m.If(idx == nl - 1):
-                    m.next = "EV_READ"
+                    m.next = "EV_LAST"
+
+            with m.State("EV_LAST"):
+                scan_compare()
+                m.next = "EV_READ"
 
             with m.State("EV_READ"):
                 m.d.comb += link_raddr.eq(best_link)
@@ -507,8 +555,13 @@ class CacheDirectory(wiring.Component):
                 # The age compare goes into a register, not straight into the unlink's write
                 # enables: that path (stamp read, subtract, compare, write) was the critical one.
                 m.d.comb += link_raddr.eq(idx)
-                m.d.sync += expire_now.eq(meta.rdata.valid
-                                          & (age_of(stamp.rdata) > cmd.max_age))
+                # age > max_age without the subtraction after the read: with d = (now -
+                # max_age) mod 2**w, a stamp s <= now is old when now >= max_age and s < d; a
+                # stamp s > now (the clock wrapped) when now >= max_age or s < d.
+                s = stamp.rdata
+                below = s < exp_diff
+                old = Mux(s <= cmd.now, exp_ge & below, exp_ge | below)
+                m.d.sync += expire_now.eq(meta.rdata.valid & old)
                 m.next = "EXP_ACT"
 
             with m.State("EXP_ACT"):
@@ -530,9 +583,13 @@ class CacheDirectory(wiring.Component):
                         m.next = "EXP_CHECK"
 
             with m.State("RESP"):
-                m.d.comb += [self.o.valid.eq(1), self.o.payload.eq(resp)]
-                with m.If(self.o.ready):
-                    m.next = "IDLE"
+                respond()
+
+        # ``chase`` is high exactly in the LK_CMP clocks that follow the list, and it comes from
+        # a flip-flop: the next pointer then passes one 2:1 mux on its way from one block RAM's
+        # output to the others' read address, not the whole per-state address mux.
+        with m.If(chase):
+            m.d.comb += link_raddr.eq(nxt.rdata[:lb])
 
         if formal:
             m.d.comb += Assume(~ResetSignal())
