@@ -85,7 +85,7 @@ class AttentionCore(wiring.Component):
     (``T = min(S, n)``, ``n`` the valid slots), a drain of ``7 + ceil(log2(M)/2)`` clocks after
     phase A and of 9 after phase B, and the merge: one clock, then per query head
     ``2·P + log2(P) + 32`` clocks for the LSE weights and the reciprocal plus ``d/M`` output
-    beats, then a drain of ``5 + ceil(log2(P)/2)`` clocks. A command adds one clock for its
+    beats, then a drain of ``6 + ceil(log2(P)/2)`` clocks. A command adds one clock for its
     status. These counts are exact with ``i`` always valid and ``o`` always ready (tested);
     measured figures are in ``docs/BENCHMARKS.md``.
 
@@ -289,12 +289,14 @@ class AttentionCore(wiring.Component):
         # or while idle, and the first k beat comes at least one clock into LOAD
         new_slot = Signal(range(W))
         m.d.sync += new_slot.eq(Mux(ring_head[ring] == W - 1, 0, ring_head[ring] + 1))
+        # in_load, load_is_kv and load_kind are registers kept with the beat counters, so
+        # that the K/V bank write enables are one gate away from flip-flops
+        in_load = Signal()              # the FSM is in LOAD
         load_beat = Signal()            # an i beat is transferred this cycle
-        load_kind = Signal()            # 0 = K, 1 = V
-        load_is_kv = Signal()
+        load_kind = Signal()            # 0 = K, 1 = V (vector load_vec)
+        load_is_kv = Signal()           # load_vec >= G
         m.d.comb += [
-            load_is_kv.eq(load_vec >= G),
-            load_kind.eq(load_vec == G + 1),
+            load_beat.eq(in_load & self.i.valid),
             q_wr.addr.eq(Cat(load_c, load_vec[:len(it_g)])),
             q_wr.data.eq(self.i.payload.as_value()),
             q_wr.en.eq(load_beat & ~load_is_kv),
@@ -323,8 +325,10 @@ class AttentionCore(wiring.Component):
         rd_words = []
         word_issue = Signal(range(lane_depth))
         m.d.comb += word_issue.eq(Cat(it_c, it_t, phase == PH_B, ring))
-        word_load = Signal(range(lane_depth))
-        m.d.comb += word_load.eq(Cat(load_c, new_t, load_kind, ring))
+        load_word_d = Signal(range(lane_depth))
+        load_data_d = Signal(8 * M)
+        m.d.sync += [load_word_d.eq(Cat(load_c, new_t, load_kind, ring)),
+                     load_data_d.eq(self.i.payload.as_value())]
 
         for lane in range(P):
             kv_mem = memory.Memory(shape=unsigned(8 * M), depth=lane_depth, init=[])
@@ -364,17 +368,24 @@ class AttentionCore(wiring.Component):
             def slot_valid(t, lane=lane):
                 return (lane * S + t) < nvalid
 
-            # K/V bank: read address and writes (load, ring port)
+            # K/V bank: read address and writes (load, ring port). The read port is always
+            # enabled: a read nobody asked for is never used (the pipeline follows the tags,
+            # ring_rdata shows a word only the clock after ring_re), and a clock enable would
+            # fan out from the FSM to every DP16KD.
             with m.If(busy):
-                m.d.comb += [kv_rd.addr.eq(word_issue), kv_rd.en.eq(issue)]
+                m.d.comb += kv_rd.addr.eq(word_issue)
             with m.Else():
-                m.d.comb += [kv_rd.addr.eq(dma_word), kv_rd.en.eq(self.ring_re)]
+                m.d.comb += kv_rd.addr.eq(dma_word)
+            # a k/v beat is written one clock after its transfer, from registers (yosys adds
+            # read/write collision logic behind the bank, which must start at flip-flops);
+            # the last v beat lands in the first RUN clock, long before phase B reads it
+            load_we = Signal(name=f"lane{lane}_loadwe")
+            m.d.sync += load_we.eq(load_beat & load_is_kv & (new_lane == lane))
             with m.If(busy):
                 m.d.comb += [
-                    kv_wr.addr.eq(word_load),
-                    kv_wr.data.eq(self.i.payload.as_value()),
-                    kv_wr.en.eq(Mux(load_beat & load_is_kv & (new_lane == lane),
-                                    (1 << M) - 1, 0)),
+                    kv_wr.addr.eq(load_word_d),
+                    kv_wr.data.eq(load_data_d),
+                    kv_wr.en.eq(Mux(load_we, (1 << M) - 1, 0)),
                 ]
             with m.Else():
                 m.d.comb += [
@@ -402,7 +413,8 @@ class AttentionCore(wiring.Component):
             p_d = [Signal(17, name=f"lane{lane}_pd{k}") for k in range(2)]
             m.d.sync += [p_d[0].eq(p_reg), p_d[1].eq(p_d[0])]
 
-            # merge: M0 issue (acc read); M1 acc word; M2 a = acc >> sh; M3 opa/opb; M4 prod
+            # merge: M0 issue (acc read); M1 acc word; M2 coarse shift; M3 a = acc >> sh;
+            # M4 opa/opb; M5 prod
             acc_word = [Signal(signed(AW), name=f"lane{lane}_accw{k}") for k in range(M)]
             a_reg = [Signal(signed(18), name=f"lane{lane}_a{k}") for k in range(M)]
             with m.Switch(phase):
@@ -506,8 +518,8 @@ class AttentionCore(wiring.Component):
                 m.d.sync += l_reg[tb.g].eq(Mux(tb.t == 0, 0, l_reg[tb.g]) + p_d[1])
 
             # ---------- merge: per-lane parts ----------
-            # sh follows mg_g two clocks late (l selected, then its bit length): the last
-            # output word of a head still shifts with that head's sh
+            # sh follows mg_g two clocks late (l selected, then its bit length), its copies
+            # three: the last output word of a head still shifts with that head's sh
             lsel = Signal(LW, name=f"lane{lane}_lsel")
             m.d.sync += lsel.eq(l_reg[mg_g])
             bl = Signal(range(LW + 1), name=f"lane{lane}_bl")
@@ -515,8 +527,15 @@ class AttentionCore(wiring.Component):
                 with m.If(lsel[b]):
                     m.d.comb += bl.eq(b + 1)
             m.d.sync += sh.eq(Mux(bl > 10, bl - 10, 0))
+            # a = acc >> sh in two registered steps (by the multiple of 4 in sh, then by the
+            # rest), each element with its own copy of sh: one sh net fanning out to M 30-bit
+            # shifters was longer than a clock. The copies follow mg_g three clocks late.
+            acc_coarse = [Signal(signed(AW), name=f"lane{lane}_accc{k}") for k in range(M)]
             for k in range(M):
-                m.d.sync += [acc_word[k].eq(acc_rd.data[k]), a_reg[k].eq(acc_word[k] >> sh)]
+                sh_k = Signal(range(LW + 1), name=f"lane{lane}_sh{k}")
+                m.d.sync += [sh_k.eq(sh), acc_word[k].eq(acc_rd.data[k]),
+                             acc_coarse[k].eq(acc_word[k] >> Cat(Const(0, 2), sh_k[2:])),
+                             a_reg[k].eq(acc_coarse[k] >> sh_k[:2])]
 
         # ---- merge: global max over the live lanes, a registered tree ----
         # level 0 registers each lane's m of head mg_g with its live flag; each level keeps
@@ -542,7 +561,7 @@ class AttentionCore(wiring.Component):
         MAX_LAT = 1 + _log2(P)
 
         # ---- merge across lanes: output adder tree ----
-        OUT_LAT = 5 + ADD_LAT_M         # M0 issue .. M4 prod, the tree, the rounded word
+        OUT_LAT = 6 + ADD_LAT_M         # M0 issue .. M5 prod, the tree, the rounded word
         mg_tags = [Signal(name=f"mg_v{k}") for k in range(OUT_LAT + 1)]
         m.d.comb += mg_tags[0].eq(mg_issue)
         for k in range(1, OUT_LAT + 1):
@@ -662,8 +681,10 @@ class AttentionCore(wiring.Component):
                     with m.Else():
                         m.d.sync += [cmd_err.eq(AttnErr.NONE),
                                      ring.eq(p.layer[:8] * Hkv + p.kv_head),
-                                     load_c.eq(0), load_vec.eq(0)]
+                                     load_c.eq(0), load_vec.eq(0), load_is_kv.eq(0),
+                                     load_kind.eq(0)]
                         with m.If(p.op == AttnOp.ATTEND):
+                            m.d.sync += in_load.eq(1)
                             m.next = "LOAD"
                         with m.Else():
                             m.next = "CLEAR"
@@ -677,15 +698,18 @@ class AttentionCore(wiring.Component):
                 # three beats, so the last beat always sees it (keeps the 32-bit mux and adder
                 # off the critical path)
                 m.d.sync += [cur_count.eq(ring_count[ring]), cur_count_inc.eq(cur_count + 1)]
-                m.d.comb += [self.i.ready.eq(1), load_beat.eq(self.i.valid)]
+                m.d.comb += self.i.ready.eq(1)
                 with m.If(self.i.valid):
                     m.d.sync += load_c.eq(load_c + 1)
                     with m.If(load_c == CH - 1):
-                        m.d.sync += [load_c.eq(0), load_vec.eq(load_vec + 1)]
+                        m.d.sync += [load_c.eq(0), load_vec.eq(load_vec + 1),
+                                     load_is_kv.eq(load_vec + 1 >= G),
+                                     load_kind.eq(load_vec + 1 == G + 1)]
                         with m.If(load_vec == G + 1):
                             new_count = cur_count_inc
                             m.d.sync += [
-                                load_vec.eq(0),
+                                load_vec.eq(0), load_is_kv.eq(0), load_kind.eq(0),
+                                in_load.eq(0),
                                 commit.eq(1),
                                 nvalid.eq(Mux(new_count >= W, W, new_count)),
                                 tcount.eq(Mux(new_count >= S, S, new_count)),
@@ -799,6 +823,7 @@ class AttentionCore(wiring.Component):
                     with m.If(cmd_left == 1):
                         m.next = "STATUS"
                     with m.Else():
+                        m.d.sync += in_load.eq(1)
                         m.next = "LOAD"
             with m.State("STATUS"):
                 m.d.comb += [

@@ -76,7 +76,7 @@ def documented_token_cycles(core, n):
     G, d, M, P = core.group, core.head_dim, core.macs, core.lanes
     T = min(core.window // P, n)
     drain_a = 7 + math.ceil(math.log2(M) / 2)
-    drain_out = 5 + math.ceil(math.log2(P) / 2)
+    drain_out = 6 + math.ceil(math.log2(P) / 2)
     merge_head = 2 * P + int(math.log2(P)) + 32 + d // M
     return ((G + 2) * d // M + 2 * G * T * d // M + drain_a + 9 + 1 + G * merge_head
             + drain_out)
