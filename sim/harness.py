@@ -11,6 +11,7 @@ image keeps what was written, sector by sector).
 """
 
 import argparse
+import fcntl
 import json
 import os
 import subprocess
@@ -46,16 +47,21 @@ def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path
     top = _top(config, top_kwargs)
     sectors = top.base_lba + top.regions * top.record_layout.sectors_per_region
     build_dir = _build_dir(config, top_kwargs)
-    source = build_dir / f"{TOP_NAME}.v"
-    old = source.read_text() if source.exists() else None
-    write_verilog(top, TOP_NAME, source)
-    binary = build_dir / TOP_NAME
-    if old != source.read_text() or not binary.exists():
-        runner = get_runner("verilator")
-        runner.build(sources=[source], hdl_toplevel=TOP_NAME, build_dir=build_dir,
-                     build_args=["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"],
-                     timescale=("1ns", "1ps"), always=True,
-                     log_file=build_dir / "verilator-build.log")
+    build_dir.mkdir(parents=True, exist_ok=True)
+    # One build at a time per directory: parallel test workers (and a `ringkv sim` started
+    # beside a test run) would otherwise verilate into the same files at once.
+    with open(build_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        source = build_dir / f"{TOP_NAME}.v"
+        old = source.read_text() if source.exists() else None
+        write_verilog(top, TOP_NAME, source)
+        binary = build_dir / TOP_NAME
+        if old != source.read_text() or not binary.exists():
+            runner = get_runner("verilator")
+            runner.build(sources=[source], hdl_toplevel=TOP_NAME, build_dir=build_dir,
+                         build_args=["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"],
+                         timescale=("1ns", "1ps"), always=True,
+                         log_file=build_dir / "verilator-build.log")
     (build_dir / "sectors").write_text(str(sectors))
     return build_dir, sectors
 
