@@ -182,12 +182,16 @@ class AttentionCore(wiring.Component):
         # * A DP16KD (the K/V banks, the exp tables) has a clock-to-output of about 5.6 ns: its
         #   read data goes straight into a register, never through logic first.
         # * A MULT18X18D is used without its internal registers (yosys does not pack them) and
-        #   takes about 4 ns: every multiplier has registered operands and a registered
-        #   product, with no mux in front and no adder behind. Products wider than 18x18 are
-        #   split by hand into 18x18 parts whose sum is formed in the next stage.
+        #   takes about 4 ns: every multiplier has registered operands (any selection happens
+        #   before the operand register) and a registered product, with no adder behind.
+        #   Products wider than 18x18 are split by hand into 18x18 parts whose sum is formed
+        #   in the next stage.
         # * Selections across lanes or heads and the adders that follow them are separated by
         #   a register (the merge unit's max tree, the operand selects of the shared merge
         #   multipliers, the shifts of alpha*R and of the accumulators).
+        # * Nets that fan out to many cells (ring metadata enables, K/V bank enables, the
+        #   accumulator shift) start at flip-flops at most one gate away; see the comments at
+        #   each (routing, not logic, dominates the paths on this device).
         # The extra stages add a fixed number of clocks per token and per query head (see the
         # docstring), never a clock inside the MAC loop.
 
