@@ -1,15 +1,28 @@
-"""Bit-exact golden model of the SWA attention core's fixed-point datapath ("ringkv-fx1").
+"""Bit-exact golden model of the SWA attention core's fixed-point datapath.
 
-Numerics ``ringkv-fx1`` (every quantity an integer; the real value is given beside it):
+Two numerics, chosen per device (``RingKVConfig.numerics``, ``AttentionCore(numerics=...)``);
+they differ only in the width and scale of q, k, v and of the output (:class:`Numerics`):
+
+* ``ringkv-fx1`` (the default, SPEC's int8 K/V): q, k, v int8 with real = x / 32, output
+  int16 with real = o / 8192.
+* ``ringkv-fx2`` (wide K/V, for accuracy): q, k, v int16 with real = x / 2048 (range
+  -16 .. 16), output int16 with real = o / 2048 (the range of v, so a convex combination of
+  v never saturates). Twice the ring memory, record and link bytes per element; the same
+  multipliers (16 x 16 and 17 x 16 still fit one MULT18X18D).
+
+Every quantity is an integer; with ``EW`` the element width (8 or 16) and ``F`` the q/k/v
+fraction bits (5 or 11):
 
 =====================  ==========================  ==============================================
 quantity               format                      meaning
 =====================  ==========================  ==============================================
-q, k, v                int8, scale ``2**-5``       real = x / 32 (range -4 .. 3.97); the host
-                                                   quantizes with round-half-even and clips
-dot                    signed, ``d * 2**14`` max   sum over d of q*k (units ``2**-10``)
-score ``s``            signed, units ``2**-8``     ``(dot * CS) >> 18``: the score in base-2
-                                                   log units, ``CS = round(scale*log2(e)*2**16)``
+q, k, v                signed ``EW`` bits          real = x * 2**-F; the host quantizes with
+                                                   round-half-even and clips
+dot                    signed                      sum over d of q*k (units ``2**-2F``)
+score ``s``            signed, units ``2**-8``     ``((dot >> DSH) * CS) >> 18`` with
+                                                   ``DSH = 2F - 10`` (dot in units ``2**-10``):
+                                                   the score in base-2 log units,
+                                                   ``CS = round(scale*log2(e)*2**16)``
                                                    with ``scale = 1/sqrt(d)`` by default
 exp weight ``p``       unsigned Q1.15              ``exp2_fx(m - s)``: ``T[y & 255] >> (y >> 8)``
                                                    with ``T[f] = round(2**15 * 2**(-f/256))``,
@@ -17,17 +30,20 @@ exp weight ``p``       unsigned Q1.15              ``exp2_fx(m - s)``: ``T[y & 2
 lane sum ``l``         unsigned                    sum of ``p`` over the lane's valid slots
 lane accumulator       signed                      sum of ``p * v`` over the lane's valid slots
 merge weight alpha     unsigned Q1.15              ``exp2_fx(m - m_lane)``, 0 for an empty lane
-output ``o``           int16, scale ``2**-13``     real = o / 8192 (v units with 8 more
-                                                   fraction bits), rounded, saturated
+output ``o``           int16                       real = o * 2**-(F + 16 - EW) (fx1: v units
+                                                   with 8 more fraction bits; fx2: v units),
+                                                   rounded, saturated
 =====================  ==========================  ==============================================
 
-Split-KV merge (the core's merge unit computes exactly this):
+Split-KV merge (the core's merge unit computes exactly this), with ``A = 18 - EW`` and
+``B = EW - 2``:
 
 ``L = sum_lanes (l * alpha) >> 15``, ``e = bitlength(L)``, ``R = 2**(e+16) // L`` (17 bits),
-``sh = bitlength(l) - 10`` (so that ``a = acc >> sh`` fits 18 bits signed),
-``beta = min((alpha * R) >> max(e + 6 - sh, 0), 2**17 - 1)`` (18 bits signed; equal to
-``(alpha * R << sh) >> (e + 6)``, the shift is never negative when ``alpha >= 1``),
-``o = clamp((sum_lanes a * beta + 2**16) >> 17, -32768, 32767)``.
+``sh = bitlength(l) - A`` (so that ``a = acc >> sh`` fits 18 bits signed: ``|acc| <= l *
+2**(EW-1)``), ``beta = min((alpha * R) >> max(e + B - sh, 0), 2**17 - 1)`` (18 bits signed;
+equal to ``(alpha * R << sh) >> (e + B)``, the shift is never negative when ``alpha >= 1``),
+``o = clamp((sum_lanes a * beta + 2**16) >> 17, -32768, 32767)``. For fx1 (A = 10, B = 6)
+these are the formulas of the first version of the core, unchanged.
 
 Every multiply of the hot loops has operands of at most 18 bits signed, so one MULT18X18D serves
 each MAC of a lane in all three phases (q*k, p*v and a*beta).
@@ -39,36 +55,104 @@ the next token goes to ``(head + 1) % W``; an empty ring has ``head = W - 1``; t
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
 __all__ = [
+    "Numerics", "NUMERICS_TABLE", "numerics_of", "FX1", "FX2",
     "NUMERICS", "QKV_FRAC", "OUT_FRAC", "P_FRAC", "SCORE_FRAC", "CS_SHIFT", "EXP_TABLE",
     "quantize", "dequantize_out", "score_const", "exp2_fx", "lane_state", "merge_lanes",
     "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
-NUMERICS = "ringkv-fx1"
-QKV_FRAC = 5        # q, k, v: int8 with real = x * 2**-5
-OUT_FRAC = 13       # output: int16 with real = o * 2**-13
 P_FRAC = 15         # exp weights: Q1.15
 SCORE_FRAC = 8      # scores in base-2 log units with 8 fraction bits
-CS_SHIFT = 18       # s = (dot * CS) >> CS_SHIFT
-ACC_SHIFT_BITS = 10  # sh = bitlength(l) - 10
+CS_SHIFT = 18       # s = ((dot >> DSH) * CS) >> CS_SHIFT
+DOT_FRAC = 10       # dot >> DSH is in units 2**-10
 BETA_MAX = (1 << 17) - 1
 
 EXP_TABLE = tuple(round(2.0 ** (P_FRAC - f / 256)) for f in range(256))
 
 
-def quantize(x, frac=QKV_FRAC):
-    """float array -> int8 array with real = x * 2**-frac (round half even, clipped)."""
-    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * (1 << frac)), -128, 127).astype(
-        np.int64)
+@dataclass(frozen=True)
+class Numerics:
+    """One fixed-point scheme of the core: q/k/v width and scale; everything else follows."""
+
+    name: str
+    elem_bits: int      # EW: q, k, v are signed EW-bit integers
+    qkv_frac: int       # F: real = x * 2**-F
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per q/k/v element on the link, in the rings and in a record."""
+        return self.elem_bits // 8
+
+    @property
+    def out_frac(self) -> int:
+        """The int16 output has real = o * 2**-out_frac."""
+        return self.qkv_frac + 16 - self.elem_bits
+
+    @property
+    def dot_shift(self) -> int:
+        """DSH: the dot product is shifted to units 2**-10 before the score multiply."""
+        return 2 * self.qkv_frac - DOT_FRAC
+
+    @property
+    def acc_shift_bits(self) -> int:
+        """A: ``sh = bitlength(l) - A`` makes ``acc >> sh`` fit 18 bits signed."""
+        return 18 - self.elem_bits
+
+    @property
+    def beta_shift(self) -> int:
+        """B: ``beta = (alpha * R) >> (e + B - sh)``."""
+        return self.elem_bits - 2
+
+    @property
+    def qkv_min(self) -> int:
+        return -(1 << (self.elem_bits - 1))
+
+    @property
+    def qkv_max(self) -> int:
+        return (1 << (self.elem_bits - 1)) - 1
 
 
-def dequantize_out(o):
+FX1 = Numerics("ringkv-fx1", 8, 5)
+FX2 = Numerics("ringkv-fx2", 16, 11)
+NUMERICS_TABLE = {n.name: n for n in (FX1, FX2)}
+
+
+def numerics_of(numerics) -> Numerics:
+    """A :class:`Numerics` from itself, its name, or ``None`` (the default ``ringkv-fx1``)."""
+    if numerics is None:
+        return FX1
+    if isinstance(numerics, Numerics):
+        return numerics
+    try:
+        return NUMERICS_TABLE[numerics]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown numerics {numerics!r}; known: "
+                         f"{', '.join(sorted(NUMERICS_TABLE))}") from None
+
+
+# the default numerics' constants (ringkv-fx1), kept for the callers that name them
+NUMERICS = FX1.name
+QKV_FRAC = FX1.qkv_frac     # q, k, v: int8 with real = x * 2**-5
+OUT_FRAC = FX1.out_frac     # output: int16 with real = o * 2**-13
+ACC_SHIFT_BITS = FX1.acc_shift_bits
+
+
+def quantize(x, numerics=None):
+    """float array -> q/k/v integers with real = x * 2**-F (round half even, clipped to the
+    element width)."""
+    nx = numerics_of(numerics)
+    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * (1 << nx.qkv_frac)),
+                   nx.qkv_min, nx.qkv_max).astype(np.int64)
+
+
+def dequantize_out(o, numerics=None):
     """int16 output -> float64 in the real units of v."""
-    return np.asarray(o, dtype=np.float64) / (1 << OUT_FRAC)
+    return np.asarray(o, dtype=np.float64) / (1 << numerics_of(numerics).out_frac)
 
 
 def score_const(head_dim, scale=None):
@@ -89,7 +173,7 @@ def exp2_fx(y):
     return np.where(hi >= 16, 0, out)
 
 
-def lane_state(q, k, v, cs):
+def lane_state(q, k, v, cs, numerics=None):
     """One lane's ``(m, l, acc)`` for queries ``q`` (G, d) over slots ``k``, ``v`` (n, d).
 
     Returns ``None`` for an empty lane (no valid slot).
@@ -100,7 +184,7 @@ def lane_state(q, k, v, cs):
     if len(k) == 0:
         return None
     dot = q @ k.T                                # (G, n)
-    s = (dot * cs) >> CS_SHIFT
+    s = ((dot >> numerics_of(numerics).dot_shift) * cs) >> CS_SHIFT
     m = s.max(axis=1)                            # (G,)
     p = exp2_fx(m[:, None] - s)                  # (G, n)
     return m, p.sum(axis=1), p @ v               # (G,), (G,), (G, d)
@@ -110,8 +194,9 @@ def _bitlength(x):
     return int(x).bit_length()
 
 
-def merge_lanes(states, group, head_dim):
+def merge_lanes(states, group, head_dim, numerics=None):
     """Merge lane states (``None`` = empty lane) into the int16 output (G, d)."""
+    nx = numerics_of(numerics)
     live = [s for s in states if s is not None]
     out = np.zeros((group, head_dim), dtype=np.int64)
     if not live:
@@ -129,40 +214,44 @@ def merge_lanes(states, group, head_dim):
         recip = (1 << (e + 16)) // total
         acc = np.zeros(head_dim, dtype=object)
         for alpha, lsum, vec in terms:
-            sh = max(_bitlength(lsum) - ACC_SHIFT_BITS, 0)
-            # == ((alpha * recip) << sh) >> (e + 6): e + 6 - sh >= 0 whenever alpha >= 1
-            beta = min((alpha * recip) >> max(e + 6 - sh, 0), BETA_MAX)
+            sh = max(_bitlength(lsum) - nx.acc_shift_bits, 0)
+            # == ((alpha * recip) << sh) >> (e + B): e + B - sh >= 0 whenever alpha >= 1
+            beta = min((alpha * recip) >> max(e + nx.beta_shift - sh, 0), BETA_MAX)
             acc = acc + np.array([(int(x) >> sh) * beta for x in vec], dtype=object)
         rounded = [(int(x) + (1 << 16)) >> 17 for x in acc]
         out[g] = np.clip(np.array(rounded, dtype=np.int64), -32768, 32767)
     return out
 
 
-def attend_fx(q, k_ring, v_ring, valid, lanes, cs):
+def attend_fx(q, k_ring, v_ring, valid, lanes, cs, numerics=None):
     """Decode attention of ``q`` (G, d) over ring slots ``0..valid-1`` split in ``lanes``.
 
-    ``k_ring``/``v_ring`` are (W, d) int8; returns the int16 output (G, d).
+    ``k_ring``/``v_ring`` are (W, d) q/k/v integers; returns the int16 output (G, d).
     """
     window = len(k_ring)
     seg = window // lanes
     states = []
     for lane in range(lanes):
         lo, hi = lane * seg, min((lane + 1) * seg, valid)
-        states.append(lane_state(q, k_ring[lo:hi], v_ring[lo:hi], cs) if hi > lo else None)
-    return merge_lanes(states, len(q), k_ring.shape[1])
+        states.append(lane_state(q, k_ring[lo:hi], v_ring[lo:hi], cs, numerics)
+                      if hi > lo else None)
+    return merge_lanes(states, len(q), k_ring.shape[1], numerics)
 
 
 class FixedRingCore:
     """The whole core, bit-exact: rings, metadata, commands and the ring access port.
 
-    Rings are int8 arrays ``[layer, kv_head, kind, slot, dim]`` (kind 0 = K, 1 = V); metadata is
+    Rings are q/k/v integer arrays ``[layer, kv_head, kind, slot, dim]`` (kind 0 = K, 1 = V);
+    the ring access port is byte-addressed (``elem_bytes`` per element, little-endian); metadata is
     per ring (``ring = layer * kv_heads + kv_head``): count ``n`` (32 bits, never wraps at W)
     and head (slot of the newest token, ``W - 1`` when empty).
     """
 
     ERR_NONE, ERR_RANGE, ERR_COUNT, ERR_OP = 0, 1, 2, 3
 
-    def __init__(self, layers, q_heads, kv_heads, head_dim, window, lanes, scale=None):
+    def __init__(self, layers, q_heads, kv_heads, head_dim, window, lanes, scale=None,
+                 numerics=None):
+        self.numerics = numerics_of(numerics)
         self.layers, self.q_heads, self.kv_heads = layers, q_heads, kv_heads
         self.head_dim, self.window, self.lanes = head_dim, window, lanes
         self.group = q_heads // kv_heads
@@ -185,7 +274,7 @@ class FixedRingCore:
         return self.ERR_NONE
 
     def attend(self, layer, kv_head, q, k, v):
-        """C tokens: ``q`` (C, G, d), ``k``/``v`` (C, d) int8 -> (C, G, d) int16 output.
+        """C tokens: ``q`` (C, G, d), ``k``/``v`` (C, d) integers -> (C, G, d) int16 output.
 
         Each token's K/V is written first, then its query attends the ring: the chunk's queries
         see ``[valid slots | chunk]`` under the window, and the ring ends up holding the chunk's
@@ -201,7 +290,8 @@ class FixedRingCore:
             self.count[ring] = (int(self.count[ring]) + 1) & 0xFFFFFFFF
             valid = min(int(self.count[ring]), self.window)
             out.append(attend_fx(q[t], self.rings[layer, kv_head, 0],
-                                 self.rings[layer, kv_head, 1], valid, self.lanes, self.cs))
+                                 self.rings[layer, kv_head, 1], valid, self.lanes, self.cs,
+                                 self.numerics))
         return np.array(out, dtype=np.int64).reshape(len(k), self.group, self.head_dim)
 
     def clear(self, layer=None):
@@ -218,15 +308,28 @@ class FixedRingCore:
     def ring_elements(self):
         return self.layers * self.kv_heads * 2 * self.window * self.head_dim
 
+    @property
+    def ring_bytes(self):
+        """Size of the ring port's byte address space."""
+        return self.ring_elements * self.numerics.elem_bytes
+
     def ring_read(self, addr):
-        """The int8 element at ``ring_addr`` as an unsigned byte; 0 outside the rings."""
-        if not 0 <= addr < self.ring_elements:
+        """Byte ``addr % EB`` of element ``addr // EB`` (little-endian) at ``ring_addr``;
+        0 outside the rings."""
+        if not 0 <= addr < self.ring_bytes:
             return 0
-        return int(self.rings.reshape(-1)[addr]) & 0xFF
+        eb = self.numerics.elem_bytes
+        return (int(self.rings.reshape(-1)[addr // eb]) >> (8 * (addr % eb))) & 0xFF
 
     def ring_write(self, addr, byte):
-        if 0 <= addr < self.ring_elements:
-            self.rings.reshape(-1)[addr] = ((byte & 0xFF) ^ 0x80) - 0x80
+        """Write one byte of an element (the other bytes of the element are kept)."""
+        if 0 <= addr < self.ring_bytes:
+            eb, bits = self.numerics.elem_bytes, self.numerics.elem_bits
+            flat = self.rings.reshape(-1)
+            pos = 8 * (addr % eb)
+            word = int(flat[addr // eb]) & ((1 << bits) - 1)
+            word = (word & ~(0xFF << pos)) | ((byte & 0xFF) << pos)
+            flat[addr // eb] = (word ^ (1 << (bits - 1))) - (1 << (bits - 1))
 
 
 def run_ops(model, ops):
