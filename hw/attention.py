@@ -81,8 +81,8 @@ class AttentionCore(wiring.Component):
     little-endian, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V), ``ring_re``
     (``ring_rdata``, 8 bits, valid one clock later; 0 outside the rings or while busy),
     ``ring_we`` + ``ring_wdata`` (one byte; ignored outside the rings or while busy). Meta port
-    (per ring): ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time (0 for a bad
-    ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
+    (per ring): ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time
+    (0 for a bad ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
     (ignored for a bad ring index or ``meta_whead >= W``).
 
     Latency and throughput
