@@ -13,20 +13,21 @@ TITLE = "SWA attention core"
 DEFAULT = dict(layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4, macs=8)
 
 
-def decode_cycles(config, seed=0):
+def decode_cycles(config, seed=0, numerics=None):
     """Exact clocks of one decode step with a full ring (n >= W), cmd accepted -> status.
 
     The ring is made full through the meta port (count = W): the schedule does not depend on
     the data, only on the number of valid slots. Source always valid, sink always ready; the
     output is checked against the golden model.
     """
-    core = AttentionCore(**config)
+    core = AttentionCore(**config, numerics=numerics)
     p = core_params(core)
     rng = np.random.default_rng(seed)
     G, d, W = core.group, core.head_dim, core.window
-    q = rng.integers(-128, 128, (1, G, d))
-    k = rng.integers(-128, 128, (1, d))
-    v = rng.integers(-128, 128, (1, d))
+    lo, hi = core.numerics.qkv_min, core.numerics.qkv_max + 1
+    q = rng.integers(lo, hi, (1, G, d))
+    k = rng.integers(lo, hi, (1, d))
+    v = rng.integers(lo, hi, (1, d))
     ops = [("meta_write", 0, W, W - 1), ("cmd", 0, 0, 0, 1, q, k, v)]
     got = rtl_run(core, ops, checker=gf.FixedRingCore(**p["model"]))
     want = gf.run_ops(gf.FixedRingCore(**p["model"]), ops)
@@ -36,15 +37,16 @@ def decode_cycles(config, seed=0):
     return {"cycles": total, "load_beats": load, "ideal": core.ideal_cycles()}
 
 
-def accuracy(window=128, lanes=4, d=64, G=2, trials=20, seed=0):
+def accuracy(window=128, lanes=4, d=64, G=2, trials=20, seed=0, numerics=gf.FX1):
+    nx = gf.numerics_of(numerics)
     rng = np.random.default_rng(seed)
-    s = 2.0 ** -gf.QKV_FRAC
+    s = 2.0 ** -nx.qkv_frac
     dp, tot = [], []
     for _ in range(trials):
         qf = rng.standard_normal((G, d))
         kf, vf = rng.standard_normal((window, d)), rng.standard_normal((window, d))
-        q, k, v = gf.quantize(qf), gf.quantize(kf), gf.quantize(vf)
-        o = gf.dequantize_out(gf.attend_fx(q, k, v, window, lanes, gf.score_const(d)))
+        q, k, v = gf.quantize(qf, nx), gf.quantize(kf, nx), gf.quantize(vf, nx)
+        o = gf.dequantize_out(gf.attend_fx(q, k, v, window, lanes, gf.score_const(d), nx), nx)
         dp.append(gf.nrmse(o, gf.attend_float(q * s, k * s, v * s, window, lanes)))
         tot.append(gf.nrmse(o, gf.attend_float(qf, kf, vf, window, lanes)))
     return float(np.mean(dp)), float(np.max(dp)), float(np.mean(tot)), float(np.max(tot))
@@ -57,6 +59,7 @@ FLOOR_FORMATS = (
     ("q exact, k, v int8, scale 2^-5", None, (8, 5)),
     ("q, k, v int8, one absmax scale per vector", "token", "token"),
     ("q, k, v 12-bit, scale 2^-9", (12, 9), (12, 9)),
+    ("q, k, v int16, scale 2^-11 (ringkv-fx2's inputs)", (16, 11), (16, 11)),
 )
 
 
@@ -108,19 +111,33 @@ def run():
             r = decode_cycles(cfg)
             results.append({"name": "attention.scaling", "value": r["cycles"], "unit": "cycles",
                             "params": dict(cfg, **r)})
-    mean_dp, max_dp, mean_tot, max_tot = accuracy()
+    r = decode_cycles(DEFAULT, numerics="ringkv-fx2")
+    results.append({"name": "attention.decode_cycles_fx2", "value": r["cycles"],
+                    "unit": "cycles", "params": dict(DEFAULT, numerics="ringkv-fx2", **r)})
     acc_params = {"window": 128, "lanes": 4, "head_dim": 64, "group": 2, "trials": 20,
-                  "inputs": "q, k, v ~ N(0, 1)", "numerics": gf.NUMERICS}
-    results.append({"name": "attention.nrmse_datapath", "unit": "%",
-                    "value": round(100 * max_dp, 3), "params": dict(acc_params, mean=mean_dp)})
-    results.append({"name": "attention.nrmse_total", "unit": "%",
-                    "value": round(100 * max_tot, 3), "params": dict(acc_params, mean=mean_tot)})
+                  "inputs": "q, k, v ~ N(0, 1)"}
+    for nx in (gf.FX1, gf.FX2):
+        suffix = "" if nx is gf.FX1 else "_fx2"
+        mean_dp, max_dp, mean_tot, max_tot = accuracy(numerics=nx)
+        par = dict(acc_params, numerics=nx.name)
+        results.append({"name": "attention.nrmse_datapath" + suffix, "unit": "%",
+                        "value": round(100 * max_dp, 3), "params": dict(par, mean=mean_dp)})
+        results.append({"name": "attention.nrmse_total" + suffix, "unit": "%",
+                        "value": round(100 * max_tot, 3), "params": dict(par, mean=mean_tot)})
+    for window, lanes in ((32, 2), (512, 8)):
+        mean_dp, max_dp, mean_tot, max_tot = accuracy(window=window, lanes=lanes,
+                                                      numerics=gf.FX2)
+        results.append({"name": "attention.nrmse_total_fx2_window", "unit": "%",
+                        "value": round(100 * max_tot, 3),
+                        "params": dict(acc_params, window=window, lanes=lanes,
+                                       numerics=gf.FX2.name, mean=mean_tot)})
     for label, mean, worst in quantization_floor():
         results.append({"name": "attention.quantization_floor", "unit": "%",
                         "value": round(100 * worst, 3),
                         "params": dict(acc_params, mean=mean, format=label)})
     from ringkv.boards.synth import synth_core
-    for cfg, name in ((DEFAULT, "attention_default"),):
+    for cfg, name in ((DEFAULT, "attention_default"),
+                      (dict(DEFAULT, numerics="ringkv-fx2"), "attention_default_fx2")):
         synth = synth_core(AttentionCore(**cfg), name, freq_mhz=100)
         results.append(synth_result("attention", cfg, synth))
     return results
@@ -149,21 +166,36 @@ def markdown(results):
     rows = [[w] + [f"{cyc[w, p]} ({cyc[w, 1] / cyc[w, p]:.2f}×)" for p in lanes]
             for w in windows]
     text += table(["W"] + [f"P={p}" for p in lanes], rows)
-    a = by["attention.nrmse_datapath"]
-    b = by["attention.nrmse_total"]
-    text += ("\n\nAccuracy (numerics `ringkv-fx1`, W=128, P=4, d=64, G=2, 20 draws of q, k, v "
-             "from N(0, 1)): normalized RMS error of the int16 output against float64.\n\n")
-    text += table(["reference", "mean", "max"], [
-        ["float64 on the int8-quantized q, k, v (datapath error)",
-         f"{100 * a['params']['mean']:.3f} %", f"{a['value']} %"],
-        ["float64 on the unquantized inputs (includes int8 quantization)",
-         f"{100 * b['params']['mean']:.3f} %", f"{b['value']} %"]])
+    if "attention.decode_cycles_fx2" in by:
+        text += (f"\n\nWith numerics `ringkv-fx2` (int16 q/k/v, {d['load_beats'] * 2} bytes "
+                 "of input per token instead of half that) the same decode step takes "
+                 f"{by['attention.decode_cycles_fx2']['value']} clocks: the schedule does not "
+                 "depend on the element width.")
+    text += ("\n\nAccuracy (W=128, P=4, d=64, G=2, 20 draws of q, k, v from N(0, 1)): "
+             "normalized RMS error of the int16 output against float64. The target is 1 % "
+             "against the unquantized inputs.\n\n")
+    rows = []
+    for nx, suffix, fmt in (("ringkv-fx1", "", "int8"), ("ringkv-fx2", "_fx2", "int16")):
+        a = by.get("attention.nrmse_datapath" + suffix)
+        b = by.get("attention.nrmse_total" + suffix)
+        if a is None:
+            continue
+        rows += [[f"`{nx}`", f"float64 on the {fmt}-quantized q, k, v (datapath error)",
+                  f"{100 * a['params']['mean']:.3f} %", f"{a['value']} %"],
+                 [f"`{nx}`", f"float64 on the unquantized inputs (includes {fmt} quantization)",
+                  f"{100 * b['params']['mean']:.3f} %", f"{b['value']} %"]]
+    for r in results:
+        if r["name"] == "attention.nrmse_total_fx2_window":
+            p = r["params"]
+            rows.append(["`ringkv-fx2`", f"unquantized inputs, W={p['window']}, "
+                         f"P={p['lanes']}", f"{100 * p['mean']:.3f} %", f"{r['value']} %"])
+    text += table(["numerics", "reference", "mean", "max"], rows)
     floor = [r for r in results if r["name"] == "attention.quantization_floor"]
     if floor:
         text += ("\n\nWhat the input format alone costs (same draws; exact float64 attention on "
                  "quantized inputs against float64 on the unquantized ones, no fixed-point "
                  "datapath): int8 K/V cannot meet a 1 % error against unquantized N(0, 1) "
-                 "inputs with any datapath; about 12 bits can.\n\n")
+                 "inputs with any datapath; about 12 bits can, hence `ringkv-fx2`.\n\n")
         text += table(["input format", "mean", "max"],
                       [[r["params"]["format"], f"{100 * r['params']['mean']:.3f} %",
                         f"{r['value']} %"] for r in floor])

@@ -4,7 +4,8 @@ Uses ``amaranth-boards``' ``ULX3S_85F_Platform`` with the PyPI yowasp tools (yos
 nextpnr-ecp5, ecppack; :mod:`ringkv.sim.toolchain` sets ``YOSYS``/``NEXTPNR_ECP5``/``ECPPACK``
 and ``OPENFPGALOADER=true`` so the build never tries to program). nextpnr gets the PLL output's
 clock constraint from the design and writes ``report.json``; the build fails if timing is not
-met. Load the bitstream with ``openFPGALoader --board ulx3s build/ulx3s-85f/ringkv_ulx3s.bit``.
+met. The yosys script runs :data:`ringkv.boards.synth.AFTER_READ` after reading the design.
+Load the bitstream with ``openFPGALoader --board ulx3s build/ulx3s-85f/ringkv_ulx3s.bit``.
 """
 
 import argparse
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ..sim.toolchain import setup_environ
+from .synth import AFTER_READ
 
 __all__ = ["build", "main", "BOARDS"]
 
@@ -34,6 +36,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     top = ULX3STop(sys_mhz=sys_mhz, regions=regions)
     name = "ringkv_ulx3s"
     platform.build(top, name=name, build_dir=str(build_dir), do_program=False,
+                   script_after_read="\n".join(AFTER_READ),
                    nextpnr_opts=f"--report report.json --seed {seed}")
     return report_figures(build_dir, top, board=board, name=name)
 

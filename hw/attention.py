@@ -13,7 +13,15 @@ from amaranth.lib.wiring import In, Out
 
 from ..host.golden_fixed import CS_SHIFT, EXP_TABLE, numerics_of, score_const
 
-__all__ = ["AttentionCore", "AttnOp", "AttnErr"]
+__all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
+
+#: Yosys commands to run after reading a design that contains this core (``boards/synth.py``
+#: and the board build use them). The K/V banks never use the data of a read that collides
+#: with a write of the same word (see "bank collisions" in ``elaborate``; the Amaranth-simulator
+#: tests check it on every clock), so their read ports are declared collision-undefined: yosys
+#: then maps each bank straight to DP16KD ports, without the soft logic (about 500 LUT4 and 200
+#: FF at the default size) that emulates Amaranth's read-old-data rule on a collision.
+YOSYS_AFTER_READ = ("setparam -set COLLISION_X_MASK 1 t:$memrd_v2 r:MEMID=*kv_mem* %i",)
 
 
 class AttnOp(enum.Enum, shape=2):
@@ -305,7 +313,7 @@ class AttentionCore(wiring.Component):
         dma_rd_b = Signal(range(M * EB))
         dma_rd_ok = Signal()
         m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
-                     dma_rd_ok.eq(self.ring_re & dma_in & ~busy)]
+                     dma_rd_ok.eq(self.ring_re & ~self.ring_we & dma_in & ~busy)]
 
         # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
         load_c = Signal(range(CH))
@@ -348,6 +356,7 @@ class AttentionCore(wiring.Component):
         lane_m, lane_l, lane_sh, lane_alpha, lane_beta, lane_p = [], [], [], [], [], []
         lane_amt = []
         rd_words = []
+        bank_ports = []
         word_issue = Signal(range(lane_depth))
         m.d.comb += word_issue.eq(Cat(it_c, it_t, phase == PH_B, ring))
         load_word_d = Signal(range(lane_depth))
@@ -361,6 +370,7 @@ class AttentionCore(wiring.Component):
             kv_wr = kv_mem.write_port(granularity=8)
             kv_rd = kv_mem.read_port(transparent_for=())
             rd_words.append(kv_rd.data)
+            bank_ports.append((kv_rd, kv_wr))
             sc_mem = memory.Memory(shape=signed(SW), depth=S * GP, init=[])
             m.submodules[f"score_mem{lane}"] = sc_mem
             sc_wr = sc_mem.write_port()
@@ -670,6 +680,20 @@ class AttentionCore(wiring.Component):
         with m.If(self.meta_we & ~busy & meta_ok & (self.meta_whead < W)):
             m.d.sync += [ring_count[self.meta_ring].eq(self.meta_wcount),
                          ring_head[self.meta_ring].eq(self.meta_whead)]
+
+        # ---- bank collisions ----
+        # A read whose data is used never meets a write of the same bank word in the same
+        # clock: while busy, words are read only when issued in RUN, and the only write in RUN
+        # (its first clock) is the new token's last v word while phase A reads K words; while
+        # idle, the ring port's read is used only without ring_we. So synthesis may treat a
+        # collision as undefined (YOSYS_AFTER_READ). ``collision_used`` is 1 in a clock that
+        # breaks this rule; nothing in the design reads it (synthesis removes it), the
+        # simulation tests assert that it stays 0.
+        collision_used = Signal()
+        read_used = Mux(busy, issue, self.ring_re & ~self.ring_we)
+        m.d.comb += collision_used.eq(read_used & Cat(*[
+            (wr.en != 0) & (rd.addr == wr.addr) for rd, wr in bank_ports]).any())
+        self._collision_used = collision_used
 
         # ring port read data: the addressed lane's word, the addressed byte
         rd_word = Signal(EW * M)

@@ -57,9 +57,18 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
     started = []
     out_words = []
 
+    collisions = []
+
     async def tick_counter(ctx):
+        # the core's promise behind YOSYS_AFTER_READ: no used K/V bank read meets a write of
+        # the same word (sampled at every clock edge)
+        probe = getattr(core, "_collision_used", None)
+        if probe is None:
+            raise AssertionError("the core has no collision probe (elaborated?)")
         while True:
-            await ctx.tick()
+            *_, hit = await ctx.tick().sample(probe)
+            if hit:
+                collisions.append(clock[0])
             clock[0] += 1
 
     async def commands(ctx):
@@ -122,6 +131,9 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
             sim.run()
     else:
         sim.run()
+    if collisions:
+        raise AssertionError(f"a used K/V bank read collided with a write at clocks "
+                             f"{collisions[:8]}")
     res["cycles"] = [end - start for start, end in zip(started, res["cycles"])]
     flat = np.array(out_words, dtype=np.int64).reshape(-1)
     pos = 0
