@@ -167,8 +167,10 @@ def markdown(results):
             for w in windows]
     text += table(["W"] + [f"P={p}" for p in lanes], rows)
     if "attention.decode_cycles_fx2" in by:
-        text += (f"\n\nWith numerics `ringkv-fx2` (int16 q/k/v, {d['load_beats'] * 2} bytes "
-                 "of input per token instead of half that) the same decode step takes "
+        fx1_bytes = d["load_beats"] * d["macs"]
+        text += (f"\n\nWith numerics `ringkv-fx2` (int16 q/k/v: {2 * fx1_bytes} bytes of "
+                 f"input per token instead of {fx1_bytes}, the same {d['load_beats']} beats) "
+                 "the same decode step takes "
                  f"{by['attention.decode_cycles_fx2']['value']} clocks: the schedule does not "
                  "depend on the element width.")
     text += ("\n\nAccuracy (W=128, P=4, d=64, G=2, 20 draws of q, k, v from N(0, 1)): "
