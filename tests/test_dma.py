@@ -231,7 +231,7 @@ def test_import_checks_match_golden():
     rng = random.Random(20)
     image = new_image(config, 4)
     rings, count, head, tokens = write_golden(config, image, 0, rng, 20, hash=7, seq=4)
-    other = RingKVConfig(**{**config.__dict__, "numerics": "ringkv-fx9"})
+    other = RingKVConfig(**{**config.__dict__, "numerics": "ringkv-fx2"})
     write_golden(config, image, 1, rng, 5, other=other)
     lay = RecordLayout(config)
     base = 0
