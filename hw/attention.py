@@ -1,7 +1,8 @@
 """SWA attention core: ring-buffer KV cache in block RAM, split-KV lanes, LSE merge.
 
 See ``docs/blocks/attention.md`` for the interface tables and measured figures, and
-``host/golden_fixed.py`` for the numerics (``ringkv-fx1``) that this core reproduces bit for bit.
+``host/golden_fixed.py`` for the numerics (``ringkv-fx1`` int8, ``ringkv-fx2`` int16 q/k/v) that
+this core reproduces bit for bit.
 """
 
 import math
@@ -10,7 +11,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..host.golden_fixed import CS_SHIFT, EXP_TABLE, score_const
+from ..host.golden_fixed import CS_SHIFT, EXP_TABLE, numerics_of, score_const
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr"]
 
@@ -56,27 +57,32 @@ class AttentionCore(wiring.Component):
         ``l*S .. (l+1)*S - 1`` (``S = W / P``) in its own block RAM bank.
     macs:
         ``M`` multiply-accumulates per lane per clock (power of two, ``M <= d``); also the number
-        of int8 elements per input beat and of int16 elements per output beat.
+        of q/k/v elements per input beat and of int16 elements per output beat.
     scale:
         Softmax scale (default ``1/sqrt(d)``), folded into the score constant ``CS``.
+    numerics:
+        ``"ringkv-fx1"`` (default: q, k, v int8, ``EW = 8``) or ``"ringkv-fx2"`` (q, k, v int16,
+        ``EW = 16``, for accuracy; twice the ring memory); see ``host/golden_fixed.py``.
 
     Interfaces
     ----------
     ``cmd`` (in stream): ``op`` (2 bits, :class:`AttnOp`; 3 is rejected), ``layer`` (8 bits),
-    ``kv_head`` (8 bits), ``count`` (16 bits, tokens for ATTEND). ``i`` (in stream): ``M`` int8
-    per beat; per token, the ``G`` query vectors, then ``k``, then ``v`` (``d / M`` beats each,
-    element ``e`` of a vector in beat ``e // M`` at position ``e % M``, position 0 at the LSB).
+    ``kv_head`` (8 bits), ``count`` (16 bits, tokens for ATTEND). ``i`` (in stream): ``M``
+    signed ``EW``-bit elements per beat; per token, the ``G`` query vectors, then ``k``, then
+    ``v`` (``d / M`` beats each, element ``e`` of a vector in beat ``e // M`` at position
+    ``e % M``, position 0 at the LSB).
     ``o`` (out stream): ``M`` int16 per beat, per token the ``G`` output vectors in the same
     order. ``status`` (out stream): one per command, ``op`` (as given), ``err`` (2 bits,
     :class:`AttnErr`), ``count`` (the ring's token count after the command). A rejected command
     consumes no ``i`` beat and emits no ``o`` beat.
 
-    Ring port (only while ``busy`` is low): ``ring_addr`` (32 bits, element address
-    ``((ring*2 + kind)*W + slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V),
-    ``ring_re`` (``ring_rdata`` valid one clock later; 0 outside the rings or while busy),
-    ``ring_we`` + ``ring_wdata`` (ignored outside the rings or while busy). Meta port (per ring):
-    ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time (0 for a bad
-    ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
+    Ring port (only while ``busy`` is low), byte-addressed: ``ring_addr`` (32 bits,
+    ``(((ring*2 + kind)*W + slot)*d + dim)*EB + byte``, ``EB = EW/8`` bytes per element,
+    little-endian, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V), ``ring_re``
+    (``ring_rdata``, 8 bits, valid one clock later; 0 outside the rings or while busy),
+    ``ring_we`` + ``ring_wdata`` (one byte; ignored outside the rings or while busy). Meta port
+    (per ring): ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time
+    (0 for a bad ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
     (ignored for a bad ring index or ``meta_whead >= W``).
 
     Latency and throughput
@@ -95,7 +101,7 @@ class AttentionCore(wiring.Component):
     """
 
     def __init__(self, *, layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4,
-                 macs=8, scale=None):
+                 macs=8, scale=None, numerics=None):
         for name, value in (("layers", layers), ("q_heads", q_heads), ("kv_heads", kv_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
                 raise ValueError(f"{name} must be an integer in 1..256, not {value!r}")
@@ -116,7 +122,8 @@ class AttentionCore(wiring.Component):
         cs = score_const(head_dim, scale)
         if not 1 <= cs < (1 << 17):
             raise ValueError(f"scale {scale!r} gives a score constant {cs} outside 1..2**17-1")
-        if layers * kv_heads * 2 * window * head_dim > (1 << 32):
+        nx = numerics_of(numerics)
+        if layers * kv_heads * 2 * window * head_dim * nx.elem_bytes > (1 << 32):
             raise ValueError("the rings exceed the 32-bit ring_addr space")
 
         self._L, self._Hq, self._Hkv = layers, q_heads, kv_heads
@@ -124,13 +131,15 @@ class AttentionCore(wiring.Component):
         self._G = q_heads // kv_heads
         self._scale = scale
         self._cs = cs
+        self._nx = nx
+        EW = nx.elem_bits
 
         self.cmd_layout = data.StructLayout({
             "op": 2, "layer": 8, "kv_head": 8, "count": 16})
         self.status_layout = data.StructLayout({"op": 2, "err": 2, "count": 32})
         super().__init__({
             "cmd": In(stream.Signature(self.cmd_layout)),
-            "i": In(stream.Signature(data.ArrayLayout(signed(8), macs))),
+            "i": In(stream.Signature(data.ArrayLayout(signed(EW), macs))),
             "o": Out(stream.Signature(data.ArrayLayout(signed(16), macs))),
             "status": Out(stream.Signature(self.status_layout)),
             "busy": Out(1),
@@ -150,6 +159,7 @@ class AttentionCore(wiring.Component):
     group = property(lambda self: self._G)
     scale = property(lambda self: self._scale)
     score_const = property(lambda self: self._cs)
+    numerics = property(lambda self: self._nx)
 
     def ideal_cycles(self):
         """The MAC-bound ideal of one decode step with a full ring: ``G·2·W·d/(P·M)``."""
@@ -164,17 +174,24 @@ class AttentionCore(wiring.Component):
         R = L * Hkv                     # rings per kind
         GP = 1 << math.ceil(math.log2(G)) if G > 1 else 1
         lane_depth = 2 * R * S * CH
-        total = 2 * R * W * d
+        nx = self._nx
+        EW, EB = nx.elem_bits, nx.elem_bytes    # q/k/v element: bits, bytes
+        LEB = _log2(EB)
+        total = 2 * R * W * d * EB              # bytes behind the ring port
 
         # ---- widths (see host/golden_fixed.py) ----
-        dot_max = d * (1 << 14)
-        s_max = (dot_max * self._cs >> CS_SHIFT) + 1
+        PW = 2 * EW + 1                             # q*k product, signed
+        dot_max = d * (1 << (2 * EW - 2))
+        DSH = nx.dot_shift                          # the score uses dot >> DSH
+        s_max = ((dot_max >> DSH) * self._cs >> CS_SHIFT) + 1
         SW = _bits(s_max) + 1                       # score, signed
         YW = _bits(2 * s_max)                       # m - s, unsigned
         LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
-        AW = 24 + _log2(S) + 1                      # lane accumulator, signed
+        AW = EW + 16 + _log2(S) + 1                 # lane accumulator, signed
         LSW = LW + _log2(P) + 1                     # merged sum L
         DW = _bits(dot_max) + 2                     # dot product, signed
+        ASH = nx.acc_shift_bits                     # sh = bitlength(l) - ASH
+        BSH = nx.beta_shift                         # beta = (alpha * R) >> (e + BSH - sh)
         ADD_LAT_A = math.ceil(_log2(M) / 2)         # registered adder-tree stages (2 levels)
         ADD_LAT_M = math.ceil(_log2(P) / 2)
 
@@ -212,11 +229,11 @@ class AttentionCore(wiring.Component):
         # ---- memories ----
         # word addresses are bit fields (every size below is a power of two): q word
         # ``g*CH + c``, K/V word ``((ring*2 + kind)*S + t)*CH + c``, score ``t*GP + g``
-        q_mem = memory.Memory(shape=unsigned(8 * M), depth=GP * CH, init=[])
+        q_mem = memory.Memory(shape=unsigned(EW * M), depth=GP * CH, init=[])
         m.submodules.q_mem = q_mem
         q_wr = q_mem.write_port()
         q_rd = q_mem.read_port(transparent_for=())
-        q_word = Signal(8 * M)          # q_rd.data, registered
+        q_word = Signal(EW * M)         # q_rd.data, registered
         m.d.sync += q_word.eq(q_rd.data)
 
         out_fifo = fifo.SyncFIFO(width=16 * M, depth=G * CH)
@@ -259,19 +276,22 @@ class AttentionCore(wiring.Component):
         for k in range(1, DEPTH):
             m.d.sync += tags[k].eq(tags[k - 1])
 
-        # ring port decode
+        # ring port decode: byte address = element address * EB + byte
         dma_in = Signal()
-        dma_dim = self.ring_addr[:_log2(d)] if d > 1 else Const(0, 1)
-        dma_slot = self.ring_addr[_log2(d):_log2(d) + _log2(W)] if W > 1 else Const(0, 1)
+        elem_addr = self.ring_addr[LEB:]
+        dma_byte = self.ring_addr[:LEB] if EB > 1 else Const(0, 1)
+        dma_dim = elem_addr[:_log2(d)] if d > 1 else Const(0, 1)
+        dma_slot = elem_addr[_log2(d):_log2(d) + _log2(W)] if W > 1 else Const(0, 1)
         dma_rk = Signal(32)
         m.d.comb += [
             dma_in.eq(self.ring_addr < total),
-            dma_rk.eq(self.ring_addr >> (_log2(d) + _log2(W))),
+            dma_rk.eq(elem_addr >> (_log2(d) + _log2(W))),
         ]
         dma_lane = Signal(range(P))
         dma_t = Signal(range(S))
         dma_c = Signal(range(CH))
         dma_b = Signal(range(M))
+        dma_bb = Signal(range(M * EB))  # the byte within the bank word
         dma_word = Signal(range(lane_depth))
         m.d.comb += [
             dma_lane.eq(dma_slot >> _log2(S)),
@@ -279,11 +299,12 @@ class AttentionCore(wiring.Component):
             dma_c.eq(dma_dim >> _log2(M)),
             dma_b.eq(dma_dim & (M - 1)),
             dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
+            dma_bb.eq(dma_b * EB + dma_byte),
         ]
         dma_rd_lane = Signal(range(P))
-        dma_rd_b = Signal(range(M))
+        dma_rd_b = Signal(range(M * EB))
         dma_rd_ok = Signal()
-        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_b),
+        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
                      dma_rd_ok.eq(self.ring_re & dma_in & ~busy)]
 
         # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
@@ -330,12 +351,12 @@ class AttentionCore(wiring.Component):
         word_issue = Signal(range(lane_depth))
         m.d.comb += word_issue.eq(Cat(it_c, it_t, phase == PH_B, ring))
         load_word_d = Signal(range(lane_depth))
-        load_data_d = Signal(8 * M)
+        load_data_d = Signal(EW * M)
         m.d.sync += [load_word_d.eq(Cat(load_c, new_t, load_kind, ring)),
                      load_data_d.eq(self.i.payload.as_value())]
 
         for lane in range(P):
-            kv_mem = memory.Memory(shape=unsigned(8 * M), depth=lane_depth, init=[])
+            kv_mem = memory.Memory(shape=unsigned(EW * M), depth=lane_depth, init=[])
             m.submodules[f"kv_mem{lane}"] = kv_mem
             kv_wr = kv_mem.write_port(granularity=8)
             kv_rd = kv_mem.read_port(transparent_for=())
@@ -357,7 +378,7 @@ class AttentionCore(wiring.Component):
             l_reg = Array(Signal(LW, name=f"lane{lane}_l{g}") for g in range(G))
             dacc = Array(Signal(signed(DW), name=f"lane{lane}_dot{g}") for g in range(G))
             sh = Signal(range(LW + 1), name=f"lane{lane}_sh")
-            lane_amt.append(Signal(range(LSW + 8), name=f"lane{lane}_amt"))
+            lane_amt.append(Signal(range(LSW + BSH + 2), name=f"lane{lane}_amt"))
             alpha = Signal(16, name=f"lane{lane}_alpha")
             beta = Signal(18, name=f"lane{lane}_beta")
             live = Signal(name=f"lane{lane}_live")
@@ -389,14 +410,14 @@ class AttentionCore(wiring.Component):
                 m.d.comb += [
                     kv_wr.addr.eq(load_word_d),
                     kv_wr.data.eq(load_data_d),
-                    kv_wr.en.eq(Mux(load_we, (1 << M) - 1, 0)),
+                    kv_wr.en.eq(Mux(load_we, (1 << (M * EB)) - 1, 0)),
                 ]
             with m.Else():
                 m.d.comb += [
                     kv_wr.addr.eq(dma_word),
-                    kv_wr.data.eq(Cat(*[self.ring_wdata] * M)),
+                    kv_wr.data.eq(Cat(*[self.ring_wdata] * (M * EB))),
                     kv_wr.en.eq(Mux(self.ring_we & dma_in & (dma_lane == lane),
-                                    Const(1, M) << dma_b, 0)),
+                                    Const(1, M * EB) << dma_bb, 0)),
                 ]
 
             # shared multiplier operands (signed 18 x signed 18 -> MULT18X18D)
@@ -408,7 +429,7 @@ class AttentionCore(wiring.Component):
             lane_prods.append(prod)
 
             # the bank word, registered (k in phase A, v in phase B), and its delay line
-            v_d = [Signal(8 * M, name=f"lane{lane}_vd{k}") for k in range(4)]
+            v_d = [Signal(EW * M, name=f"lane{lane}_vd{k}") for k in range(4)]
             m.d.sync += v_d[0].eq(kv_rd.data)
             for k in range(1, 4):
                 m.d.sync += v_d[k].eq(v_d[k - 1])
@@ -424,26 +445,26 @@ class AttentionCore(wiring.Component):
             with m.Switch(phase):
                 with m.Case(PH_A):
                     for k in range(M):
-                        m.d.sync += [opa[k].eq(q_word.word_select(k, 8).as_signed()),
-                                     opb[k].eq(v_d[0].word_select(k, 8).as_signed())]
+                        m.d.sync += [opa[k].eq(q_word.word_select(k, EW).as_signed()),
+                                     opb[k].eq(v_d[0].word_select(k, EW).as_signed())]
                 with m.Case(PH_B):
                     for k in range(M):
                         m.d.sync += [opa[k].eq(p_reg),
-                                     opb[k].eq(v_d[3].word_select(k, 8).as_signed())]
+                                     opb[k].eq(v_d[3].word_select(k, EW).as_signed())]
                 with m.Default():
                     for k in range(M):
                         m.d.sync += [opa[k].eq(a_reg[k]), opb[k].eq(beta)]
 
             # ---------- phase A: scores ----------
             # adder tree over the M products of q*k (at A4)
-            level = [p[:17].as_signed() for p in prod]
+            level = [p[:PW].as_signed() for p in prod]
             stage = 4
             depth_done = 0
             while len(level) > 1:
                 level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
                 depth_done += 1
                 if depth_done % 2 == 0 or len(level) == 1:
-                    regs = [Signal(signed(17 + depth_done), name=f"lane{lane}_tree{stage}_{j}")
+                    regs = [Signal(signed(PW + depth_done), name=f"lane{lane}_tree{stage}_{j}")
                             for j in range(len(level))]
                     m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
                     level = regs
@@ -459,19 +480,22 @@ class AttentionCore(wiring.Component):
                 m.d.sync += dacc[ta.g].eq(new_dot)
                 with m.If(ta.c == CH - 1):
                     m.d.sync += [dot_final.eq(new_dot), dot_tag.eq(ta)]
-            # s = (dot * CS) >> 18 with dot = dot_hi * 2**17 + dot_lo (dot_lo unsigned): the
-            # two partial products (17 x 17 bits and the rest) are registered, then added
+            # s = ((dot >> DSH) * CS) >> 18 with dot >> DSH = dot_hi * 2**17 + dot_lo (dot_lo
+            # unsigned): the two partial products (17 x 17 bits and the rest) are registered,
+            # then added. The shift by DSH (0 for fx1) is wiring.
             sc_tag = Signal(tag_layout, name=f"lane{lane}_sctag")
             m.d.sync += sc_tag.eq(dot_tag)
-            if DW > 17:
+            dot_s = dot_final[DSH:].as_signed() if DSH else dot_final
+            DSW = DW - DSH
+            if DSW > 17:
                 sc_lo = Signal(unsigned(17 + 17), name=f"lane{lane}_sclo")
-                sc_hi = Signal(signed(DW - 17 + 18), name=f"lane{lane}_schi")
-                m.d.sync += [sc_lo.eq(dot_final[:17] * self._cs),
-                             sc_hi.eq(dot_final[17:].as_signed() * self._cs)]
+                sc_hi = Signal(signed(DSW - 17 + 18), name=f"lane{lane}_schi")
+                m.d.sync += [sc_lo.eq(dot_s[:17] * self._cs),
+                             sc_hi.eq(dot_s[17:].as_signed() * self._cs)]
                 sc_prod = (sc_hi << 17) + sc_lo
             else:
-                sc_prod = Signal(signed(DW + 18), name=f"lane{lane}_scp")
-                m.d.sync += sc_prod.eq(dot_final * self._cs)
+                sc_prod = Signal(signed(DSW + 18), name=f"lane{lane}_scp")
+                m.d.sync += sc_prod.eq(dot_s * self._cs)
             s_val = Signal(signed(SW), name=f"lane{lane}_s")
             s_tag = Signal(tag_layout, name=f"lane{lane}_stag")
             m.d.sync += [s_val.eq(sc_prod >> CS_SHIFT), s_tag.eq(sc_tag)]
@@ -510,7 +534,7 @@ class AttentionCore(wiring.Component):
             with m.If((phase == PH_B) & tb.valid):
                 for k in range(M):
                     m.d.sync += acc_reg[k].eq(Mux(tb.t == 0, 0, acc_reg[k])
-                                              + Mux(b_slot_ok, prod[k][:24].as_signed(), 0))
+                                              + Mux(b_slot_ok, prod[k][:EW + 16].as_signed(), 0))
             m.d.comb += [
                 acc_wr.addr.eq(Cat(tw.c, tw.g)),
                 acc_wr.en.eq((phase == PH_B) & tw.valid & tw.last_t),
@@ -530,7 +554,7 @@ class AttentionCore(wiring.Component):
             for b in range(LW):
                 with m.If(lsel[b]):
                     m.d.comb += bl.eq(b + 1)
-            m.d.sync += sh.eq(Mux(bl > 10, bl - 10, 0))
+            m.d.sync += sh.eq(Mux(bl > ASH, bl - ASH, 0))
             # a = acc >> sh in two registered steps (by the multiple of 4 in sh, then by the
             # rest), each element with its own copy of sh: one sh net fanning out to M 30-bit
             # shifters was longer than a clock. The copies follow mg_g three clocks late.
@@ -615,7 +639,7 @@ class AttentionCore(wiring.Component):
         # B0 select (alpha, amt) of lane mg_i; B1 alpha*R_lo and alpha*R_hi (R = R_hi*2**17 +
         # R_lo, R <= 2**17); B2 alpha*R; B3 shifted; B4 saturated into the lane's beta
         b_alpha = Signal(16)
-        b_amt = [Signal(range(LSW + 8), name=f"b_amt{k}") for k in range(3)]
+        b_amt = [Signal(range(LSW + BSH + 2), name=f"b_amt{k}") for k in range(3)]
         b_idx = [Signal(range(P), name=f"b_idx{k}") for k in range(4)]
         b_v = [Signal(name=f"b_v{k}") for k in range(4)]
         b_lo = Signal(16 + 17)
@@ -648,7 +672,7 @@ class AttentionCore(wiring.Component):
                          ring_head[self.meta_ring].eq(self.meta_whead)]
 
         # ring port read data: the addressed lane's word, the addressed byte
-        rd_word = Signal(8 * M)
+        rd_word = Signal(EW * M)
         m.d.comb += rd_word.eq(Array(rd_words)[dma_rd_lane])
         m.d.comb += self.ring_rdata.eq(Mux(dma_rd_ok, rd_word.word_select(dma_rd_b, 8), 0))
 
@@ -794,8 +818,8 @@ class AttentionCore(wiring.Component):
                     m.d.sync += [mg_rem.eq(rem2), mg_recip.eq(Cat(0, mg_recip))]
                 m.d.sync += mg_step.eq(mg_step + 1)
                 for lane in range(P):
-                    # e + 6 - sh >= 0 whenever alpha >= 1 (and alpha * R = 0 otherwise)
-                    amt = mg_e + 6 - lane_sh[lane]
+                    # e + B - sh >= 0 whenever alpha >= 1 (and alpha * R = 0 otherwise)
+                    amt = mg_e + BSH - lane_sh[lane]
                     m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
                     m.d.sync += mg_i.eq(0)

@@ -4,8 +4,10 @@ A run is a list of operations, the same list the bit-exact model
 :func:`ringkv.host.golden_fixed.run_ops` takes:
 
 - ``("cmd", op, layer, kv_head, count, q, k, v)``: a command; for an accepted ATTEND ``q`` is
-  (C, G, d) and ``k``/``v`` are (C, d) int8 arrays, streamed per token as q_0..q_{G-1}, k, v;
-- ``("ring_write", addr, byte)``, ``("ring_read", addr)``: the ring access port (while idle);
+  (C, G, d) and ``k``/``v`` are (C, d) integer arrays in the core's numerics (int8 for
+  ``ringkv-fx1``, int16 for ``ringkv-fx2``), streamed per token as q_0..q_{G-1}, k, v;
+- ``("ring_write", addr, byte)``, ``("ring_read", addr)``: the byte-addressed ring access port
+  (while idle);
 - ``("meta_write", ring, count, head)``, ``("meta_read", ring)``: the metadata port.
 
 :func:`rtl_run` returns ``{"outputs": [...], "status": [...], "reads": [...], "cycles": [...]}``
@@ -17,13 +19,14 @@ import random
 import numpy as np
 from amaranth.sim import Simulator
 
+from ..host.golden_fixed import numerics_of
 from .streams import stream_get, stream_put
 
 __all__ = ["token_beats", "rtl_run", "accepted_attends", "random_ops", "core_params"]
 
 
 def token_beats(q, k, v, macs):
-    """The ``i`` beats of one token: lists of ``macs`` int8 values."""
+    """The ``i`` beats of one token: lists of ``macs`` element values."""
     beats = []
     for vec in [*q, k, v]:
         vec = [int(x) for x in vec]
@@ -132,27 +135,34 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
 
 def random_ops(rng, p, steps):
     """A random operation script for a core with parameters ``p`` (dict: layers, kv_heads,
-    group, head_dim, window): ATTENDs of 1, 2, W-1, W, W+1 and 2W+1 tokens with normal, peaky
-    and format-limit data, clears, rejected commands, ring and meta port traffic."""
+    group, head_dim, window, numerics): ATTENDs of 1, 2, W-1, W, W+1 and 2W+1 tokens with
+    normal, peaky and format-limit data, clears, rejected commands, ring and meta port
+    traffic."""
     L, Hkv, G, d, W = p["layers"], p["kv_heads"], p["group"], p["head_dim"], p["window"]
+    nx = numerics_of(p.get("numerics"))
+    lo, hi = nx.qkv_min, nx.qkv_max
     nprng = np.random.default_rng(rng.randrange(1 << 30))
-    total = 2 * L * Hkv * W * d
+    total = 2 * L * Hkv * W * d * nx.elem_bytes
     ops = []
     for _ in range(steps):
         C = rng.choice([1, 1, 1, 1, 2, max(W - 1, 1), W, W + 1, 2 * W + 1])
         layer, kvh = rng.randrange(L), rng.randrange(Hkv)
-        q = nprng.integers(-128, 128, (C, G, d))
-        k = nprng.integers(-128, 128, (C, d))
-        v = nprng.integers(-128, 128, (C, d))
+        q = nprng.integers(lo, hi + 1, (C, G, d))
+        k = nprng.integers(lo, hi + 1, (C, d))
+        v = nprng.integers(lo, hi + 1, (C, d))
         style = rng.random()
         if style < 0.15:        # format limits: every score at its extreme
-            q[:] = 127
-            k[:] = rng.choice([127, -128])
-            v[:] = rng.choice([127, -128])
+            q[:] = rng.choice([hi, lo])
+            k[:] = rng.choice([hi, lo])
+            v[:] = rng.choice([hi, lo])
         elif style < 0.3:       # peaky: one key far above the rest
-            k[:] = nprng.integers(-8, 8, (C, d))
-            k[-1] = 127
-            q[:] = 127
+            k[:] = nprng.integers(-8, 8, (C, d)) << (nx.elem_bits - 8)
+            k[-1] = hi
+            q[:] = hi
+        elif style < 0.4:       # small values: the low bits of the wide format
+            q = nprng.integers(-4, 4, (C, G, d))
+            k = nprng.integers(-4, 4, (C, d))
+            v = nprng.integers(-4, 4, (C, d))
         ops.append(("cmd", 0, layer, kvh, C, q, k, v))
         r = rng.random()
         if r < 0.06:
@@ -185,6 +195,8 @@ def core_params(core):
     """The parameter dict :func:`random_ops` and the cocotb test take, from a core."""
     return {"layers": core.layers, "kv_heads": core.kv_heads, "group": core.group,
             "head_dim": core.head_dim, "window": core.window, "macs": core.macs,
+            "numerics": core.numerics.name,
             "model": {"layers": core.layers, "q_heads": core.q_heads,
                       "kv_heads": core.kv_heads, "head_dim": core.head_dim,
-                      "window": core.window, "lanes": core.lanes, "scale": core.scale}}
+                      "window": core.window, "lanes": core.lanes, "scale": core.scale,
+                      "numerics": core.numerics.name}}

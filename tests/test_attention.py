@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import requires_verilator
 
-from ringkv.host.golden_fixed import FixedRingCore, run_ops
+from ringkv.host.golden_fixed import FX1, FX2, FixedRingCore, run_ops
 from ringkv.hw.attention import AttentionCore
 from ringkv.sim.attention_sim import core_params, random_ops, rtl_run
 
@@ -26,9 +26,10 @@ def check(core, ops, **kw):
     return got, want
 
 
-def attend(rng, layer, kvh, C, G, d):
-    return ("cmd", 0, layer, kvh, C, rng.integers(-128, 128, (C, G, d)),
-            rng.integers(-128, 128, (C, d)), rng.integers(-128, 128, (C, d)))
+def attend(rng, layer, kvh, C, G, d, numerics=FX1):
+    lo, hi = numerics.qkv_min, numerics.qkv_max + 1
+    return ("cmd", 0, layer, kvh, C, rng.integers(lo, hi, (C, G, d)),
+            rng.integers(lo, hi, (C, d)), rng.integers(lo, hi, (C, d)))
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -42,6 +43,8 @@ def attend(rng, layer, kvh, C, G, d):
     (dict(head_dim=8, macs=16), "macs must be a power of two no larger than head_dim (8), not 16"),
     (dict(scale=-1.0), "scale must be a positive number or None, not -1.0"),
     (dict(scale=1e-9), "scale 1e-09 gives a score constant 0 outside 1..2**17-1"),
+    (dict(numerics="ringkv-fx9"), "unknown numerics 'ringkv-fx9'; known: ringkv-fx1, ringkv-fx2"),
+    (dict(numerics=8), "unknown numerics 8; known: ringkv-fx1, ringkv-fx2"),
 ])
 def test_parameter_errors(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -56,6 +59,12 @@ def test_properties_and_ideal():
         (4, 4, 2, 64, 128)
     assert (core.lanes, core.macs, core.group) == (4, 8, 2)
     assert core.ideal_cycles() == 2 * 2 * 128 * 64 // 32
+    assert core.numerics.name == "ringkv-fx1"
+    assert len(core.i.payload.as_value()) == 8 * 8 and len(core.o.payload.as_value()) == 8 * 16
+    wide = AttentionCore(numerics="ringkv-fx2")
+    wide._MustUse__silence = True
+    assert wide.numerics.elem_bits == 16 and len(wide.i.payload.as_value()) == 8 * 16
+    assert len(wide.o.payload.as_value()) == 8 * 16 and len(wide.ring_rdata) == 8
 
 
 def test_decode_wraps_many_times():
@@ -84,6 +93,8 @@ def documented_token_cycles(core, n):
 
 @pytest.mark.parametrize("config,fill", [
     (dict(layers=1, q_heads=2, kv_heads=1, head_dim=16, window=16, lanes=4, macs=4), 16),
+    (dict(layers=1, q_heads=2, kv_heads=1, head_dim=16, window=16, lanes=4, macs=4,
+          numerics="ringkv-fx2"), 16),
     (dict(layers=1, q_heads=2, kv_heads=1, head_dim=16, window=16, lanes=4, macs=4), 2),
     (dict(layers=2, q_heads=3, kv_heads=1, head_dim=8, window=8, lanes=1, macs=2), 8),
     (dict(layers=1, q_heads=4, kv_heads=1, head_dim=32, window=8, lanes=8, macs=32), 5),
@@ -94,7 +105,7 @@ def test_cycles_match_docstring(config, fill):
     rng = np.random.default_rng(fill)
     G, d = core.group, core.head_dim
     ops = [("meta_write", 0, fill - 1, (fill - 2) % core.window),
-           attend(rng, 0, 0, 1, G, d), attend(rng, 0, 0, 3, G, d)]
+           attend(rng, 0, 0, 1, G, d, core.numerics), attend(rng, 0, 0, 3, G, d, core.numerics)]
     got, _ = check(core, ops)
     assert got["cycles"][0] == documented_token_cycles(core, fill) + 1
     assert got["cycles"][1] == sum(documented_token_cycles(core, fill + 1 + j)
@@ -114,6 +125,9 @@ def test_chunked_prefill_below_at_above_window(window, lanes, macs):
     (dict(SMALL, window=8, lanes=4, macs=2), 1),       # empty lanes while n < W
     (dict(layers=1, q_heads=3, kv_heads=1, head_dim=4, window=4, lanes=2, macs=1), 2),
     (dict(layers=2, q_heads=2, kv_heads=2, head_dim=8, window=2, lanes=2, macs=8), 3),
+    (dict(SMALL, window=8, lanes=4, macs=2, numerics="ringkv-fx2"), 4),
+    (dict(layers=1, q_heads=3, kv_heads=1, head_dim=4, window=4, lanes=1, macs=4,
+          numerics="ringkv-fx2"), 5),
 ])
 def test_random_scripts_with_backpressure(config, seed):
     """Random scripts (errors, clears, ring/meta port traffic included) with idle cycles on
@@ -142,17 +156,23 @@ def test_rejected_commands_change_nothing():
     assert got["reads"] == [0, (3, 2), (0, 0)]
 
 
-def test_ring_port_export_import():
-    """Export a ring through the port, clear, import it back with its metadata: the next
-    decode gives the same output as without the round trip."""
+@pytest.mark.parametrize("numerics", [FX1, FX2])
+def test_ring_port_export_import(numerics):
+    """Export a ring through the (byte-addressed) port, clear, import it back with its
+    metadata: the next decode gives the same output as without the round trip."""
     kw = dict(layers=1, q_heads=2, kv_heads=1, head_dim=4, window=4, lanes=2, macs=2)
-    core = AttentionCore(**kw)
+    core = AttentionCore(**kw, numerics=numerics.name)
     rng = np.random.default_rng(4)
-    pre = attend(rng, 0, 0, 6, 2, 4)
-    nxt = attend(rng, 0, 0, 1, 2, 4)
+    pre = attend(rng, 0, 0, 6, 2, 4, numerics)
+    nxt = attend(rng, 0, 0, 1, 2, 4, numerics)
     model = FixedRingCore(**core_params(core)["model"])
     run_ops(model, [pre])
-    image = [model.ring_read(a) for a in range(model.ring_elements)]
+    image = [model.ring_read(a) for a in range(model.ring_bytes)]
+    assert len(image) == 2 * 4 * 4 * numerics.elem_bytes
+    # the image is the rings' elements, little-endian, EB bytes each
+    elems = model.rings.reshape(-1) & ((1 << numerics.elem_bits) - 1)
+    assert bytes(image) == b"".join(int(x).to_bytes(numerics.elem_bytes, "little")
+                                    for x in elems)
     ops = [pre, ("meta_read", 0)] + [("ring_read", a) for a in range(len(image))]
     ops += [("cmd", 2, 0, 0, 0, None, None, None)]
     ops += [("ring_write", a, 0) for a in range(len(image))]
@@ -168,6 +188,7 @@ def test_ring_port_export_import():
     (dict(SMALL, window=8, lanes=4, macs=2), 11),
     (dict(layers=2, q_heads=4, kv_heads=1, head_dim=8, window=4, lanes=1, macs=8), 12),
     (dict(layers=1, q_heads=2, kv_heads=2, head_dim=4, window=1, lanes=1, macs=2), 13),
+    (dict(SMALL, window=8, lanes=2, macs=4, numerics="ringkv-fx2"), 14),
 ])
 @requires_verilator
 def test_cocotb_random_scripts(config, seed):
@@ -185,10 +206,15 @@ def test_cocotb_random_scripts(config, seed):
     (dict(layers=2, q_heads=3, kv_heads=1, head_dim=4, window=8, lanes=8, macs=4), 21),
     (dict(layers=1, q_heads=4, kv_heads=2, head_dim=16, window=16, lanes=2, macs=4), 22),
     (dict(layers=3, q_heads=2, kv_heads=2, head_dim=8, window=8, lanes=2, macs=1), 23),
+    (dict(layers=2, q_heads=3, kv_heads=1, head_dim=4, window=8, lanes=8, macs=4,
+          numerics="ringkv-fx2"), 24),
+    (dict(layers=1, q_heads=4, kv_heads=2, head_dim=16, window=16, lanes=2, macs=1,
+          numerics="ringkv-fx2"), 25),
 ])
 @requires_verilator
 def test_cocotb_more_parameters(config, seed):
-    """More parameter sets (G = 3, one slot per lane, M = 1, larger rings): the long sweep."""
+    """More parameter sets (G = 3, one slot per lane, M = 1, larger rings, both numerics):
+    the long sweep."""
     from ringkv.sim.cocotb_run import run_cocotb
     core = AttentionCore(**config)
     params = dict(core_params(core), seed=seed, steps=12, pressure=[(0.0, 0.0), (0.4, 0.4)])

@@ -12,7 +12,7 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
-from ringkv.host.golden_fixed import FixedRingCore, run_ops
+from ringkv.host.golden_fixed import FixedRingCore, numerics_of, run_ops
 from ringkv.sim.attention_sim import accepted_attends, random_ops, token_beats
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
@@ -23,6 +23,7 @@ STATUS = [("op", 2), ("err", 2), ("count", 32)]
 
 async def run(dut, p, ops, rng, idle, stall):
     M, G, d = p["macs"], p["group"], p["head_dim"]
+    ew = numerics_of(p.get("numerics")).elem_bits
     checker = FixedRingCore(**p["model"])
     accepted = accepted_attends(checker, ops)
     beats, n_out = [], 0
@@ -41,7 +42,7 @@ async def run(dut, p, ops, rng, idle, stall):
 
     async def feed_inputs():
         for beat in beats:
-            await in_src.send(sum((x & 0xFF) << (8 * j) for j, x in enumerate(beat)))
+            await in_src.send(sum((x & ((1 << ew) - 1)) << (ew * j) for j, x in enumerate(beat)))
 
     async def drain_outputs():
         for _ in range(n_out):
