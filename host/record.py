@@ -33,7 +33,7 @@ dim`` at byte address ``element * EB + byte`` of the ring port (:func:`ring_imag
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -547,14 +547,18 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m ringkv.host.record IMAGE [--regions R]``: list the records in an image."""
+    """``python -m ringkv.host.record IMAGE [--regions R] [--numerics N]``: list the records in
+    an image of the default configuration (with numerics ``N``)."""
     parser = argparse.ArgumentParser(description="List the snapshot records in a storage image")
     parser.add_argument("image", type=Path)
     parser.add_argument("--regions", type=int, default=None,
                         help="regions to scan (default: as many as fit in the image)")
     parser.add_argument("--all", action="store_true", help="also list empty regions")
+    parser.add_argument("--numerics", default=DEFAULT_CONFIG.numerics,
+                        choices=sorted(NUMERICS_TABLE),
+                        help="the device's attention numerics (sets the record layout)")
     args = parser.parse_args(argv)
-    config = DEFAULT_CONFIG
+    config = replace(DEFAULT_CONFIG, numerics=args.numerics)
     lay = RecordLayout(config)
     data = args.image.read_bytes()
     regions = args.regions or len(data) // (lay.sectors_per_region * SECTOR)

@@ -338,3 +338,19 @@ def test_fx1_bytes_unchanged_by_element_words():
                       commit_seq=1)
     assert a == b
     assert ring_image(SMALL, signed) == rings.tobytes()
+
+
+def test_inspect_cli_fx2(tmp_path, capsys):
+    fx2 = RingKVConfig(**{**DEFAULT_CONFIG.__dict__, "numerics": "ringkv-fx2"})
+    rng = random.Random(6)
+    img = Image(fx2, 2)
+    tokens, rings, count, head = random_snapshot16(fx2, rng, count=20)
+    img.write_record(0, encode_record(fx2, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=0xDEF, commit_seq=3))
+    path = tmp_path / "sd2.img"
+    path.write_bytes(img.data)
+    assert main([str(path), "--numerics", "ringkv-fx2"]) == 0
+    out = capsys.readouterr().out
+    assert "     0 OK" in out and "0x0000000000000def" in out and "1 valid" in out
+    assert main([str(path), "--regions", "1"]) == 0         # an fx1 scan: foreign
+    assert "FOREIGN_CONFIG" in capsys.readouterr().out
