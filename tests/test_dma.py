@@ -375,9 +375,11 @@ def test_power_cut_keeps_previous_snapshot(seed):
     assert inserts == [(30, 11, 0, 1)] and frees == [1, 2]
 
 
-def test_with_attention_core():
-    """The DMA against the real attention core's ring port (hw/attention.py): import a golden
-    record into the core's rings, export it again: the new record is the golden encoding."""
+@pytest.mark.parametrize("config", [SMALL, SMALL2])
+def test_with_attention_core(config):
+    """The DMA against the real attention core's ring port (hw/attention.py, in the config's
+    numerics: one byte per element for fx1, two for fx2): import a golden record into the core's
+    rings, export it again: the new record is the golden encoding."""
     from amaranth import Module
     from amaranth.lib import wiring
 
@@ -385,7 +387,6 @@ def test_with_attention_core():
     from ringkv.hw.dma import connect_ring
     from ringkv.hw.token_memory import TokenMemory
 
-    config = SMALL
     rng = random.Random(50)
     image = new_image(config, 2, rng)
     rings, count, head, tokens = write_golden(config, image, 0, rng, 21, hash=0x77, seq=1)
@@ -395,7 +396,8 @@ def test_with_attention_core():
             self.dma = DmaEngine(config, 2)
             self.core = AttentionCore(layers=config.layers, q_heads=config.q_heads,
                                       kv_heads=config.kv_heads, head_dim=config.head_dim,
-                                      window=config.window, lanes=2, macs=2)
+                                      window=config.window, lanes=2, macs=2,
+                                      numerics=config.numerics)
             self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
             sig = self.dma.signature.members
             super().__init__({"cmd": sig["cmd"], "resp": sig["resp"],
