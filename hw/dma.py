@@ -274,14 +274,16 @@ class DmaEngine(wiring.Component):
         dim = Signal(range(D))
         slot = Signal(range(W))
         kind = Signal()
-        elem_b = Signal(range(max(EB, 2)))  # byte of the element, innermost
+        # byte of the element, innermost (no counter at all for one byte per element: the fx1
+        # gateware stays as it was)
+        elem_b = Signal(range(EB)) if EB > 1 else None
         ring_addr = Signal(32)
-        m.d.comb += ring_addr.eq(Cat(elem_b[:ceil_log2(EB)] if EB > 1 else [], dim, slot, kind,
+        m.d.comb += ring_addr.eq(Cat(elem_b if EB > 1 else [], dim, slot, kind,
                                      lh[:ceil_log2(LH)] if LH > 1 else []))
 
         def init_counters():
             return [tok_i.eq(0), tok_b.eq(0), lh.eq(0), t.eq(0), dim.eq(0), slot.eq(s0),
-                    kind.eq(0), elem_b.eq(0), hdr_pos.eq(0)]
+                    kind.eq(0), hdr_pos.eq(0), *([elem_b.eq(0)] if EB > 1 else [])]
 
         def advance():
             """Step the loop nest of the current segment by one payload byte."""
