@@ -571,3 +571,33 @@ def test_fx2_attention_export_query_ring_read():
         assert r["record_status"] == RecordStatus.FOREIGN_CONFIG.value and r["dir_status"] == 0
 
     run_top(top, image, scenario)
+
+
+def test_fx2_fpga_device_attention_and_snapshot():
+    """FpgaDevice on an fx2 top: prefill and decode quantize/dequantize with ringkv-fx2 and
+    equal FixedBackend in fx2; snapshot() combines RING_READ bytes into the int16 rings."""
+    from ringkv.host.fpga_device import FpgaDevice
+    from ringkv.host.link import Link
+    from ringkv.host.model import FixedBackend
+    from ringkv.sim.top_bench import SimPort
+
+    rng = np.random.default_rng(21)
+    soft = FixedBackend(CFG2, lanes=LANES)
+    top = make_top(CFG2)
+    with SimPort(top, image_for(top)) as port:
+        dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG2, max_payload=1024)
+        dev.check_config()
+        for layer in range(CFG2.layers):
+            q = rng.standard_normal((5, CFG2.q_heads, CFG2.head_dim)) * 3
+            k = rng.standard_normal((5, CFG2.kv_heads, CFG2.head_dim)) * 3
+            v = rng.standard_normal((5, CFG2.kv_heads, CFG2.head_dim)) * 3
+            np.testing.assert_array_equal(dev.prefill(layer, q, k, v),
+                                          soft.prefill(layer, q, k, v))
+        q = rng.standard_normal((CFG2.q_heads, CFG2.head_dim))
+        k, v = (rng.standard_normal((CFG2.kv_heads, CFG2.head_dim)) for _ in range(2))
+        np.testing.assert_array_equal(dev.decode(0, q, k, v), soft.decode(0, q, k, v))
+        rings, meta = dev.snapshot()
+        want_rings, want_count, want_head = soft.snapshot()
+        assert np.abs(want_rings).max() > 127             # int16 values, beyond int8
+        np.testing.assert_array_equal(rings, want_rings)
+        assert meta == [(int(c), int(h)) for c, h in zip(want_count, want_head)]
