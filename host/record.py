@@ -47,8 +47,7 @@ __all__ = [
     "SECTOR", "MAGIC", "VERSION", "HEADER_FIELDS", "CONFIG_FIELDS", "RecordStatus",
     "RecordLayout", "Header", "RecordError", "crc32", "header_template", "encode_header",
     "decode_header", "elem_bytes", "ring_dtype", "ring_elements", "ring_image",
-    "rings_from_image",
-    "kv_bytes_of", "encode_payload", "encode_record", "decode_payload",
+    "rings_from_image", "kv_bytes_of", "encode_payload", "encode_record", "decode_payload",
     "import_record", "RecordInfo", "scan_region", "scan_image", "rebuild", "format_listing",
     "main",
 ]
@@ -143,6 +142,7 @@ def _words(config, rings):
 
 
 def ring_elements(config: RingKVConfig) -> int:
+    """K/V elements in all rings: ``layers * kv_heads * 2 * window * head_dim``."""
     return config.layers * config.kv_heads * 2 * config.window * config.head_dim
 
 
