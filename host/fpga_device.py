@@ -6,15 +6,16 @@ Every call is one or more requests of :mod:`ringkv.hw.protocol`, packed with the
 device's ``QUERY`` verifies **and imports** on a hit (seed 001: hash, lookup, token comparison,
 config digest, payload CRC), so :meth:`FpgaDevice.import_` only reports the bytes moved.
 
-Attention runs in the fixed-point numerics of the core (``ringkv-fx1``, see
-:mod:`ringkv.host.golden_fixed`): q/k/v are quantized to int8 here, outputs dequantized.
+Attention runs in the fixed-point numerics of the core, the configuration's ``numerics``
+(``ringkv-fx1``: q/k/v int8, ``ringkv-fx2``: q/k/v int16; see :mod:`ringkv.host.golden_fixed`):
+q/k/v are quantized here with that numerics, outputs (int16 in both) dequantized with it.
 """
 
 import numpy as np
 
 from ..hw.protocol import DEFAULT_MAX_PAYLOAD, Op, Status
 from .config import RingKVConfig
-from .golden_fixed import dequantize_out, quantize
+from .golden_fixed import dequantize_out, numerics_of, quantize
 from .ops import (
     DIR_RESPONSE,
     FLAG_EXISTING,
@@ -32,7 +33,15 @@ from .ops import (
     unpack_attn,
     unpack_tokens,
 )
-from .record import SECTOR, RecordLayout, RecordStatus, rebuild, scan_image
+from .record import (
+    SECTOR,
+    RecordLayout,
+    RecordStatus,
+    rebuild,
+    ring_elements,
+    rings_from_image,
+    scan_image,
+)
 from .scheduler import Device, QueryResult
 
 __all__ = ["FpgaDevice", "ConfigMismatch"]
@@ -68,6 +77,7 @@ class FpgaDevice(Device):
         if not isinstance(config, RingKVConfig):
             raise TypeError(f"config must be a RingKVConfig, not {config!r}")
         self.link, self.config, self.max_payload = link, config, max_payload
+        self.numerics = numerics_of(config.numerics)
         self.attention = self
         self._tb = token_bytes(config)
         self._attn_chunk = max_attn_tokens(config, max_payload)
@@ -260,24 +270,28 @@ class FpgaDevice(Device):
         return np.concatenate(out)
 
     def prefill(self, layer, q, k, v):
-        qi, ki, vi = quantize(np.asarray(q)), quantize(np.asarray(k)), quantize(np.asarray(v))
-        return dequantize_out(self._attend(Op.ATTN_PREFILL, layer, qi, ki, vi))
+        nx = self.numerics
+        qi, ki, vi = (quantize(np.asarray(x), nx) for x in (q, k, v))
+        return dequantize_out(self._attend(Op.ATTN_PREFILL, layer, qi, ki, vi), nx)
 
     def decode(self, layer, q, k, v):
-        qi, ki, vi = (quantize(np.asarray(x))[None] for x in (q, k, v))
-        return dequantize_out(self._attend(Op.ATTN_DECODE, layer, qi, ki, vi))[0]
+        nx = self.numerics
+        qi, ki, vi = (quantize(np.asarray(x), nx)[None] for x in (q, k, v))
+        return dequantize_out(self._attend(Op.ATTN_DECODE, layer, qi, ki, vi), nx)[0]
 
     def snapshot(self):
-        """The rings (int8, ``[layer, kv_head, kind, slot, dim]``) and per-ring metadata."""
+        """The rings (signed q/k/v integers of the numerics: int8 values for ``ringkv-fx1``,
+        int16 for ``ringkv-fx2``; ``[layer, kv_head, kind, slot, dim]``) and per-ring metadata.
+
+        ``RING_READ`` addresses the ring port's bytes (``EB`` per element, little-endian)."""
         c = self.config
-        total = c.layers * c.kv_heads * 2 * c.window * c.head_dim
+        total = ring_elements(c) * self.numerics.elem_bytes
+        step = self.max_payload - self.max_payload % self.numerics.elem_bytes
         raw = b""
-        for addr in range(0, total, self.max_payload):
-            raw += self._call(Op.RING_READ, addr=addr, n=min(self.max_payload, total - addr),
+        for addr in range(0, total, step):
+            raw += self._call(Op.RING_READ, addr=addr, n=min(step, total - addr),
                               what=RING_ELEMENTS)
-        rings = np.frombuffer(raw, dtype=np.int8).astype(np.int64).reshape(
-            c.layers, c.kv_heads, 2, c.window, c.head_dim)
-        return rings, self.ring_meta()
+        return rings_from_image(c, raw, signed=True), self.ring_meta()
 
     def restore(self, snapshot) -> None:
         raise NotImplementedError("the device restores rings by QUERY (verified import) only")

@@ -5,17 +5,19 @@ Architecture (per layer): ``x += Wo · attn(RoPE(Wq·n1(x)), RoPE(Wk·n1(x)), Wv
 uses KV head ``h // G``), sliding-window attention of ``W`` keys (SPEC §2), RoPE applied to q
 and k before k enters the cache. Byte tokenizer: tokens 0..255 are bytes, 256 is BOS.
 Weights come from a fixed seed (scaled so that
-activations stay O(1) through the layers; q/k/v stay inside the int8 range of the fixed-point
-core) or from an ``.npz`` file (:meth:`Model.save` / :meth:`Model.load`).
+activations stay O(1) through the layers; q/k/v stay inside the range of the fixed-point
+core: -4 .. 4 for ``ringkv-fx1``, -16 .. 16 for ``ringkv-fx2``) or from an ``.npz`` file
+(:meth:`Model.save` / :meth:`Model.load`).
 
 The host runs everything but attention; :class:`AttentionBackend` is the seam where the
 accelerator plugs in:
 
 * :class:`Float64Backend`: :class:`~ringkv.host.golden_ring.RingKVCache` per layer (float64).
 * :class:`FixedBackend`: the bit-exact model of the FPGA core
-  (:class:`~ringkv.host.golden_fixed.FixedRingCore`, numerics ``ringkv-fx1``): q/k/v quantized
-  to int8, output dequantized. A link backend (the same calls as ``ATTN_DECODE`` /
-  ``ATTN_PREFILL`` requests) implements the same protocol.
+  (:class:`~ringkv.host.golden_fixed.FixedRingCore`) in the configuration's numerics
+  (``ringkv-fx1``: q/k/v quantized to int8; ``ringkv-fx2``: to int16), output dequantized. A
+  link backend (the same calls as ``ATTN_DECODE`` / ``ATTN_PREFILL`` requests) implements the
+  same protocol.
 """
 
 import copy
@@ -28,7 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from .config import DEFAULT_CONFIG, RingKVConfig
-from .golden_fixed import FixedRingCore, dequantize_out, quantize
+from .golden_fixed import FixedRingCore, dequantize_out, numerics_of, quantize
 from .golden_ring import RingKVCache
 from .golden_swa import swa_attention
 
@@ -132,17 +134,19 @@ class Float64Backend:
 
 
 class FixedBackend:
-    """The FPGA core's bit-exact model: int8 q/k/v (scale 2**-5), int16 output (2**-13)."""
+    """The FPGA core's bit-exact model in ``config.numerics``: ``ringkv-fx1`` int8 q/k/v
+    (scale 2**-5), int16 output (2**-13); ``ringkv-fx2`` int16 q/k/v and output (2**-11)."""
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, lanes: int = 4):
         self.config = config
+        self.numerics = numerics_of(config.numerics)
         self.lanes = lanes
         self.reset()
 
     def reset(self):
         c = self.config
         self.core = FixedRingCore(c.layers, c.q_heads, c.kv_heads, c.head_dim, c.window,
-                                  self.lanes)
+                                  self.lanes, numerics=self.numerics)
         self._n = 0
 
     @property
@@ -150,13 +154,13 @@ class FixedBackend:
         return int(self.core.count[0])
 
     def prefill(self, layer, q, k, v):
-        c = self.config
+        c, nx = self.config, self.numerics
         g = c.group
-        qi, ki, vi = quantize(np.asarray(q)), quantize(np.asarray(k)), quantize(np.asarray(v))
+        qi, ki, vi = (quantize(np.asarray(x), nx) for x in (q, k, v))
         out = np.empty(np.shape(q))
         for h in range(c.kv_heads):
             o = self.core.attend(layer, h, qi[:, h * g:(h + 1) * g], ki[:, h], vi[:, h])
-            out[:, h * g:(h + 1) * g] = dequantize_out(o)
+            out[:, h * g:(h + 1) * g] = dequantize_out(o, nx)
         return out
 
     def decode(self, layer, q, k, v):

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from ..hw.protocol import Op
 from .config import RingKVConfig
+from .record import elem_bytes
 
 __all__ = ["Layout", "REQUESTS", "RESPONSES", "TAILS", "IMPLEMENTED", "DIR_RESPONSE",
            "SNAPSHOT_RESPONSE", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT", "FLAG_EXISTING",
            "RING_ELEMENTS", "RING_META", "META_BYTES", "GATEWARE_VERSION", "attn_in_bytes",
            "attn_out_bytes", "max_attn_tokens", "pack_attn", "unpack_attn", "pack_tokens",
-           "unpack_tokens", "token_bytes"]
+           "unpack_tokens", "token_bytes", "elem_bytes"]
 
 #: Reported by ``Op.VERSION``; bump when the gateware's behaviour changes.
 GATEWARE_VERSION = 1
@@ -29,7 +30,10 @@ NO_RECORD = 0xFF
 RING_CLEAR_ALL = 0xFF
 #: ``DIR_INSERT`` flags.
 FLAG_EVICT, FLAG_EXISTING = 1, 2
-#: ``RING_READ`` ``what``: ring elements (1 byte each) or per-ring metadata (count u32, head u16).
+#: ``RING_READ`` ``what``: ring element bytes or per-ring metadata (count u32, head u16). The
+#: ring port is byte-addressed: ``addr`` and ``n`` of ``RING_ELEMENTS`` count bytes, element ``e``
+#: being bytes ``e*EB .. e*EB+EB-1`` little-endian (``EB = elem_bytes(config)``: 1 for
+#: ``ringkv-fx1``, 2 for ``ringkv-fx2``).
 RING_ELEMENTS, RING_META = 0, 1
 META_BYTES = 6
 
@@ -171,7 +175,7 @@ TAILS = {
     Op.TOKENS_READ: ("", "n tokens"),
     Op.ATTN_DECODE: ("q/k/v of 1 token (attn_in_bytes)", "outputs (attn_out_bytes)"),
     Op.ATTN_PREFILL: ("q/k/v of count tokens", "outputs of count tokens"),
-    Op.RING_READ: ("", "n elements, or n x (count u32, head u16)"),
+    Op.RING_READ: ("", "n ring bytes (EB per element), or n x (count u32, head u16)"),
     Op.SECTOR_READ: ("", "512 bytes"),
 }
 
@@ -195,8 +199,9 @@ def unpack_tokens(config: RingKVConfig, data: bytes) -> list[int]:
 
 
 def attn_in_bytes(config: RingKVConfig, count: int) -> int:
-    """Tail bytes of an ATTN request of ``count`` tokens: int8 q (Hq) + k, v (Hkv) vectors."""
-    return count * (config.q_heads + 2 * config.kv_heads) * config.head_dim
+    """Tail bytes of an ATTN request of ``count`` tokens: q (Hq) + k, v (Hkv) vectors of ``EB``
+    bytes per element (int8 for ``ringkv-fx1``, int16 for ``ringkv-fx2``)."""
+    return count * (config.q_heads + 2 * config.kv_heads) * config.head_dim * elem_bytes(config)
 
 
 def attn_out_bytes(config: RingKVConfig, count: int) -> int:
@@ -213,20 +218,25 @@ def max_attn_tokens(config: RingKVConfig, max_payload: int) -> int:
 
 
 def pack_attn(config: RingKVConfig, layer: int, q, k, v, *, decode: bool = False) -> bytes:
-    """ATTN request payload from int8 ``q`` (C, Hq, d), ``k``/``v`` (C, Hkv, d).
+    """ATTN request payload from q/k/v integers ``q`` (C, Hq, d), ``k``/``v`` (C, Hkv, d) of the
+    configuration's numerics (int8 for ``ringkv-fx1``, int16 for ``ringkv-fx2``).
 
     Tail order = the attention core's input order, one command per KV head: for each KV head
     ``h``, for each token ``t``: the ``G`` query vectors of heads ``h*G .. h*G+G-1``, then
-    ``k[t, h]``, then ``v[t, h]``; elements as int8 bytes, element 0 first.
+    ``k[t, h]``, then ``v[t, h]``; element 0 first, each element as ``EB`` bytes of its two's
+    complement, little-endian (so the core's ``i`` beats of M elements are M*EB consecutive
+    bytes, element 0 at the LSB).
     """
     import numpy as np
+    eb = elem_bytes(config)
     q, k, v = (np.asarray(x, dtype=np.int64) for x in (q, k, v))
     count, g = len(k), config.group
     out = bytearray(REQUESTS[Op.ATTN_PREFILL].pack(layer=layer, count=count))
+    mask = (1 << (8 * eb)) - 1
     for h in range(config.kv_heads):
-        for t in range(count):
-            for vec in [*q[t, h * g:(h + 1) * g], k[t, h], v[t, h]]:
-                out += bytes(int(x) & 0xFF for x in vec)
+        # (count, G + 2, d): the G query vectors, k, v of each token, in the core's order
+        vecs = np.concatenate([q[:, h * g:(h + 1) * g], k[:, h, None], v[:, h, None]], axis=1)
+        out += (vecs & mask).astype(f"<u{eb}").tobytes()
     return bytes(out)
 
 

@@ -8,6 +8,8 @@ of 512 bytes, storage region ``r`` starting at sector ``r * sectors_per_region``
 * region sectors ``1 .. 1+T``: the **tokens**, ``token_bytes`` bytes each, little-endian,
   zero padded to a sector boundary (``T`` = sectors for ``max_tokens`` tokens);
 * region sectors ``1+T ..``: the **KV area**: K then V, zero padded to a sector boundary.
+  Each element is ``EB`` bytes (:func:`elem_bytes`: 1 for ``ringkv-fx1``'s int8, 2 for
+  ``ringkv-fx2``'s int16), little-endian, its bytes kept together.
   With ``v = min(n, W)`` valid slots and ``s_t = (head - v + 1 + t) mod W`` the slot of the
   ``t``-th oldest valid token:
 
@@ -20,15 +22,18 @@ The payload CRC (CRC-32/ISO-HDLC) covers the token bytes, then K, then V, withou
 Write order is payload first, header last: an interrupted export leaves no valid header, so the
 previous snapshot (in another region) stays the newest valid one.
 
-Rings are given as a ``numpy.uint8`` array of shape ``(layers, kv_heads, 2, window, head_dim)``
-(kind 0 = K, 1 = V), i.e. exactly the attention core's ring-access address order
-``((layer*Hkv + kv_head)*2 + kind)*W*d + slot*d + dim``.
+Rings are given as an integer array of shape ``(layers, kv_heads, 2, window, head_dim)``
+(kind 0 = K, 1 = V) holding each element's ``8*EB``-bit two's-complement word (``uint8`` for
+fx1, ``uint16`` for fx2; signed values are accepted and taken modulo ``2**(8*EB)``), in the
+attention core's ring-access order: element ``((layer*Hkv + kv_head)*2 + kind)*W*d + slot*d +
+dim`` at byte address ``element * EB + byte`` of the ring port (:func:`ring_image` /
+:func:`rings_from_image` convert between the two).
 """
 
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,11 +41,13 @@ from amaranth.lib import enum
 from amaranth.lib.crc import catalog
 
 from .config import DEFAULT_CONFIG, RingKVConfig
+from .golden_fixed import NUMERICS_TABLE
 
 __all__ = [
     "SECTOR", "MAGIC", "VERSION", "HEADER_FIELDS", "CONFIG_FIELDS", "RecordStatus",
     "RecordLayout", "Header", "RecordError", "crc32", "header_template", "encode_header",
-    "decode_header", "kv_bytes_of", "encode_payload", "encode_record", "decode_payload",
+    "decode_header", "elem_bytes", "ring_dtype", "ring_elements", "ring_image",
+    "rings_from_image", "kv_bytes_of", "encode_payload", "encode_record", "decode_payload",
     "import_record", "RecordInfo", "scan_region", "scan_image", "rebuild", "format_listing",
     "main",
 ]
@@ -110,6 +117,53 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
+def elem_bytes(config: RingKVConfig) -> int:
+    """Bytes per K/V element of ``config.numerics`` (1 for ``ringkv-fx1``, 2 for ``ringkv-fx2``).
+
+    Raises ``ValueError`` for a numerics name this software does not know: there is no record
+    layout for it.
+    """
+    numerics = NUMERICS_TABLE.get(config.numerics)
+    if numerics is None:
+        raise ValueError(f"unknown numerics {config.numerics!r} (known: "
+                         f"{', '.join(sorted(NUMERICS_TABLE))}): no record layout for it")
+    return numerics.elem_bytes
+
+
+def ring_dtype(config: RingKVConfig) -> np.dtype:
+    """The unsigned little-endian numpy type of one K/V element word (``<u1`` or ``<u2``)."""
+    return np.dtype(f"<u{elem_bytes(config)}")
+
+
+def _words(config, rings):
+    """``rings`` as unsigned element words (``ring_dtype``), any integer input modulo 2**EW."""
+    bits = 8 * elem_bytes(config)
+    return (np.asarray(rings).astype(np.int64) & ((1 << bits) - 1)).astype(ring_dtype(config))
+
+
+def ring_elements(config: RingKVConfig) -> int:
+    """K/V elements in all rings: ``layers * kv_heads * 2 * window * head_dim``."""
+    return config.layers * config.kv_heads * 2 * config.window * config.head_dim
+
+
+def ring_image(config: RingKVConfig, rings) -> bytes:
+    """The ring port's byte space: element ``e`` at bytes ``e*EB .. e*EB+EB-1``, little-endian."""
+    return _words(config, rings).reshape(-1).tobytes()
+
+
+def rings_from_image(config: RingKVConfig, data: bytes, *, signed: bool = False):
+    """Rings ``(layers, kv_heads, 2, window, head_dim)`` from the ring port's bytes: unsigned
+    element words, or (``signed``) the signed int64 element values."""
+    c = config
+    words = np.frombuffer(bytes(data), dtype=ring_dtype(c)).reshape(
+        c.layers, c.kv_heads, 2, c.window, c.head_dim)
+    if not signed:
+        return words.copy()
+    bits = 8 * elem_bytes(c)
+    w = words.astype(np.int64)
+    return w - ((w >> (bits - 1)) << bits)
+
+
 @dataclass(frozen=True)
 class RecordLayout:
     """Sizes and sector map of records for one configuration."""
@@ -124,10 +178,18 @@ class RecordLayout:
     def token_sectors_max(self) -> int:
         return _ceil_div(self.config.max_tokens * self.token_bytes, SECTOR)
 
+    def __post_init__(self):
+        elem_bytes(self.config)            # an unknown numerics has no layout
+
+    @property
+    def elem_bytes(self) -> int:
+        """Bytes per K/V element (:func:`elem_bytes`)."""
+        return elem_bytes(self.config)
+
     @property
     def kv_bytes_max(self) -> int:
         c = self.config
-        return 2 * c.layers * c.kv_heads * c.window * c.head_dim
+        return 2 * c.layers * c.kv_heads * c.window * c.head_dim * self.elem_bytes
 
     @property
     def kv_sectors_max(self) -> int:
@@ -160,8 +222,9 @@ class RecordLayout:
 
 
 def kv_bytes_of(config: RingKVConfig, count: int) -> int:
-    """K plus V bytes of a record of ``count`` tokens."""
-    return 2 * config.layers * config.kv_heads * min(count, config.window) * config.head_dim
+    """K plus V bytes of a record of ``count`` tokens (``EB`` bytes per element)."""
+    return (2 * config.layers * config.kv_heads * min(count, config.window) * config.head_dim
+            * elem_bytes(config))
 
 
 @dataclass
@@ -311,10 +374,10 @@ def encode_payload(config, tokens, rings, count, head) -> tuple[bytes, bytes]:
         raise ValueError(f"{len(tokens)} tokens given, record needs {count}")
     tok = b"".join(int(t).to_bytes(lay.token_bytes, "little") for t in tokens[:count])
     slots = _ring_order(config, count, head)
-    r = np.asarray(rings, dtype=np.uint8)
+    r = _words(config, rings)                    # little-endian EB-byte element words
     k = r[:, :, 0, slots, :]                     # layer, head, t, dim
     v = np.transpose(r[:, :, 1, slots, :], (0, 1, 3, 2))   # layer, head, dim, t
-    return tok, k.tobytes() + v.tobytes()
+    return tok, np.ascontiguousarray(k).tobytes() + np.ascontiguousarray(v).tobytes()
 
 
 def _pad(data: bytes) -> bytes:
@@ -340,8 +403,9 @@ def encode_record(config, tokens, rings, *, count, ring_head, prefix_hash, commi
 
 
 def decode_payload(config, h: Header, tok: bytes, kv: bytes):
-    """Tokens and the valid ring slots from unpadded payload bytes: ``(tokens, {(l,h,kind,slot):
-    bytes(d)})``."""
+    """Tokens and the valid slots' K/V from unpadded payload bytes: ``(tokens, slots, k, v)``
+    with ``k``/``v`` of shape ``(layers, kv_heads, t, head_dim)`` (``t`` = oldest to newest
+    valid token, in ring slots ``slots``), unsigned element words of :func:`ring_dtype`."""
     lay = RecordLayout(config)
     c = config
     tokens = [int.from_bytes(tok[i:i + lay.token_bytes], "little")
@@ -349,8 +413,9 @@ def decode_payload(config, h: Header, tok: bytes, kv: bytes):
     slots = _ring_order(c, h.count, h.ring_head)
     v = len(slots)
     half = len(kv) // 2
-    k = np.frombuffer(kv[:half], dtype=np.uint8).reshape(c.layers, c.kv_heads, v, c.head_dim)
-    vv = np.frombuffer(kv[half:], dtype=np.uint8).reshape(c.layers, c.kv_heads, c.head_dim, v)
+    dt = ring_dtype(c)
+    k = np.frombuffer(kv[:half], dtype=dt).reshape(c.layers, c.kv_heads, v, c.head_dim)
+    vv = np.frombuffer(kv[half:], dtype=dt).reshape(c.layers, c.kv_heads, c.head_dim, v)
     return tokens, slots, k, np.transpose(vv, (0, 1, 3, 2))
 
 
@@ -482,14 +547,18 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
 
 
 def main(argv=None) -> int:
-    """``python -m ringkv.host.record IMAGE [--regions R]``: list the records in an image."""
+    """``python -m ringkv.host.record IMAGE [--regions R] [--numerics N]``: list the records in
+    an image of the default configuration (with numerics ``N``)."""
     parser = argparse.ArgumentParser(description="List the snapshot records in a storage image")
     parser.add_argument("image", type=Path)
     parser.add_argument("--regions", type=int, default=None,
                         help="regions to scan (default: as many as fit in the image)")
     parser.add_argument("--all", action="store_true", help="also list empty regions")
+    parser.add_argument("--numerics", default=DEFAULT_CONFIG.numerics,
+                        choices=sorted(NUMERICS_TABLE),
+                        help="the device's attention numerics (sets the record layout)")
     args = parser.parse_args(argv)
-    config = DEFAULT_CONFIG
+    config = replace(DEFAULT_CONFIG, numerics=args.numerics)
     lay = RecordLayout(config)
     data = args.image.read_bytes()
     regions = args.regions or len(data) // (lay.sectors_per_region * SECTOR)

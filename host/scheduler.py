@@ -40,7 +40,8 @@ __all__ = ["Device", "SoftwareDevice", "QueryResult", "Scheduler", "Session", "p
 
 
 def snapshot_bytes(config: RingKVConfig, count: int) -> int:
-    """Bytes a snapshot of ``count`` tokens moves: the tokens and the int8 K/V rings."""
+    """Bytes a snapshot of ``count`` tokens moves: the tokens and the K/V rings (``EB`` bytes per
+    element: int8 for ``ringkv-fx1``, int16 for ``ringkv-fx2``)."""
     return count * (config.token_width // 8) + kv_bytes_of(config, count)
 
 

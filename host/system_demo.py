@@ -17,6 +17,10 @@ opens ``/dev/ttyUSB0`` on the board — and storage in an image file:
 Every generated token is checked against a software-only run: the same model with the
 attention core's bit-exact golden model (:class:`~ringkv.host.model.FixedBackend`) and no
 scheduling at all.
+
+``config`` chooses the device (default :data:`~ringkv.host.config.DEMO_CONFIG`); with
+``numerics="ringkv-fx2"`` the same scenario runs on a top built with the int16 attention core
+(``ringkv demo --numerics ringkv-fx2``).
 """
 
 import random
@@ -84,11 +88,11 @@ def short_scenario(seed=1):
 SCENARIO = scenario()
 
 
-def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None) -> int:
+def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None) -> int:
     steps = SCENARIO if steps is None else steps
     from ..sim.harness import SimDevice, build_top
 
-    config = DEMO_CONFIG
+    config = DEMO_CONFIG if config is None else config
     say = print if verbose else (lambda *a, **k: None)
     workdir = Path(workdir or tempfile.mkdtemp(prefix="ringkv-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -98,7 +102,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None) -> int:
     top_kwargs = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
     say(f"RingKV end-to-end demo: host model + simulated FPGA (Verilator), config "
         f"layers={config.layers} Hq={config.q_heads} Hkv={config.kv_heads} "
-        f"d={config.head_dim} W={config.window}, {REGIONS} storage regions, "
+        f"d={config.head_dim} W={config.window} numerics {config.numerics}, {REGIONS} storage "
+        f"regions, "
         f"P={LANES} lanes x M={MACS} MACs")
     t0 = time.monotonic()
     build_top(config, **top_kwargs)

@@ -24,6 +24,11 @@ ring, so the rings are empty: a miss, never a stale or corrupt cache.
 without writing the rings: the directory rebuild scan uses it (host-driven, see
 ``docs/blocks/storage.md``). The response carries the record's count, hash and commit sequence.
 
+The ring port is byte-addressed (``element * EB + byte``, ``EB`` bytes per element from the
+configuration's numerics): the KV loops step over elements as above with the byte of the element
+innermost, so a record's bytes of one element are consecutive and little-endian (the record
+format's order) and both directions move one byte per clock whatever ``EB``.
+
 Throughput: one byte per clock on the storage port's data streams (its peak) in every data phase,
 with a 4-entry FIFO absorbing the one-clock read latency of the ring and token ports. Overhead per
 transfer: three storage commands (tokens, KV, header), ``2 * layers * kv_heads`` clocks of
@@ -44,6 +49,7 @@ from ..host.record import (
     SECTOR,
     RecordLayout,
     RecordStatus,
+    elem_bytes,
     header_template,
 )
 from .storage import StorageError, StorageOp, StoragePortSignature
@@ -58,18 +64,19 @@ class RingPortSignature(wiring.Signature):
 
     Same member names and widths as the attention core's ports, so the top connects them one to
     one (:func:`connect_ring`; ``RingPortSignature(...).flip()`` is the core's side).
-    Element-addressed, synchronous, 8-bit (one int8 K or V element); used only while the core is
+    Byte-addressed, synchronous, 8-bit: a K or V element is ``EB = elem_bytes`` bytes (1 for
+    numerics ``ringkv-fx1``, 2 for ``ringkv-fx2``), little-endian; used only while the core is
     idle:
 
     =============== ===== =====================================================================
     member          dir   meaning
     =============== ===== =====================================================================
-    ``ring_addr``   Out   32 bits: ``((ring*2 + kind)*W + slot)*d + dim``, ``ring = layer*Hkv +
-                          kv_head``, kind 0 = K, 1 = V
-    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the element one clock later
-    ``ring_rdata``  In    8 bits, read data
+    ``ring_addr``   Out   32 bits: ``element * EB + byte`` with ``element = ((ring*2 + kind)*W +
+                          slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V
+    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the byte one clock later
+    ``ring_rdata``  In    8 bits, read data (one byte of an element)
     ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``
-    ``ring_wdata``  Out   8 bits, write data
+    ``ring_wdata``  Out   8 bits, write data (one byte of an element)
     ``meta_ring``   Out   8 bits, ring whose metadata is read or written
     ``meta_count``  In    32 bits, tokens seen by the ring (does not wrap)
     ``meta_head``   In    16 bits, slot of the newest token
@@ -82,8 +89,9 @@ class RingPortSignature(wiring.Signature):
     so a combinational (the attention core) or a one-clock synchronous metadata read both work.
     """
 
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, window: int):
-        self._params = (layers, kv_heads, head_dim, window)
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, window: int,
+                 elem_bytes: int = 1):
+        self._params = (layers, kv_heads, head_dim, window, elem_bytes)
         super().__init__({
             "ring_addr": Out(32),
             "ring_re": Out(1),
@@ -100,7 +108,14 @@ class RingPortSignature(wiring.Signature):
 
     @classmethod
     def for_config(cls, config: RingKVConfig):
-        return cls(config.layers, config.kv_heads, config.head_dim, config.window)
+        return cls(config.layers, config.kv_heads, config.head_dim, config.window,
+                   elem_bytes(config))
+
+    @property
+    def ring_bytes(self) -> int:
+        """Size of the byte address space: ``layers * kv_heads * 2 * W * d * EB``."""
+        layers, kv_heads, head_dim, window, eb = self._params
+        return layers * kv_heads * 2 * window * head_dim * eb
 
     def __eq__(self, other):
         return type(other) is RingPortSignature and other._params == self._params
@@ -109,7 +124,7 @@ class RingPortSignature(wiring.Signature):
         return hash((RingPortSignature, self._params))
 
     def __repr__(self):
-        return "RingPortSignature({}, {}, {}, {})".format(*self._params)
+        return "RingPortSignature({}, {}, {}, {}, elem_bytes={})".format(*self._params)
 
 
 RING_PORT_MEMBERS = ("ring_addr", "ring_re", "ring_rdata", "ring_we", "ring_wdata", "meta_ring",
@@ -209,7 +224,8 @@ class DmaEngine(wiring.Component):
         c, lay = self._config, self._layout
         LH, W, D = c.layers * c.kv_heads, c.window, c.head_dim
         TB = lay.token_bytes
-        KV_PER_SLOT = 2 * LH * D          # KV bytes per valid slot
+        EB = lay.elem_bytes
+        KV_PER_SLOT = 2 * LH * D * EB     # KV bytes per valid slot
         template = header_template(c)
 
         st = self.storage
@@ -258,12 +274,16 @@ class DmaEngine(wiring.Component):
         dim = Signal(range(D))
         slot = Signal(range(W))
         kind = Signal()
+        # byte of the element, innermost (no counter at all for one byte per element: the fx1
+        # gateware stays as it was)
+        elem_b = Signal(range(EB)) if EB > 1 else None
         ring_addr = Signal(32)
-        m.d.comb += ring_addr.eq(Cat(dim, slot, kind, lh[:ceil_log2(LH)] if LH > 1 else []))
+        m.d.comb += ring_addr.eq(Cat(elem_b if EB > 1 else [], dim, slot, kind,
+                                     lh[:ceil_log2(LH)] if LH > 1 else []))
 
         def init_counters():
             return [tok_i.eq(0), tok_b.eq(0), lh.eq(0), t.eq(0), dim.eq(0), slot.eq(s0),
-                    kind.eq(0), hdr_pos.eq(0)]
+                    kind.eq(0), hdr_pos.eq(0), *([elem_b.eq(0)] if EB > 1 else [])]
 
         def advance():
             """Step the loop nest of the current segment by one payload byte."""
@@ -272,7 +292,12 @@ class DmaEngine(wiring.Component):
                     m.d.sync += [tok_b.eq(0), tok_i.eq(tok_i + 1)]
                 with m.Else():
                     m.d.sync += tok_b.eq(tok_b + 1)
+            if EB > 1:
+                with m.Elif((seg == _Seg.KV) & (elem_b != EB - 1)):
+                    m.d.sync += elem_b.eq(elem_b + 1)  # the next byte of the same element
             with m.Elif(seg == _Seg.KV):
+                if EB > 1:
+                    m.d.sync += elem_b.eq(0)
                 next_slot = Signal.like(slot, name="next_slot")
                 m.d.comb += next_slot.eq(slot + 1)
                 last_t, last_dim, last_lh = t == v - 1, dim == D - 1, lh == LH - 1

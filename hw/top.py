@@ -77,7 +77,7 @@ class _Mode(enum.Enum, shape=3):
     ECHO = 1      # PING: the request payload, byte for byte
     TOKENS = 2    # TOKENS_READ: token memory
     SECTOR = 3    # SECTOR_READ: the sector buffer
-    RING = 4      # RING_READ: ring elements or metadata
+    RING = 4      # RING_READ: ring bytes (EB per element) or metadata
     ATTN = 5      # ATTN_*: the attention core's outputs
 
 
@@ -87,7 +87,10 @@ class RingKVTop(wiring.Component):
     Parameters
     ----------
     config : RingKVConfig
-        Model shape; ``window`` and ``head_dim`` powers of two.
+        Model shape and numerics; ``window`` and ``head_dim`` powers of two. ``numerics``
+        (``ringkv-fx1``: int8 q/k/v, ``ringkv-fx2``: int16) sets the attention core's element
+        width and ``EB``, the bytes per element in ATTN payloads (M*EB bytes per input beat),
+        on the byte-addressed ring port (``RING_READ`` counts bytes) and in records.
     regions : int
         Snapshot regions in storage (power of two, 2..32768); region ``r`` starts at sector
         ``base_lba + r * sectors_per_region`` (:class:`~ringkv.host.record.RecordLayout`).
@@ -178,7 +181,8 @@ class RingKVTop(wiring.Component):
         self.dma = DmaEngine(config, regions, base_lba)
         self.attention = AttentionCore(layers=config.layers, q_heads=config.q_heads,
                                        kv_heads=config.kv_heads, head_dim=config.head_dim,
-                                       window=config.window, lanes=lanes, macs=macs)
+                                       window=config.window, lanes=lanes, macs=macs,
+                                       numerics=config.numerics)
         super().__init__({
             "rx": In(stream.Signature(8)),
             "tx": Out(stream.Signature(8)),
@@ -202,7 +206,8 @@ class RingKVTop(wiring.Component):
         TB = lay.token_bytes
         MT = c.max_tokens
         M = self.attention.macs
-        ring_elems = R * 2 * W * d
+        EB = lay.elem_bytes               # bytes per q/k/v element (1: ringkv-fx1, 2: fx2)
+        ring_bytes = R * 2 * W * d * EB   # the byte-addressed ring port's space
         region_sectors = self._regions * lay.sectors_per_region
         per_token_in = attn_in_bytes(c, 1)
         per_token_out = 2 * Hq * d
@@ -358,7 +363,7 @@ class RingKVTop(wiring.Component):
         s_prev_head = Signal(16)
         s_cycles = Signal(32)
         valid_slots = Mux(s_n < W, s_n, W)
-        s_bytes = s_n * TB + valid_slots * (2 * L * Hkv * d)
+        s_bytes = s_n * TB + valid_slots * (2 * L * Hkv * d * EB)
 
         # ---- attention streaming ---------------------------------------------------------
         a_layer = Signal(8)
@@ -366,8 +371,8 @@ class RingKVTop(wiring.Component):
         a_kvh = Signal(range(Hkv + 1))
         a_inflight = Signal()
         a_done = Signal(range(Hkv + 1))
-        a_beat = Signal(8 * M)
-        a_fill = Signal(range(M + 1))
+        a_beat = Signal(8 * M * EB)       # one ``i`` beat: M elements of EB bytes
+        a_fill = Signal(range(M * EB + 1))
         a_obuf = Signal(16 * M)
         a_ofull = Signal()
         a_opos = Signal(range(2 * M))
@@ -738,7 +743,7 @@ class RingKVTop(wiring.Component):
                         n = arg(Op.RING_READ, "n")
                         what = arg(Op.RING_READ, "what")
                         with m.If(what == RING_ELEMENTS):
-                            with m.If((addr + n > ring_elems) | (n > self._max_payload)):
+                            with m.If((addr + n > ring_bytes) | (n > self._max_payload)):
                                 reject(Status.BAD_ARG)
                             with m.Else():
                                 m.d.sync += tok_i.eq(addr)
@@ -939,12 +944,14 @@ class RingKVTop(wiring.Component):
                     m.d.sync += [a_inflight.eq(1), a_kvh.eq(a_kvh + 1)]
                 with m.If(at.status.valid):
                     m.d.sync += [a_inflight.eq(0), a_done.eq(a_done + 1)]
-                # payload bytes -> M-element beats
-                m.d.comb += [dec.data.ready.eq(a_fill != M),
-                             at.i.valid.eq(a_fill == M), at.i.payload.eq(a_beat)]
+                # payload bytes -> beats of M elements of EB bytes (little-endian elements,
+                # element 0 at the LSB: the byte order of the payload is the beat's bit order)
+                MB = M * EB
+                m.d.comb += [dec.data.ready.eq(a_fill != MB),
+                             at.i.valid.eq(a_fill == MB), at.i.payload.eq(a_beat)]
                 with m.If(dec.data.valid & dec.data.ready):
-                    m.d.sync += [a_beat.word_select(a_fill[:max(1, (M - 1).bit_length())]
-                                                    if M > 1 else 0, 8)
+                    m.d.sync += [a_beat.word_select(a_fill[:max(1, (MB - 1).bit_length())]
+                                                    if MB > 1 else 0, 8)
                                  .eq(dec.data.payload.data),
                                  a_fill.eq(a_fill + 1), taken.eq(taken + 1)]
                 with m.If(at.i.valid & at.i.ready):
@@ -962,7 +969,8 @@ class RingKVTop(wiring.Component):
                 with m.If((a_done == Hkv) & (a_sent == rlen) & ~a_ofull):
                     m.next = "IDLE"
 
-            # ---- RING_READ: 3 clocks per item ----
+            # ---- RING_READ: 3 clocks per item (a byte of the byte-addressed ring port, or the
+            # metadata of a ring) ----
             with m.State("RR_ISSUE"):
                 what = arg(Op.RING_READ, "what")
                 m.d.comb += [top_ring_addr.eq(tok_i), top_ring_re.eq(what == RING_ELEMENTS),

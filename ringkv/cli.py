@@ -57,11 +57,13 @@ def demo_script(seed: int = 0):
 
 
 def run_demo(args) -> int:
+    import dataclasses
+
     from .host.config import DEFAULT_CONFIG
     from .host.model import decode_text
     from .host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
-
-    config = DEFAULT_CONFIG
+    config = dataclasses.replace(DEFAULT_CONFIG, numerics=getattr(args, "numerics",
+                                                                  "ringkv-fx1"))
     model = _model(args, config)
     device = SoftwareDevice(config, attention=_backend(args.backend, config),
                             capacity=args.capacity, image=args.image)
@@ -102,15 +104,18 @@ def run_demo(args) -> int:
     return 0
 
 
-def _config(name):
+def _config(name, numerics="ringkv-fx1"):
+    import dataclasses
+
     from .host.config import DEFAULT_CONFIG, DEMO_CONFIG
-    return {"default": DEFAULT_CONFIG, "demo": DEMO_CONFIG}[name]
+    return dataclasses.replace({"default": DEFAULT_CONFIG, "demo": DEMO_CONFIG}[name],
+                               numerics=numerics)
 
 
 def run_chat(args) -> int:
     from .host.model import BOS, Model, decode_text, encode_text
     from .host.scheduler import Scheduler, SoftwareDevice
-    config = _config(args.config)
+    config = _config(args.config, args.numerics)
     if args.link:
         from .host.fpga_device import FpgaDevice
         from .host.link import Link
@@ -165,11 +170,15 @@ def main(argv=None) -> int:
     p.add_argument("--software", action="store_true",
                    help="run the scenario on the software device instead")
     p.add_argument("--workdir", help="keep images and simulator logs here")
+    p.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2"], default="ringkv-fx1",
+                   help="the simulated device's attention numerics (int8 or int16 K/V)")
     p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
     model_args(p)
     p.add_argument("--link", help="socket://HOST:PORT (ringkv sim) or /dev/ttyUSB0 (board)")
     p.add_argument("--config", choices=["default", "demo"], default="default",
                    help="the device configuration (must match the device's)")
+    p.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2"], default="ringkv-fx1",
+                   help="the device's attention numerics (must match the device's)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--tokens", type=int, default=32, help="tokens to generate per line")
     sub.add_parser("sim", help="run the simulated device behind a TCP socket",
@@ -185,8 +194,12 @@ def main(argv=None) -> int:
     if args.cmd == "demo":
         if args.software:
             return run_demo(args)
+        import dataclasses
+
+        from .host.config import DEMO_CONFIG
         from .host.system_demo import run_system_demo
-        return run_system_demo(workdir=args.workdir)
+        return run_system_demo(workdir=args.workdir, config=dataclasses.replace(
+            DEMO_CONFIG, numerics=args.numerics))
     if args.cmd == "chat":
         return run_chat(args)
     if args.cmd == "sim":

@@ -11,6 +11,7 @@ image keeps what was written, sector by sector).
 """
 
 import argparse
+import dataclasses
 import fcntl
 import json
 import os
@@ -150,6 +151,8 @@ def main(argv=None):
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
     parser.add_argument("--config", default=None,
                         help="'default', 'demo' or RingKVConfig fields as JSON")
+    parser.add_argument("--numerics", default=None, choices=["ringkv-fx1", "ringkv-fx2"],
+                        help="override the configuration's attention numerics")
     parser.add_argument("--top", default="{}", help="RingKVTop keyword arguments as JSON")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
@@ -161,6 +164,8 @@ def main(argv=None):
         config = DEMO_CONFIG
     else:
         config = RingKVConfig(**json.loads(args.config))
+    if args.numerics is not None:
+        config = dataclasses.replace(config, numerics=args.numerics)
     print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
           file=sys.stderr, flush=True)
     serve(args.image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,

@@ -2,10 +2,13 @@
 test harness built around it.
 
 :class:`RingMemoryModel` serves :class:`~ringkv.hw.dma.RingPortSignature` (flipped) from one
-block RAM of ``layers * kv_heads * 2 * window * head_dim`` bytes plus per-layer (count, head)
-registers, with the attention core's timing (ring data one clock after ``ring_re``, metadata
-combinational, per ring ``layer * kv_heads + kv_head``). A test
-access port ``tap`` lets a testbench load and read the rings (sync read, one clock).
+block RAM of ``ring_bytes = layers * kv_heads * 2 * window * head_dim * EB`` bytes (``EB``
+bytes per element from the configuration's numerics, byte address ``element * EB + byte``,
+little-endian) plus per-layer (count, head) registers, with the attention core's timing (ring
+data one clock after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
+kv_head``). A test access port ``tap`` lets a testbench load and read the rings byte by byte in
+the same address space (sync read, one clock; :func:`ringkv.host.record.ring_image` gives the
+bytes of element arrays).
 
 :class:`DmaHarness` joins a :class:`~ringkv.hw.dma.DmaEngine`, the ring model and a
 :class:`~ringkv.hw.token_memory.TokenMemory`; the DMA's ``cmd``/``resp``/``storage`` and the
@@ -25,9 +28,9 @@ __all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
 
 
 def tap_signature(config):
-    elements = config.layers * config.kv_heads * 2 * config.window * config.head_dim
+    ring_bytes = RingPortSignature.for_config(config).ring_bytes
     return wiring.Signature({
-        "addr": Out(range(elements)), "we": Out(1), "wdata": Out(8), "rdata": In(8),
+        "addr": Out(range(ring_bytes)), "we": Out(1), "wdata": Out(8), "rdata": In(8),
         "meta_ring": Out(8), "meta_we": Out(1), "meta_wcount": Out(32),
         "meta_whead": Out(16), "meta_rcount": In(32), "meta_rhead": In(16),
     })
@@ -44,8 +47,8 @@ class RingMemoryModel(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c = self._config
-        elements = c.layers * c.kv_heads * 2 * c.window * c.head_dim
-        m.submodules.mem = mem = memory.Memory(shape=8, depth=elements, init=[])
+        ring_bytes = RingPortSignature.for_config(c).ring_bytes
+        m.submodules.mem = mem = memory.Memory(shape=8, depth=ring_bytes, init=[])
         wp = mem.write_port()
         rp = mem.read_port(transparent_for=())
         tp = mem.read_port(transparent_for=())

@@ -25,3 +25,21 @@ def test_missing_module_message(monkeypatch):
     monkeypatch.setattr(importlib, "import_module", fake)
     with pytest.raises(SystemExit, match=r"the simulator server is not available yet"):
         main(["sim"])
+
+
+def test_demo_software_fixed_fx2(capsys):
+    """--numerics reaches the device's configuration: the scenario runs and its snapshots are
+    those of int16 K/V (twice the bytes). (FixedBackend in fx2 is tested in test_model.py; here
+    the float64 backend keeps the test short.)"""
+    import dataclasses
+
+    from ringkv.host.config import DEFAULT_CONFIG
+    from ringkv.host.scheduler import snapshot_bytes
+    assert main(["demo", "--software", "--numerics", "ringkv-fx2"]) == 0
+    out = capsys.readouterr().out
+    assert "identical to the plain run" in out
+    row = next(line for line in out.splitlines() if line.startswith(" 0 alice"))
+    after = int(row.split("->")[1].split()[0])
+    exported = int(row.split("->")[1].split()[2])
+    fx2 = dataclasses.replace(DEFAULT_CONFIG, numerics="ringkv-fx2")
+    assert exported == snapshot_bytes(fx2, after) > snapshot_bytes(DEFAULT_CONFIG, after)

@@ -14,6 +14,9 @@ from ringkv.host.record import (
     encode_record,
     import_record,
     rebuild,
+    ring_dtype,
+    ring_image,
+    rings_from_image,
     scan_image,
 )
 from ringkv.hw.dma import DmaEngine, DmaOp, RingPortSignature
@@ -29,15 +32,22 @@ SMALL = RingKVConfig(layers=2, q_heads=2, kv_heads=1, head_dim=8, window=8, toke
                      max_tokens=600)
 TINY = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, window=4, token_width=8,
                     max_tokens=40)
+# numerics ringkv-fx2: int16 K/V, two bytes per element on the ring port and in the record
+SMALL2 = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx2"})
+TINY2 = RingKVConfig(**{**TINY.__dict__, "numerics": "ringkv-fx2"})
 
 
 def rand_rings(config, rng):
+    """Random element words (uint8 for fx1, uint16 for fx2) ``[layer, kv_head, kind, slot,
+    dim]``."""
     shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
-    return np.frombuffer(rng.randbytes(int(np.prod(shape))), dtype=np.uint8).reshape(shape).copy()
+    dt = ring_dtype(config)
+    return np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
+                         dtype=dt).reshape(shape).copy()
 
 
 async def load_state(ctx, h, config, rings, count, head, tokens, *, meta_heads=None):
-    flat = rings.reshape(-1)
+    flat = ring_image(config, rings)
     ctx.set(h.tap.we, 1)
     for i, byte in enumerate(flat):
         ctx.set(h.tap.addr, i)
@@ -62,8 +72,8 @@ async def load_state(ctx, h, config, rings, count, head, tokens, *, meta_heads=N
 
 
 async def read_state(ctx, h, config):
-    n = config.layers * config.kv_heads * 2 * config.window * config.head_dim
-    out = np.zeros(n, dtype=np.uint8)
+    n = RingPortSignature.for_config(config).ring_bytes
+    out = bytearray(n)
     for i in range(n):
         ctx.set(h.tap.addr, i)
         await ctx.tick()
@@ -72,7 +82,7 @@ async def read_state(ctx, h, config):
     for layer in range(config.layers * config.kv_heads):
         ctx.set(h.tap.meta_ring, layer)
         meta.append((ctx.get(h.tap.meta_rcount), ctx.get(h.tap.meta_rhead)))
-    return out.reshape(config.layers, config.kv_heads, 2, config.window, config.head_dim), meta
+    return rings_from_image(config, out), meta
 
 
 async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, rng=None, idle=0.0):
@@ -157,6 +167,7 @@ def test_parameter_errors():
 @pytest.mark.parametrize("config,count,seed", [
     (SMALL, 0, 0), (SMALL, 1, 1), (SMALL, 7, 2), (SMALL, 8, 3), (SMALL, 300, 4),
     (TINY, 40, 5), (TINY, 3, 6),
+    (SMALL2, 0, 7), (SMALL2, 5, 8), (SMALL2, 300, 9), (TINY2, 40, 10),
 ])
 def test_export_bit_exact(config, count, seed):
     rng = random.Random(seed)
@@ -190,7 +201,8 @@ SLOW = pytest.mark.slow
 
 
 @pytest.mark.parametrize("config,seed", [(SMALL, 10), pytest.param(SMALL, 11, marks=SLOW),
-                                         (TINY, 12), pytest.param(TINY, 13, marks=SLOW)])
+                                         (TINY, 12), pytest.param(TINY, 13, marks=SLOW),
+                                         (SMALL2, 14), (TINY2, 15)])
 def test_round_trip(config, seed):
     rng = random.Random(seed)
     image = new_image(config, 2, rng)
@@ -224,14 +236,16 @@ def write_golden(config, image, region, rng, count=None, *, hash=5, seq=1, other
     return rings, count, head, tokens
 
 
-def test_import_checks_match_golden():
-    """Flipped bits, wrong tokens, wrong hash, empty and out-of-range regions, foreign config:
-    the gateware's status equals the golden import's, and nothing changes but on success."""
-    config = SMALL
+@pytest.mark.parametrize("config", [SMALL, SMALL2])
+def test_import_checks_match_golden(config):
+    """Flipped bits, wrong tokens, wrong hash, empty and out-of-range regions, foreign config
+    (the other numerics): the gateware's status equals the golden import's, and nothing changes
+    but on success."""
     rng = random.Random(20)
     image = new_image(config, 4)
     rings, count, head, tokens = write_golden(config, image, 0, rng, 20, hash=7, seq=4)
-    other = RingKVConfig(**{**config.__dict__, "numerics": "ringkv-fx9"})
+    other = RingKVConfig(**{**config.__dict__, "numerics": "ringkv-fx2"
+                            if config.numerics == "ringkv-fx1" else "ringkv-fx1"})
     write_golden(config, image, 1, rng, 5, other=other)
     lay = RecordLayout(config)
     base = 0
@@ -361,9 +375,11 @@ def test_power_cut_keeps_previous_snapshot(seed):
     assert inserts == [(30, 11, 0, 1)] and frees == [1, 2]
 
 
-def test_with_attention_core():
-    """The DMA against the real attention core's ring port (hw/attention.py): import a golden
-    record into the core's rings, export it again: the new record is the golden encoding."""
+@pytest.mark.parametrize("config", [SMALL, SMALL2])
+def test_with_attention_core(config):
+    """The DMA against the real attention core's ring port (hw/attention.py, in the config's
+    numerics: one byte per element for fx1, two for fx2): import a golden record into the core's
+    rings, export it again: the new record is the golden encoding."""
     from amaranth import Module
     from amaranth.lib import wiring
 
@@ -371,7 +387,6 @@ def test_with_attention_core():
     from ringkv.hw.dma import connect_ring
     from ringkv.hw.token_memory import TokenMemory
 
-    config = SMALL
     rng = random.Random(50)
     image = new_image(config, 2, rng)
     rings, count, head, tokens = write_golden(config, image, 0, rng, 21, hash=0x77, seq=1)
@@ -381,7 +396,8 @@ def test_with_attention_core():
             self.dma = DmaEngine(config, 2)
             self.core = AttentionCore(layers=config.layers, q_heads=config.q_heads,
                                       kv_heads=config.kv_heads, head_dim=config.head_dim,
-                                      window=config.window, lanes=2, macs=2)
+                                      window=config.window, lanes=2, macs=2,
+                                      numerics=config.numerics)
             self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
             sig = self.dma.signature.members
             super().__init__({"cmd": sig["cmd"], "resp": sig["resp"],

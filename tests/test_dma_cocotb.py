@@ -14,11 +14,14 @@ CONFIGS = {
                            token_width=16, max_tokens=700), 3, 8),
     "odd": (RingKVConfig(layers=3, q_heads=3, kv_heads=1, head_dim=4, window=8, token_width=12,
                          max_tokens=90), 2, 16),
+    # numerics ringkv-fx2: int16 K/V, two bytes per element on the ring port and in records
+    "fx2": (RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=16,
+                         token_width=16, max_tokens=300, numerics="ringkv-fx2"), 3, 6),
 }
 
 
 @requires_verilator
-@pytest.mark.parametrize("name", ["small", pytest.param("odd", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["small", "fx2", pytest.param("odd", marks=pytest.mark.slow)])
 def test_dma_cocotb(name):
     config, regions, trials = CONFIGS[name]
     run_cocotb(DmaHarness(config, regions), toplevel="dma_harness", test_module="cocotb_dma",

@@ -111,3 +111,36 @@ def test_snapshot_restore(backend_cls):
     be.restore(snap)
     assert be.n == 20
     np.testing.assert_array_equal(m.forward([5], 20, be), a)
+
+
+def test_fixed_backend_fx2_is_the_wide_numerics():
+    """With numerics ringkv-fx2 the FixedBackend runs the core's int16 model: the rings hold
+    int16 values beyond the int8 range, it is the golden core in fx2 bit for bit, and it is
+    closer to float64 than fx1."""
+    from ringkv.host.golden_fixed import FX2, FixedRingCore, dequantize_out, quantize
+    small2 = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx2"})
+    m = Model(SMALL, hidden=64, ffn=96, seed=5)
+    prompt = [BOS] + encode_text("sliding windows, ring buffers")      # 30 > W = 16
+    fx1, fx2, ref = FixedBackend(SMALL, lanes=2), FixedBackend(small2, lanes=2), \
+        Float64Backend(SMALL)
+    l1, l2, lr = (m.prefill(prompt, 0, be, chunk=8) for be in (fx1, fx2, ref))
+
+    def err(x):
+        return np.sqrt(np.mean((x - lr) ** 2)) / np.sqrt(np.mean(lr ** 2))
+
+    assert err(l2) < err(l1) / 4
+    rings = fx2.snapshot()[0]
+    assert fx2.core.numerics is FX2 and np.abs(rings).max() > 127
+    assert np.abs(fx1.snapshot()[0]).max() <= 128
+    # one decode step against the golden core in fx2, directly
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((4, 16)), rng.standard_normal((2, 16)), \
+        rng.standard_normal((2, 16))
+    core = FixedRingCore(2, 4, 2, 16, 16, 2, numerics="ringkv-fx2")
+    core.rings[...], core.count[...], core.head[...] = fx2.snapshot()
+    want = np.concatenate([dequantize_out(core.attend(1, h, quantize(q[None, 2 * h:2 * h + 2],
+                                                                     FX2),
+                                                      quantize(k[None, h], FX2),
+                                                      quantize(v[None, h], FX2)), FX2)[0]
+                           for h in range(2)])
+    np.testing.assert_array_equal(fx2.decode(1, q, k, v), want)

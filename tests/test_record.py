@@ -212,3 +212,145 @@ def test_inspect_cli(tmp_path, capsys):
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "     1 OK" in out and "0x0000000000000abc" in out and "1 valid" in out
+
+
+# --- numerics ringkv-fx2: int16 K/V, two bytes per element ---------------------------------
+
+SMALL2 = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx2"})
+
+
+def random_snapshot16(config, rng, count=None):
+    count = rng.randrange(0, 3 * config.window) if count is None else count
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
+    rings = np.array([rng.randrange(-32768, 32768) for _ in range(int(np.prod(shape)))],
+                     dtype=np.int64).reshape(shape)
+    return tokens, rings, count, rng.randrange(config.window)
+
+
+def test_layout_fx2_doubles_kv():
+    from ringkv.host.record import elem_bytes, kv_bytes_of
+    lay1, lay2 = RecordLayout(SMALL), RecordLayout(SMALL2)
+    assert (elem_bytes(SMALL), elem_bytes(SMALL2)) == (1, 2)
+    assert lay2.elem_bytes == 2
+    assert lay2.kv_bytes_max == 2 * lay1.kv_bytes_max == 2 * 2 * 8 * 8 * 2
+    assert lay2.token_sectors_max == lay1.token_sectors_max
+    assert kv_bytes_of(SMALL2, 5) == 2 * kv_bytes_of(SMALL, 5) == 2 * 2 * 2 * 5 * 8
+    d2 = RecordLayout(RingKVConfig(numerics="ringkv-fx2"))
+    assert d2.kv_sectors_max == 512 and d2.sectors_per_region == 1 + 64 + 512
+    h = decode_header(encode_header(SMALL2, count=20, ring_head=3, prefix_hash=1, commit_seq=1,
+                                    payload_crc=0), SMALL2)
+    assert h.k_bytes == h.v_bytes == 2 * 1 * 8 * 8 * 2
+    assert h.config_fields["numerics"] == "ringkv-fx2"
+
+
+def test_unknown_numerics_is_a_clear_error():
+    from ringkv.host.record import kv_bytes_of
+    bad = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx9"})
+    msg = (r"^unknown numerics 'ringkv-fx9' \(known: ringkv-fx1, ringkv-fx2\): no record "
+           r"layout for it$")
+    with pytest.raises(ValueError, match=msg):
+        RecordLayout(bad)
+    with pytest.raises(ValueError, match=msg):
+        kv_bytes_of(bad, 3)
+    tokens, rings, count, head = random_snapshot(SMALL, random.Random(0), count=3)
+    with pytest.raises(ValueError, match=msg):
+        encode_record(bad, tokens, rings, count=count, ring_head=head, prefix_hash=1,
+                      commit_seq=1)
+
+
+def test_fx2_elements_little_endian_k_token_order_v_column_wise():
+    c = SMALL2
+    rings = np.zeros((2, 1, 2, 8, 8), dtype=np.int64)
+    for slot in range(8):
+        for dim in range(8):
+            rings[1, 0, 0, slot, dim] = 0x100 * slot + dim + 0x1000          # K
+            rings[1, 0, 1, slot, dim] = -(0x100 * slot + dim + 1)            # V, negative
+    writes = encode_record(c, [0] * 20, rings, count=20, ring_head=2, prefix_hash=1,
+                           commit_seq=1)
+    kv = writes[1][1]
+    per = 8 * 8 * 2                       # bytes of one (layer, kv_head) block
+    k1 = kv[per:2 * per]
+    v1 = kv[3 * per:4 * per]
+    order = [(2 - 8 + 1 + t) % 8 for t in range(8)]   # oldest..newest: slots 3,4,...,2
+
+    def words(b):
+        return [int.from_bytes(b[i:i + 2], "little", signed=True) for i in range(0, len(b), 2)]
+
+    assert list(k1[:2]) == [0x00, 0x10 + order[0]]        # low byte first, bytes together
+    assert words(k1[:16]) == [0x100 * order[0] + d + 0x1000 for d in range(8)]
+    assert words(v1[:16]) == [-(0x100 * s + 1) for s in order]      # dim 0 of every token
+    assert words(v1[16:32]) == [-(0x100 * s + 2) for s in order]    # then dim 1
+    assert len(kv) == 2 * 2 * 8 * 8 * 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_fx2_round_trip_random(seed):
+    from ringkv.host.record import ring_image, rings_from_image
+    rng = random.Random(100 + seed)
+    img = Image(SMALL2, 3)
+    tokens, rings, count, head = random_snapshot16(SMALL2, rng)
+    img.write_record(2, encode_record(SMALL2, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=77, commit_seq=5))
+    out = np.zeros(rings.shape, dtype=np.uint16)
+    status, h, meta = import_record(SMALL2, img.read, 2, count=count, prefix_hash=77,
+                                    session_tokens=tokens, rings=out)
+    assert status is RecordStatus.OK and meta == (count, head)
+    signed = rings_from_image(SMALL2, ring_image(SMALL2, out), signed=True)
+    v = min(count, SMALL2.window)
+    for t in range(v):
+        s = (head - v + 1 + t) % SMALL2.window
+        assert (signed[:, :, :, s, :] == rings[:, :, :, s, :]).all()
+        assert (out[:, :, :, s, :] == (rings[:, :, :, s, :] & 0xFFFF)).all()
+    # an fx1 device refuses the record by name; the fx2 scan accepts it
+    assert import_record(SMALL2, img.read, 2)[0] is RecordStatus.OK
+    with pytest.raises(RecordError, match="numerics: 'ringkv-fx2' != 'ringkv-fx1'"):
+        decode_header(img.read(RecordLayout(SMALL2).region_lba(2), 1), SMALL)
+
+
+def test_fx2_every_kv_bit_flip_is_a_miss():
+    rng = random.Random(8)
+    img = Image(SMALL2, 1)
+    tokens, rings, count, head = random_snapshot16(SMALL2, rng, count=3)
+    img.write_record(0, encode_record(SMALL2, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=5, commit_seq=2))
+    lay = RecordLayout(SMALL2)
+    start = lay.kv_sector * SECTOR
+    for p in range(start, start + 2 * 2 * 3 * 8 * 2):
+        saved = img.data[p]
+        img.data[p] ^= 1 << rng.randrange(8)
+        status, _, _ = import_record(SMALL2, img.read, 0, count=count, prefix_hash=5,
+                                     session_tokens=tokens, rings=np.zeros(rings.shape,
+                                                                           dtype=np.uint16))
+        assert status is RecordStatus.BAD_PAYLOAD_CRC, p
+        img.data[p] = saved
+
+
+def test_fx1_bytes_unchanged_by_element_words():
+    """fx1 rings given as signed int8 values or as their uint8 bytes encode identically."""
+    from ringkv.host.record import ring_image
+    rng = random.Random(9)
+    tokens, rings, count, head = random_snapshot(SMALL, rng, count=13)
+    signed = rings.astype(np.int8).astype(np.int64)
+    a = encode_record(SMALL, tokens, rings, count=count, ring_head=head, prefix_hash=1,
+                      commit_seq=1)
+    b = encode_record(SMALL, tokens, signed, count=count, ring_head=head, prefix_hash=1,
+                      commit_seq=1)
+    assert a == b
+    assert ring_image(SMALL, signed) == rings.tobytes()
+
+
+def test_inspect_cli_fx2(tmp_path, capsys):
+    fx2 = RingKVConfig(**{**DEFAULT_CONFIG.__dict__, "numerics": "ringkv-fx2"})
+    rng = random.Random(6)
+    img = Image(fx2, 2)
+    tokens, rings, count, head = random_snapshot16(fx2, rng, count=20)
+    img.write_record(0, encode_record(fx2, tokens, rings, count=count, ring_head=head,
+                                      prefix_hash=0xDEF, commit_seq=3))
+    path = tmp_path / "sd2.img"
+    path.write_bytes(img.data)
+    assert main([str(path), "--numerics", "ringkv-fx2"]) == 0
+    out = capsys.readouterr().out
+    assert "     0 OK" in out and "0x0000000000000def" in out and "1 valid" in out
+    assert main([str(path), "--regions", "1"]) == 0         # an fx1 scan: foreign
+    assert "FOREIGN_CONFIG" in capsys.readouterr().out

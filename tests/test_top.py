@@ -25,19 +25,27 @@ from ringkv.host.ops import (
     unpack_tokens,
 )
 from ringkv.host.protocol import encode_request
-from ringkv.host.record import RecordLayout, RecordStatus, header_template
+from ringkv.host.record import (
+    RecordLayout,
+    RecordStatus,
+    elem_bytes,
+    header_template,
+    rings_from_image,
+)
 from ringkv.hw.protocol import Op, Status
 from ringkv.hw.top import RingKVTop
 from ringkv.sim.top_bench import image_for, run_top
 
 CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
+#: the same device with numerics ringkv-fx2 (int16 q/k/v: two bytes per element)
+CFG2 = RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx2"})
 REGIONS = 4
 LANES, MACS = 2, 4
 
 
-def make_top(**kw):
+def make_top(config=CFG, **kw):
     kw = {"regions": REGIONS, "lanes": LANES, "macs": MACS, "max_payload": 1024, **kw}
-    return RingKVTop(CFG, **kw)
+    return RingKVTop(config, **kw)
 
 
 def req(op, **fields):
@@ -50,38 +58,40 @@ async def call(ctx, link, op, payload=b"", status=Status.OK):
     return frame.payload
 
 
-def rand_qkv(rng, count):
-    q = rng.integers(-128, 128, size=(count, CFG.q_heads, CFG.head_dim))
-    k = rng.integers(-128, 128, size=(count, CFG.kv_heads, CFG.head_dim))
-    v = rng.integers(-128, 128, size=(count, CFG.kv_heads, CFG.head_dim))
+def rand_qkv(rng, count, config=CFG):
+    lim = 1 << (8 * elem_bytes(config) - 1)       # the full int8 / int16 range
+    q = rng.integers(-lim, lim, size=(count, config.q_heads, config.head_dim))
+    k = rng.integers(-lim, lim, size=(count, config.kv_heads, config.head_dim))
+    v = rng.integers(-lim, lim, size=(count, config.kv_heads, config.head_dim))
     return q, k, v
 
 
 def golden_attend(core, layer, q, k, v):
-    g = CFG.group
-    out = np.zeros((len(k), CFG.q_heads, CFG.head_dim), dtype=np.int64)
-    for h in range(CFG.kv_heads):
+    c = core
+    g = c.group
+    out = np.zeros((len(k), c.q_heads, c.head_dim), dtype=np.int64)
+    for h in range(c.kv_heads):
         out[:, h * g:(h + 1) * g] = core.attend(layer, h, q[:, h * g:(h + 1) * g], k[:, h],
                                                 v[:, h])
     return out
 
 
-async def attend(ctx, link, layer, q, k, v, op=Op.ATTN_PREFILL):
-    payload = await call(ctx, link, op, pack_attn(CFG, layer, q, k, v))
-    assert len(payload) == attn_out_bytes(CFG, len(k))
-    return unpack_attn(CFG, payload, len(k))
+async def attend(ctx, link, layer, q, k, v, op=Op.ATTN_PREFILL, config=CFG):
+    payload = await call(ctx, link, op, pack_attn(config, layer, q, k, v))
+    assert len(payload) == attn_out_bytes(config, len(k))
+    return unpack_attn(config, payload, len(k))
 
 
-async def read_rings(ctx, link):
-    c = CFG
-    total = c.layers * c.kv_heads * 2 * c.window * c.head_dim
+async def read_rings(ctx, link, config=CFG):
+    """Signed ring elements (RING_READ counts bytes of the byte-addressed port) and meta."""
+    c = config
+    total = c.layers * c.kv_heads * 2 * c.window * c.head_dim * elem_bytes(c)
     elems = b""
     for addr in range(0, total, 512):
         n = min(512, total - addr)
         elems += await call(ctx, link, Op.RING_READ,
                             req(Op.RING_READ, addr=addr, n=n, what=RING_ELEMENTS))
-    rings = np.frombuffer(elems, dtype=np.int8).astype(np.int64)
-    rings = rings.reshape(c.layers, c.kv_heads, 2, c.window, c.head_dim)
+    rings = rings_from_image(c, elems, signed=True)
     raw = await call(ctx, link, Op.RING_READ,
                      req(Op.RING_READ, addr=0, n=c.layers * c.kv_heads, what=RING_META))
     meta = [(int.from_bytes(raw[i:i + 4], "little"), int.from_bytes(raw[i + 4:i + 6], "little"))
@@ -105,6 +115,13 @@ def test_parameter_checks():
     with pytest.raises(ValueError, match=r"^max_payload must be at least 68 bytes \(one "
                                          r"attention token of this config\), not 40$"):
         RingKVTop(CFG, max_payload=40, lanes=2, macs=4)
+    # numerics ringkv-fx2: one attention token is twice the q/k/v bytes
+    with pytest.raises(ValueError, match=r"^max_payload must be at least 132 bytes \(one "
+                                         r"attention token of this config\), not 100$"):
+        RingKVTop(CFG2, max_payload=100, lanes=2, macs=4)
+    with pytest.raises(ValueError, match=r"^unknown numerics 'ringkv-fx7' \(known: ringkv-fx1, "
+                                         r"ringkv-fx2\): no record layout for it$"):
+        RingKVTop(RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx7"}))
 
 
 def test_identity_and_tokens():
@@ -477,3 +494,110 @@ def test_export_evicts_lru_and_reexport_retires_old_record():
             assert (await query(ctx, link, sessions[i]))[0] == Status.HIT
 
     run_top(top, image, scenario)
+
+
+def test_fx2_attention_export_query_ring_read():
+    """Numerics ringkv-fx2 through the whole top: int16 q/k/v in ATTN payloads (M*2 bytes per
+    beat) bit-exact with the golden core, an export that is the golden fx2 record, a resume by
+    query that restores the int16 rings (RING_READ counts bytes), a foreign fx1 record refused,
+    and byte-exact argument checks."""
+    from ringkv.host.record import encode_record, import_record
+    top = make_top(CFG2)
+    image = image_for(top)
+    lay = RecordLayout(CFG2)
+    rng = np.random.default_rng(12)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    golden = FixedRingCore(CFG2.layers, CFG2.q_heads, CFG2.kv_heads, CFG2.head_dim,
+                           CFG2.window, LANES, numerics="ringkv-fx2")
+    h12 = sequence_hash(tokens, hash_seed(CFG2))
+    ring_bytes = CFG2.layers * CFG2.kv_heads * 2 * CFG2.window * CFG2.head_dim * 2
+    # an fx1 record of other tokens, made for this device's hash, put in region 3 below
+    other = [int(t) for t in rng.integers(0, 1 << 16, size=5)]
+    h5 = sequence_hash(other, hash_seed(CFG2))
+    for off, data in encode_record(CFG, other, np.zeros((2, 2, 2, 8, 8), dtype=np.uint8),
+                                   count=5, ring_head=4, prefix_hash=h5, commit_seq=1):
+        image.write(lay.region_lba(3) + off, data)
+
+    async def scenario(ctx, link):
+        await call(ctx, link, Op.SESSION_BEGIN)
+        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=12)
+                   + pack_tokens(CFG2, tokens))
+        for layer in range(CFG2.layers):
+            for _ in range(2):          # 6 tokens a frame: 4 + 6 * 128 bytes fit 1024
+                q, k, v = rand_qkv(rng, 6, CFG2)
+                assert np.abs(k).max() > 127
+                out = await attend(ctx, link, layer, q, k, v, config=CFG2)
+                assert np.array_equal(out, golden_attend(golden, layer, q, k, v))
+        got_rings, _ = await read_rings(ctx, link, CFG2)
+        assert np.array_equal(got_rings, golden.rings)
+        r = SNAPSHOT_RESPONSE.unpack(await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=12)))
+        assert (r["record_status"], r["region"], r["count"], r["hash"], r["seq"]) == (
+            RecordStatus.OK.value, 0, 12, h12, 1)
+        assert r["bytes"] == 12 * 2 + 2 * 2 * CFG2.layers * CFG2.kv_heads * CFG2.window * 8
+        rings = np.zeros(golden.rings.shape, dtype=np.uint16)
+        status, _, meta = import_record(CFG2, image.read, 0, count=12, prefix_hash=h12,
+                                        session_tokens=tokens, rings=rings)
+        assert status is RecordStatus.OK and meta == (12, int(golden.head[0]))
+        assert np.array_equal(rings, golden.rings & 0xFFFF)
+        # resume: a new session, then QUERY imports the int16 rings
+        await call(ctx, link, Op.SESSION_BEGIN)
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=12)
+                   + pack_tokens(CFG2, tokens))
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
+        assert Status(frame.status) == Status.HIT
+        got_rings, meta = await read_rings(ctx, link, CFG2)
+        assert np.array_equal(got_rings, golden.rings)
+        assert meta == [(12, int(golden.head[0]))] * (CFG2.layers * CFG2.kv_heads)
+        q, k, v = rand_qkv(rng, 1, CFG2)
+        out = await attend(ctx, link, 1, q, k, v, op=Op.ATTN_DECODE, config=CFG2)
+        assert np.array_equal(out, golden_attend(golden, 1, q, k, v))
+        # RING_READ addresses bytes: the last byte is the high byte of the last element
+        last = await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=ring_bytes - 1, n=1,
+                                                       what=RING_ELEMENTS))
+        assert last == bytes([(int(golden.rings[-1, -1, -1, -1, -1]) >> 8) & 0xFF])
+        await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=ring_bytes - 1, n=2,
+                                                what=RING_ELEMENTS), Status.BAD_ARG)
+        # an fx1-sized ATTN payload is the wrong length for this device
+        await call(ctx, link, Op.ATTN_DECODE, pack_attn(CFG, 0, q, k & 0x7F, v & 0x7F),
+                   Status.BAD_LENGTH)
+        # the fx1 record in region 3 is refused as foreign (and dropped)
+        await call(ctx, link, Op.DIR_INSERT, req(Op.DIR_INSERT, count=5, hash=h5, region=3,
+                                                 flags=FLAG_EXISTING))
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=5)
+                   + pack_tokens(CFG2, other))
+        frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=5))
+        assert Status(frame.status) == Status.MISS
+        r = SNAPSHOT_RESPONSE.unpack(frame.payload)
+        assert r["record_status"] == RecordStatus.FOREIGN_CONFIG.value and r["dir_status"] == 0
+
+    run_top(top, image, scenario)
+
+
+def test_fx2_fpga_device_attention_and_snapshot():
+    """FpgaDevice on an fx2 top: prefill and decode quantize/dequantize with ringkv-fx2 and
+    equal FixedBackend in fx2; snapshot() combines RING_READ bytes into the int16 rings."""
+    from ringkv.host.fpga_device import FpgaDevice
+    from ringkv.host.link import Link
+    from ringkv.host.model import FixedBackend
+    from ringkv.sim.top_bench import SimPort
+
+    rng = np.random.default_rng(21)
+    soft = FixedBackend(CFG2, lanes=LANES)
+    top = make_top(CFG2)
+    with SimPort(top, image_for(top)) as port:
+        dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG2, max_payload=1024)
+        dev.check_config()
+        for layer in range(CFG2.layers):
+            q = rng.standard_normal((5, CFG2.q_heads, CFG2.head_dim)) * 3
+            k = rng.standard_normal((5, CFG2.kv_heads, CFG2.head_dim)) * 3
+            v = rng.standard_normal((5, CFG2.kv_heads, CFG2.head_dim)) * 3
+            np.testing.assert_array_equal(dev.prefill(layer, q, k, v),
+                                          soft.prefill(layer, q, k, v))
+        q = rng.standard_normal((CFG2.q_heads, CFG2.head_dim))
+        k, v = (rng.standard_normal((CFG2.kv_heads, CFG2.head_dim)) for _ in range(2))
+        np.testing.assert_array_equal(dev.decode(0, q, k, v), soft.decode(0, q, k, v))
+        rings, meta = dev.snapshot()
+        want_rings, want_count, want_head = soft.snapshot()
+        assert np.abs(want_rings).max() > 127             # int16 values, beyond int8
+        np.testing.assert_array_equal(rings, want_rings)
+        assert meta == [(int(c), int(h)) for c, h in zip(want_count, want_head)]

@@ -12,10 +12,15 @@ from ringkv.sim.cocotb_run import run_cocotb
 CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
 
 
+CFG2 = RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx2"})   # int16 q/k/v
+
+
 @requires_verilator
-@pytest.mark.slow        # ~2.5 min, mostly the Verilator build of the whole top
-def test_top_cocotb():
-    top = RingKVTop(CFG, regions=4, lanes=2, macs=4, max_payload=1024)
+@pytest.mark.slow        # ~2.5 min each, mostly the Verilator build of the whole top
+@pytest.mark.parametrize("config,name,max_payload", [(CFG, "small", 1024),
+                                                     (CFG2, "small_fx2", 2048)])
+def test_top_cocotb(config, name, max_payload):
+    top = RingKVTop(config, regions=4, lanes=2, macs=4, max_payload=max_payload)
     run_cocotb(top, toplevel="ringkv_top", test_module="cocotb_top",
-               build_name="ringkv_top_small",
-               params={"config": asdict(CFG), "regions": 4, "lanes": 2, "seed": 7})
+               build_name=f"ringkv_top_{name}",
+               params={"config": asdict(config), "regions": 4, "lanes": 2, "seed": 7})

@@ -15,7 +15,12 @@ from ringkv.host.record import (
     RecordStatus,
     encode_record,
     import_record,
+    kv_bytes_of,
     rebuild,
+    ring_dtype,
+    ring_elements,
+    ring_image,
+    rings_from_image,
     scan_image,
 )
 from ringkv.sim.cocotb_run import cocotb_params
@@ -57,7 +62,7 @@ class Bench:
     async def load(self, rings, count, head, tokens, meta_heads=None):
         d = self.dut
         d.tap__we.value = 1
-        for i, byte in enumerate(rings.reshape(-1)):
+        for i, byte in enumerate(ring_image(CONFIG, rings)):
             d.tap__addr.value = i
             d.tap__wdata.value = int(byte)
             await RisingEdge(d.clk)
@@ -80,8 +85,8 @@ class Bench:
 
     async def read_rings(self):
         d = self.dut
-        n = CONFIG.layers * CONFIG.kv_heads * 2 * CONFIG.window * CONFIG.head_dim
-        out = np.zeros(n, dtype=np.uint8)
+        n = ring_elements(CONFIG) * ring_dtype(CONFIG).itemsize      # the ring port's bytes
+        out = bytearray(n)
         for i in range(n):
             d.tap__addr.value = i
             await RisingEdge(d.clk)
@@ -92,8 +97,7 @@ class Bench:
             d.tap__meta_ring.value = layer
             await Timer(1, "ns")
             meta.append((int(d.tap__meta_rcount.value), int(d.tap__meta_rhead.value)))
-        shape = (CONFIG.layers, CONFIG.kv_heads, 2, CONFIG.window, CONFIG.head_dim)
-        return out.reshape(shape), meta
+        return rings_from_image(CONFIG, out), meta
 
     async def op(self, op, region, count=0, hash=0, seq=0):
         await self.src.send(pack_fields(CMD, {"op": op, "region": region, "count": count,
@@ -107,7 +111,9 @@ def random_state(rng, count=None):
     count = rng.choice([0, 1, c.window - 1, c.window, c.window + 1,
                         rng.randrange(c.max_tokens + 1)]) if count is None else count
     shape = (c.layers, c.kv_heads, 2, c.window, c.head_dim)
-    rings = np.frombuffer(rng.randbytes(int(np.prod(shape))), dtype=np.uint8).reshape(shape)
+    dt = ring_dtype(c)             # element words: uint8 (ringkv-fx1) or uint16 (ringkv-fx2)
+    rings = np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
+                          dtype=dt).reshape(shape)
     tokens = [rng.randrange(1 << c.token_width) for _ in range(count)]
     return rings.copy(), count, rng.randrange(c.window), tokens
 
@@ -179,8 +185,7 @@ async def corruption_is_a_miss(dut):
     kv0 = lay.kv_sector * SECTOR
     spots = ([rng.randrange(0, 116) for _ in range(6)] + [rng.randrange(508, 512)]
              + [rng.randrange(SECTOR, tok_end) for _ in range(3)]
-             + [rng.randrange(kv0, kv0 + 2 * CONFIG.layers * CONFIG.kv_heads
-                              * CONFIG.window * CONFIG.head_dim) for _ in range(4)])
+             + [rng.randrange(kv0, kv0 + kv_bytes_of(CONFIG, count)) for _ in range(4)])
     for pos in spots:
         bit = 1 << rng.randrange(8)
         raw = bytearray(image.read(pos // SECTOR, 1))

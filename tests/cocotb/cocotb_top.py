@@ -22,7 +22,7 @@ from ringkv.host.ops import (
     pack_tokens,
     unpack_attn,
 )
-from ringkv.host.record import RecordLayout
+from ringkv.host.record import RecordLayout, elem_bytes
 from ringkv.hw.protocol import Op, Status
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sector_model import CocotbStorageServer, SectorImage
@@ -31,6 +31,7 @@ from ringkv.sim.top_bench import CocotbByteLink
 P = cocotb_params()
 CFG = RingKVConfig(**P["config"])
 REGIONS, LANES = P["regions"], P["lanes"]
+LIM = 1 << (8 * elem_bytes(CFG) - 1)       # q/k/v range: int8 (ringkv-fx1) or int16 (fx2)
 
 
 async def call(link, op, payload=b"", status=Status.OK):
@@ -65,12 +66,12 @@ async def top_end_to_end(dut):
                                                    REQUESTS[Op.HASH_QUERY].pack(n=10)))["hash"]
     assert h == sequence_hash(tokens, hash_seed(CFG))
     golden = FixedRingCore(CFG.layers, CFG.q_heads, CFG.kv_heads, CFG.head_dim, CFG.window,
-                           LANES)
+                           LANES, numerics=CFG.numerics)
     g = CFG.group
     for layer in range(CFG.layers):
-        q = nrng.integers(-128, 128, size=(10, CFG.q_heads, CFG.head_dim))
-        k = nrng.integers(-128, 128, size=(10, CFG.kv_heads, CFG.head_dim))
-        v = nrng.integers(-128, 128, size=(10, CFG.kv_heads, CFG.head_dim))
+        q = nrng.integers(-LIM, LIM, size=(10, CFG.q_heads, CFG.head_dim))
+        k = nrng.integers(-LIM, LIM, size=(10, CFG.kv_heads, CFG.head_dim))
+        v = nrng.integers(-LIM, LIM, size=(10, CFG.kv_heads, CFG.head_dim))
         out = unpack_attn(CFG, await call(link, Op.ATTN_PREFILL, pack_attn(CFG, layer, q, k, v)),
                           10)
         for kvh in range(CFG.kv_heads):
@@ -95,7 +96,7 @@ async def top_end_to_end(dut):
     await link.send(bytes(frame))
     err = await link.receive()
     assert Status(err.status) == Status.BAD_CRC and err.seq == 200
-    q = nrng.integers(-128, 128, size=(1, CFG.q_heads, CFG.head_dim))
-    k = nrng.integers(-128, 128, size=(1, CFG.kv_heads, CFG.head_dim))
+    q = nrng.integers(-LIM, LIM, size=(1, CFG.q_heads, CFG.head_dim))
+    k = nrng.integers(-LIM, LIM, size=(1, CFG.kv_heads, CFG.head_dim))
     await call(link, Op.ATTN_DECODE, pack_attn(CFG, CFG.layers, q, k, k), Status.BAD_ARG)
     assert await call(link, Op.PING, b"ok") == b"ok"
