@@ -12,7 +12,7 @@ from ringkv.boards.synth import synth_core
 from ringkv.host.golden_directory import GoldenDirectory, Op
 from ringkv.hw.directory import CacheDirectory, layout_fields
 from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
-from ringkv.sim.streams import stream_get, stream_put
+from ringkv.sim.streams import stream_get, stream_put, tick_until
 
 __all__ = ["TITLE", "run", "markdown", "measure_cycles"]
 
@@ -27,7 +27,7 @@ def measure_cycles(params, commands):
     out = []
 
     async def bench(ctx):
-        await ctx.tick().until(dut.i.ready)
+        await tick_until(ctx, dut.i.ready)
         for cmd in commands:
             word = pack_fields(cmd_fields, {k: int(getattr(v, "value", v)) for k, v in cmd.items()})
             await stream_put(ctx, dut.i, data.Const(dut.cmd_layout, word))

@@ -21,6 +21,7 @@ from ringkv.hw.token_memory import TokenMemory
 from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
 from ringkv.sim.sector_model import SectorImage, serve_storage
+from ringkv.sim.streams import tick_until
 
 from .run import SYNTH_HEADER, synth_result, synth_rows, table
 
@@ -55,11 +56,11 @@ def _dma_cycles(config, count):
     async def op(ctx, payload):
         ctx.set(h.cmd.valid, 1)
         ctx.set(h.cmd.payload, payload)
-        await ctx.tick().until(h.cmd.ready)
+        await tick_until(ctx, h.cmd.ready)
         ctx.set(h.cmd.valid, 0)
         start = clock[0]
         ctx.set(h.resp.ready, 1)
-        (resp,) = await ctx.tick().sample(h.resp.payload).until(h.resp.valid)
+        (resp,) = await tick_until(ctx, h.resp.valid, h.resp.payload)
         ctx.set(h.resp.ready, 0)
         return RecordStatus(resp.status), clock[0] - start
 
@@ -108,14 +109,14 @@ def sd_cycles(op, sectors, params=SD_BENCH):
     async def transfer(ctx, op, lba, count):
         ctx.set(s.cmd.valid, 1)
         ctx.set(s.cmd.payload, {"op": op, "lba": lba, "count": count})
-        await ctx.tick().until(s.cmd.ready)
+        await tick_until(ctx, s.cmd.ready)
         ctx.set(s.cmd.valid, 0)
         start = clock[0]
         ctx.set(s.rdata.ready, 1)
         ctx.set(s.status.ready, 1)
         ctx.set(s.wdata.valid, 1)
         ctx.set(s.wdata.payload, 0xA5)
-        await ctx.tick().until(s.status.valid)
+        await tick_until(ctx, s.status.valid)
         ctx.set(s.wdata.valid, 0)
         ctx.set(s.status.ready, 0)
         return clock[0] - start

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 
 from ..hw.storage import SECTOR_BYTES, StorageError, StorageOp
+from .streams import tick_until
 
 __all__ = ["SectorImage", "PowerCut", "serve_storage", "CocotbStorageServer"]
 
@@ -117,14 +118,14 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
             await ctx.tick()
         ctx.set(port.status.valid, 1)
         ctx.set(port.status.payload, {"error": error})
-        await ctx.tick().until(port.status.ready)
+        await tick_until(ctx, port.status.ready)
         ctx.set(port.status.valid, 0)
 
     while True:
         while chance(stall):
             await ctx.tick()
         ctx.set(port.cmd.ready, 1)
-        (cmd,) = await ctx.tick().sample(port.cmd.payload).until(port.cmd.valid)
+        (cmd,) = await tick_until(ctx, port.cmd.valid, port.cmd.payload)
         ctx.set(port.cmd.ready, 0)
         op, lba, count = cmd.op, cmd.lba, cmd.count
         if log is not None:
@@ -143,7 +144,7 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
                     await ctx.tick()
                 ctx.set(port.rdata.valid, 1)
                 ctx.set(port.rdata.payload, byte)
-                await ctx.tick().until(port.rdata.ready)
+                await tick_until(ctx, port.rdata.ready)
                 ctx.set(port.rdata.valid, 0)
         else:
             for s in range(count):
@@ -153,8 +154,7 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
                         ctx.set(port.wdata.ready, 0)
                         await ctx.tick()
                     ctx.set(port.wdata.ready, 1)
-                    (byte,) = await ctx.tick().sample(port.wdata.payload).until(
-                        port.wdata.valid)
+                    (byte,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
                     ctx.set(port.wdata.ready, 0)
                     if budget.take():
                         image.write(lba + s, bytes(sector))

@@ -8,7 +8,22 @@ so every test can run with backpressure.
 
 import random as _random
 
-__all__ = ["stream_put", "stream_get", "stream_put_all", "stream_get_n"]
+__all__ = ["tick_until", "stream_put", "stream_get", "stream_put_all", "stream_get_n"]
+
+
+async def tick_until(ctx, cond, *signals):
+    """Wait for clock edges until ``cond`` is true at one; return ``signals`` sampled there.
+
+    The same as ``await ctx.tick().sample(*signals).until(cond)``, written as a plain loop:
+    Amaranth's ``until`` closes an async generator when the coroutine is dropped, so a
+    background process still waiting in it when the simulation ends raised an unraisable
+    ``RuntimeError: aclose(): asynchronous generator is already running`` at garbage
+    collection (pytest showed dozens of warnings per run).
+    """
+    while True:
+        *values, done = (await ctx.tick().sample(*signals, cond))[2:]
+        if done:
+            return tuple(values)
 
 
 async def stream_put(ctx, stream, payload, *, rng=None, idle=0.0):
@@ -18,7 +33,7 @@ async def stream_put(ctx, stream, payload, *, rng=None, idle=0.0):
             await ctx.tick()
     ctx.set(stream.valid, 1)
     ctx.set(stream.payload, payload)
-    await ctx.tick().until(stream.ready)
+    await tick_until(ctx, stream.ready)
     ctx.set(stream.valid, 0)
 
 
@@ -29,7 +44,7 @@ async def stream_get(ctx, stream, *, rng=None, stall=0.0):
             ctx.set(stream.ready, 0)
             await ctx.tick()
     ctx.set(stream.ready, 1)
-    (payload,) = await ctx.tick().sample(stream.payload).until(stream.valid)
+    (payload,) = await tick_until(ctx, stream.valid, stream.payload)
     ctx.set(stream.ready, 0)
     return payload
 

@@ -26,6 +26,7 @@ from amaranth.sim import Simulator
 
 from ..host.protocol import Decoder, Frame, encode_request
 from .sector_model import SectorImage, serve_storage
+from .streams import tick_until
 
 __all__ = ["SimByteLink", "run_top", "SimPort", "CocotbByteLink", "image_for"]
 
@@ -55,7 +56,7 @@ class SimByteLink:
                     ctx.set(tx.ready, 0)
                     await ctx.tick()
             ctx.set(tx.ready, 1)
-            (byte,) = await ctx.tick().sample(tx.payload).until(tx.valid)
+            (byte,) = await tick_until(ctx, tx.valid, tx.payload)
             self.events.extend(self.decoder.feed([byte]))
 
     async def send(self, ctx, data):
@@ -68,7 +69,7 @@ class SimByteLink:
                     await ctx.tick()
             ctx.set(rx.valid, 1)
             ctx.set(rx.payload, byte)
-            await ctx.tick().until(rx.ready)
+            await tick_until(ctx, rx.ready)
         ctx.set(rx.valid, 0)
 
     async def receive(self, ctx, *, timeout=1_000_000):
@@ -194,7 +195,7 @@ class SimPort:
         async def tx(ctx):
             ctx.set(top.tx.ready, 1)
             while True:
-                (byte,) = await ctx.tick().sample(top.tx.payload).until(top.tx.valid)
+                (byte,) = await tick_until(ctx, top.tx.valid, top.tx.payload)
                 with self._lock:
                     self._out.append(byte)
 
@@ -208,7 +209,7 @@ class SimPort:
                     continue
                 ctx.set(top.rx.valid, 1)
                 ctx.set(top.rx.payload, byte)
-                await ctx.tick().until(top.rx.ready)
+                await tick_until(ctx, top.rx.ready)
                 ctx.set(top.rx.valid, 0)
 
         sim.add_testbench(storage, background=True)

@@ -15,7 +15,7 @@ from ringkv.host.golden_directory import (
 )
 from ringkv.hw.directory import CacheDirectory, layout_fields
 from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
-from ringkv.sim.streams import stream_get, stream_put
+from ringkv.sim.streams import stream_get, stream_put, tick_until
 
 SMALL = dict(buckets=4, links=8, regions=8, count_width=8, hash_width=16, stamp_width=8)
 
@@ -29,7 +29,7 @@ def rtl_directory(params, commands, *, seed=0, idle=0.0, stall=0.0, timing=False
 
     async def bench(ctx):
         # Wait out the reset sweep so that cycle counts measure the commands alone.
-        await ctx.tick().until(dut.i.ready)
+        await tick_until(ctx, dut.i.ready)
         for cmd in commands:
             word = pack_fields(cmd_fields, _ints(cmd))
             await stream_put(ctx, dut.i, data.Const(dut.cmd_layout, word), rng=rng, idle=idle)
