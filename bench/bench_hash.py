@@ -5,7 +5,7 @@ import random
 from amaranth.sim import Simulator
 
 from bench.run import SYNTH_HEADER, synth_result, synth_rows, table
-from ringkv.host.config import hash_seed
+from ringkv.defs.hash import hash_seed
 from ringkv.host.golden_hash import prefix_hashes
 from ringkv.hw.hash_engine import HashEngine
 

@@ -12,8 +12,8 @@ import random
 
 from amaranth.sim import Simulator
 
-from ringkv.host.config import DEFAULT_CONFIG
-from ringkv.host.record import RecordLayout, RecordStatus
+from ringkv.defs.config import DEFAULT_CONFIG
+from ringkv.defs.record import RecordLayout, RecordStatus
 from ringkv.hw.dma import DmaEngine, DmaOp
 from ringkv.hw.sdspi import SDSPIController
 from ringkv.hw.storage import StorageOp
@@ -62,7 +62,7 @@ def _dma_cycles(config, count):
         ctx.set(h.resp.ready, 1)
         (resp,) = await tick_until(ctx, h.resp.valid, h.resp.payload)
         ctx.set(h.resp.ready, 0)
-        return RecordStatus(resp.status), clock[0] - start
+        return RecordStatus(resp.status.value), clock[0] - start
 
     async def body(ctx):
         ctx.set(h.tap.meta_we, 1)

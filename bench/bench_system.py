@@ -89,8 +89,7 @@ class _Meter:
         link.request = timed
 
     def _stats(self):
-        from ringkv.host.ops import RESPONSES
-        from ringkv.hw.protocol import Op
+        from ringkv.defs.protocol import RESPONSES, Op
         saved = dict(self.link.stats), self.in_link
         r = RESPONSES[Op.STATS].unpack(self.dev._call(Op.STATS))
         self.link.stats.update(saved[0])          # the meter's own request is not counted
@@ -116,9 +115,10 @@ class _Meter:
 def _craft_image(path, config, tokens, sweep, sectors):
     """Write records of ``tokens[:n]`` (random K/V) for every ``n`` of ``sweep`` into the image
     at regions 1, 2, ... with the golden encoder; region 0 stays free."""
-    from ringkv.host.config import hash_seed
+    from ringkv.defs.hash import hash_seed
+    from ringkv.defs.record import SECTOR, RecordLayout
     from ringkv.host.golden_hash import sequence_hash
-    from ringkv.host.record import SECTOR, RecordLayout, encode_record
+    from ringkv.host.record import encode_record
     lay = RecordLayout(config)
     rng = np.random.default_rng(3)
     seed = hash_seed(config)
@@ -137,11 +137,11 @@ def _craft_image(path, config, tokens, sweep, sectors):
 
 
 def _measure(workdir: Path) -> dict:
-    from ringkv.host.config import DEFAULT_CONFIG
+    from ringkv.defs.config import DEFAULT_CONFIG
+    from ringkv.defs.record import RecordLayout
     from ringkv.host.fpga_device import FpgaDevice
     from ringkv.host.link import Link
     from ringkv.host.model import BOS, FixedBackend, Model, limit_blas_threads
-    from ringkv.host.record import RecordLayout
     from ringkv.sim.harness import SimDevice, build_top
 
     config = DEFAULT_CONFIG
@@ -216,8 +216,8 @@ def _same(a, b):
 
 
 def run():
-    from ringkv.host.config import DEFAULT_CONFIG
-    from ringkv.host.record import RecordLayout
+    from ringkv.defs.config import DEFAULT_CONFIG
+    from ringkv.defs.record import RecordLayout
     from ringkv.hw.storage import StorageOp
     config = DEFAULT_CONFIG
     lay = RecordLayout(config)

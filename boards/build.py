@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..sim.toolchain import setup_environ
+from ringkv.sim.toolchain import setup_environ
+
 from .synth import AFTER_READ
 
 __all__ = ["build", "main", "BOARDS"]

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-from ..hw.attention import YOSYS_AFTER_READ
-from ..sim.toolchain import setup_environ
+from ringkv.hw.attention import YOSYS_AFTER_READ
+from ringkv.sim.toolchain import setup_environ
 
 __all__ = ["synth_core", "SynthResult", "DEVICE", "AFTER_READ"]
 

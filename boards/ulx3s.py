@@ -21,10 +21,10 @@ from fractions import Fraction
 from amaranth import *
 from amaranth.lib import wiring
 
-from ..host.config import DEFAULT_CONFIG, RingKVConfig
-from ..hw.sdspi import SDSPIController
-from ..hw.top import RingKVTop
-from ..hw.uart import UART
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.hw.sdspi import SDSPIController
+from ringkv.hw.top import RingKVTop
+from ringkv.hw.uart import UART
 
 __all__ = ["ULX3STop", "pll_params"]
 

@@ -1,10 +1,11 @@
 """The FPGA (or its simulation) as the scheduler's :class:`~ringkv.host.scheduler.Device` and
 the model's :class:`~ringkv.host.model.AttentionBackend`, over a :class:`~ringkv.host.link.Link`.
 
-Every call is one or more requests of :mod:`ringkv.hw.protocol`, packed with the layouts of
-:mod:`ringkv.host.ops`; transfers larger than the device's payload bound are split. The
-device's ``QUERY`` verifies **and imports** on a hit (seed 001: hash, lookup, token comparison,
-config digest, payload CRC), so :meth:`FpgaDevice.import_` only reports the bytes moved.
+Every call is one or more requests of :mod:`ringkv.defs.protocol`, packed with its layouts
+and the tail codecs of :mod:`ringkv.host.ops`; transfers larger than the device's payload bound
+are split. The device's ``QUERY`` verifies **and imports** on a hit (seed 001: hash, lookup,
+token comparison, config digest, payload CRC), so :meth:`FpgaDevice.import_` only reports the
+bytes moved.
 
 Attention runs in the fixed-point numerics of the core, the configuration's ``numerics``
 (``ringkv-fx1``: q/k/v int8, ``ringkv-fx2``: q/k/v int16; see :mod:`ringkv.host.golden_fixed`):
@@ -13,10 +14,10 @@ q/k/v are quantized here with that numerics, outputs (int16 in both) dequantized
 
 import numpy as np
 
-from ..hw.protocol import DEFAULT_MAX_PAYLOAD, Op, Status
-from .config import RingKVConfig
-from .golden_fixed import dequantize_out, numerics_of, quantize
-from .ops import (
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.numerics import numerics_of
+from ringkv.defs.protocol import (
+    DEFAULT_MAX_PAYLOAD,
     DIR_RESPONSE,
     FLAG_EXISTING,
     META_BYTES,
@@ -26,22 +27,15 @@ from .ops import (
     RING_ELEMENTS,
     RING_META,
     SNAPSHOT_RESPONSE,
+    Op,
+    Status,
     max_attn_tokens,
-    pack_attn,
-    pack_tokens,
-    token_bytes,
-    unpack_attn,
-    unpack_tokens,
 )
-from .record import (
-    SECTOR,
-    RecordLayout,
-    RecordStatus,
-    rebuild,
-    ring_elements,
-    rings_from_image,
-    scan_image,
-)
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, ring_elements, token_bytes
+
+from .golden_fixed import dequantize_out, quantize
+from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
+from .record import rebuild, rings_from_image, scan_image
 from .scheduler import Device, QueryResult
 
 __all__ = ["FpgaDevice", "ConfigMismatch"]
@@ -70,7 +64,7 @@ class FpgaDevice(Device):
     """:class:`Device` + :class:`AttentionBackend` driving ``RingKVTop`` over ``link``.
 
     ``max_payload`` is the device's request bound (``Op.VERSION`` reports it; default
-    :data:`~ringkv.hw.protocol.DEFAULT_MAX_PAYLOAD`).
+    :data:`~ringkv.defs.protocol.DEFAULT_MAX_PAYLOAD`).
     """
 
     def __init__(self, link, config: RingKVConfig, *, max_payload: int = DEFAULT_MAX_PAYLOAD):

@@ -9,21 +9,21 @@ FIFO A and FIFO B in order) for checks and for the formal invariants' reference.
 
 from collections import deque
 
-from ..hw.directory import (
+from ringkv.defs.directory import (
     LINK_FIELD_WIDTH,
     NIL,
     REGION_FIELD_WIDTH,
     Op,
     Status,
     check_directory_params,
+    command_fields,
+    response_fields,
 )
 
-__all__ = ["GoldenDirectory", "Op", "Status", "NIL", "RESPONSE_FIELDS", "COMMAND_FIELDS",
-           "random_commands"]
+__all__ = ["GoldenDirectory", "RESPONSE_FIELDS", "COMMAND_FIELDS", "random_commands"]
 
-COMMAND_FIELDS = ("op", "evict", "link", "count", "hash", "region", "now", "max_age")
-RESPONSE_FIELDS = ("status", "op", "evicted", "link", "region", "count", "hash", "stamp", "prev",
-                   "next", "victim", "expired")
+COMMAND_FIELDS = tuple(command_fields())
+RESPONSE_FIELDS = tuple(response_fields())
 
 
 _OPS = {op.value: op for op in Op}

@@ -1,5 +1,9 @@
 """Bit-exact golden model of the SWA attention core's fixed-point datapath.
 
+The numerics table (:class:`~ringkv.defs.numerics.Numerics`, ``FX1``, ``FX2``, the exp table and
+the shift constants) is :mod:`ringkv.defs.numerics`, shared with the gateware; this module is
+the datapath those constants drive, integer for integer.
+
 Two numerics, chosen per device (``RingKVConfig.numerics``, ``AttentionCore(numerics=...)``);
 they differ only in the width and scale of q, k, v and of the output (:class:`Numerics`):
 
@@ -55,85 +59,24 @@ the next token goes to ``(head + 1) % W``; an empty ring has ``head = W - 1``; t
 """
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
+from ringkv.defs.numerics import (
+    BETA_MAX,
+    CS_SHIFT,
+    EXP_TABLE,
+    FX1,
+    P_FRAC,
+    numerics_of,
+    score_const,
+)
+
 __all__ = [
-    "Numerics", "NUMERICS_TABLE", "numerics_of", "FX1", "FX2",
-    "NUMERICS", "QKV_FRAC", "OUT_FRAC", "P_FRAC", "SCORE_FRAC", "CS_SHIFT", "EXP_TABLE",
-    "quantize", "dequantize_out", "score_const", "exp2_fx", "lane_state", "merge_lanes",
+    "NUMERICS", "QKV_FRAC", "OUT_FRAC",
+    "quantize", "dequantize_out", "exp2_fx", "lane_state", "merge_lanes",
     "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
-
-P_FRAC = 15         # exp weights: Q1.15
-SCORE_FRAC = 8      # scores in base-2 log units with 8 fraction bits
-CS_SHIFT = 18       # s = ((dot >> DSH) * CS) >> CS_SHIFT
-DOT_FRAC = 10       # dot >> DSH is in units 2**-10
-BETA_MAX = (1 << 17) - 1
-
-EXP_TABLE = tuple(round(2.0 ** (P_FRAC - f / 256)) for f in range(256))
-
-
-@dataclass(frozen=True)
-class Numerics:
-    """One fixed-point scheme of the core: q/k/v width and scale; everything else follows."""
-
-    name: str
-    elem_bits: int      # EW: q, k, v are signed EW-bit integers
-    qkv_frac: int       # F: real = x * 2**-F
-
-    @property
-    def elem_bytes(self) -> int:
-        """Bytes per q/k/v element on the link, in the rings and in a record."""
-        return self.elem_bits // 8
-
-    @property
-    def out_frac(self) -> int:
-        """The int16 output has real = o * 2**-out_frac."""
-        return self.qkv_frac + 16 - self.elem_bits
-
-    @property
-    def dot_shift(self) -> int:
-        """DSH: the dot product is shifted to units 2**-10 before the score multiply."""
-        return 2 * self.qkv_frac - DOT_FRAC
-
-    @property
-    def acc_shift_bits(self) -> int:
-        """A: ``sh = bitlength(l) - A`` makes ``acc >> sh`` fit 18 bits signed."""
-        return 18 - self.elem_bits
-
-    @property
-    def beta_shift(self) -> int:
-        """B: ``beta = (alpha * R) >> (e + B - sh)``."""
-        return self.elem_bits - 2
-
-    @property
-    def qkv_min(self) -> int:
-        return -(1 << (self.elem_bits - 1))
-
-    @property
-    def qkv_max(self) -> int:
-        return (1 << (self.elem_bits - 1)) - 1
-
-
-FX1 = Numerics("ringkv-fx1", 8, 5)
-FX2 = Numerics("ringkv-fx2", 16, 11)
-NUMERICS_TABLE = {n.name: n for n in (FX1, FX2)}
-
-
-def numerics_of(numerics) -> Numerics:
-    """A :class:`Numerics` from itself, its name, or ``None`` (the default ``ringkv-fx1``)."""
-    if numerics is None:
-        return FX1
-    if isinstance(numerics, Numerics):
-        return numerics
-    try:
-        return NUMERICS_TABLE[numerics]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown numerics {numerics!r}; known: "
-                         f"{', '.join(sorted(NUMERICS_TABLE))}") from None
-
 
 # the default numerics' constants (ringkv-fx1), kept for the callers that name them
 NUMERICS = FX1.name
@@ -153,13 +96,6 @@ def quantize(x, numerics=None):
 def dequantize_out(o, numerics=None):
     """int16 output -> float64 in the real units of v."""
     return np.asarray(o, dtype=np.float64) / (1 << numerics_of(numerics).out_frac)
-
-
-def score_const(head_dim, scale=None):
-    """``CS``: the score multiplier folding ``scale`` (default 1/sqrt(d)) and log2(e)."""
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    return int(round(scale * math.log2(math.e) * (1 << 16)))
 
 
 def exp2_fx(y):

@@ -1,7 +1,7 @@
 """Golden model of the chained prefix hash (bit-exact with ``hw/hash_engine.py``).
 
 The hash of a token sequence is chained (SPEC §2): ``h_0 = seed`` (from
-:func:`ringkv.host.config.hash_seed`, which folds in the model-config digest and an optional
+:func:`ringkv.defs.hash.hash_seed`, which folds in the model-config digest and an optional
 tenant salt) and ``h_{i+1} = f(h_i, t_i)``. The engine emits ``h_i`` after every token, so the
 hash of every prefix is available, one token per clock.
 
@@ -20,29 +20,9 @@ states as long as the remaining tokens agree. A hash match alone never counts as
 import compares the stored tokens (SPEC §5).
 """
 
+from ringkv.defs.hash import ROUND_CONSTANTS, check_params
+
 __all__ = ["ROUND_CONSTANTS", "hash_step", "prefix_hashes", "sequence_hash", "check_params"]
-
-# Round constants: successive 64-bit words of the fractional part of the golden ratio and of
-# sqrt(2) (no hidden structure); a w-bit engine uses the low w bits.
-ROUND_CONSTANTS = (0x9E3779B97F4A7C15, 0x6A09E667F3BCC908, 0xBB67AE8584CAA73B,
-                   0x3C6EF372FE94F82B)
-
-
-def check_params(token_width, hash_width, rounds):
-    """Validate hash parameters; raise ``TypeError``/``ValueError`` with a clear message."""
-    if not isinstance(hash_width, int) or isinstance(hash_width, bool):
-        raise TypeError(f"Hash width must be an integer, not {hash_width!r}")
-    if hash_width not in (64, 96, 128):
-        raise ValueError(f"Hash width must be 64, 96 or 128 bits, not {hash_width!r}")
-    if not isinstance(token_width, int) or isinstance(token_width, bool):
-        raise TypeError(f"Token width must be an integer, not {token_width!r}")
-    if not 1 <= token_width <= hash_width // 2:
-        raise ValueError(f"Token width must be between 1 and {hash_width // 2} bits, "
-                         f"not {token_width!r}")
-    if not isinstance(rounds, int) or isinstance(rounds, bool):
-        raise TypeError(f"Rounds must be an integer, not {rounds!r}")
-    if not 1 <= rounds <= len(ROUND_CONSTANTS):
-        raise ValueError(f"Rounds must be between 1 and {len(ROUND_CONSTANTS)}, not {rounds!r}")
 
 
 def hash_step(h: int, token: int, *, width: int = 64, rounds: int = 2) -> int:

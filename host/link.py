@@ -8,7 +8,7 @@ the next 8-bit sequence number; a response with another number is stale and skip
 
 Retries: a ``BAD_CRC`` or ``TIMEOUT`` status from the device means the device dropped the
 request without acting on it, so any request is re-sent. A missing or corrupted *response* is
-ambiguous (the request may have run), so only :data:`~ringkv.hw.protocol.IDEMPOTENT_OPS` are
+ambiguous (the request may have run), so only :data:`~ringkv.defs.protocol.IDEMPOTENT_OPS` are
 re-sent then; other ops raise :class:`LinkError`.
 """
 
@@ -18,7 +18,8 @@ import time
 
 import serial
 
-from ..hw.protocol import DEFAULT_MAX_PAYLOAD, IDEMPOTENT_OPS, Op, Status
+from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, IDEMPOTENT_OPS, Op, Status
+
 from .protocol import Decoder, Frame, encode_request, encode_response
 
 __all__ = ["Link", "LinkError", "DeviceError", "ANSWERS", "FrameServer"]

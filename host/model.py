@@ -29,8 +29,10 @@ from typing import Protocol
 
 import numpy as np
 
-from .config import DEFAULT_CONFIG, RingKVConfig
-from .golden_fixed import FixedRingCore, dequantize_out, numerics_of, quantize
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.numerics import numerics_of
+
+from .golden_fixed import FixedRingCore, dequantize_out, quantize
 from .golden_ring import RingKVCache
 from .golden_swa import swa_attention
 

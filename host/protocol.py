@@ -11,10 +11,11 @@ value therefore swallows what follows until its length is reached or the line go
 (timeout); the host, which waits for each response, sees a timeout and retries.
 """
 
+import binascii
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..hw.protocol import CRC16, DEFAULT_MAX_PAYLOAD, RESPONSE_FLAG, SYNC, Op, Status
+from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, RESPONSE_FLAG, SYNC, Op, Status
 
 __all__ = ["GAP", "Frame", "FrameError", "Decoder", "encode_request", "encode_response",
            "decode_frames", "crc16", "VALID_OPS"]
@@ -26,8 +27,8 @@ VALID_OPS = frozenset(op.value for op in Op)
 
 
 def crc16(data: bytes) -> int:
-    """CRC-16/XMODEM of ``data`` (the frame CRC)."""
-    return CRC16.compute(bytes(data))
+    """CRC-16/XMODEM of ``data`` (the frame CRC, :data:`ringkv.defs.protocol.FRAME_CRC`)."""
+    return binascii.crc_hqx(bytes(data), 0)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
 """Snapshot records in external storage (SPEC §5): golden encoder/decoder, scan and inspection.
 
-This module is the bit-exact reference of what ``hw/dma.py`` writes and checks. The byte layout
-is documented in ``docs/blocks/record-format.md``; in short (all integers little-endian, sectors
+This module is the bit-exact reference of what ``hw/dma.py`` writes and checks. The format's
+definitions (header fields, :class:`~ringkv.defs.record.RecordLayout`, ``RecordStatus``, the
+commit sequence rule) are :mod:`ringkv.defs.record`; the byte layout is documented in
+``docs/blocks/record-format.md``; in short (all integers little-endian, sectors
 of 512 bytes, storage region ``r`` starting at sector ``r * sectors_per_region``):
 
 * region sector 0: the **header** (512 bytes, table :data:`HEADER_FIELDS`), header CRC last;
@@ -33,101 +35,38 @@ dim`` at byte address ``element * EB + byte`` of the ring port (:func:`ring_imag
 import argparse
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-from amaranth.lib import enum
-from amaranth.lib.crc import catalog
 
-from .config import DEFAULT_CONFIG, RingKVConfig
-from .golden_fixed import NUMERICS_TABLE
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.numerics import NUMERICS_TABLE
+from ringkv.defs.record import (
+    CONFIG_FIELDS,
+    HEADER_OFFSETS,
+    MAGIC,
+    SECTOR,
+    VERSION,
+    RecordLayout,
+    RecordStatus,
+    elem_bytes,
+    header_template,
+    kv_bytes_of,
+    put_field,
+)
 
 __all__ = [
-    "SECTOR", "MAGIC", "VERSION", "HEADER_FIELDS", "CONFIG_FIELDS", "RecordStatus",
-    "RecordLayout", "Header", "RecordError", "crc32", "header_template", "encode_header",
-    "decode_header", "elem_bytes", "ring_dtype", "ring_elements", "ring_image",
-    "rings_from_image", "kv_bytes_of", "encode_payload", "encode_record", "decode_payload",
+    "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
+    "ring_image", "rings_from_image", "encode_payload", "encode_record", "decode_payload",
     "import_record", "RecordInfo", "scan_region", "scan_image", "rebuild", "format_listing",
     "main",
 ]
 
-SECTOR = 512
-MAGIC = b"RINGKVSN"
-VERSION = 1
-NUMERICS_BYTES = 16
-
-#: ``(name, offset, size)`` of every header field; the rest of the header is zero.
-HEADER_FIELDS = (
-    ("magic", 0, 8),
-    ("version", 8, 2),
-    ("header_bytes", 10, 2),
-    ("commit_seq", 12, 4),
-    ("config_digest", 16, 32),
-    ("prefix_hash", 48, 8),
-    ("count", 56, 4),
-    ("ring_head", 60, 4),
-    ("token_bytes", 64, 4),
-    ("k_bytes", 68, 4),
-    ("v_bytes", 72, 4),
-    ("payload_crc", 76, 4),
-    ("layers", 80, 2),
-    ("q_heads", 82, 2),
-    ("kv_heads", 84, 2),
-    ("head_dim", 86, 2),
-    ("window", 88, 4),
-    ("token_width", 92, 2),
-    ("reserved", 94, 2),
-    ("max_tokens", 96, 4),
-    ("numerics", 100, NUMERICS_BYTES),
-    ("header_crc", 508, 4),
-)
-_OFF = {name: (off, size) for name, off, size in HEADER_FIELDS}
-#: Config fields stored in the header (besides the digest), in header order.
-CONFIG_FIELDS = ("layers", "q_heads", "kv_heads", "head_dim", "window", "token_width",
-                 "max_tokens", "numerics")
-#: Byte ranges the gateware compares against its own constant header bytes.
-CONST_RANGES = {"magic": (0, 8), "version": (8, 12), "config": (16, 48), "config_fields": (80, 116)}
-
-
-class RecordStatus(enum.Enum, shape=4):
-    """Result of an export, import or verify; shared by ``hw/dma.py`` and the host.
-
-    Order of precedence when several apply (gateware and golden model agree): STORAGE, BAD_REQUEST,
-    EMPTY, BAD_VERSION, BAD_HEADER, FOREIGN_CONFIG, NOT_THIS, TOKEN_MISMATCH, BAD_PAYLOAD_CRC.
-    """
-    OK = 0
-    STORAGE = 1          #: the storage port reported an error (SD timeout, CRC, ...)
-    BAD_REQUEST = 2      #: region out of range, or ring metadata inconsistent/too long (export)
-    EMPTY = 3            #: no record: wrong magic (never written, or torn header)
-    BAD_VERSION = 4      #: magic right, format version or header size unknown
-    BAD_HEADER = 5       #: header CRC wrong, or header fields inconsistent with each other
-    FOREIGN_CONFIG = 6   #: written under another configuration (digest or fields differ)
-    NOT_THIS = 7         #: valid record, but count or prefix hash differ from the request
-    TOKEN_MISMATCH = 8   #: stored tokens differ from the session's tokens (hash collision)
-    BAD_PAYLOAD_CRC = 9  #: payload CRC wrong (flipped bits, torn payload)
-
-
 def crc32(data: bytes) -> int:
-    """CRC-32/ISO-HDLC, the header and payload CRC."""
-    return catalog.CRC32_ISO_HDLC().compute(bytes(data))
-
-
-def _ceil_div(a, b):
-    return -(-a // b)
-
-
-def elem_bytes(config: RingKVConfig) -> int:
-    """Bytes per K/V element of ``config.numerics`` (1 for ``ringkv-fx1``, 2 for ``ringkv-fx2``).
-
-    Raises ``ValueError`` for a numerics name this software does not know: there is no record
-    layout for it.
-    """
-    numerics = NUMERICS_TABLE.get(config.numerics)
-    if numerics is None:
-        raise ValueError(f"unknown numerics {config.numerics!r} (known: "
-                         f"{', '.join(sorted(NUMERICS_TABLE))}): no record layout for it")
-    return numerics.elem_bytes
+    """CRC-32/ISO-HDLC (:data:`ringkv.defs.record.RECORD_CRC`), the header and payload CRC."""
+    return zlib.crc32(bytes(data))
 
 
 def ring_dtype(config: RingKVConfig) -> np.dtype:
@@ -139,11 +78,6 @@ def _words(config, rings):
     """``rings`` as unsigned element words (``ring_dtype``), any integer input modulo 2**EW."""
     bits = 8 * elem_bytes(config)
     return (np.asarray(rings).astype(np.int64) & ((1 << bits) - 1)).astype(ring_dtype(config))
-
-
-def ring_elements(config: RingKVConfig) -> int:
-    """K/V elements in all rings: ``layers * kv_heads * 2 * window * head_dim``."""
-    return config.layers * config.kv_heads * 2 * config.window * config.head_dim
 
 
 def ring_image(config: RingKVConfig, rings) -> bytes:
@@ -162,69 +96,6 @@ def rings_from_image(config: RingKVConfig, data: bytes, *, signed: bool = False)
     bits = 8 * elem_bytes(c)
     w = words.astype(np.int64)
     return w - ((w >> (bits - 1)) << bits)
-
-
-@dataclass(frozen=True)
-class RecordLayout:
-    """Sizes and sector map of records for one configuration."""
-    config: RingKVConfig = DEFAULT_CONFIG
-
-    @property
-    def token_bytes(self) -> int:
-        """Bytes per stored token: ``ceil(token_width / 8)``."""
-        return _ceil_div(self.config.token_width, 8)
-
-    @property
-    def token_sectors_max(self) -> int:
-        return _ceil_div(self.config.max_tokens * self.token_bytes, SECTOR)
-
-    def __post_init__(self):
-        elem_bytes(self.config)            # an unknown numerics has no layout
-
-    @property
-    def elem_bytes(self) -> int:
-        """Bytes per K/V element (:func:`elem_bytes`)."""
-        return elem_bytes(self.config)
-
-    @property
-    def kv_bytes_max(self) -> int:
-        c = self.config
-        return 2 * c.layers * c.kv_heads * c.window * c.head_dim * self.elem_bytes
-
-    @property
-    def kv_sectors_max(self) -> int:
-        return _ceil_div(self.kv_bytes_max, SECTOR)
-
-    @property
-    def kv_sector(self) -> int:
-        """Offset of the KV area from the region's first sector."""
-        return 1 + self.token_sectors_max
-
-    @property
-    def sectors_per_region(self) -> int:
-        return 1 + self.token_sectors_max + self.kv_sectors_max
-
-    def region_lba(self, region: int) -> int:
-        return region * self.sectors_per_region
-
-    def valid_slots(self, count: int) -> int:
-        return min(count, self.config.window)
-
-    def token_sectors(self, count: int) -> int:
-        return _ceil_div(count * self.token_bytes, SECTOR)
-
-    def kv_sectors(self, count: int) -> int:
-        return _ceil_div(kv_bytes_of(self.config, count), SECTOR)
-
-    def record_bytes(self, count: int) -> int:
-        """Bytes actually written by an export of ``count`` tokens (header + padded areas)."""
-        return SECTOR * (1 + self.token_sectors(count) + self.kv_sectors(count))
-
-
-def kv_bytes_of(config: RingKVConfig, count: int) -> int:
-    """K plus V bytes of a record of ``count`` tokens (``EB`` bytes per element)."""
-    return (2 * config.layers * config.kv_heads * min(count, config.window) * config.head_dim
-            * elem_bytes(config))
 
 
 @dataclass
@@ -255,36 +126,9 @@ class RecordError(Exception):
         self.header = header
 
 
-def _put(buf, name, value):
-    off, size = _OFF[name]
-    if isinstance(value, bytes | bytearray):
-        buf[off:off + size] = bytes(value).ljust(size, b"\0")[:size]
-    else:
-        buf[off:off + size] = int(value).to_bytes(size, "little")
-
-
 def _get(buf, name):
-    off, size = _OFF[name]
+    off, size = HEADER_OFFSETS[name]
     return int.from_bytes(buf[off:off + size], "little")
-
-
-def header_template(config: RingKVConfig = DEFAULT_CONFIG) -> bytes:
-    """The header bytes that depend only on the configuration (variable fields zero, no CRC).
-
-    The gateware builds its constant header bytes from this, so the two cannot drift apart.
-    """
-    numerics = config.numerics.encode("ascii")
-    if len(numerics) > NUMERICS_BYTES:
-        raise ValueError(f"numerics name longer than {NUMERICS_BYTES} bytes: {config.numerics!r}")
-    buf = bytearray(SECTOR)
-    _put(buf, "magic", MAGIC)
-    _put(buf, "version", VERSION)
-    _put(buf, "header_bytes", SECTOR)
-    _put(buf, "config_digest", config.digest())
-    for name in CONFIG_FIELDS[:-1]:
-        _put(buf, name, getattr(config, name))
-    _put(buf, "numerics", numerics)
-    return bytes(buf)
 
 
 def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_crc) -> bytes:
@@ -292,21 +136,21 @@ def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_
     lay = RecordLayout(config)
     kv = kv_bytes_of(config, count)
     buf = bytearray(header_template(config))
-    _put(buf, "commit_seq", commit_seq)
-    _put(buf, "prefix_hash", prefix_hash)
-    _put(buf, "count", count)
-    _put(buf, "ring_head", ring_head)
-    _put(buf, "token_bytes", count * lay.token_bytes)
-    _put(buf, "k_bytes", kv // 2)
-    _put(buf, "v_bytes", kv // 2)
-    _put(buf, "payload_crc", payload_crc)
-    _put(buf, "header_crc", crc32(buf[:508]))
+    put_field(buf, "commit_seq", commit_seq)
+    put_field(buf, "prefix_hash", prefix_hash)
+    put_field(buf, "count", count)
+    put_field(buf, "ring_head", ring_head)
+    put_field(buf, "token_bytes", count * lay.token_bytes)
+    put_field(buf, "k_bytes", kv // 2)
+    put_field(buf, "v_bytes", kv // 2)
+    put_field(buf, "payload_crc", payload_crc)
+    put_field(buf, "header_crc", crc32(buf[:508]))
     return bytes(buf)
 
 
 def _decode_fields(buf) -> Header:
     cfg = {name: _get(buf, name) for name in CONFIG_FIELDS[:-1]}
-    off, size = _OFF["numerics"]
+    off, size = HEADER_OFFSETS["numerics"]
     cfg["numerics"] = bytes(buf[off:off + size]).rstrip(b"\0").decode("ascii", "replace")
     return Header(
         magic=bytes(buf[0:8]), version=_get(buf, "version"),

@@ -21,7 +21,7 @@ software with golden models: the prefix hash of :mod:`ringkv.host.golden_hash`, 
 by ``(count, hash)`` with LRU eviction at a capacity, token verification before a hit, the
 model's attention backend as the rings, and optional persistence to an image file so that a
 "power cycle" is a new ``SoftwareDevice`` on the same image. A link device (the same calls as
-``QUERY``/``IMPORT``/``EXPORT`` requests of :mod:`ringkv.hw.protocol`) plugs in the same way.
+``QUERY``/``IMPORT``/``EXPORT`` requests of :mod:`ringkv.defs.protocol`) plugs in the same way.
 """
 
 import abc
@@ -30,10 +30,12 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import DEFAULT_CONFIG, RingKVConfig, hash_seed
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.hash import hash_seed
+from ringkv.defs.record import kv_bytes_of
+
 from .golden_hash import sequence_hash
 from .model import AttentionBackend, Float64Backend, Model
-from .record import kv_bytes_of
 
 __all__ = ["Device", "SoftwareDevice", "QueryResult", "Scheduler", "Session", "plain_run",
            "snapshot_bytes", "path_summary"]

@@ -1,8 +1,9 @@
 """SWA attention core: ring-buffer KV cache in block RAM, split-KV lanes, LSE merge.
 
 See ``docs/blocks/attention.md`` for the interface tables and measured figures, and
-``host/golden_fixed.py`` for the numerics (``ringkv-fx1`` int8, ``ringkv-fx2`` int16 q/k/v) that
-this core reproduces bit for bit.
+:mod:`ringkv.defs.numerics` (the table) and ``host/golden_fixed.py`` (the bit-exact model) for
+the numerics (``ringkv-fx1`` int8, ``ringkv-fx2`` int16 q/k/v) that this core reproduces bit
+for bit.
 """
 
 import math
@@ -11,7 +12,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..host.golden_fixed import CS_SHIFT, EXP_TABLE, numerics_of, score_const
+from ringkv.defs.numerics import CS_SHIFT, EXP_TABLE, numerics_of, score_const
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
 
@@ -70,7 +71,7 @@ class AttentionCore(wiring.Component):
         Softmax scale (default ``1/sqrt(d)``), folded into the score constant ``CS``.
     numerics:
         ``"ringkv-fx1"`` (default: q, k, v int8, ``EW = 8``) or ``"ringkv-fx2"`` (q, k, v int16,
-        ``EW = 16``, for accuracy; twice the ring memory); see ``host/golden_fixed.py``.
+        ``EW = 16``, for accuracy; twice the ring memory); see :mod:`ringkv.defs.numerics`.
 
     Interfaces
     ----------
@@ -187,7 +188,7 @@ class AttentionCore(wiring.Component):
         LEB = _log2(EB)
         total = 2 * R * W * d * EB              # bytes behind the ring port
 
-        # ---- widths (see host/golden_fixed.py) ----
+        # ---- widths (see ringkv/defs/numerics.py, host/golden_fixed.py) ----
         PW = 2 * EW + 1                             # q*k product, signed
         dot_max = d * (1 << (2 * EW - 2))
         DSH = nx.dot_shift                          # the score uses dot >> DSH

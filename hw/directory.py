@@ -5,18 +5,22 @@ is ``docs/blocks/directory.md``.
 """
 
 from amaranth.hdl import Array, Assert, Assume, Const, Module, Mux, ResetSignal, Shape, Signal
-from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
+
+from ringkv.defs import directory as defs
+from ringkv.defs.directory import (
+    LINK_FIELD_WIDTH,
+    NIL,
+    REGION_FIELD_WIDTH,
+    check_directory_params,
+)
+
+from .enums import shaped
 
 __all__ = ["CacheDirectory", "Op", "Status", "command_layout", "response_layout",
            "layout_fields", "NIL", "LINK_FIELD_WIDTH", "REGION_FIELD_WIDTH", "BUGS", "CHECKS",
            "check_directory_params"]
-
-#: Width of the ``link``/``prev``/``next``/``victim`` fields; ``NIL`` (all ones) means "none".
-LINK_FIELD_WIDTH = 16
-#: Width of the ``region`` fields: up to 2**24 regions.
-REGION_FIELD_WIDTH = 24
-NIL = (1 << LINK_FIELD_WIDTH) - 1
 
 #: Deliberately broken variants for the formal tests (private knob ``_bug``).
 BUGS = ("region_leak", "region_dup", "link_dup", "lost_head", "stale_prev")
@@ -24,101 +28,29 @@ BUGS = ("region_leak", "region_dup", "link_dup", "lost_head", "stale_prev")
 CHECKS = ("regions", "free_links", "reach", "links")
 
 
-class Op(enum.Enum, shape=4):
-    """Command opcodes (``command_layout().op``)."""
-    LOOKUP = 0
-    INSERT = 1
-    DELETE = 2
-    TOUCH = 3
-    EXPIRE = 4
-    READ = 5
-    INSERT_EXISTING = 6
-    CLEAR = 7
-
-
-class Status(enum.Enum, shape=4):
-    """Response status (``response_layout().status``). A lookup hit is ``OK``."""
-    OK = 0
-    MISS = 1
-    FULL = 2
-    BAD_COUNT = 3
-    BAD_LINK = 4
-    NOT_LIVE = 5
-    BAD_REGION = 6
-    BAD_OP = 7
+#: :class:`ringkv.defs.directory.Op` and ``Status`` as 4-bit shapes.
+Op = shaped(defs.Op, defs.OP_BITS, module=__name__)
+Status = shaped(defs.Status, defs.STATUS_BITS, module=__name__)
+_ENUM_FIELDS = {"op": Op, "status": Status}
 
 
 def command_layout(count_width=24, hash_width=64, stamp_width=32) -> data.StructLayout:
-    """The command payload; fields an operation does not use are ignored."""
-    return data.StructLayout({
-        "op": Op,
-        "evict": 1,                       # INSERT: evict the LRU link when full
-        "link": LINK_FIELD_WIDTH,         # DELETE, TOUCH, READ
-        "count": count_width,             # LOOKUP, INSERT, INSERT_EXISTING (token count)
-        "hash": hash_width,               # LOOKUP, INSERT, INSERT_EXISTING (prefix hash)
-        "region": REGION_FIELD_WIDTH,     # INSERT_EXISTING
-        "now": stamp_width,               # LOOKUP (hit), INSERT, INSERT_EXISTING, TOUCH, EXPIRE
-        "max_age": stamp_width,           # EXPIRE
-    })
+    """The command payload (:func:`ringkv.defs.directory.command_fields`)."""
+    fields = defs.command_fields(count_width, hash_width, stamp_width)
+    return data.StructLayout({name: _ENUM_FIELDS.get(name, width)
+                              for name, width in fields.items()})
 
 
 def response_layout(count_width=24, hash_width=64, stamp_width=32) -> data.StructLayout:
-    """The response payload; fields an operation does not report are zero."""
-    return data.StructLayout({
-        "status": Status,
-        "op": Op,                         # the command's opcode, echoed
-        "evicted": 1,                     # INSERT: an LRU link was evicted to make room
-        "link": LINK_FIELD_WIDTH,
-        "region": REGION_FIELD_WIDTH,
-        "count": count_width,
-        "hash": hash_width,
-        "stamp": stamp_width,             # READ
-        "prev": LINK_FIELD_WIDTH,         # READ (NIL: none)
-        "next": LINK_FIELD_WIDTH,         # READ (NIL: none)
-        "victim": LINK_FIELD_WIDTH,       # INSERT with evicted=1: the evicted link
-        "expired": LINK_FIELD_WIDTH,      # EXPIRE: number of links expired
-    })
+    """The response payload (:func:`ringkv.defs.directory.response_fields`)."""
+    fields = defs.response_fields(count_width, hash_width, stamp_width)
+    return data.StructLayout({name: _ENUM_FIELDS.get(name, width)
+                              for name, width in fields.items()})
 
 
 def layout_fields(layout) -> list[tuple[str, int]]:
     """``[(name, width), ...]`` from the LSB, for ``pack_fields``/``unpack_fields``."""
     return [(name, Shape.cast(field.shape).width) for name, field in layout]
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_pow2(what, value, low, high):
-    if not _is_int(value):
-        raise TypeError(f"{what} must be an integer, not {value!r}")
-    if not (low <= value <= high and value & (value - 1) == 0):
-        raise ValueError(f"{what} must be a power of two between {low} and {high}, not {value!r}")
-
-
-def _check_width(what, value, low, high):
-    if not _is_int(value):
-        raise TypeError(f"{what} must be an integer, not {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{what} must be between {low} and {high} bits, not {value!r}")
-
-
-def check_directory_params(buckets, links, regions, count_width, hash_width, stamp_width,
-                           b_threshold):
-    """Check the parameters shared by the RTL and the golden model; return ``b_threshold``."""
-    _check_pow2("Bucket count", buckets, 2, 1 << 16)
-    _check_pow2("Link count", links, 2, 1 << (LINK_FIELD_WIDTH - 1))
-    _check_pow2("Region count", regions, 2, 1 << REGION_FIELD_WIDTH)
-    _check_width("Count width", count_width, 1, 32)
-    _check_width("Hash width", hash_width, buckets.bit_length() - 1, 128)
-    _check_width("Stamp width", stamp_width, 1, 32)
-    if b_threshold is None:
-        b_threshold = max(1, regions // 2)
-    if not _is_int(b_threshold):
-        raise TypeError(f"FIFO B threshold must be an integer, not {b_threshold!r}")
-    if not 1 <= b_threshold <= regions:
-        raise ValueError(f"FIFO B threshold must be between 1 and {regions}, not {b_threshold!r}")
-    return b_threshold
 
 
 class _Table:

@@ -38,25 +38,32 @@ stream may stall at any time. The ring and token ports have fixed latency and no
 """
 
 from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value
-from amaranth.lib import data, enum, fifo, stream, wiring
-from amaranth.lib.crc import catalog
+from amaranth.lib import crc, data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..host.config import RingKVConfig
-from ..host.record import (
-    _OFF,
+from ringkv.defs import record as record_defs
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.record import (
+    HEADER_OFFSETS,
+    RECORD_CRC,
+    RECORD_STATUS_BITS,
     SECTOR,
     RecordLayout,
-    RecordStatus,
     elem_bytes,
     header_template,
 )
+
+from .enums import shaped
 from .storage import StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenReadSignature
 
 __all__ = ["RingPortSignature", "RING_PORT_MEMBERS", "connect_ring", "DmaOp", "DmaCommand",
-           "DmaResponse", "DmaEngine"]
+           "DmaResponse", "DmaEngine", "RecordStatus"]
+
+#: :class:`ringkv.defs.record.RecordStatus` as a 4-bit shape (export, import, verify results).
+RecordStatus = shaped(record_defs.RecordStatus, RECORD_STATUS_BITS, module=__name__)
+_RECORD_CRC = crc.Algorithm(**RECORD_CRC.algorithm_kwargs())
 
 
 class RingPortSignature(wiring.Signature):
@@ -259,8 +266,8 @@ class DmaEngine(wiring.Component):
         m.d.comb += s0.eq(head + 1 - v)          # oldest valid slot, mod W (W a power of two)
 
         # --- CRCs ------------------------------------------------------------------------
-        m.submodules.pcrc = pcrc = catalog.CRC32_ISO_HDLC(data_width=8).create()
-        m.submodules.hcrc = hcrc = catalog.CRC32_ISO_HDLC(data_width=8).create()
+        m.submodules.pcrc = pcrc = _RECORD_CRC(data_width=8).create()
+        m.submodules.hcrc = hcrc = _RECORD_CRC(data_width=8).create()
 
         # --- segment and address generator -------------------------------------------------
         seg = Signal(_Seg)
@@ -326,7 +333,7 @@ class DmaEngine(wiring.Component):
         hdr_byte = Signal(8)
         with m.Switch(hdr_pos):
             for name, value in var_fields.items():
-                off, size = _OFF[name]
+                off, size = HEADER_OFFSETS[name]
                 for i in range(size):
                     with m.Case(off + i):
                         m.d.comb += hdr_byte.eq(Value.cast(value)[8 * i:8 * i + 8]
@@ -335,7 +342,8 @@ class DmaEngine(wiring.Component):
                 with m.Case(508 + i):
                     m.d.comb += hdr_byte.eq(hcrc.crc[8 * i:8 * i + 8])
             for off, byte in enumerate(template[:508]):
-                if byte and not any(_OFF[f][0] <= off < _OFF[f][0] + _OFF[f][1]
+                if byte and not any(HEADER_OFFSETS[f][0] <= off
+                                    < HEADER_OFFSETS[f][0] + HEADER_OFFSETS[f][1]
                                     for f in var_fields):
                     with m.Case(off):
                         m.d.comb += hdr_byte.eq(byte)
@@ -381,7 +389,7 @@ class DmaEngine(wiring.Component):
         def parse_header_byte():
             with m.Switch(hdr_pos):
                 for name, reg in captures.items():
-                    off, size = _OFF[name]
+                    off, size = HEADER_OFFSETS[name]
                     for i in range(size):
                         with m.Case(off + i):
                             m.d.sync += reg.word_select(i, 8).eq(rbyte)

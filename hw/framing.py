@@ -1,4 +1,4 @@
-"""Frame decoder and encoder of the link protocol (see :mod:`ringkv.hw.protocol`).
+"""Frame decoder and encoder of the link protocol (see :mod:`ringkv.defs.protocol`).
 
 :class:`FrameDecoder` turns the received byte stream into checked requests; :class:`FrameEncoder`
 frames responses. The byte layouts are in ``docs/blocks/link.md``; the golden model is
@@ -10,7 +10,9 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .protocol import CRC16, DEFAULT_MAX_PAYLOAD, RESPONSE_FLAG, SYNC, Op, Status
+from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, RESPONSE_FLAG, SYNC
+
+from .protocol import CRC16, Op, Status
 
 __all__ = ["FrameDecoder", "FrameEncoder", "RequestHeader", "ResponseHeader", "PayloadByte",
            "FrameErrorLayout"]

@@ -7,7 +7,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..host.golden_hash import ROUND_CONSTANTS, check_params
+from ringkv.defs.hash import ROUND_CONSTANTS, check_params
 
 __all__ = ["HashEngine", "hash_input_layout", "hash_output_layout"]
 
@@ -32,7 +32,7 @@ class HashEngine(wiring.Component):
     count_width : int
         Width of the emitted token count (prefix length); it wraps modulo ``2**count_width``.
     seed : int
-        ``h_0``; use :func:`ringkv.host.config.hash_seed` to fold in the config digest.
+        ``h_0``; use :func:`ringkv.defs.hash.hash_seed` to fold in the config digest.
     rounds : int
         ARX rounds per token (1 to 4; default 2).
 

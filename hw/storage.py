@@ -26,10 +26,13 @@ chosen to match the SD card's byte-serial bus and the DMA's element-wide ring po
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.record import SECTOR
+
 __all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
            "StoragePortSignature"]
 
-SECTOR_BYTES = 512
+#: Bytes per sector (the record format's sector, :data:`ringkv.defs.record.SECTOR`).
+SECTOR_BYTES = SECTOR
 
 
 class StorageOp(enum.Enum, shape=1):

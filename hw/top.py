@@ -11,7 +11,7 @@
                               │       └─► AttentionCore (cmd / i / o / status)
     tx ◄─ FrameEncoder ◄──────┘
 
-The payload layout of every opcode is defined once in :mod:`ringkv.host.ops` (this module
+The payload layout of every opcode is defined once in :mod:`ringkv.defs.protocol` (this module
 takes its argument offsets and response packing from there) and documented in
 ``docs/blocks/top.md``.
 """
@@ -20,30 +20,34 @@ from amaranth import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..host.config import RingKVConfig, hash_seed
-from ..host.ops import (
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.hash import hash_seed
+from ringkv.defs.protocol import (
+    DEFAULT_MAX_PAYLOAD,
     FLAG_EVICT,
     FLAG_EXISTING,
     GATEWARE_VERSION,
-    IMPLEMENTED,
     META_BYTES,
     NO_RECORD,
+    PROTOCOL_VERSION,
     REQUESTS,
     RESPONSES,
     RING_CLEAR_ALL,
     RING_ELEMENTS,
     RING_META,
+    Op,
     attn_in_bytes,
 )
-from ..host.record import RecordLayout, RecordStatus, header_template
+from ringkv.defs.record import RecordLayout, header_template
+
 from .attention import AttentionCore, AttnOp
 from .directory import CacheDirectory
 from .directory import Op as DirOp
 from .directory import Status as DirStatus
-from .dma import DmaEngine, DmaOp
+from .dma import DmaEngine, DmaOp, RecordStatus
 from .framing import FrameDecoder, FrameEncoder
 from .hash_engine import HashEngine
-from .protocol import DEFAULT_MAX_PAYLOAD, PROTOCOL_VERSION, Op, Status
+from .protocol import Status
 from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenMemory
 
@@ -64,7 +68,7 @@ def _field(value, size):
 
 
 def _pack(layout, **values):
-    """A response/request layout of :mod:`ringkv.host.ops` as one little-endian Value."""
+    """A response/request layout of :mod:`ringkv.defs.protocol` as one little-endian Value."""
     parts = []
     for f in layout.fields:
         parts.append(_field(values.get(f[0], 0), f[1]))
@@ -93,7 +97,7 @@ class RingKVTop(wiring.Component):
         on the byte-addressed ring port (``RING_READ`` counts bytes) and in records.
     regions : int
         Snapshot regions in storage (power of two, 2..32768); region ``r`` starts at sector
-        ``base_lba + r * sectors_per_region`` (:class:`~ringkv.host.record.RecordLayout`).
+        ``base_lba + r * sectors_per_region`` (:class:`~ringkv.defs.record.RecordLayout`).
     links, buckets : int
         Directory link pool and bucket table (powers of two; default ``regions`` and
         ``max(regions // 2, 2)``).
@@ -118,8 +122,8 @@ class RingKVTop(wiring.Component):
     decoder's error status. For a checked frame the dispatcher first checks the payload length
     against the op's layout (``BAD_LENGTH``) and its arguments against the configuration
     (``BAD_ARG``); a rejected request's payload is drained and **nothing is changed**. Opcodes
-    of :class:`~ringkv.hw.protocol.Op` not in :data:`ringkv.host.ops.IMPLEMENTED` are answered
-    ``UNKNOWN_OP``.
+    of :class:`~ringkv.defs.protocol.Op` not in :data:`~ringkv.defs.protocol.IMPLEMENTED` are
+    answered ``UNKNOWN_OP``.
 
     No hang: every wait has a bound or is guaranteed by a block's contract. Draining and
     argument collection are bounded by the frame's length (the decoder has checked it); the
@@ -496,7 +500,7 @@ class RingKVTop(wiring.Component):
                 with m.If(at.status.valid):
                     m.next = next_state
 
-        fixed_ops = [o for o in IMPLEMENTED
+        fixed_ops = [o for o in REQUESTS
                      if o not in (Op.PING, Op.TOKENS_WRITE, Op.TOKENS_APPEND, Op.ATTN_DECODE,
                                   Op.ATTN_PREFILL, Op.DIR_CLEAR)]
 
@@ -552,7 +556,7 @@ class RingKVTop(wiring.Component):
                     m.d.sync += [args.word_select(taken[:5], 8).eq(dec.data.payload.data),
                                  taken.eq(taken + 1)]
                     with m.Switch(op):
-                        for o in IMPLEMENTED:
+                        for o in REQUESTS:
                             size = REQUESTS[o].size
                             if size == 0:
                                 continue

@@ -26,12 +26,12 @@ def _need(module: str, what: str):
 
 
 def _backend(name, config):
-    from .host.model import FixedBackend, Float64Backend
+    from ringkv.host.model import FixedBackend, Float64Backend
     return FixedBackend(config) if name == "fixed" else Float64Backend(config)
 
 
 def _model(args, config):
-    from .host.model import Model
+    from ringkv.host.model import Model
     return Model.load(args.weights, config) if args.weights else Model(config, seed=args.seed)
 
 
@@ -39,7 +39,7 @@ def demo_script(seed: int = 0):
     """The demo's requests: three interleaved sessions, a resume, an eviction, a long one."""
     import random
 
-    from .host.model import BOS, encode_text
+    from ringkv.host.model import BOS, encode_text
     rng = random.Random(seed)
 
     def text(n):
@@ -59,9 +59,9 @@ def demo_script(seed: int = 0):
 def run_demo(args) -> int:
     import dataclasses
 
-    from .host.config import DEFAULT_CONFIG
-    from .host.model import decode_text
-    from .host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
+    from ringkv.defs.config import DEFAULT_CONFIG
+    from ringkv.host.model import decode_text
+    from ringkv.host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
     config = dataclasses.replace(DEFAULT_CONFIG, numerics=getattr(args, "numerics",
                                                                   "ringkv-fx1"))
     model = _model(args, config)
@@ -107,18 +107,18 @@ def run_demo(args) -> int:
 def _config(name, numerics="ringkv-fx1"):
     import dataclasses
 
-    from .host.config import DEFAULT_CONFIG, DEMO_CONFIG
+    from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
     return dataclasses.replace({"default": DEFAULT_CONFIG, "demo": DEMO_CONFIG}[name],
                                numerics=numerics)
 
 
 def run_chat(args) -> int:
-    from .host.model import BOS, Model, decode_text, encode_text
-    from .host.scheduler import Scheduler, SoftwareDevice
+    from ringkv.host.model import BOS, Model, decode_text, encode_text
+    from ringkv.host.scheduler import Scheduler, SoftwareDevice
     config = _config(args.config, args.numerics)
     if args.link:
-        from .host.fpga_device import FpgaDevice
-        from .host.link import Link
+        from ringkv.host.fpga_device import FpgaDevice
+        from ringkv.host.link import Link
         link = Link(args.link, timeout=args.timeout)
         device = FpgaDevice(link, config)
         device.check_config()        # refuses a device built for another configuration
@@ -196,8 +196,8 @@ def main(argv=None) -> int:
             return run_demo(args)
         import dataclasses
 
-        from .host.config import DEMO_CONFIG
-        from .host.system_demo import run_system_demo
+        from ringkv.defs.config import DEMO_CONFIG
+        from ringkv.sim.system_demo import run_system_demo
         return run_system_demo(workdir=args.workdir, config=dataclasses.replace(
             DEMO_CONFIG, numerics=args.numerics))
     if args.cmd == "chat":

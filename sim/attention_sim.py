@@ -19,7 +19,8 @@ import random
 import numpy as np
 from amaranth.sim import Simulator
 
-from ..host.golden_fixed import numerics_of
+from ringkv.defs.numerics import numerics_of
+
 from .streams import stream_get, stream_put
 
 __all__ = ["token_beats", "rtl_run", "accepted_attends", "random_ops", "core_params"]

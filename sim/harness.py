@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..host.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
+
 from .cocotb_run import BUILD_ROOT
 from .toolchain import setup_environ
 from .verilog import write_verilog
@@ -31,7 +32,7 @@ TOP_NAME = "ringkv_top"
 
 
 def _top(config, top_kwargs):
-    from ..hw.top import RingKVTop
+    from ringkv.hw.top import RingKVTop
     return RingKVTop(config, **top_kwargs)
 
 

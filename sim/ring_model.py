@@ -20,9 +20,9 @@ from amaranth import Module, Signal
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ..hw.dma import DmaEngine, RingPortSignature
-from ..hw.sdspi import SDSPIController, SPISignature
-from ..hw.token_memory import TokenMemory
+from ringkv.hw.dma import DmaEngine, RingPortSignature
+from ringkv.hw.sdspi import SDSPIController, SPISignature
+from ringkv.hw.token_memory import TokenMemory
 
 __all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
 

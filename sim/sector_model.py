@@ -20,7 +20,8 @@ answering (the server then reports ``TIMEOUT``, as the SD controller does).
 import os
 from pathlib import Path
 
-from ..hw.storage import SECTOR_BYTES, StorageError, StorageOp
+from ringkv.hw.storage import SECTOR_BYTES, StorageError, StorageOp
+
 from .streams import tick_until
 
 __all__ = ["SectorImage", "PowerCut", "serve_storage", "CocotbStorageServer"]

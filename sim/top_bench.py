@@ -24,7 +24,8 @@ from collections import deque
 
 from amaranth.sim import Simulator
 
-from ..host.protocol import Decoder, Frame, encode_request
+from ringkv.host.protocol import Decoder, Frame, encode_request
+
 from .sector_model import SectorImage, serve_storage
 from .streams import tick_until
 

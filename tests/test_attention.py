@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from conftest import requires_verilator
 
-from ringkv.host.golden_fixed import FX1, FX2, FixedRingCore, run_ops
+from ringkv.defs.numerics import FX1, FX2
+from ringkv.host.golden_fixed import FixedRingCore, run_ops
 from ringkv.hw.attention import AttentionCore
 from ringkv.sim.attention_sim import core_params, random_ops, rtl_run
 

@@ -33,7 +33,7 @@ def test_demo_software_fixed_fx2(capsys):
     the float64 backend keeps the test short.)"""
     import dataclasses
 
-    from ringkv.host.config import DEFAULT_CONFIG
+    from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.host.scheduler import snapshot_bytes
     assert main(["demo", "--software", "--numerics", "ringkv-fx2"]) == 0
     out = capsys.readouterr().out

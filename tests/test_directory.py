@@ -6,13 +6,8 @@ import pytest
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from ringkv.host.golden_directory import (
-    NIL,
-    GoldenDirectory,
-    Op,
-    Status,
-    random_commands,
-)
+from ringkv.defs.directory import NIL, Op, Status
+from ringkv.host.golden_directory import GoldenDirectory, random_commands
 from ringkv.hw.directory import CacheDirectory, layout_fields
 from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
 from ringkv.sim.streams import stream_get, stream_put, tick_until

@@ -6,11 +6,9 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from ringkv.host.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 from ringkv.host.record import (
-    SECTOR,
-    RecordLayout,
-    RecordStatus,
     encode_record,
     import_record,
     rebuild,
@@ -89,7 +87,7 @@ async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, rng=None, idle=0
     await stream_put(ctx, h.cmd, {"op": op, "region": region, "count": count, "hash": hash,
                                   "seq": seq}, rng=rng, idle=idle)
     resp = await stream_get(ctx, h.resp, rng=rng, stall=idle)
-    return RecordStatus(resp.status), resp.count, resp.hash, resp.seq
+    return RecordStatus(resp.status.value), resp.count, resp.hash, resp.seq
 
 
 def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_after=None,

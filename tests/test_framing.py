@@ -7,6 +7,7 @@ from amaranth.hdl import Fragment
 from amaranth.sim import Simulator
 from conftest import requires_verilator
 
+from ringkv.defs.protocol import SYNC
 from ringkv.host.protocol import (
     GAP,
     Decoder,
@@ -17,7 +18,7 @@ from ringkv.host.protocol import (
     encode_response,
 )
 from ringkv.hw.framing import FrameDecoder, FrameEncoder
-from ringkv.hw.protocol import SYNC, Op, Status
+from ringkv.hw.protocol import Op, Status
 from ringkv.sim.streams import stream_put
 
 OPS = [op.value for op in Op]

@@ -5,19 +5,20 @@ import math
 import numpy as np
 import pytest
 
+from ringkv.defs import numerics as nm
 from ringkv.host import golden_fixed as gf
 from ringkv.host.golden_ring import RingKVCache
 from ringkv.host.golden_swa import swa_attention
 
 
 def test_numerics_name_matches_config():
-    from ringkv.host.config import DEFAULT_CONFIG
+    from ringkv.defs.config import DEFAULT_CONFIG
     assert gf.NUMERICS == DEFAULT_CONFIG.numerics == "ringkv-fx1"
 
 
 def test_exp2_table_and_function():
-    assert gf.EXP_TABLE[0] == 1 << 15 and len(gf.EXP_TABLE) == 256
-    assert all(a > b for a, b in zip(gf.EXP_TABLE, gf.EXP_TABLE[1:]))
+    assert nm.EXP_TABLE[0] == 1 << 15 and len(nm.EXP_TABLE) == 256
+    assert all(a > b for a, b in zip(nm.EXP_TABLE, nm.EXP_TABLE[1:]))
     y = np.arange(0, 16 * 256 + 300)
     got = gf.exp2_fx(y)
     assert np.all(np.diff(got) <= 0)
@@ -37,15 +38,15 @@ def test_quantize_rounds_and_clips():
 
 
 def test_numerics_table():
-    assert gf.numerics_of(None) is gf.FX1 and gf.numerics_of("ringkv-fx2") is gf.FX2
-    assert gf.numerics_of(gf.FX2) is gf.FX2
+    assert nm.numerics_of(None) is nm.FX1 and nm.numerics_of("ringkv-fx2") is nm.FX2
+    assert nm.numerics_of(nm.FX2) is nm.FX2
     # fx1's derived constants are those of the first version of the core
-    assert (gf.FX1.elem_bytes, gf.FX1.out_frac, gf.FX1.dot_shift, gf.FX1.acc_shift_bits,
-            gf.FX1.beta_shift) == (1, 13, 0, 10, 6)
-    assert (gf.FX2.elem_bytes, gf.FX2.out_frac, gf.FX2.dot_shift, gf.FX2.acc_shift_bits,
-            gf.FX2.beta_shift) == (2, 11, 12, 2, 14)
+    assert (nm.FX1.elem_bytes, nm.FX1.out_frac, nm.FX1.dot_shift, nm.FX1.acc_shift_bits,
+            nm.FX1.beta_shift) == (1, 13, 0, 10, 6)
+    assert (nm.FX2.elem_bytes, nm.FX2.out_frac, nm.FX2.dot_shift, nm.FX2.acc_shift_bits,
+            nm.FX2.beta_shift) == (2, 11, 12, 2, 14)
     with pytest.raises(ValueError, match="unknown numerics 'fx3'; known: ringkv-fx1, ringkv-fx2"):
-        gf.numerics_of("fx3")
+        nm.numerics_of("fx3")
     with pytest.raises(ValueError, match="unknown numerics"):
         gf.quantize([1.0], "ringkv-fx3")
 
@@ -65,14 +66,14 @@ def test_float_split_reference_equals_golden_swa(window, lanes, valid):
     assert np.allclose(got, ref, rtol=1e-12, atol=1e-12)
 
 
-def _accuracy(window, lanes, d=64, G=2, trials=6, seed=0, nx=gf.FX1):
+def _accuracy(window, lanes, d=64, G=2, trials=6, seed=0, nx=nm.FX1):
     rng = np.random.default_rng(seed)
     worst_dp, worst_total = 0.0, 0.0
     for _ in range(trials):
         qf = rng.standard_normal((G, d))
         kf, vf = rng.standard_normal((window, d)), rng.standard_normal((window, d))
         q, k, v = gf.quantize(qf, nx), gf.quantize(kf, nx), gf.quantize(vf, nx)
-        o = gf.dequantize_out(gf.attend_fx(q, k, v, window, lanes, gf.score_const(d), nx), nx)
+        o = gf.dequantize_out(gf.attend_fx(q, k, v, window, lanes, nm.score_const(d), nx), nx)
         s = 2.0 ** -nx.qkv_frac
         ref_q = gf.attend_float(q * s, k * s, v * s, window, lanes)
         ref = gf.attend_float(qf, kf, vf, window, lanes)
@@ -93,7 +94,7 @@ def test_accuracy_normal_inputs(window, lanes):
 def test_accuracy_target_wide_numerics(window, lanes):
     """The issue's target: N(0, 1) q, k, v, unquantized, against float64: at most 1 % with
     ``ringkv-fx2`` (int16 q/k/v; int8 cannot, its quantization alone is about 1.6 %)."""
-    datapath, total = _accuracy(window, lanes, nx=gf.FX2)
+    datapath, total = _accuracy(window, lanes, nx=nm.FX2)
     assert datapath <= 0.005
     assert total <= 0.01
 
@@ -114,7 +115,7 @@ def test_accuracy_peaky_and_limits():
     sign = np.where(rng.random((W, d)) < 0.5, -128, 127)
     cases.append((np.full((G, d), 127), sign, sign[::-1].copy()))
     for q, k, v in cases:
-        o = gf.attend_fx(q, k, v, W, P, gf.score_const(d))
+        o = gf.attend_fx(q, k, v, W, P, nm.score_const(d))
         assert o.min() >= -32768 and o.max() <= 32767
         ref = gf.attend_float(q * s, k * s, v * s, W, P)
         assert np.max(np.abs(gf.dequantize_out(o) - ref)) <= 2 ** -9
@@ -123,7 +124,7 @@ def test_accuracy_peaky_and_limits():
 def test_accuracy_peaky_and_limits_wide():
     """fx2: peaky scores and every element at the int16 limits (real -16 .. 16): no overflow,
     the output within 2**-9 of float64 on the same inputs (the output keeps v's range)."""
-    nx, d, W, P, G = gf.FX2, 64, 128, 4, 2
+    nx, d, W, P, G = nm.FX2, 64, 128, 4, 2
     rng = np.random.default_rng(6)
     s = 2.0 ** -nx.qkv_frac
     hi, lo = nx.qkv_max, nx.qkv_min
@@ -138,7 +139,7 @@ def test_accuracy_peaky_and_limits_wide():
     cases.append((rng.integers(-3, 4, (G, d)), rng.integers(-3, 4, (W, d)),
                   rng.integers(-3, 4, (W, d))))       # the smallest magnitudes
     for q, k, v in cases:
-        o = gf.attend_fx(q, k, v, W, P, gf.score_const(d), nx)
+        o = gf.attend_fx(q, k, v, W, P, nm.score_const(d), nx)
         assert o.min() >= -32768 and o.max() <= 32767
         ref = gf.attend_float(q * s, k * s, v * s, W, P)
         assert np.max(np.abs(gf.dequantize_out(o, nx) - ref)) <= 2 ** -9
@@ -149,7 +150,7 @@ def test_empty_lanes_contribute_nothing():
     q = rng.integers(-128, 128, (2, 8))
     k = rng.integers(-128, 128, (16, 8))
     v = rng.integers(-128, 128, (16, 8))
-    cs = gf.score_const(8)
+    cs = nm.score_const(8)
     k2, v2 = k.copy(), v.copy()
     k2[3:], v2[3:] = 127, -128      # slots beyond the valid ones must not matter
     a = gf.attend_fx(q, k, v, 3, 8, cs)
@@ -161,7 +162,7 @@ def test_empty_lanes_contribute_nothing():
     assert np.array_equal(gf.merge_lanes([None] * 4, 2, 8), np.zeros((2, 8)))
 
 
-@pytest.mark.parametrize("nx", [gf.FX1, gf.FX2], ids=lambda n: n.name)
+@pytest.mark.parametrize("nx", [nm.FX1, nm.FX2], ids=lambda n: n.name)
 @pytest.mark.parametrize("rule", ["mod", "seed000"])
 @pytest.mark.parametrize("chunks", [[1] * 12, [3, 1, 5, 1], [8, 1, 1], [11, 2], [1, 2, 17]])
 def test_fixed_core_matches_float_ring(rule, chunks, nx):

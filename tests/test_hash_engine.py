@@ -6,7 +6,8 @@ import pytest
 from amaranth.sim import Simulator
 from conftest import requires_verilator
 
-from ringkv.host.config import RingKVConfig, hash_seed
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.hash import hash_seed
 from ringkv.host.golden_hash import hash_step, prefix_hashes, sequence_hash
 from ringkv.hw.hash_engine import HashEngine
 from ringkv.sim.streams import stream_get, stream_put

@@ -3,8 +3,8 @@
 import pytest
 import serial
 
+from ringkv.defs.protocol import Op, Status
 from ringkv.host.link import DeviceError, FrameServer, Link, LinkError
-from ringkv.hw.protocol import Op, Status
 
 
 class Recorder:

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ringkv.host.config import RingKVConfig
+from ringkv.defs.config import RingKVConfig
 from ringkv.host.model import (
     BOS,
     FixedBackend,
@@ -117,7 +117,8 @@ def test_fixed_backend_fx2_is_the_wide_numerics():
     """With numerics ringkv-fx2 the FixedBackend runs the core's int16 model: the rings hold
     int16 values beyond the int8 range, it is the golden core in fx2 bit for bit, and it is
     closer to float64 than fx1."""
-    from ringkv.host.golden_fixed import FX2, FixedRingCore, dequantize_out, quantize
+    from ringkv.defs.numerics import FX2
+    from ringkv.host.golden_fixed import FixedRingCore, dequantize_out, quantize
     small2 = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx2"})
     m = Model(SMALL, hidden=64, ffn=96, seed=5)
     prompt = [BOS] + encode_text("sliding windows, ring buffers")      # 30 > W = 16

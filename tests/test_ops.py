@@ -3,17 +3,10 @@
 import numpy as np
 import pytest
 
-from ringkv.host.config import DEMO_CONFIG, RingKVConfig
-from ringkv.host.ops import (
-    REQUESTS,
-    attn_in_bytes,
-    attn_out_bytes,
-    elem_bytes,
-    max_attn_tokens,
-    pack_attn,
-    unpack_attn,
-)
-from ringkv.hw.protocol import Op
+from ringkv.defs.config import DEMO_CONFIG, RingKVConfig
+from ringkv.defs.protocol import REQUESTS, Op, attn_in_bytes, attn_out_bytes, max_attn_tokens
+from ringkv.defs.record import elem_bytes
+from ringkv.host.ops import pack_attn, unpack_attn
 
 FX1 = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=4, window=8, max_tokens=64)
 FX2 = RingKVConfig(**{**FX1.__dict__, "numerics": "ringkv-fx2"})

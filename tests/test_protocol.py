@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from ringkv.defs.protocol import IDEMPOTENT_OPS, RESPONSE_FLAG, SYNC, Op, Status
 from ringkv.host.protocol import (
     GAP,
     Decoder,
@@ -14,7 +15,7 @@ from ringkv.host.protocol import (
     encode_request,
     encode_response,
 )
-from ringkv.hw.protocol import CRC16, IDEMPOTENT_OPS, RESPONSE_FLAG, SYNC, Op, Status
+from ringkv.hw.protocol import CRC16
 
 
 def test_enums_are_8_bit_and_unique():

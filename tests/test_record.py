@@ -5,18 +5,15 @@ import random
 import numpy as np
 import pytest
 
-from ringkv.host.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, header_template
 from ringkv.host.record import (
-    SECTOR,
     RecordError,
-    RecordLayout,
-    RecordStatus,
     crc32,
     decode_header,
     encode_header,
     encode_record,
     format_listing,
-    header_template,
     import_record,
     main,
     rebuild,
@@ -229,7 +226,7 @@ def random_snapshot16(config, rng, count=None):
 
 
 def test_layout_fx2_doubles_kv():
-    from ringkv.host.record import elem_bytes, kv_bytes_of
+    from ringkv.defs.record import elem_bytes, kv_bytes_of
     lay1, lay2 = RecordLayout(SMALL), RecordLayout(SMALL2)
     assert (elem_bytes(SMALL), elem_bytes(SMALL2)) == (1, 2)
     assert lay2.elem_bytes == 2
@@ -245,7 +242,7 @@ def test_layout_fx2_doubles_kv():
 
 
 def test_unknown_numerics_is_a_clear_error():
-    from ringkv.host.record import kv_bytes_of
+    from ringkv.defs.record import kv_bytes_of
     bad = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx9"})
     msg = (r"^unknown numerics 'ringkv-fx9' \(known: ringkv-fx1, ringkv-fx2\): no record "
            r"layout for it$")

@@ -5,16 +5,11 @@ import random
 
 import numpy as np
 
-from ringkv.host.config import RingKVConfig
-from ringkv.host.golden_directory import GoldenDirectory, Op, Status
-from ringkv.host.record import (
-    SECTOR,
-    RecordLayout,
-    RecordStatus,
-    encode_record,
-    rebuild,
-    scan_image,
-)
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.directory import Op, Status
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
+from ringkv.host.golden_directory import GoldenDirectory
+from ringkv.host.record import encode_record, rebuild, scan_image
 
 CONFIG = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, window=4, token_width=8,
                       max_tokens=64)

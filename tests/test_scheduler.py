@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ringkv.host.config import RingKVConfig
+from ringkv.defs.config import RingKVConfig
 from ringkv.host.model import BOS, FixedBackend, Float64Backend, Model
 from ringkv.host.scheduler import Scheduler, SoftwareDevice, plain_run, snapshot_bytes
 

@@ -3,7 +3,7 @@ storage image, power cut and move to a second device (the short form of ``make d
 
 from conftest import requires_verilator
 
-from ringkv.host.system_demo import run_system_demo, short_scenario
+from ringkv.sim.system_demo import run_system_demo, short_scenario
 
 
 @requires_verilator
@@ -23,7 +23,7 @@ def test_end_to_end_with_numerics_fx2(tmp_path, capsys):
     software-only FixedBackend run in fx2."""
     import dataclasses
 
-    from ringkv.host.config import DEMO_CONFIG
+    from ringkv.defs.config import DEMO_CONFIG
     config = dataclasses.replace(DEMO_CONFIG, numerics="ringkv-fx2")
     assert run_system_demo(workdir=tmp_path, steps=short_scenario(2), verbose=True,
                            config=config) == 0
@@ -44,15 +44,15 @@ def test_link_fuzz_on_verilator_keeps_snapshots(tmp_path):
     import random
     import time
 
-    from ringkv.host.config import DEMO_CONFIG
+    from ringkv.defs.config import DEMO_CONFIG
+    from ringkv.defs.protocol import SYNC, Op, Status
     from ringkv.host.fpga_device import FpgaDevice
     from ringkv.host.link import Link
     from ringkv.host.model import BOS, Model, encode_text
     from ringkv.host.protocol import encode_request
     from ringkv.host.scheduler import Scheduler
-    from ringkv.host.system_demo import LANES, MACS, REGIONS
-    from ringkv.hw.protocol import SYNC, Op, Status
     from ringkv.sim.harness import SimDevice, build_top
+    from ringkv.sim.system_demo import LANES, MACS, REGIONS
     kwargs = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
     build_top(DEMO_CONFIG, **kwargs)
     image = tmp_path / "fuzz.img"

@@ -5,10 +5,9 @@ import random
 import numpy as np
 import pytest
 
-from ringkv.host.config import RingKVConfig, hash_seed
-from ringkv.host.golden_fixed import FixedRingCore
-from ringkv.host.golden_hash import sequence_hash
-from ringkv.host.ops import (
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.hash import hash_seed
+from ringkv.defs.protocol import (
     DIR_RESPONSE,
     FLAG_EXISTING,
     NO_RECORD,
@@ -18,21 +17,16 @@ from ringkv.host.ops import (
     RING_ELEMENTS,
     RING_META,
     SNAPSHOT_RESPONSE,
+    Op,
+    Status,
     attn_out_bytes,
-    pack_attn,
-    pack_tokens,
-    unpack_attn,
-    unpack_tokens,
 )
+from ringkv.defs.record import RecordLayout, RecordStatus, elem_bytes, header_template
+from ringkv.host.golden_fixed import FixedRingCore
+from ringkv.host.golden_hash import sequence_hash
+from ringkv.host.ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from ringkv.host.protocol import encode_request
-from ringkv.host.record import (
-    RecordLayout,
-    RecordStatus,
-    elem_bytes,
-    header_template,
-    rings_from_image,
-)
-from ringkv.hw.protocol import Op, Status
+from ringkv.host.record import rings_from_image
 from ringkv.hw.top import RingKVTop
 from ringkv.sim.top_bench import image_for, run_top
 

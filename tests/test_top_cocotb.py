@@ -5,7 +5,7 @@ from dataclasses import asdict
 import pytest
 from conftest import requires_verilator
 
-from ringkv.host.config import RingKVConfig
+from ringkv.defs.config import RingKVConfig
 from ringkv.hw.top import RingKVTop
 from ringkv.sim.cocotb_run import run_cocotb
 

@@ -10,7 +10,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from ringkv.host.golden_directory import GoldenDirectory, Op, Status, random_commands
+from ringkv.defs.directory import Op, Status
+from ringkv.host.golden_directory import GoldenDirectory, random_commands
 from ringkv.hw.directory import command_layout, layout_fields, response_layout
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields

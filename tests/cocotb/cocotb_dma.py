@@ -8,17 +8,13 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
-from ringkv.host.config import RingKVConfig
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, kv_bytes_of, ring_elements
 from ringkv.host.record import (
-    SECTOR,
-    RecordLayout,
-    RecordStatus,
     encode_record,
     import_record,
-    kv_bytes_of,
     rebuild,
     ring_dtype,
-    ring_elements,
     ring_image,
     rings_from_image,
     scan_image,

@@ -12,6 +12,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
+from ringkv.defs.protocol import SYNC
 from ringkv.host.protocol import (
     GAP,
     Frame,
@@ -20,7 +21,7 @@ from ringkv.host.protocol import (
     encode_request,
     encode_response,
 )
-from ringkv.hw.protocol import SYNC, Op, Status
+from ringkv.hw.protocol import Op, Status
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
 

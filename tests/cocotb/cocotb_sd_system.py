@@ -9,8 +9,9 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from ringkv.host.config import RingKVConfig
-from ringkv.host.record import RecordLayout, RecordStatus, encode_record, rebuild, scan_image
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.record import RecordLayout, RecordStatus
+from ringkv.host.record import encode_record, rebuild, scan_image
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sdcard_model import CocotbSDCard, SDCardSPI
 from ringkv.sim.sector_model import SectorImage

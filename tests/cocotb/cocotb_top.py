@@ -11,19 +11,13 @@ import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from ringkv.host.config import RingKVConfig, hash_seed
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.hash import hash_seed
+from ringkv.defs.protocol import REQUESTS, RESPONSES, SNAPSHOT_RESPONSE, Op, Status
+from ringkv.defs.record import RecordLayout, elem_bytes
 from ringkv.host.golden_fixed import FixedRingCore
 from ringkv.host.golden_hash import sequence_hash
-from ringkv.host.ops import (
-    REQUESTS,
-    RESPONSES,
-    SNAPSHOT_RESPONSE,
-    pack_attn,
-    pack_tokens,
-    unpack_attn,
-)
-from ringkv.host.record import RecordLayout, elem_bytes
-from ringkv.hw.protocol import Op, Status
+from ringkv.host.ops import pack_attn, pack_tokens, unpack_attn
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sector_model import CocotbStorageServer, SectorImage
 from ringkv.sim.top_bench import CocotbByteLink

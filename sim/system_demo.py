@@ -18,7 +18,7 @@ Every generated token is checked against a software-only run: the same model wit
 attention core's bit-exact golden model (:class:`~ringkv.host.model.FixedBackend`) and no
 scheduling at all.
 
-``config`` chooses the device (default :data:`~ringkv.host.config.DEMO_CONFIG`); with
+``config`` chooses the device (default :data:`~ringkv.defs.config.DEMO_CONFIG`); with
 ``numerics="ringkv-fx2"`` the same scenario runs on a top built with the int16 attention core
 (``ringkv demo --numerics ringkv-fx2``).
 """
@@ -29,12 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .config import DEMO_CONFIG
-from .fpga_device import FpgaDevice
-from .link import Link
-from .model import BOS, FixedBackend, Model, encode_text
-from .record import RecordLayout
-from .scheduler import Scheduler, path_summary, plain_run
+from ringkv.defs.config import DEMO_CONFIG
+from ringkv.defs.record import RecordLayout
+from ringkv.host.fpga_device import FpgaDevice
+from ringkv.host.link import Link
+from ringkv.host.model import BOS, FixedBackend, Model, encode_text
+from ringkv.host.scheduler import Scheduler, path_summary, plain_run
 
 __all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO"]
 
@@ -90,7 +90,7 @@ SCENARIO = scenario()
 
 def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None) -> int:
     steps = SCENARIO if steps is None else steps
-    from ..sim.harness import SimDevice, build_top
+    from ringkv.sim.harness import SimDevice, build_top
 
     config = DEMO_CONFIG if config is None else config
     say = print if verbose else (lambda *a, **k: None)
@@ -203,8 +203,7 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
 
 
 def _region_of(fpga: FpgaDevice, key) -> int:
-    from ..hw.protocol import Op, Status
-    from .ops import DIR_RESPONSE, REQUESTS
+    from ringkv.defs.protocol import DIR_RESPONSE, REQUESTS, Op, Status
     count, h = key
     status, data = fpga._request(Op.DIR_LOOKUP,
                                  REQUESTS[Op.DIR_LOOKUP].pack(count=count, hash=h),

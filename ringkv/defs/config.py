@@ -2,23 +2,23 @@
 
 A snapshot record is only usable by a device with the same configuration: the record header
 stores :meth:`RingKVConfig.digest` and the fields themselves, so a foreign record is refused with
-a message naming the differing field. The hash engine's seed folds in the same digest (SPEC §2),
-so prefix hashes of different configurations never match.
+a message naming the differing field. The hash engine's seed folds in the same digest (SPEC §2,
+:func:`ringkv.defs.hash.hash_seed`), so prefix hashes of different configurations never match.
 """
 
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
-__all__ = ["RingKVConfig", "DEFAULT_CONFIG", "DEMO_CONFIG", "hash_seed"]
+__all__ = ["RingKVConfig", "DEFAULT_CONFIG", "DEMO_CONFIG"]
 
 
 @dataclass(frozen=True)
 class RingKVConfig:
     """Model shape and arithmetic as the FPGA sees it.
 
-    ``numerics`` names the fixed-point scheme of the attention core (formats and scales, see
-    ``host/golden_fixed.py``); two devices whose numerics differ must not share snapshots.
+    ``numerics`` names the fixed-point scheme of the attention core (formats and scales:
+    :mod:`ringkv.defs.numerics`); two devices whose numerics differ must not share snapshots.
     """
 
     layers: int = 4
@@ -66,10 +66,3 @@ DEFAULT_CONFIG = RingKVConfig()
 DEMO_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, window=32,
                            max_tokens=1024)
 
-
-def hash_seed(config: RingKVConfig = DEFAULT_CONFIG, salt: bytes = b"", width: int = 64) -> int:
-    """``h_0`` of the chained prefix hash: config digest and optional tenant salt folded."""
-    if width % 8:
-        raise ValueError(f"hash width must be a multiple of 8, not {width!r}")
-    d = hashlib.blake2b(config.digest() + salt, digest_size=width // 8, person=b"ringkv-seed")
-    return int.from_bytes(d.digest(), "little")

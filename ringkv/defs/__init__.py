@@ -1,0 +1,9 @@
+"""``ringkv.defs``: the definitions both sides share, in plain Python.
+
+The device configuration and its digest (:mod:`.config`), the link protocol (:mod:`.protocol`:
+opcodes, statuses, frame constants, every request and response layout), the record format
+(:mod:`.record`), the attention numerics (:mod:`.numerics`), the hash constants (:mod:`.hash`),
+the directory's interface (:mod:`.directory`) and the CRC parameters (:mod:`.crc`). It may import
+only the standard library: the gateware (``ringkv.hw``) and the host (``ringkv.host``) both import
+it, and it imports neither.
+"""

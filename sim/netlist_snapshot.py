@@ -1,0 +1,78 @@
+"""Verilog of every core at fixed parameters, for refactors that must not change the hardware.
+
+``python -m ringkv.sim.netlist_snapshot DIR`` writes one ``.v`` file per core (and per numerics
+where the core has one) into ``DIR``; run it before and after a change that should leave the
+gateware alone (moving constants, renaming imports, splitting a module) and compare the two
+directories with ``diff -r``. Identical text is the strongest check; where only names or
+attributes differ, a yosys equivalence check (``equiv_make``/``equiv_induct``) is the next step.
+"""
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from amaranth.back import verilog
+
+__all__ = ["cores", "write_snapshot", "main"]
+
+
+def cores():
+    """``{name: factory}`` for every core at the parameters the tests and the board use."""
+    from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
+    from ringkv.defs.hash import hash_seed
+    from ringkv.hw.attention import AttentionCore
+    from ringkv.hw.directory import CacheDirectory
+    from ringkv.hw.dma import DmaEngine
+    from ringkv.hw.framing import FrameDecoder, FrameEncoder
+    from ringkv.hw.hash_engine import HashEngine
+    from ringkv.hw.sdspi import SDSPIController
+    from ringkv.hw.token_memory import TokenMemory
+    from ringkv.hw.top import RingKVTop
+    from ringkv.hw.uart import UART, divisor_for
+
+    fx2 = replace(DEFAULT_CONFIG, numerics="ringkv-fx2")
+    out = {
+        "hash_engine": lambda: HashEngine(seed=hash_seed(DEFAULT_CONFIG)),
+        "token_memory": lambda: TokenMemory(1024, 16),
+        "directory": lambda: CacheDirectory(buckets=64, links=128, regions=128),
+        "frame_decoder": lambda: FrameDecoder(),
+        "frame_encoder": lambda: FrameEncoder(),
+        "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),
+        "sdspi": lambda: SDSPIController(),
+        "dma_fx1": lambda: DmaEngine(DEFAULT_CONFIG, 64),
+        "dma_fx2": lambda: DmaEngine(fx2, 64),
+        "attention_fx1": lambda: AttentionCore(layers=2, window=32, head_dim=16),
+        "attention_fx2": lambda: AttentionCore(layers=2, window=32, head_dim=16,
+                                               numerics="ringkv-fx2"),
+        "top_demo": lambda: RingKVTop(DEMO_CONFIG, regions=16),
+        "top_demo_fx2": lambda: RingKVTop(replace(DEMO_CONFIG, numerics="ringkv-fx2"), regions=16),
+    }
+    return out
+
+
+def write_snapshot(directory, only=None) -> list[Path]:
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, core in cores().items():
+        if only and name not in only:
+            continue
+        path = directory / f"{name}.v"
+        path.write_text(verilog.convert(core(), name=name, emit_src=False))
+        written.append(path)
+    return written
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("directory", type=Path)
+    parser.add_argument("--only", nargs="*", help="core names (default: all)")
+    args = parser.parse_args(argv)
+    for path in write_snapshot(args.directory, args.only):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
