@@ -1,0 +1,96 @@
+"""Dispatcher unit: raw storage access (SECTOR_READ).
+
+A :class:`~ringkv.hw.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. The top's
+storage port belongs to the DMA except while a ``SECTOR_READ`` runs: the sector is read into a
+512-byte buffer (at the storage port's pace), then sent at 2 clocks per byte. A storage error or
+a short sector answers ``STORAGE_ERROR``.
+"""
+
+from amaranth import Mux, Signal
+from amaranth.lib import memory
+
+from ringkv.defs.protocol import Op
+
+from .dispatch import CommandUnit
+from .protocol import Status
+from .storage import SECTOR_BYTES, StorageError, StorageOp
+
+__all__ = ["StorageUnit"]
+
+
+class StorageUnit(CommandUnit):
+    OPS = (Op.SECTOR_READ,)
+    BODIES = {"SECTOR": "SR_ISSUE"}
+
+    def signals(self, d):
+        m = d.m
+        st, ds = d.top.storage, d.dma.storage
+        self.st_top = st_top = Signal()
+        self.top_cmd_valid, self.top_rready = top_cmd_valid, top_rready = Signal(), Signal()
+        self.top_lba = Signal(32)
+        m.d.comb += [
+            st.cmd.valid.eq(Mux(st_top, top_cmd_valid, ds.cmd.valid)),
+            st.cmd.payload.eq(ds.cmd.payload),
+            ds.cmd.ready.eq(st.cmd.ready & ~st_top),
+            st.wdata.valid.eq(ds.wdata.valid & ~st_top),
+            st.wdata.payload.eq(ds.wdata.payload),
+            ds.wdata.ready.eq(st.wdata.ready & ~st_top),
+            ds.rdata.valid.eq(st.rdata.valid & ~st_top),
+            ds.rdata.payload.eq(st.rdata.payload),
+            st.rdata.ready.eq(Mux(st_top, top_rready, ds.rdata.ready)),
+            ds.status.valid.eq(st.status.valid & ~st_top),
+            ds.status.payload.eq(st.status.payload),
+            st.status.ready.eq(Mux(st_top, 1, ds.status.ready)),
+        ]
+        with m.If(st_top):
+            m.d.comb += [st.cmd.payload.op.eq(StorageOp.READ), st.cmd.payload.lba.eq(self.top_lba),
+                         st.cmd.payload.count.eq(1)]
+        m.submodules.sector = sector = memory.Memory(shape=8, depth=SECTOR_BYTES, init=[])
+        self.sec_wr = sector.write_port()
+        self.sec_rd = sector.read_port(transparent_for=())
+        self.sec_err = Signal()
+
+    def dispatch(self, d):
+        m, top = d.m, d.top
+        region_sectors = top.regions * d.layout.sectors_per_region
+        with m.Case(Op.SECTOR_READ.value):
+            lba = d.arg(Op.SECTOR_READ, "lba")
+            with m.If(lba >= region_sectors):
+                d.reject(Status.BAD_ARG)
+            with m.Else():
+                m.d.sync += [self.top_lba.eq(top.base_lba + lba), d.idx.eq(0),
+                             self.sec_err.eq(0)]
+                m.next = "S_CMD"
+
+    def states(self, d):
+        m, enc, idx, st = d.m, d.enc, d.idx, d.top.storage
+        sec_wr, sec_rd = self.sec_wr, self.sec_rd
+        with m.State("S_CMD"):
+            m.d.comb += [self.st_top.eq(1), self.top_cmd_valid.eq(1)]
+            with m.If(st.cmd.ready):
+                m.next = "S_DATA"
+        with m.State("S_DATA"):
+            # the storage contract: count*512 bytes, then one status (early on an error)
+            m.d.comb += [self.st_top.eq(1), self.top_rready.eq(idx != SECTOR_BYTES),
+                         sec_wr.addr.eq(idx), sec_wr.data.eq(st.rdata.payload)]
+            with m.If(st.rdata.valid & (idx != SECTOR_BYTES)):
+                m.d.comb += sec_wr.en.eq(1)
+                m.d.sync += idx.eq(idx + 1)
+            with m.If(st.status.valid):
+                with m.If((st.status.payload.error != StorageError.OK)
+                          | (idx != SECTOR_BYTES)):
+                    d.respond(Status.STORAGE_ERROR)
+                with m.Else():
+                    d.respond(Status.OK, SECTOR_BYTES, "SECTOR")
+        with m.State("SR_ISSUE"):
+            m.d.comb += [sec_rd.addr.eq(idx), sec_rd.en.eq(1)]
+            m.next = "SR_SEND"
+        with m.State("SR_SEND"):
+            m.d.comb += [sec_rd.en.eq(0), enc.data.valid.eq(1),
+                         enc.data.payload.eq(sec_rd.data)]
+            with m.If(enc.data.ready):
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(idx == SECTOR_BYTES - 1):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "SR_ISSUE"
