@@ -35,7 +35,7 @@ from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, ring_elements
 
 from .golden_fixed import dequantize_out, quantize
 from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
-from .record import rebuild, rings_from_image, scan_image
+from .record import plan_rebuild, rings_from_image, scan_image
 from .scheduler import Device, QueryResult
 
 __all__ = ["FpgaDevice", "ConfigMismatch"]
@@ -78,6 +78,8 @@ class FpgaDevice(Device):
         if self._attn_chunk < 1:
             raise ValueError(f"max_payload {max_payload} cannot carry one attention token")
         self._last_hit = None
+        #: the :class:`~ringkv.host.record.RebuildPlan` of the last :meth:`rebuild`
+        self.last_rebuild = None
         self.counters = {"queries": 0, "hits": 0, "misses": 0, "imports": 0, "exports": 0,
                          "bytes_in": 0, "bytes_out": 0, "device_cycles": 0}
 
@@ -218,7 +220,13 @@ class FpgaDevice(Device):
         (:func:`ringkv.host.record.scan_image`: header, config, payload CRC), then
         ``DIR_CLEAR`` (setting the next commit sequence number) and one ``DIR_INSERT`` with
         ``FLAG_EXISTING`` per live record, in region order. Returns ``(inserts, frees,
-        next_seq)`` as :func:`ringkv.host.record.rebuild`.
+        next_seq)`` as :func:`ringkv.host.record.rebuild`; :attr:`last_rebuild` keeps the
+        whole :class:`~ringkv.host.record.RebuildPlan` (why each non-empty freed region was
+        freed).
+
+        What storage holds is untrusted: a region that fails any check contributes nothing and
+        is freed, so no content of the medium makes this raise; the device stays usable. A
+        device or link failure (an error answer, no answer) still raises.
         """
         info = self.version()
         regions = info["regions"] if regions is None else regions
@@ -230,12 +238,12 @@ class FpgaDevice(Device):
         def read(lba, n):
             return self.read_sectors(base + lba, n)
 
-        infos = scan_image(self.config, read, regions)
-        inserts, frees, next_seq = rebuild(infos)
-        self._request(Op.DIR_CLEAR, REQUESTS[Op.DIR_CLEAR].pack(next_seq=next_seq))
-        for count, h, region, _seq in inserts:
+        plan = plan_rebuild(scan_image(self.config, read, regions))
+        self._request(Op.DIR_CLEAR, REQUESTS[Op.DIR_CLEAR].pack(next_seq=plan.next_seq))
+        for count, h, region, _seq in plan.inserts:
             self._call(Op.DIR_INSERT, count=count, hash=h, region=region, flags=FLAG_EXISTING)
-        return inserts, frees, next_seq
+        self.last_rebuild = plan
+        return plan.inserts, plan.frees, plan.next_seq
 
     # -- AttentionBackend -------------------------------------------------------------------
     @property

@@ -48,6 +48,7 @@ from ringkv.defs.record import (
     HEADER_OFFSETS,
     MAGIC,
     SECTOR,
+    SEQ_MOD,
     VERSION,
     RecordLayout,
     RecordStatus,
@@ -55,13 +56,15 @@ from ringkv.defs.record import (
     header_template,
     kv_bytes_of,
     put_field,
+    seq_newest,
+    seq_next,
 )
 
 __all__ = [
     "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
     "ring_image", "rings_from_image", "encode_payload", "encode_record", "decode_payload",
-    "import_record", "RecordInfo", "scan_region", "scan_image", "rebuild", "format_listing",
-    "main",
+    "import_record", "RecordInfo", "scan_region", "scan_image", "RebuildPlan", "plan_rebuild",
+    "rebuild", "format_listing", "fsck_report", "main",
 ]
 
 def crc32(data: bytes) -> int:
@@ -274,24 +277,43 @@ def import_record(config, read, region, *, count=None, prefix_hash=None, session
     or ``None`` when the metadata stays unchanged. After a failure in the KV phase (payload CRC)
     an import has partly overwritten the rings, so it writes count 0 (an empty ring): a miss,
     never a stale cache claiming to be valid.
+
+    The bytes read are untrusted: the payload is read only after the header passed every check
+    (so ``count <= max_tokens`` and the lengths are those of ``count``), and never beyond the
+    region's token and KV areas whatever the header says.
     """
+    status, h, meta, _ = _import(config, read, region, count=count, prefix_hash=prefix_hash,
+                                 session_tokens=session_tokens, rings=rings)
+    return status, h, meta
+
+
+def _import(config, read, region, *, count=None, prefix_hash=None, session_tokens=None,
+            rings=None):
+    """:func:`import_record` plus the reason in words: ``(status, header, meta, message)``."""
     lay = RecordLayout(config)
     base = lay.region_lba(region)
     try:
         h = decode_header(read(base, 1), config)
     except RecordError as e:
-        return e.status, e.header, None
+        return e.status, e.header, None, str(e)
     importing = count is not None
     if importing and (h.count != count or h.prefix_hash != prefix_hash):
-        return RecordStatus.NOT_THIS, h, None
-    tok = read(base + 1, lay.token_sectors(h.count))[:h.token_bytes] if h.count else b""
+        return RecordStatus.NOT_THIS, h, None, "count or prefix hash differ from the request"
+    # decode_header bounds count by max_tokens; the min() keeps every read inside the region
+    # even if those checks change.
+    tok_sectors = min(lay.token_sectors(h.count), lay.token_sectors_max)
+    kv_sectors = min(lay.kv_sectors(h.count), lay.kv_sectors_max)
+    tok = read(base + 1, tok_sectors)[:h.token_bytes] if h.count else b""
     if importing:
         want = b"".join(int(t).to_bytes(lay.token_bytes, "little")
                         for t in session_tokens[:count])
         if len(session_tokens) < count or tok != want:
-            return RecordStatus.TOKEN_MISMATCH, h, None
+            return RecordStatus.TOKEN_MISMATCH, h, None, "stored tokens differ"
     kvn = h.k_bytes + h.v_bytes
-    kv = read(base + lay.kv_sector, lay.kv_sectors(h.count))[:kvn] if kvn else b""
+    kv = read(base + lay.kv_sector, kv_sectors)[:kvn] if kvn else b""
+    if len(tok) != h.token_bytes or len(kv) != kvn:      # the region ends before the payload
+        return (RecordStatus.BAD_PAYLOAD_CRC, h, None,
+                "payload shorter than its header says (torn or truncated)")
     ok = crc32(tok + kv) == h.payload_crc
     if importing and kvn:
         _, slots, k, v = decode_payload(config, h, tok, kv)
@@ -299,13 +321,20 @@ def import_record(config, read, region, *, count=None, prefix_hash=None, session
             rings[:, :, 0, s, :] = k[:, :, t, :]
             rings[:, :, 1, s, :] = v[:, :, t, :]
     if not ok:
-        return RecordStatus.BAD_PAYLOAD_CRC, h, ((0, 0) if importing and kvn else None)
-    return RecordStatus.OK, h, ((h.count, h.ring_head) if importing else None)
+        return (RecordStatus.BAD_PAYLOAD_CRC, h, ((0, 0) if importing and kvn else None),
+                "payload CRC mismatch (torn or corrupt payload)")
+    return RecordStatus.OK, h, ((h.count, h.ring_head) if importing else None), ""
 
 
 @dataclass
 class RecordInfo:
-    """One region's record as found by a scan."""
+    """One region's record as found by a scan.
+
+    ``count``, ``prefix_hash``, ``commit_seq`` and ``config`` are taken from the header only
+    when ``status`` is ``OK`` (header, config and payload CRC all good); for any other status
+    they are 0 / empty, whatever the header says, and ``message`` says why the region is
+    unusable.
+    """
     region: int
     status: RecordStatus
     message: str = ""
@@ -314,19 +343,21 @@ class RecordInfo:
     commit_seq: int = 0
     config: dict = field(default_factory=dict)
 
+    @property
+    def valid(self) -> bool:
+        return self.status is RecordStatus.OK
+
 
 def scan_region(config, read, region) -> RecordInfo:
-    """Verify one region's record (header and full payload CRC)."""
-    try:
-        decode_header(read(RecordLayout(config).region_lba(region), 1), config)
-        message = ""
-    except RecordError as e:
-        message = str(e)
-    status, h, _ = import_record(config, read, region)
-    if status is RecordStatus.BAD_PAYLOAD_CRC:
-        message = "payload CRC mismatch"
+    """Verify one region's record (header, config and the full payload CRC).
+
+    Every byte read is untrusted input: nothing from a record that fails a check is kept (see
+    :class:`RecordInfo`), and nothing in the bytes makes this raise. A ``read`` that raises (a
+    storage or link fault, not bad data) propagates.
+    """
+    status, h, _, message = _import(config, read, region)
     info = RecordInfo(region, status, message)
-    if h is not None and status is not RecordStatus.EMPTY:
+    if status is RecordStatus.OK:
         info.count, info.prefix_hash, info.commit_seq = h.count, h.prefix_hash, h.commit_seq
         info.config = h.config_fields
     return info
@@ -336,68 +367,153 @@ def scan_image(config, read, regions: int) -> list[RecordInfo]:
     return [scan_region(config, read, r) for r in range(regions)]
 
 
+@dataclass
+class RebuildPlan:
+    """What a rebuild does with a scan (:func:`plan_rebuild`).
+
+    ``inserts``: ``(count, prefix_hash, region, commit_seq)`` of the live records, by region;
+    ``frees``: every other region, ascending; ``reasons``: ``{region: why}`` for each freed
+    region that is not empty (unusable record, superseded, no tokens); ``next_seq``: the commit
+    sequence number of the next export.
+    """
+    inserts: list
+    frees: list
+    next_seq: int
+    reasons: dict
+
+
+def plan_rebuild(infos: list[RecordInfo]) -> RebuildPlan:
+    """The directory rebuild from a scan (the rule of ``docs/blocks/record-format.md``).
+
+    * Only valid records (status ``OK``) count. A region with any other status -- torn,
+      corrupt, foreign, a header that fails its checks -- contributes nothing (not its key,
+      count or sequence) and is freed, its reason kept.
+    * Zero-token records are valid but freed: there is nothing to resume.
+    * Of the valid records of one key ``(count, prefix_hash)`` the newest commit in
+      serial-number order wins (:func:`~ringkv.defs.record.seq_newest` over that key's
+      sequence numbers); on equal sequence numbers (a record copied twice) the highest region.
+      The result does not depend on the order of ``infos``. The others are freed (superseded).
+    * ``next_seq`` is :func:`~ringkv.defs.record.seq_next` of the newest valid sequence number
+      (zero-token and superseded records included), or 1 -- the gateware's reset value -- when
+      there is no valid record: always in ``0 .. 2**32 - 1``, so the next export's record is
+      newer than every valid one.
+    """
+    by_key: dict[tuple[int, int], list[RecordInfo]] = {}
+    reasons = {}
+    for info in infos:
+        if not info.valid:
+            if info.status is not RecordStatus.EMPTY:
+                reasons[info.region] = f"{info.status.name}: {info.message}"
+        elif info.count == 0:
+            reasons[info.region] = "valid but holds no tokens: nothing to resume"
+        else:
+            by_key.setdefault((info.count, info.prefix_hash), []).append(info)
+    live = []
+    for group in by_key.values():
+        newest = seq_newest(i.commit_seq for i in group)
+        winner = max((i for i in group if i.commit_seq == newest), key=lambda i: i.region)
+        live.append(winner)
+        for i in group:
+            if i is not winner:
+                reasons[i.region] = (f"superseded by commit {winner.commit_seq} in region "
+                                     f"{winner.region}")
+    live_regions = {i.region for i in live}
+    inserts = sorted(((i.count, i.prefix_hash, i.region, i.commit_seq) for i in live),
+                     key=lambda x: x[2])
+    frees = sorted(i.region for i in infos if i.region not in live_regions)
+    newest = seq_newest(i.commit_seq for i in infos if i.valid)
+    next_seq = 1 if newest is None else seq_next(newest)
+    return RebuildPlan(inserts, frees, next_seq, reasons)
+
+
 def rebuild(infos: list[RecordInfo]):
-    """Directory rebuild from a scan: ``(inserts, frees, next_seq)``.
+    """Directory rebuild from a scan: ``(inserts, frees, next_seq)`` of :func:`plan_rebuild`.
 
     ``inserts`` are ``(count, prefix_hash, region, commit_seq)`` for the directory's
-    insert-existing command, one per distinct ``(count, prefix_hash)``: the newest commit
-    wins; they are sorted by region, the order ``INSERT_EXISTING`` requires (the directory puts
-    the regions it skips into its FIFO B). ``frees`` are the regions not inserted: empty, torn,
-    corrupt, foreign, zero-token and superseded records. ``next_seq`` is the commit sequence
-    number to use next (above every record seen, valid or not).
+    insert-existing command, one per distinct ``(count, prefix_hash)``, the newest commit (in
+    serial-number order) winning; they are sorted by region, the order ``INSERT_EXISTING``
+    requires (the directory puts the regions it skips into its FIFO B). ``frees`` are the
+    regions not inserted: empty, torn, corrupt, foreign, zero-token and superseded records.
+    ``next_seq`` is one after the newest *valid* record's commit sequence, modulo 2**32 (1 with
+    none). Nothing is taken from a record that failed a check.
     """
-    best: dict[tuple[int, int], RecordInfo] = {}
-    frees = []
-    for info in infos:
-        if info.status is not RecordStatus.OK or info.count == 0:
-            frees.append(info.region)
-            continue
-        key = (info.count, info.prefix_hash)
-        old = best.get(key)
-        if old is None or info.commit_seq > old.commit_seq:
-            if old is not None:
-                frees.append(old.region)
-            best[key] = info
-        else:
-            frees.append(info.region)
-    inserts = sorted(((i.count, i.prefix_hash, i.region, i.commit_seq) for i in best.values()),
-                     key=lambda x: x[2])
-    seqs = [i.commit_seq for i in infos if i.status is not RecordStatus.EMPTY]
-    return inserts, sorted(frees), (max(seqs) + 1 if seqs else 1)
+    plan = plan_rebuild(infos)
+    return plan.inserts, plan.frees, plan.next_seq
 
 
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
-    """The inspection table: region, status, count, hash, commit sequence (age), config."""
-    seqs = [i.commit_seq for i in infos if i.status is RecordStatus.OK]
-    newest = max(seqs) if seqs else 0
-    inserts, _, _ = rebuild(infos)
-    live = {r for _, _, r, _ in inserts}
-    lines = [f"{'region':>6} {'status':<16} {'count':>7} {'prefix hash':<18} {'seq':>6} "
+    """The inspection table: region, status, count, hash, commit sequence, age, note.
+
+    Count, hash and sequence are shown for valid records only (``-`` otherwise: nothing of a
+    record that failed a check is trusted); ``age`` is the number of commits since the newest
+    valid record, in serial-number arithmetic (so it stays right across the wrap at 2**32); the
+    note says why a region is unusable or superseded.
+    """
+    plan = plan_rebuild(infos)
+    newest = seq_newest(i.commit_seq for i in infos if i.valid)
+    live = {r for _, _, r, _ in plan.inserts}
+    lines = [f"{'region':>6} {'status':<16} {'count':>7} {'prefix hash':<18} {'seq':>10} "
              f"{'age':>5}  note"]
     shown = 0
     for i in infos:
         if i.status is RecordStatus.EMPTY and not show_empty:
             continue
         shown += 1
-        age = newest - i.commit_seq if i.status is RecordStatus.OK else ""
-        note = i.message
-        if i.status is RecordStatus.OK and i.region not in live:
-            note = "superseded by a newer commit"
-        lines.append(f"{i.region:>6} {i.status.name:<16} {i.count:>7} {i.prefix_hash:#018x} "
-                     f"{i.commit_seq:>6} {age!s:>5}  {note}")
-    ok = sum(i.status is RecordStatus.OK for i in infos)
-    lines.append(f"{len(infos)} regions, {shown} shown, {ok} valid, {len(live)} live")
+        if i.valid:
+            count, h, seq = f"{i.count}", f"{i.prefix_hash:#018x}", f"{i.commit_seq}"
+            age = f"{(newest - i.commit_seq) % SEQ_MOD}"
+            note = "" if i.region in live else plan.reasons.get(i.region, "")
+        else:
+            count, h, seq, age, note = "-", "-", "-", "", i.message
+        lines.append(f"{i.region:>6} {i.status.name:<16} {count:>7} {h:<18} {seq:>10} "
+                     f"{age:>5}  {note}")
+    ok = sum(i.valid for i in infos)
+    lines.append(f"{len(infos)} regions, {shown} shown, {ok} valid, {len(live)} live, "
+                 f"{len(plan.reasons)} to free; next commit sequence {plan.next_seq}")
     return "\n".join(lines)
 
 
+def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
+    """``(report, regions to free)``: what a rebuild would keep and free, and why.
+
+    The report lists the live records (region, count, prefix hash, commit sequence), then every
+    non-empty region a rebuild frees with its reason (torn or corrupt header or payload,
+    foreign configuration, superseded by a newer commit of the same snapshot, no tokens), then
+    the next commit sequence number. Empty regions are already free and not counted.
+    """
+    plan = plan_rebuild(infos)
+    lines = [f"{len(infos)} regions scanned: {sum(i.valid for i in infos)} valid records, "
+             f"{len(plan.inserts)} live, {len(plan.reasons)} to free"]
+    if plan.inserts:
+        lines.append("live records:")
+        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}"
+                  for c, h, r, s in plan.inserts]
+    if plan.reasons:
+        lines.append("to free:")
+        lines += [f"  region {r:>5}  {why}" for r, why in sorted(plan.reasons.items())]
+    lines.append(f"next commit sequence: {plan.next_seq}")
+    lines.append("clean" if not plan.reasons else
+                 f"found {len(plan.reasons)} region(s) to free (a rebuild frees them)")
+    return "\n".join(lines), len(plan.reasons)
+
+
+FSCK_HELP = ("--fsck: report what a rebuild would keep (the live records) and free (every "
+             "non-empty region it cannot use, with the reason); nothing is written. Exit "
+             "status 0 when clean, 1 when it found a region to free.")
+
+
 def main(argv=None) -> int:
-    """``python -m ringkv.host.record IMAGE [--regions R] [--numerics N]``: list the records in
-    an image of the default configuration (with numerics ``N``)."""
-    parser = argparse.ArgumentParser(description="List the snapshot records in a storage image")
+    """``python -m ringkv.host.record IMAGE [--regions R] [--numerics N] [--all | --fsck]``:
+    list the records in an image of the default configuration (with numerics ``N``), or check
+    it (``--fsck``: exit status 1 when a rebuild would free a non-empty region)."""
+    parser = argparse.ArgumentParser(description="List (or --fsck: check) the snapshot "
+                                     "records in a storage image", epilog=FSCK_HELP)
     parser.add_argument("image", type=Path)
     parser.add_argument("--regions", type=int, default=None,
                         help="regions to scan (default: as many as fit in the image)")
     parser.add_argument("--all", action="store_true", help="also list empty regions")
+    parser.add_argument("--fsck", action="store_true",
+                        help="check instead of list; exit 1 if a region would be freed")
     parser.add_argument("--numerics", default=DEFAULT_CONFIG.numerics,
                         choices=sorted(NUMERICS_TABLE),
                         help="the device's attention numerics (sets the record layout)")
@@ -412,6 +528,10 @@ def main(argv=None) -> int:
 
     started = time.monotonic()
     infos = scan_image(config, read, regions)
+    if args.fsck:
+        report, to_free = fsck_report(infos)
+        print(report)
+        return 1 if to_free else 0
     print(format_listing(infos, show_empty=args.all))
     print(f"scanned in {time.monotonic() - started:.2f} s")
     return 0

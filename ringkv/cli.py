@@ -4,7 +4,8 @@
 --software`` the same host against the software device (golden models in the FPGA's place);
 ``chat`` talks to the software device, or to a device at ``--link URL`` (``socket://`` for
 ``ringkv sim``, ``/dev/ttyUSB0`` for the board); ``sim`` starts the simulated device, ``build``
-the board bitstream, ``storage ls`` lists the records in an image, ``bench`` the benchmarks.
+the board bitstream, ``storage ls`` lists the records in an image and ``storage fsck`` checks
+it (exit status 1 when a rebuild would free a region), ``bench`` the benchmarks.
 """
 
 import argparse
@@ -125,6 +126,8 @@ def run_chat(args) -> int:
         inserts, frees, _ = device.rebuild()
         print(f"device at {args.link}: {len(inserts)} stored snapshots, {len(frees)} free "
               f"regions")
+        for region, why in sorted(device.last_rebuild.reasons.items()):
+            print(f"  region {region} freed: {why}")
         where = f"device at {args.link}"
         model = (Model.load(args.weights, config) if args.weights
                  else Model(config, hidden=64 if args.config == "demo" else 256,
@@ -185,8 +188,15 @@ def main(argv=None) -> int:
                    add_help=False)
     sub.add_parser("bench", help="run the benchmarks (python -m bench.run)", add_help=False)
     sub.add_parser("build", help="synthesize a bitstream for --board", add_help=False)
-    p = sub.add_parser("storage", help="inspect a storage image")
-    p.add_argument("action", choices=["ls"])
+    p = sub.add_parser(
+        "storage", help="inspect (ls) or check (fsck) a storage image",
+        description="Inspect a storage image with the golden record scan (read only).",
+        epilog="ls: list the records (status, count, prefix hash, commit sequence, age, why a "
+               "region is unusable or superseded). fsck: report the live records a rebuild "
+               "keeps and every non-empty region it would free, with the reason; exit status "
+               "0 when clean, 1 when it found a region to free. Options after IMAGE: "
+               "--regions R, --numerics N, --all (ls).")
+    p.add_argument("action", choices=["ls", "fsck"])
     p.add_argument("image")
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -209,7 +219,9 @@ def main(argv=None) -> int:
     if args.cmd == "build":
         return _need("ringkv.boards.build", "the board build").main(rest)
     if args.cmd == "storage":
-        return _need("ringkv.host.record", "the record scanner").main([args.image, *args.rest])
+        fsck = ["--fsck"] if args.action == "fsck" else []
+        return _need("ringkv.host.record", "the record scanner").main(
+            [args.image, *args.rest, *fsck])
     parser.error(f"unknown command {args.cmd}")
     return 2
 
