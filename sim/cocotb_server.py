@@ -4,7 +4,9 @@ Started by :func:`ringkv.sim.harness.serve` (``ringkv sim``), never by pytest di
 test ``serve`` listens on ``127.0.0.1:port``, moves the bytes of one connection at a time into
 the top's ``rx`` stream and its ``tx`` stream back to the socket, and serves the ``storage``
 port from the image file (:class:`~ringkv.sim.sector_model.SectorImage`, fsync'd per sector:
-killing the simulator is a power cut, restarting it on the same image a power cycle).
+killing the simulator is a power cut, restarting it on the same image a power cycle). With
+``cut_after`` the power fails by itself after that many bytes written to storage: the sector
+being written is torn and the process exits at once.
 
 Speed: the Python side wakes only when something happens. ``tx`` is always ready and is
 watched by a value-change trigger on ``tx__valid``; the storage model waits for
@@ -24,9 +26,11 @@ from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
 from .sector_model import CocotbStorageServer, SectorImage
 
-__all__ = ["serve"]
+__all__ = ["serve", "POWER_CUT_EXIT"]
 
 CLOCK_NS = 10
+#: Exit status of the simulator after a power cut (``cut_after``).
+POWER_CUT_EXIT = 75
 
 
 class _EventStorage(CocotbStorageServer):
@@ -97,8 +101,8 @@ async def serve(dut):
     dut.rst.value = 0
 
     image = SectorImage(params["image"], params["sectors"])
-    storage = _EventStorage(dut, "storage", dut.clk, image)
-    cocotb.start_soon(storage.run())
+    storage = _EventStorage(dut, "storage", dut.clk, image, cut_after=params.get("cut_after"))
+    cocotb.start_soon(_storage(storage))
     sock = _Socket(params["port"])
     cocotb.start_soon(_tx_to_socket(dut, sock))
     # The parent process waits for this line to know where to connect.
@@ -137,6 +141,16 @@ async def serve(dut):
         dut.rx__valid.value = 0
     image.close()
     sock.listener.close()
+
+
+async def _storage(storage):
+    """Serve the storage port; after a power cut (``cut_after`` written bytes, the sector in
+    progress torn) the whole simulated device stops at once: the process exits with
+    :data:`POWER_CUT_EXIT`, the image keeping every byte written so far."""
+    await storage.run()
+    print(f"RINGKV-SIM power cut in sector {storage.cut[0]} after {storage.cut[1]} bytes",
+          flush=True)
+    os._exit(POWER_CUT_EXIT)
 
 
 async def _tx_to_socket(dut, sock):

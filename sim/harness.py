@@ -69,11 +69,13 @@ def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path
 
 
 def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: bool = False,
-          prebuilt: bool = False, **top_kwargs):
+          prebuilt: bool = False, cut_after: int | None = None, **top_kwargs):
     """Build if needed, then run the simulated device until killed (or one connection).
 
     ``prebuilt``: the caller has just run :func:`build_top` with the same arguments; skip the
     elaboration (tens of seconds for a large top) and use the build directory as it is.
+    ``cut_after``: the power fails after that many bytes written to storage (the sector being
+    written is torn, holding the bytes received so far) and the simulator exits at once.
     """
     build_dir = _build_dir(config, top_kwargs)
     if prebuilt and (build_dir / TOP_NAME).exists() and (build_dir / "sectors").exists():
@@ -84,7 +86,8 @@ def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: 
     from cocotb_tools.runner import get_runner
     runner = get_runner("verilator")
     env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
-                                       "sectors": sectors, "once": once}),
+                                       "sectors": sectors, "once": once,
+                                       "cut_after": cut_after}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING")}
     runner.test(hdl_toplevel=TOP_NAME, hdl_toplevel_lang="verilog",
                 test_module="ringkv.sim.cocotb_server",
@@ -96,13 +99,16 @@ class SimDevice:
     """A simulated device in a child process (``python -m ringkv.sim.harness``)."""
 
     def __init__(self, image, *, config: RingKVConfig = DEFAULT_CONFIG, log=None,
-                 startup_timeout: float = 900.0, prebuilt: bool = False, **top_kwargs):
+                 startup_timeout: float = 900.0, prebuilt: bool = False,
+                 cut_after: int | None = None, **top_kwargs):
         self.image = Path(image)
         self.config = config
         cmd = [sys.executable, "-m", "ringkv.sim.harness", "--image", str(self.image),
                "--config", json.dumps(config.__dict__), "--top", json.dumps(top_kwargs)]
         if prebuilt:
             cmd.append("--prebuilt")
+        if cut_after is not None:
+            cmd += ["--cut-after", str(cut_after)]
         self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      start_new_session=True)
@@ -118,6 +124,16 @@ class SimDevice:
             self.kill()
             raise RuntimeError(f"the simulator did not start (exit {self.proc.poll()}); "
                                f"see {log or 'its log'}")
+
+    def wait_power_cut(self, timeout: float = 60.0) -> bool:
+        """Wait until the simulator has ended by itself (a ``cut_after`` power cut): True if it
+        did within ``timeout`` seconds, else False (it is still running)."""
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        self._close_log()
+        return True
 
     def kill(self):
         """Power cut: the process ends at once; the image keeps every completed sector."""
@@ -158,6 +174,9 @@ def main(argv=None):
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
                         help="use the existing Verilator build without re-elaborating")
+    parser.add_argument("--cut-after", type=int, default=None, metavar="BYTES",
+                        help="power cut after BYTES written to storage (the sector being "
+                             "written is torn); the simulator then exits")
     args = parser.parse_args(argv)
     if args.config in (None, "default"):
         config = DEFAULT_CONFIG
@@ -170,7 +189,7 @@ def main(argv=None):
     print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
           file=sys.stderr, flush=True)
     serve(args.image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
-          **json.loads(args.top))
+          cut_after=args.cut_after, **json.loads(args.top))
     return 0
 
 
