@@ -24,6 +24,12 @@ The payload CRC (CRC-32/ISO-HDLC) covers the token bytes, then K, then V, withou
 Write order is payload first, header last: an interrupted export leaves no valid header, so the
 previous snapshot (in another region) stays the newest valid one.
 
+Recovery (:func:`scan_image`, :func:`plan_rebuild`) treats every byte read from storage as
+untrusted: only a record that passes every check gives the rebuild its key, count and commit
+sequence; anything else is a region to free with its reason, and nothing on the medium makes
+the scan or the rebuild raise. Commit sequences are compared in serial-number order modulo
+2**32 (:func:`ringkv.defs.record.seq_newer`); the rule is in ``docs/blocks/record-format.md``.
+
 Rings are given as an integer array of shape ``(layers, kv_heads, 2, window, head_dim)``
 (kind 0 = K, 1 = V) holding each element's ``8*EB``-bit two's-complement word (``uint8`` for
 fx1, ``uint16`` for fx2; signed values are accepted and taken modulo ``2**(8*EB)``), in the
