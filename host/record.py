@@ -505,13 +505,15 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
 
 FSCK_HELP = ("--fsck: report what a rebuild would keep (the live records) and free (every "
              "non-empty region it cannot use, with the reason); nothing is written. Exit "
-             "status 0 when clean, 1 when it found a region to free.")
+             "status 0 when clean, 1 when it found a region to free, 2 when the image "
+             "cannot be read.")
 
 
 def main(argv=None) -> int:
     """``python -m ringkv.host.record IMAGE [--regions R] [--numerics N] [--all | --fsck]``:
     list the records in an image of the default configuration (with numerics ``N``), or check
-    it (``--fsck``: exit status 1 when a rebuild would free a non-empty region)."""
+    it (``--fsck``: exit status 1 when a rebuild would free a non-empty region; 2 when the
+    image cannot be read)."""
     parser = argparse.ArgumentParser(description="List (or --fsck: check) the snapshot "
                                      "records in a storage image", epilog=FSCK_HELP)
     parser.add_argument("image", type=Path)
@@ -526,7 +528,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     config = replace(DEFAULT_CONFIG, numerics=args.numerics)
     lay = RecordLayout(config)
-    data = args.image.read_bytes()
+    try:
+        data = args.image.read_bytes()
+    except OSError as e:
+        print(f"cannot read the image: {e}", file=sys.stderr)
+        return 2
     regions = args.regions or len(data) // (lay.sectors_per_region * SECTOR)
 
     def read(lba, n):

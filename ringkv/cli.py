@@ -194,7 +194,8 @@ def main(argv=None) -> int:
         epilog="ls: list the records (status, count, prefix hash, commit sequence, age, why a "
                "region is unusable or superseded). fsck: report the live records a rebuild "
                "keeps and every non-empty region it would free, with the reason; exit status "
-               "0 when clean, 1 when it found a region to free. Options after IMAGE: "
+               "0 when clean, 1 when it found a region to free (2: the image cannot be "
+               "read). Options after IMAGE: "
                "--regions R, --numerics N, --all (ls).")
     p.add_argument("action", choices=["ls", "fsck"])
     p.add_argument("image")

@@ -10,6 +10,7 @@ cases on the Verilator top end to end: ``tests/test_recovery_system.py``.
 """
 
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -169,7 +170,7 @@ def test_power_cut_at_every_header_byte(medium):
     card.write(region_b, writes_b[:-1])                 # the payload, then the torn header
     full = writes_b[-1][1]
     base = bytes(card.data)
-    outcomes = {}
+    outcomes = Counter()
     for k in range(SECTOR):
         card.data[:] = base
         torn = torn_header(full, k, byte)
@@ -183,13 +184,14 @@ def test_power_cut_at_every_header_byte(medium):
             assert region_b in plan.frees
         assert query(card, d, snap_a, ha) is not None, k
         if complete:
-            outcomes["complete"] = outcomes.get("complete", 0) + 1
+            outcomes["complete"] += 1
             continue
-        outcomes[card.scan()[region_b].status.name] = outcomes.get(
-            card.scan()[region_b].status.name, 0) + 1
+        status = card.scan()[region_b].status
+        outcomes[status.name] += 1
+        assert (region_b in plan.reasons) == (status is not RecordStatus.EMPTY), k
         assert query(card, d, snap_b, hb) is None, k
-        # the device goes on: B again, from the allocator, with the next sequence number
-        export(card, d, snap_b, hb, plan.next_seq)
+        # the device goes on: B again, in the freed region, with the next sequence number
+        assert export(card, d, snap_b, hb, plan.next_seq) == region_b
         assert query(card, d, snap_b, hb).commit_seq == 2
         assert query(card, d, snap_a, ha).commit_seq == 1
         plan2, d2 = recover(card)
@@ -406,6 +408,8 @@ def test_listing_and_fsck_show_reasons_and_age_across_the_wrap(tmp_path, capsys)
     assert e.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
     assert "exit status 0 when clean, 1 when it found a region to free" in help_text
+    assert cli(["storage", "fsck", str(tmp_path / "no-such.img")]) == 2
+    assert "cannot read the image" in capsys.readouterr().err
 
 
 # --- the gateware's record checks (DMA VERIFY) agree on the same bytes ---------------------
