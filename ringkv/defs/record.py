@@ -164,8 +164,8 @@ class RecordLayout:
 
     @property
     def token_bytes(self) -> int:
-        """Bytes per stored token: ``ceil(token_width / 8)``."""
-        return _ceil_div(self.config.token_width, 8)
+        """Bytes per stored token (:func:`token_bytes`)."""
+        return token_bytes(self.config)
 
     @property
     def token_sectors_max(self) -> int:
