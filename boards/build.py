@@ -1,45 +1,204 @@
-"""``ringkv build --board ulx3s-85f``: bitstream, utilisation and Fmax from nextpnr's report.
+"""``ringkv build --board ulx3s-85f``: bitstream, utilisation, Fmax and slack, with progress.
 
 Uses ``amaranth-boards``' ``ULX3S_85F_Platform`` with the PyPI yowasp tools (yosys,
 nextpnr-ecp5, ecppack; :mod:`ringkv.sim.toolchain` sets ``YOSYS``/``NEXTPNR_ECP5``/``ECPPACK``
-and ``OPENFPGALOADER=true`` so the build never tries to program). nextpnr gets the PLL output's
-clock constraint from the design and writes ``report.json``; the build fails if timing is not
-met. The yosys script runs :data:`ringkv.boards.synth.AFTER_READ` after reading the design.
-Load the bitstream with ``openFPGALoader --board ulx3s build/ulx3s-85f/ringkv_ulx3s.bit``.
+and ``OPENFPGALOADER=true`` so the build never tries to program). The yosys script runs
+:data:`ringkv.boards.synth.AFTER_READ` after reading the design. nextpnr gets the PLL output's
+clock constraint from the design and writes ``report.json``.
+
+The build runs Amaranth's own build script (the same commands ``platform.build`` runs), with
+the tools' full output kept in ``build/<board>/build.log``, and prints one line per phase
+(elaboration, synthesis, nextpnr's packing, placement, routing, the bitstream) with the time
+elapsed, plus a heartbeat with the current phase every ``heartbeat_s`` seconds: the WASM tools
+are single-threaded and the whole build takes 20-50 minutes here.
+
+At the end it prints the achieved clock, the **slack** (the share of the clock period left on
+the critical path: ``1 - target / fmax``; the project's margin target is
+:data:`SLACK_TARGET_PCT`) and the phase times, writes them to ``build/<board>/figures.json``, and
+fails loudly (exit status 1, ``TIMING NOT MET``) when the achieved clock is below the
+constraint, or when the slack is below ``--min-slack-pct``. Load the bitstream with
+``openFPGALoader --board ulx3s build/ulx3s-85f/ringkv_ulx3s.bit``.
 """
 
 import argparse
 import json
+import os
+import queue
+import re
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from ringkv.sim.toolchain import setup_environ
 
 from .synth import AFTER_READ
 
-__all__ = ["build", "main", "BOARDS"]
+__all__ = ["build", "main", "BOARDS", "BuildFailed", "report_figures", "slack_pct",
+           "SLACK_TARGET_PCT", "phase_of", "verdict"]
 
 BOARDS = {"ulx3s-85f": "ULX3S_85F_Platform"}
 _REPO = Path(__file__).resolve().parent.parent
+#: The timing margin the board build aims for: 10 % of the clock period unused on the
+#: critical path (``fmax >= target / 0.9``).
+SLACK_TARGET_PCT = 10.0
+
+
+class BuildFailed(RuntimeError):
+    """A build step failed; the message names the step and the log holding its output."""
+
+
+def slack_pct(fmax_mhz: float, target_mhz: float) -> float:
+    """Share of the clock period unused on the critical path, in percent (negative: not met)."""
+    return 100.0 * (1.0 - target_mhz / fmax_mhz)
+
+
+# Phase markers: (phase, regular expression on one line of the tools' output), first match wins.
+_MARKERS = (
+    ("synthesis", re.compile(r"^\+ [^:\[].*yosys")),
+    ("nextpnr: reading", re.compile(r"^\+ [^:\[].*nextpnr")),
+    ("bitstream", re.compile(r"^\+ [^:\[].*ecppack")),
+    ("packing", re.compile(r"^Info: Packing ")),
+    ("placement", re.compile(r"^Info: (Placed \d+ cells based on constraints|Creating initial "
+                             r"analytic placement|Running main analytical placer)")),
+    ("placement refinement", re.compile(r"^Info: Running simulated annealing placer")),
+    ("routing", re.compile(r"^Info: (Routing\.\.|Router2|Running router2)")),
+    ("timing analysis", re.compile(r"^Info: Critical path report")),
+)
+_YOSYS_STEP = re.compile(r"^(\d+)\.\s+Executing (.+)\.$")
+
+
+def phase_of(line: str) -> str | None:
+    """The build phase that ``line`` of the tools' output starts, or ``None``."""
+    for phase, pattern in _MARKERS:
+        if pattern.search(line):
+            return phase
+    return None
+
+
+def _clock(elapsed: float) -> str:
+    m, s = divmod(int(elapsed), 60)
+    return f"{m:3d}:{s:02d}"
+
+
+class _Progress:
+    """Phase lines and heartbeats on ``out``; the phase durations for the figures."""
+
+    def __init__(self, out, heartbeat_s: float):
+        self.out, self.heartbeat_s = out, heartbeat_s
+        self.t0 = time.monotonic()
+        self.phase, self.phase_t = None, self.t0
+        self.detail = ""
+        self.durations: dict[str, float] = {}
+        self.last_beat = self.t0
+
+    def say(self, text: str):
+        print(f"[{_clock(time.monotonic() - self.t0)}] {text}", file=self.out, flush=True)
+
+    def enter(self, phase: str, text: str | None = None):
+        now = time.monotonic()
+        if phase == self.phase:
+            return
+        if self.phase is not None:
+            self.durations[self.phase] = self.durations.get(self.phase, 0) + now - self.phase_t
+        self.phase, self.phase_t, self.detail = phase, now, ""
+        self.last_beat = now
+        self.say(text or phase)
+
+    def line(self, line: str):
+        phase = phase_of(line)
+        if phase:
+            self.enter(phase)
+        step = _YOSYS_STEP.match(line)
+        if step and self.phase == "synthesis":
+            self.detail = step.group(2)
+        elif line.startswith("Info:") and self.phase and self.phase != "synthesis":
+            self.detail = line[5:].strip()[:90]
+
+    def beat(self):
+        now = time.monotonic()
+        if self.phase and now - self.last_beat >= self.heartbeat_s:
+            self.last_beat = now
+            since = _clock(now - self.phase_t).strip()
+            self.say(f"  ... {self.phase} for {since}" + (f": {self.detail}" if self.detail
+                                                          else ""))
+
+    def finish(self):
+        """End the current phase; return seconds per phase."""
+        now = time.monotonic()
+        if self.phase is not None:
+            self.durations[self.phase] = self.durations.get(self.phase, 0) + now - self.phase_t
+        self.phase = None
+        return {k: round(v, 1) for k, v in self.durations.items()}
+
+
+def _run_script(build_dir: Path, script: str, log_path: Path, progress: _Progress) -> None:
+    """Run Amaranth's build script, all output to ``log_path``, phases to ``progress``."""
+    lines: queue.Queue = queue.Queue()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(["sh", script], cwd=build_dir, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace",
+                                env=os.environ)
+
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+        tail: list[str] = []
+        while True:
+            try:
+                line = lines.get(timeout=1.0)
+            except queue.Empty:
+                progress.beat()
+                continue
+            if line is None:
+                break
+            log.write(line)
+            tail = (tail + [line])[-30:]
+            progress.line(line.rstrip("\n"))
+            progress.beat()
+        code = proc.wait()
+    if code != 0:
+        raise BuildFailed(f"{progress.phase} failed (exit {code}); full log: {log_path}\n"
+                          + "".join(tail))
 
 
 def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 4096,
-          build_dir=None, seed: int = 1) -> dict:
-    """Build the bitstream; return ``{"fmax_mhz", "target_mhz", "utilization", "bitstream"}``."""
+          build_dir=None, seed: int = 1, out=None, heartbeat_s: float = 60.0) -> dict:
+    """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
+    ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
+    (default standard error); the tools' output to ``<build_dir>/build.log``."""
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {sorted(BOARDS)}")
     setup_environ()
     import amaranth_boards.ulx3s as ulx3s
 
     from .ulx3s import ULX3STop
-    platform = getattr(ulx3s, BOARDS[board])()
+    progress = _Progress(out or sys.stderr, heartbeat_s)
     build_dir = Path(build_dir or _REPO / "build" / board)
+    progress.enter("elaboration", f"elaboration: the {board} top -> {build_dir}")
+    platform = getattr(ulx3s, BOARDS[board])()
     top = ULX3STop(sys_mhz=sys_mhz, regions=regions)
     name = "ringkv_ulx3s"
-    platform.build(top, name=name, build_dir=str(build_dir), do_program=False,
-                   script_after_read="\n".join(AFTER_READ),
-                   nextpnr_opts=f"--report report.json --seed {seed}")
-    return report_figures(build_dir, top, board=board, name=name)
+    plan = platform.build(top, name=name, do_build=False, verbose=True,
+                          script_after_read="\n".join(AFTER_READ),
+                          nextpnr_opts=f"--report report.json --seed {seed}")
+    for stale in ("report.json", f"{name}.bit", f"{name}.config"):
+        (build_dir / stale).unlink(missing_ok=True)
+    plan.extract(str(build_dir))
+    log_path = build_dir / "build.log"
+    progress.say(f"full tool output: {log_path}")
+    _run_script(build_dir, f"{plan.script}.sh", log_path, progress)
+    phases = progress.finish()
+    figures = report_figures(build_dir, top, board=board, name=name)
+    figures["phase_s"] = phases
+    figures["build_s"] = round(sum(phases.values()), 1)
+    figures["seed"] = seed
+    (build_dir / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    return figures
 
 
 def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") -> dict:
@@ -51,11 +210,30 @@ def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") ->
     util = {k: v for k, v in report.get("utilization", {}).items()
             if k in ("TRELLIS_COMB", "TRELLIS_FF", "DP16KD", "MULT18X18D", "EHXPLLL",
                      "TRELLIS_IO")}
-    return {"board": board, "fmax_mhz": round(clock["achieved"], 2) if clock else None,
-            "target_mhz": round(clock["constraint"], 2) if clock else None,
+    achieved = round(clock["achieved"], 2) if clock else None
+    target = round(clock["constraint"], 2) if clock else None
+    return {"board": board, "fmax_mhz": achieved, "target_mhz": target,
+            "slack_pct": round(slack_pct(achieved, target), 2) if clock else None,
+            "timing_met": bool(clock) and achieved >= target,
             "utilization": util, "bitstream": str(build_dir / f"{name}.bit"),
             "config": dict(top.config.__dict__), "regions": top.top.regions,
             "uart_baud": top.baud, "sd_spi_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
+
+
+def verdict(figures: dict, min_slack_pct: float = 0.0) -> tuple[bool, str]:
+    """``(ok, line)``: whether the build meets its clock (and ``min_slack_pct``), in words."""
+    fmax, target, slack = figures["fmax_mhz"], figures["target_mhz"], figures["slack_pct"]
+    if fmax is None:
+        return False, "TIMING NOT MET: nextpnr reported no clock"
+    text = (f"{fmax:.2f} MHz achieved for {target:.2f} MHz: slack {slack:.1f} % of the period "
+            f"(margin target {SLACK_TARGET_PCT:g} %)")
+    if not figures["timing_met"]:
+        return False, f"TIMING NOT MET: {text}"
+    if slack < min_slack_pct:
+        return False, f"TIMING MARGIN TOO SMALL (< {min_slack_pct:g} %): {text}"
+    if slack < SLACK_TARGET_PCT:
+        return True, f"timing met, below the margin target: {text}"
+    return True, f"timing met: {text}"
 
 
 def main(argv=None):
@@ -63,12 +241,24 @@ def main(argv=None):
     parser.add_argument("--board", default="ulx3s-85f", choices=sorted(BOARDS))
     parser.add_argument("--sys-mhz", type=float, default=40.0)
     parser.add_argument("--regions", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    parser.add_argument("--min-slack-pct", type=float, default=0.0,
+                        help="fail when less of the clock period is left on the critical "
+                             "path (default 0: fail only when timing is not met)")
+    parser.add_argument("--heartbeat", type=float, default=60.0,
+                        help="seconds between progress lines within a long phase")
     args = parser.parse_args(argv)
-    result = build(args.board, sys_mhz=args.sys_mhz, regions=args.regions)
+    try:
+        result = build(args.board, sys_mhz=args.sys_mhz, regions=args.regions, seed=args.seed,
+                       heartbeat_s=args.heartbeat)
+    except BuildFailed as e:
+        print(f"BUILD FAILED: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(result, indent=1))
-    print(f"timing: {result['fmax_mhz']} MHz achieved for {result['target_mhz']} MHz; "
-          f"bitstream {result['bitstream']}")
-    return 0 if result["fmax_mhz"] and result["fmax_mhz"] >= result["target_mhz"] else 1
+    ok, line = verdict(result, args.min_slack_pct)
+    print(line, file=sys.stdout if ok else sys.stderr)
+    print(f"bitstream {result['bitstream']} ({result['build_s']:.0f} s)")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
