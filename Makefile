@@ -37,9 +37,11 @@ formal: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m bench.run $(if $(ONLY),--only $(ONLY))
 
-## make bitstream BOARD=ulx3s-85f
+## make bitstream BOARD=ulx3s-85f [MIN_SLACK=10]: fails when timing (or that margin, in % of
+## the clock period) is not met
+MIN_SLACK ?= 0
 bitstream: $(STAMP)
-	$(VENV)/bin/ringkv build --board $(BOARD)
+	$(VENV)/bin/ringkv build --board $(BOARD) --min-slack-pct $(MIN_SLACK)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
