@@ -41,10 +41,11 @@ Errors, never hangs: no response within ``resp_timeout`` SD clocks, no read data
 ``busy_timeout`` -> ``TIMEOUT`` (the card is initialised again before the next command); card
 status error bits in a response -> ``CARD`` (an ``OUT_OF_RANGE`` in ``CMD12``'s response after a
 read is ignored: cards set it when a multi-block read reaches the last sector), a write CRC
-status "write error" -> ``CARD``; a bad response CRC7/index/end bit, a read CRC16 mismatch, or a
-write CRC status "CRC error" -> ``CRC``; ``count == 0`` or sectors beyond the card's capacity ->
-``RANGE`` (without a card command); initialisation failed -> ``NOT_READY``. A failed multi-block
-transfer is stopped with ``CMD12``; its status is sent at once.
+status "write error" -> ``CARD``; a bad response CRC7/index/end bit (the card may or may not
+have taken the command: it is initialised again before the next one), a read CRC16 mismatch,
+or a write CRC status "CRC error" -> ``CRC``; ``count == 0`` or sectors beyond the card's
+capacity -> ``RANGE`` (without a card command); initialisation failed -> ``NOT_READY``. A
+failed multi-block transfer is stopped with ``CMD12``; its status is sent at once.
 
 Throughput: 4 bits per SD clock within a block; per block add the start, CRC and end bits (18
 clocks) and, for reads, the card's gap between blocks (N_AC), for writes the CRC status token,
@@ -229,7 +230,8 @@ class SDNativeController(wiring.Component):
                         m.d.sync += [sd.cmd.o.eq(tx_word[39]), tx_word.eq(tx_word << 1)]
                         m.d.comb += crc7_tx.valid.eq(1)
                     with m.Elif(tx_i < 47):
-                        m.d.sync += sd.cmd.o.eq(crc7_tx.crc.bit_select((46 - tx_i).as_unsigned()[:3], 1))
+                        crc_bit = (46 - tx_i).as_unsigned()[:3]
+                        m.d.sync += sd.cmd.o.eq(crc7_tx.crc.bit_select(crc_bit, 1))
                     with m.Elif(tx_i == 47):
                         m.d.sync += sd.cmd.o.eq(1)
                     with m.Else():
@@ -460,7 +462,7 @@ class SDNativeController(wiring.Component):
         t_done = t_fsm.ongoing("DONE")
         wr_stall = t_fsm.ongoing("DATA") & ~t_cnt[0] & ~wbyte_valid
 
-        # ---- controller state ----------------------------------------------------------------------
+        # ---- controller state -------------------------------------------------------------
         resp = Signal(_Resp)
         after = Signal(_After)
         wait = Signal(range(max(self._busy_timeout, 81) + 1))
@@ -477,6 +479,7 @@ class SDNativeController(wiring.Component):
         resp_bad = Signal()               # comb: CRC/index/framing of the response wrong
         resp_err = Signal()               # comb: card status error bits
         fsm_wait = Signal()               # comb: the FSM needs a cycle: hold the clock
+        lost = Signal()                   # the card's state is unknown: initialise again
 
         m.d.comb += resp_bad.eq(
             ((resp == _Resp.R1) | (resp == _Resp.R1B) | (resp == _Resp.R2))
@@ -532,6 +535,9 @@ class SDNativeController(wiring.Component):
                             fail(StorageError.NOT_READY)
                     with m.Elif(resp_bad):
                         with m.If(self.ready):
+                            # the card may or may not have taken the command: initialise it
+                            # again before the next one
+                            m.d.sync += lost.eq(1)
                             fail(StorageError.CRC)
                         with m.Else():
                             fail(StorageError.NOT_READY)
@@ -747,7 +753,8 @@ class SDNativeController(wiring.Component):
             # ---- end of a transaction ----------------------------------------------------------
             with m.State("FAIL"):
                 m.d.comb += d_stop.eq(1)
-                with m.If((err == StorageError.TIMEOUT) | (err == StorageError.NOT_READY)):
+                m.d.sync += lost.eq(0)
+                with m.If((err == StorageError.TIMEOUT) | (err == StorageError.NOT_READY) | lost):
                     m.d.sync += [self.ready.eq(0), self.sdhc.eq(0), fast.eq(0),
                                  self.high_speed.eq(0)]
                 m.next = "STATUS"

@@ -39,7 +39,9 @@ Written blocks go to the :class:`~ringkv.sim.sector_model.SectorImage` at once (
 being written torn). ``dead`` = ``"high"`` (no card / card gone: nothing driven, the pull-ups
 read 1) or ``"low"`` (DAT lines stuck low: busy forever); a card that comes back after being
 dead has been power-cycled. Injected faults: ``bad_read_crc`` (the next N read blocks carry a
-wrong CRC16 on DAT2), ``bad_resp_crc`` (the next N responses a wrong CRC7), ``write_error``
+wrong CRC16 on DAT2), ``bad_resp_crc`` (the next N responses a wrong CRC7), ``bad_write_bus``
+(a bit of each of the next N written blocks flips on the bus: the card answers "CRC error"),
+``write_error``
 (the next N written blocks get the CRC status "write error" ``110``), ``fail_next`` (R1 error
 bits the next data command is answered with, not executing it).
 """
@@ -112,7 +114,8 @@ class SDCard4:
 
     def __init__(self, image: SectorImage, *, high_speed=True, sdhc=True, v2=True, ncr=2,
                  nac=4, block_gap=2, init_polls=3, busy_clocks=8, rca=0x5A3C, cut_after=None,
-                 dead=None, bad_read_crc=0, bad_resp_crc=0, write_error=0, fail_next=0):
+                 dead=None, bad_read_crc=0, bad_resp_crc=0, bad_write_bus=0, write_error=0,
+                 fail_next=0):
         self.image = image
         self.high_speed_supported = high_speed
         self.sdhc, self.v2 = sdhc, v2
@@ -123,6 +126,7 @@ class SDCard4:
         self.dead = dead
         self.bad_read_crc, self.bad_resp_crc = bad_read_crc, bad_resp_crc
         self.write_error, self.fail_next = write_error, fail_next
+        self.bad_write_bus = bad_write_bus
         self.csize = (image.sectors + 1023) // 1024 - 1
         self.log = []              # (index, arg, app) of every command with a good CRC
         self.violations = []
@@ -402,8 +406,9 @@ class SDCard4:
 
     def _queue_read_block(self, gap):
         if self.rd_lba >= self.image.sectors:
+            # a multi-block read past the last sector: no more data, the card stays in the
+            # data state until CMD12 (which reports OUT_OF_RANGE)
             self.status |= OUT_OF_RANGE
-            self.rd_multi = False
             return
         bad = self.bad_read_crc > 0
         if bad:
@@ -450,6 +455,9 @@ class SDCard4:
         if chunks[-1] != mask:
             self.violations.append(f"clock {self.clocks}: write block without end bit")
         data = bytes(rx["bytes"])
+        if self.bad_write_bus:
+            self.bad_write_bus -= 1
+            data = bytes([data[0] ^ 0x10]) + data[1:]
         got = [sum(((chunks[total + i] >> k) & 1) << (15 - i) for i in range(16))
                for k in range(w)]
         self.dat_q.append(None)
