@@ -113,6 +113,8 @@ async def card_that_stops_answering(dut):
     st, got = await task
     assert st is StorageError.TIMEOUT and len(got) < 6 * 512
     card.dead = None
+    st, got = await bench.read(1, 2)                   # initialised again
+    assert st is StorageError.OK and got[:1024] == bytes(range(256)) * 4
     card.busy_clocks = 100_000
     assert await bench.write(4, bytes(512)) is StorageError.TIMEOUT
     card.busy_clocks = 2
