@@ -45,7 +45,7 @@ REGIONS = 1024
 SD4_BENCH = dict(init_half_period=2, half_period=1, resp_timeout=64, data_timeout=1 << 12,
                  busy_timeout=1 << 12, init_retries=8)
 #: SD native controller on the board (40 MHz: 400 kHz during initialisation, then 20 MHz)
-SD4_BOARD = dict(init_half_period=50, half_period=1, resp_timeout=64, data_timeout=1 << 21,
+SD4_BOARD = dict(init_half_period=50, half_period=1, resp_timeout=64, data_timeout=1 << 22,
                  busy_timeout=1 << 23, init_retries=1 << 12)
 #: the card model's timing in the bench (SD clocks): response latency N_CR, read latency N_AC
 #: (first block and between blocks), busy after each written block
