@@ -681,6 +681,7 @@ class SDNativeController(wiring.Component):
                         m.d.sync += in_cmd.eq(1)
                         m.next = "EXEC"
             with m.State("EXEC"):
+                m.d.sync += wbyte_valid.eq(0)     # nothing left from an aborted write
                 with m.If(lba + count > self.sectors):
                     m.d.sync += err.eq(StorageError.RANGE)
                     m.next = "STATUS"
