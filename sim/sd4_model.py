@@ -43,7 +43,8 @@ wrong CRC16 on DAT2), ``bad_resp_crc`` (the next N responses a wrong CRC7), ``ba
 (a bit of each of the next N written blocks flips on the bus: the card answers "CRC error"),
 ``write_error``
 (the next N written blocks get the CRC status "write error" ``110``), ``fail_next`` (R1 error
-bits the next data command is answered with, not executing it).
+bits the next data command is answered with, not executing it), ``die_after`` (the card is
+pulled out, ``dead = "high"``, after that many more clocks).
 """
 
 from collections import deque
@@ -115,7 +116,7 @@ class SDCard4:
     def __init__(self, image: SectorImage, *, high_speed=True, sdhc=True, v2=True, ncr=2,
                  nac=4, block_gap=2, init_polls=3, busy_clocks=8, rca=0x5A3C, cut_after=None,
                  dead=None, bad_read_crc=0, bad_resp_crc=0, bad_write_bus=0, write_error=0,
-                 fail_next=0):
+                 fail_next=0, die_after=None):
         self.image = image
         self.high_speed_supported = high_speed
         self.sdhc, self.v2 = sdhc, v2
@@ -127,6 +128,7 @@ class SDCard4:
         self.bad_read_crc, self.bad_resp_crc = bad_read_crc, bad_resp_crc
         self.write_error, self.fail_next = write_error, fail_next
         self.bad_write_bus = bad_write_bus
+        self.die_after = die_after
         self.csize = (image.sectors + 1023) // 1024 - 1
         self.log = []              # (index, arg, app) of every command with a good CRC
         self.violations = []
@@ -167,6 +169,10 @@ class SDCard4:
         """A rising edge of SD CLK: the host drives CMD (``cmd_oe``/``cmd_o``) and DAT0-3
         (``dat_oe``/``dat_o``). Afterwards :attr:`cmd_out` / :attr:`dat_out` hold what the card
         drives in the next clock cycle (from the falling edge)."""
+        if self.die_after is not None:
+            self.die_after -= 1
+            if self.die_after <= 0:
+                self.dead, self.die_after = "high", None
         if self.dead:
             self._gone = True
             self.cmd_out = None
