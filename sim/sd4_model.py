@@ -5,7 +5,9 @@ verify ``hw/sdnative.py``.
 SD CLK (it takes the host's drive of CMD and DAT0-3 sampled at that edge and decides what the
 card drives in the next clock cycle, from the following falling edge: default-speed timing).
 It is independent of any simulator; two adapters put it on pins: :func:`amaranth_sd4_card`
-(Amaranth simulator) and :class:`CocotbSD4Card` (cocotb on Verilator).
+(Amaranth simulator) and :class:`CocotbSD4Card` (cocotb on Verilator); once high speed is
+switched on (``CMD6``) they change the card's outputs right after the rising edge instead, as
+the spec's high-speed timing has it.
 
 It follows the SD Physical Layer Simplified Specification (states idle, ready, ident, stby,
 tran, data, rcv, prg) and is strict where a sloppy host would get away on some cards:
@@ -502,9 +504,10 @@ async def amaranth_sd4_card(ctx, bus, card: SDCard4):
     """Put ``card`` on the pins ``bus`` (``clk``, ``cmd.o/oe/i``, ``dat.o/oe/i``) of an
     Amaranth design (run as a background testbench).
 
-    Acts on every change of ``bus.clk``: at a rising edge the card takes the host's drive; at a
-    falling edge its own drive changes (and is visible to the design at the next clock edge,
-    as with a real card's output delay below one system clock).
+    Acts on every change of ``bus.clk``: at a rising edge the card takes the host's drive; its
+    own drive changes at the falling edge in default speed, right after the rising edge in high
+    speed (as a real card's outputs do; visible to the design at its next clock edge, as with
+    an output delay below one system clock).
     """
     ctx.set(bus.cmd.i, 1)
     ctx.set(bus.dat.i, 0xF)
@@ -515,7 +518,7 @@ async def amaranth_sd4_card(ctx, bus, card: SDCard4):
         dat_o, dat_oe = ctx.get(bus.dat.o), ctx.get(bus.dat.oe)
         if clk:
             card.clock(cmd_oe, cmd_o, dat_oe, dat_o)
-        else:
+        if bool(clk) == card.high_speed:
             cmd, dat = _card_inputs(card, cmd_o, cmd_oe, dat_o, dat_oe)
             ctx.set(bus.cmd.i, cmd)
             ctx.set(bus.dat.i, dat)
@@ -543,9 +546,10 @@ class CocotbSD4Card:
             await edge
             cmd_o, cmd_oe = int(self.cmd_o.value), int(self.cmd_oe.value)
             dat_o, dat_oe = int(self.dat_o.value), int(self.dat_oe.value)
-            if int(self.clk.value):
+            clk = int(self.clk.value)
+            if clk:
                 card.clock(cmd_oe, cmd_o, dat_oe, dat_o)
-            else:
+            if bool(clk) == card.high_speed:
                 cmd, dat = _card_inputs(card, cmd_o, cmd_oe, dat_o, dat_oe)
                 self.cmd_i.value = cmd
                 self.dat_i.value = dat
