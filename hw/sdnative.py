@@ -37,15 +37,16 @@ Read data may arrive while the command's response is still being received (N_AC 
 short as 2 clocks): the response and data receivers run in parallel.
 
 Errors, never hangs: no response within ``resp_timeout`` SD clocks, no read data within
-``data_timeout``, no CRC status token within ``resp_timeout``, busy for more than
-``busy_timeout`` -> ``TIMEOUT`` (the card is initialised again before the next command); card
-status error bits in a response -> ``CARD`` (an ``OUT_OF_RANGE`` in ``CMD12``'s response after a
-read is ignored: cards set it when a multi-block read reaches the last sector), a write CRC
-status "write error" -> ``CARD``; a bad response CRC7/index/end bit (the card may or may not
-have taken the command: it is initialised again before the next one), a read CRC16 mismatch,
-or a write CRC status "CRC error" -> ``CRC``; ``count == 0`` or sectors beyond the card's
-capacity -> ``RANGE`` (without a card command); initialisation failed -> ``NOT_READY``. A
-failed multi-block transfer is stopped with ``CMD12``; its status is sent at once.
+``data_timeout`` (both counted from the command's end bit), no CRC status token within
+``resp_timeout``, busy for more than ``busy_timeout`` -> ``TIMEOUT`` (the card is initialised
+again before the next command); card status error bits in a response -> ``CARD`` (an
+``OUT_OF_RANGE`` in ``CMD12``'s response after a read is ignored: cards set it when a
+multi-block read reaches the last sector), a write CRC status "write error" -> ``CARD``; a bad
+response CRC7/index/end bit (the card may or may not have taken the command: it is initialised
+again before the next one), a read CRC16 mismatch, or a write CRC status "CRC error" -> ``CRC``;
+``count == 0`` or sectors beyond the card's capacity -> ``RANGE`` (without a card command);
+initialisation failed -> ``NOT_READY``. A failed multi-block transfer is stopped with ``CMD12``;
+its status is sent at once.
 
 Throughput: 4 bits per SD clock within a block; per block add the start, CRC and end bits (18
 clocks) and, for reads, the card's gap between blocks (N_AC), for writes the CRC status token,
@@ -321,7 +322,8 @@ class SDNativeController(wiring.Component):
                         m.d.sync += [d_cnt.eq(0), d_badstart.eq(dat_in != 0)]
                         m.d.comb += crc16_start.eq(1)
                         m.next = "DATA"
-                    with m.Else():
+                    with m.Elif(~tx_busy):
+                        # N_AC counts from the command's end bit
                         m.d.sync += d_wait.eq(d_wait + 1)
                         with m.If(d_wait == self._data_timeout - 1):
                             m.d.sync += [d_timeout.eq(1), d_ok.eq(0)]
@@ -490,7 +492,6 @@ class SDNativeController(wiring.Component):
         err_mask = Mux(after == _After.CMD12, R1_ERRORS & ~_OUT_OF_RANGE, R1_ERRORS)
         m.d.comb += resp_err.eq((resp_arg & err_mask) != 0)
 
-        m.d.comb += run.eq(~rd_stall & ~wr_stall & ~fsm_wait & ~rx_done & ~d_done & ~t_done)
 
         def send_cmd(index, arg, kind, then):
             m.d.sync += [cmd_idx.eq(index), cmd_arg.eq(arg), resp.eq(kind), after.eq(then),
@@ -501,7 +502,7 @@ class SDNativeController(wiring.Component):
             m.d.sync += err.eq(code)
             m.next = "FAIL"
 
-        with m.FSM(name="sd"):
+        with m.FSM(name="sd") as fsm:
             # ---- initialisation ----------------------------------------------------------------
             with m.State("POWERUP"):
                 m.d.sync += [fast.eq(0), self.ready.eq(0), self.sdhc.eq(0),
@@ -766,4 +767,10 @@ class SDNativeController(wiring.Component):
                 with m.If(st.status.ready & ~rbuf_valid):
                     m.d.sync += in_cmd.eq(0)
                     m.next = "IDLE"
+        # a finished block holds SD CLK until the state machine that consumes it has (one
+        # system clock); elsewhere (a short block done while the response is still due, a data
+        # timeout) it waits without stopping the clock, so the response still arrives
+        d_consumer = fsm.ongoing("RD_BLOCK") | fsm.ongoing("SWITCH_DATA")
+        m.d.comb += run.eq(~rd_stall & ~wr_stall & ~fsm_wait & ~rx_done & ~(d_done & d_consumer)
+                           & ~t_done)
         return m

@@ -20,7 +20,7 @@ FAST = dict(init_half_period=1, half_period=1, resp_timeout=64, data_timeout=256
 INIT = [0, 8, 55, 41, 55, 41, 55, 41, 55, 41, 2, 3, 9, 7, 55, 6]
 
 
-def simulate(card, body, **params):
+def simulate(card, body, deadline=None, **params):
     dut = SDNativeController(**{**FAST, **params})
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -34,7 +34,11 @@ def simulate(card, body, **params):
 
     sim.add_testbench(card_process, background=True)
     sim.add_testbench(bench)
-    sim.run()
+    if deadline is None:
+        sim.run()
+    else:
+        sim.run_until(deadline * 1e-8)
+        assert "value" in result, f"no result within {deadline} cycles: a hang"
     return result["value"]
 
 
@@ -264,6 +268,21 @@ def test_card_beyond_image_and_stuck_busy():
     assert image.read(2, 2) == bytes(range(256)) * 4
     assert [c for c, _, _ in card.log].count(0) == 2      # initialised again
     assert card.violations == []
+
+
+def test_short_timeouts_never_hang():
+    """Timeouts shorter than the card's latencies (data timeout below N_AC, response timeout
+    below N_CR): an error status within a bounded time, never a hang."""
+    card = SDCard4(_image(16, 2), nac=40, init_polls=0)
+
+    async def body(ctx, dut):
+        out = [(await do_read(ctx, dut, 1, 2))[0]]
+        card.ncr = 20
+        out.append((await do_read(ctx, dut, 1, 1))[0])
+        return out
+
+    assert simulate(card, body, deadline=40_000, data_timeout=8, resp_timeout=12) == \
+        [StorageError.TIMEOUT, StorageError.NOT_READY]
 
 
 @pytest.mark.slow          # the cocotb test card_that_stops_answering covers it in `make test`
