@@ -28,11 +28,14 @@ reports it switched does the controller use ``hs_half_period`` (``high_speed`` =
 ``half_period`` (or ``hs_half_period``).
 
 Transfers: one sector is ``CMD17`` / ``CMD24``, several ``CMD18`` / ``CMD25`` ... ``CMD12``
-(R1b). Every command carries its CRC7 (``lib.crc`` CRC7_MMC, bit serial); every response's
-CRC7 is checked (not R3's, which has none), as are its index, transmission and end bits and
-the card status error bits. Data blocks carry a CRC16 per DAT line (four ``lib.crc``
-CRC16_XMODEM, bit serial), checked on reads (the residue) and sent on writes; after each
-written block the CRC status token on DAT0 is checked and the busy phase (DAT0 low) awaited.
+(R1b). A write ends with ``CMD13`` (card status) after the last busy phase: its status is OK
+only when the card, still there, reports no error from programming the data (a card pulled out
+while busy reads as "not busy" on the pulled-up DAT0; ``CMD13`` then times out). Every command
+carries its CRC7 (``lib.crc`` CRC7_MMC, bit serial); every response's CRC7 is checked (not R3's,
+which has none), as are its index, transmission and end bits and the card status error bits.
+Data blocks carry a CRC16 per DAT line (four ``lib.crc`` CRC16_XMODEM, bit serial), checked on
+reads (the residue) and sent on writes; after each written block the CRC status token on DAT0 is
+checked and the busy phase (DAT0 low) awaited.
 Read data may arrive while the command's response is still being received (N_AC may be as
 short as 2 clocks): the response and data receivers run in parallel.
 
@@ -51,8 +54,9 @@ its status is sent at once.
 Throughput: 4 bits per SD clock within a block; per block add the start, CRC and end bits (18
 clocks) and, for reads, the card's gap between blocks (N_AC), for writes the CRC status token,
 the card's busy time and 2 clocks (N_WR); per command 8 idle clocks (N_CC), the command (48
-clocks), the card's response latency and the response (48 clocks); ``CMD12`` after a
-multi-block transfer the same again. See ``docs/BENCHMARKS.md`` (``storage.sd4.*``).
+clocks), the card's response latency and the response (48 clocks); ``CMD12`` after a multi-block
+transfer and ``CMD13`` after a write the same again. See ``docs/BENCHMARKS.md``
+(``storage.sd4.*``).
 Backpressure: ``rdata`` may stall, ``wdata`` may be late (SD CLK stops, see above).
 Latency of a read: 8 + 48 clocks (command) + N_AC + 1 (start bit) + 2 (first byte) SD clocks.
 
@@ -113,6 +117,7 @@ class _After(enum.Enum, shape=5):
     READ = 12
     WRITE = 13
     CMD12 = 14
+    CMD13 = 15
 
 
 def _check_int(name, value, minimum):
@@ -626,6 +631,12 @@ class SDNativeController(wiring.Component):
                         with m.Else():
                             m.d.sync += [wait.eq(0), w_taken.eq(0)]
                             m.next = "WR_NWR"
+                    with m.Case(_After.CMD13):
+                        # after a write: the card is still there and reports no error from
+                        # programming the data
+                        with m.If(resp_err):
+                            m.d.sync += err.eq(StorageError.CARD)
+                        m.next = "STATUS"
                     with m.Case(_After.CMD12):
                         with m.If(resp_err & (err == StorageError.OK)):
                             m.d.sync += err.eq(StorageError.CARD)
@@ -743,13 +754,16 @@ class SDNativeController(wiring.Component):
                     with m.Elif(multi):
                         send_cmd(12, 0, _Resp.R1B, _After.CMD12)
                     with m.Else():
-                        m.next = "STATUS"
+                        send_cmd(13, Cat(Const(0, 16), rca), _Resp.R1, _After.CMD13)
             with m.State("STOP_BUSY"):
                 # CMD12 is R1b: after a write the card programs while DAT0 is low
                 with m.If(rise):
                     m.d.sync += wait.eq(wait + 1)
                     with m.If(dat_in[0]):
-                        m.next = "STATUS"
+                        with m.If((op == StorageOp.WRITE) & (err == StorageError.OK)):
+                            send_cmd(13, Cat(Const(0, 16), rca), _Resp.R1, _After.CMD13)
+                        with m.Else():
+                            m.next = "STATUS"
                     with m.Elif(wait == self._busy_timeout - 1):
                         fail(StorageError.TIMEOUT)
             # ---- end of a transaction ----------------------------------------------------------

@@ -32,13 +32,15 @@ def simulate(card, body, deadline=None, **params):
     async def card_process(ctx):
         await amaranth_sd4_card(ctx, dut.sd, card)
 
+    async def watchdog(ctx):
+        await ctx.delay(deadline * 1e-8)
+        raise AssertionError(f"no result within {deadline} cycles: a hang")
+
     sim.add_testbench(card_process, background=True)
+    if deadline is not None:
+        sim.add_testbench(watchdog, background=True)
     sim.add_testbench(bench)
-    if deadline is None:
-        sim.run()
-    else:
-        sim.run_until(deadline * 1e-8)
-        assert "value" in result, f"no result within {deadline} cycles: a hang"
+    sim.run()
     return result["value"]
 
 
@@ -144,7 +146,7 @@ def test_init_and_round_trip(kind):
     cmds = [c for c, _, _ in card.log]
     init = INIT + {"hs": [6, 6], "no_hs_card": [6], "hs_off": []}[kind]
     assert cmds[:len(init)] == init
-    assert cmds[len(init):] == [24, 25, 12, 17, 18, 12]
+    assert cmds[len(init):] == [24, 13, 25, 12, 13, 17, 18, 12]
     assert card.width == 4
     assert card.violations == [] and card.crc_errors == 0
 
@@ -328,3 +330,62 @@ def test_power_cut_tears_the_block():
     assert image.read(20, 1) == data[:512]
     assert image.read(21, 1) == data[512:612] + old[612:1024]
     assert image.read(22, 1) == old[1024:]
+
+
+OPS = 16
+VERBOSE = False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_faults(seed):
+    """Random transfers with a random fault injected into each (a bad CRC on read data, on a
+    response or on a written block, a write error, an error answer, a card pulled out at a
+    random clock, a long busy phase): every command ends in a status within a bounded time; an
+    OK read returns the image's bytes, an OK write is on the image; a failed write leaves every
+    sector either old or new, never anything else."""
+    rng = random.Random(seed)
+    image = _image(64, seed)
+    card = SDCard4(image, nac=rng.randrange(2, 12), block_gap=rng.randrange(1, 5),
+                   busy_clocks=rng.randrange(0, 12), init_polls=1)
+    faults = ["none", "read_crc", "resp_crc", "write_bus", "write_error", "fail_next", "die",
+              "busy"]
+    log = []
+
+    async def body(ctx, dut):
+        for _ in range(OPS):
+            fault = rng.choice(faults)
+            count = rng.choice([1, 2, rng.randrange(3, 6)])
+            lba = rng.randrange(64 - count + 1)
+            write = rng.random() < 0.5
+            card.bad_read_crc = int(fault == "read_crc")
+            card.bad_resp_crc = int(fault == "resp_crc")
+            card.bad_write_bus = int(fault == "write_bus")
+            card.write_error = int(fault == "write_error")
+            card.fail_next = (1 << 19) if fault == "fail_next" else 0
+            card.die_after = rng.randrange(20, 3000) if fault == "die" else None
+            card.busy_clocks = 1000 if fault == "busy" else 4
+            before = image.read(lba, count)
+            if write:
+                data = rng.randbytes(count * 512)
+                st, _ = await do_write(ctx, dut, lba, data, rng, 0.2)
+                after = image.read(lba, count)
+                if st is StorageError.OK:
+                    assert after == data, (fault, lba, count)
+                for k in range(count):
+                    sector = after[512 * k:512 * (k + 1)]
+                    assert sector in (before[512 * k:512 * (k + 1)],
+                                      data[512 * k:512 * (k + 1)]), (fault, k)
+            else:
+                st, got = await do_read(ctx, dut, lba, count, rng, 0.2)
+                if st is StorageError.OK:
+                    assert got == before, (fault, lba, count)
+            log.append((fault, write, st))
+            if VERBOSE:
+                print(fault, "write" if write else "read", lba, count, st)
+            card.dead, card.die_after = None, None
+        return log
+
+    simulate(card, body, deadline=60_000 * OPS, busy_timeout=400)
+    assert card.violations == []
+    assert {st for f, _, st in log if f == "none"} <= {StorageError.OK}
