@@ -26,7 +26,7 @@ def run():
     else:
         r = build("ulx3s-85f")
     params = {k: r[k] for k in ("board", "target_mhz", "utilization", "config", "regions",
-                                "uart_baud", "sd_spi_mhz") if k in r}
+                                "uart_baud", "sd_mode", "sd_mhz", "sd_spi_mhz") if k in r}
     params["seed"] = r.get("seed", 1)
     out = [{"name": "board.fmax", "value": r["fmax_mhz"], "unit": "MHz", "params": params},
            {"name": "board.slack_pct", "value": r["slack_pct"], "unit": "%",
@@ -48,8 +48,10 @@ def markdown(results):
             for k in ("TRELLIS_COMB", "TRELLIS_FF", "DP16KD", "MULT18X18D", "EHXPLLL",
                       "TRELLIS_IO") if k in u]
     return (f"`make bitstream BOARD=ulx3s-85f`: `RingKVTop` ({cfg}; {p['regions']} storage "
-            f"regions) + UART at {p['uart_baud']} baud + SD card in SPI mode at "
-            f"{p['sd_spi_mhz']} MHz, PLL from the 25 MHz oscillator. Placed and routed, not "
+            f"regions) + UART at {p['uart_baud']} baud + SD card in "
+            f"{'native 4-bit' if p.get('sd_mode') == 'sd4' else 'SPI'} mode at "
+            f"{p.get('sd_mhz', p.get('sd_spi_mhz'))} MHz, PLL from the 25 MHz oscillator. "
+            f"Placed and routed, not "
             f"out of context. System clock: **{r['value']:.2f} MHz achieved for "
             f"{p['target_mhz']} MHz** (nextpnr report, placement seed {p.get('seed', 1)})"
             + (f", slack **{by['board.slack_pct']['value']:.1f} %** of the period (target "

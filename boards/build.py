@@ -167,7 +167,8 @@ def _run_script(build_dir: Path, script: str, log_path: Path, progress: _Progres
 
 
 def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 4096,
-          build_dir=None, seed: int = 1, out=None, heartbeat_s: float = 60.0) -> dict:
+          build_dir=None, seed: int = 1, storage: str = "sd4", out=None,
+          heartbeat_s: float = 60.0) -> dict:
     """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
     ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
     (default standard error); the tools' output to ``<build_dir>/build.log``."""
@@ -181,7 +182,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     build_dir = Path(build_dir or _REPO / "build" / board)
     progress.enter("elaboration", f"elaboration: the {board} top -> {build_dir}")
     platform = getattr(ulx3s, BOARDS[board])()
-    top = ULX3STop(sys_mhz=sys_mhz, regions=regions)
+    top = ULX3STop(sys_mhz=sys_mhz, regions=regions, storage=storage)
     name = "ringkv_ulx3s"
     plan = platform.build(top, name=name, do_build=False, verbose=True,
                           script_after_read="\n".join(AFTER_READ),
@@ -217,7 +218,8 @@ def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") ->
             "timing_met": bool(clock) and achieved >= target,
             "utilization": util, "bitstream": str(build_dir / f"{name}.bit"),
             "config": dict(top.config.__dict__), "regions": top.top.regions,
-            "uart_baud": top.baud, "sd_spi_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
+            "uart_baud": top.baud, "sd_mode": top.storage,
+            "sd_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
 
 
 def verdict(figures: dict, min_slack_pct: float = 0.0) -> tuple[bool, str]:
@@ -241,6 +243,8 @@ def main(argv=None):
     parser.add_argument("--board", default="ulx3s-85f", choices=sorted(BOARDS))
     parser.add_argument("--sys-mhz", type=float, default=40.0)
     parser.add_argument("--regions", type=int, default=4096)
+    parser.add_argument("--storage", default="sd4", choices=["sd4", "spi"],
+                        help="SD card mode: native 4-bit (default) or SPI")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     parser.add_argument("--min-slack-pct", type=float, default=0.0,
                         help="fail when less of the clock period is left on the critical "
@@ -250,7 +254,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     try:
         result = build(args.board, sys_mhz=args.sys_mhz, regions=args.regions, seed=args.seed,
-                       heartbeat_s=args.heartbeat)
+                       storage=args.storage, heartbeat_s=args.heartbeat)
     except BuildFailed as e:
         print(f"BUILD FAILED: {e}", file=sys.stderr)
         return 1

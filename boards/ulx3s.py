@@ -1,4 +1,4 @@
-"""RingKV on the ULX3S (LFE5U-85F): PLL, USB UART, SD card in SPI mode, the whole top.
+"""RingKV on the ULX3S (LFE5U-85F): PLL, USB UART, SD card (native 4-bit or SPI), the whole top.
 
 ``ULX3STop`` wraps :class:`ringkv.hw.top.RingKVTop` for the board:
 
@@ -8,25 +8,48 @@
 * the FT231X USB UART (pins M1/L4) carries the framed protocol through
   :class:`ringkv.hw.uart.UART` at ``baud`` (default 3 Mbaud, a fractional divisor, so the
   average bit time is exact);
-* the micro-SD slot, in SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on CMD, CIPO on DAT0),
-  through :class:`ringkv.hw.sdspi.SDSPIController` on the top's storage port;
+* the micro-SD slot on the top's storage port, by default (``storage="sd4"``) in native mode
+  with the 4-bit bus through :class:`ringkv.hw.sdnative.SDNativeController` at SD CLK =
+  f_sys / 2 (20 MHz at 40 MHz; <= ``sd4_mhz``, 25 MHz: default speed), 400 kHz or less during
+  initialisation. The pins are our own resource :data:`SD_NATIVE` (``sd_card_native``: CLK out,
+  CMD and DAT0-3 bidirectional with the FPGA's pull-ups), because amaranth-boards 0.0.21's
+  ``SDCardResources`` declares the 4-bit resource's CMD pin as output only, while the card
+  answers on CMD. ``storage="spi"`` keeps SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on
+  CMD, CIPO on DAT0) through :class:`ringkv.hw.sdspi.SDSPIController` at ``sd_mhz``;
 * LEDs: 0 = PLL locked, 1 = SD card initialised, 2 = SDHC/SDXC, 3 = heartbeat.
 
 Built by ``ringkv build --board ulx3s-85f`` (:mod:`ringkv.boards.build`). This path is
 synthesized, placed, routed and timed here, but untested on hardware.
 """
 
+import math
 from fractions import Fraction
 
 from amaranth import *
+from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth.lib import wiring
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.hw.sdnative import SDNativeController
 from ringkv.hw.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
 from ringkv.hw.uart import UART
 
-__all__ = ["ULX3STop", "pll_params"]
+__all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "STORAGE_MODES"]
+
+#: the micro-SD slot in native mode with CMD bidirectional (amaranth-boards' ``sd_card_4bit``
+#: has CMD output only); the same pins as amaranth-boards' ULX3S ``SDCardResources``. The
+#: FPGA's pull-ups hold CMD and DAT high when neither side drives them (the ECP5 default pull
+#: is down, which would read as a start bit).
+SD_NATIVE = Resource(
+    "sd_card_native", 0,
+    Subsignal("clk", Pins("J1", dir="o")),
+    Subsignal("cmd", Pins("J3", dir="io")),
+    Subsignal("dat", Pins("K2 K1 H2 H1", dir="io")),
+    Attrs(IO_TYPE="LVCMOS33", SLEW="FAST", PULLMODE="UP"))
+
+#: ``storage=`` values: the SD card's mode
+STORAGE_MODES = ("sd4", "spi")
 
 
 def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
@@ -61,14 +84,21 @@ class ULX3STop(Elaboratable):
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, sys_mhz: float = 40.0,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
-                 sd_mhz: float = 10.0):
+                 sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0):
         self.config = config
         self.pll = pll_params(25.0, sys_mhz)
         self.sys_hz = self.pll["f_out_mhz"] * 1e6
         self.baud = baud
         self.divisor = Fraction(round(self.sys_hz), baud)
-        # SPI clock = sys / (2 * half_period); 400 kHz or less during initialisation.
-        self.sd_half = max(1, round(self.sys_hz / (2 * sd_mhz * 1e6)))
+        if storage not in STORAGE_MODES:
+            raise ValueError(f"storage must be one of {STORAGE_MODES}, not {storage!r}")
+        self.storage = storage
+        # SD clock = sys / (2 * half_period); 400 kHz or less during initialisation. Native
+        # mode: never above sd4_mhz (default speed: 25 MHz).
+        if storage == "sd4":
+            self.sd_half = max(1, math.ceil(self.sys_hz / (2 * sd4_mhz * 1e6) - 1e-9))
+        else:
+            self.sd_half = max(1, round(self.sys_hz / (2 * sd_mhz * 1e6)))
         self.sd_init_half = max(self.sd_half, round(self.sys_hz / (2 * 400e3) + 0.5))
         self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs)
 
@@ -114,13 +144,28 @@ class ULX3STop(Elaboratable):
         wiring.connect(m, uart.o, top.rx)
         wiring.connect(m, top.tx, uart.i)
 
-        m.submodules.sd = sd = SDSPIController(init_half_period=self.sd_init_half,
-                                               half_period=self.sd_half)
+        if self.storage == "sd4":
+            # timeouts in SD clocks: read access <= 100 ms, write busy <= 250 ms (SDHC) at
+            # 20 MHz, with margin
+            m.submodules.sd = sd = SDNativeController(
+                init_half_period=self.sd_init_half, half_period=self.sd_half,
+                data_timeout=1 << 22, busy_timeout=1 << 23)
+            if "sd_card_native" not in {r.name for r in platform.resources.values()}:
+                platform.add_resources([SD_NATIVE])
+            pins = platform.request("sd_card_native", 0)
+            m.d.comb += [pins.clk.o.eq(sd.sd.clk),
+                         pins.cmd.o.eq(sd.sd.cmd.o), pins.cmd.oe.eq(sd.sd.cmd.oe),
+                         sd.sd.cmd.i.eq(pins.cmd.i),
+                         pins.dat.o.eq(sd.sd.dat.o), pins.dat.oe.eq(sd.sd.dat.oe),
+                         sd.sd.dat.i.eq(pins.dat.i)]
+        else:
+            m.submodules.sd = sd = SDSPIController(init_half_period=self.sd_init_half,
+                                                   half_period=self.sd_half)
+            sd_pins = platform.request("sd_card_spi", 0)
+            m.d.comb += [sd_pins.clk.o.eq(sd.spi.sclk), sd_pins.copi.o.eq(sd.spi.mosi),
+                         sd_pins.cs.o.eq(~sd.spi.cs_n), sd_pins.cs.oe.eq(1),
+                         sd.spi.miso.eq(sd_pins.cipo.i)]
         wiring.connect(m, top.storage, sd.storage)
-        sd_pins = platform.request("sd_card_spi", 0)
-        m.d.comb += [sd_pins.clk.o.eq(sd.spi.sclk), sd_pins.copi.o.eq(sd.spi.mosi),
-                     sd_pins.cs.o.eq(~sd.spi.cs_n), sd_pins.cs.oe.eq(1),
-                     sd.spi.miso.eq(sd_pins.cipo.i)]
 
         beat = Signal(26)
         m.d.sync += beat.eq(beat + 1)

@@ -1,7 +1,8 @@
 """The storage port: sector reads and writes with multi-sector bursts.
 
-Every storage backend sits behind :class:`StoragePortSignature` -- the SD card controller in SPI
-mode on the board (``hw/sdspi.py``), and in simulation the sector-level model of
+Every storage backend sits behind :class:`StoragePortSignature` -- the SD card controller on the
+board, in native 4-bit mode (``hw/sdnative.py``, the default) or in SPI mode (``hw/sdspi.py``),
+and in simulation the sector-level model of
 ``sim/sector_model.py`` (a Python coroutine over an image file) -- so the DMA engine
 (``hw/dma.py``) does not know which one it talks to.
 

@@ -26,6 +26,7 @@ def cores():
     from ringkv.hw.dma import DmaEngine
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
     from ringkv.hw.hash_engine import HashEngine
+    from ringkv.hw.sdnative import SDNativeController
     from ringkv.hw.sdspi import SDSPIController
     from ringkv.hw.token_memory import TokenMemory
     from ringkv.hw.top import RingKVTop
@@ -40,6 +41,7 @@ def cores():
         "frame_encoder": lambda: FrameEncoder(),
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),
         "sdspi": lambda: SDSPIController(),
+        "sdnative": lambda: SDNativeController(hs_half_period=1),
         "dma_fx1": lambda: DmaEngine(DEFAULT_CONFIG, 64),
         "dma_fx2": lambda: DmaEngine(fx2, 64),
         "attention_fx1": lambda: AttentionCore(layers=2, window=32, head_dim=16),

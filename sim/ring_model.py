@@ -21,6 +21,7 @@ from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ringkv.hw.dma import DmaEngine, RingPortSignature
+from ringkv.hw.sdnative import SDBusSignature, SDNativeController
 from ringkv.hw.sdspi import SDSPIController, SPISignature
 from ringkv.hw.token_memory import TokenMemory
 
@@ -84,18 +85,24 @@ class DmaHarness(wiring.Component):
 
     With ``sd`` (a dict of :class:`~ringkv.hw.sdspi.SDSPIController` parameters) the storage
     port goes to an SD-SPI controller inside the harness and the SPI pins (``spi``) and
-    ``sd_ready`` are the top-level ports instead of ``storage``: the board's storage path.
+    ``sd_ready`` are the top-level ports instead of ``storage``: the board's storage path in SPI
+    mode. With ``sd4`` (a dict of :class:`~ringkv.hw.sdnative.SDNativeController` parameters)
+    the same with the native 4-bit controller, its bus on ``sdbus``.
     """
 
-    def __init__(self, config, regions, *, sd=None):
+    def __init__(self, config, regions, *, sd=None, sd4=None):
+        if sd is not None and sd4 is not None:
+            raise ValueError("give sd (SPI mode) or sd4 (native mode), not both")
         self._config = config
         self.dma = DmaEngine(config, regions)
         self.rings = RingMemoryModel(config)
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
-        self.sd = SDSPIController(**sd) if sd is not None else None
+        self.sd = (SDSPIController(**sd) if sd is not None else
+                   SDNativeController(**sd4) if sd4 is not None else None)
         dma_sig = self.dma.signature.members
-        storage = ({"storage": dma_sig["storage"]} if sd is None else
-                   {"spi": Out(SPISignature()), "sd_ready": Out(1)})
+        storage = ({"storage": dma_sig["storage"]} if self.sd is None else
+                   {"spi": Out(SPISignature()), "sd_ready": Out(1)} if sd is not None else
+                   {"sdbus": Out(SDBusSignature()), "sd_ready": Out(1)})
         super().__init__({
             "cmd": dma_sig["cmd"],
             "resp": dma_sig["resp"],
@@ -120,7 +127,10 @@ class DmaHarness(wiring.Component):
         else:
             m.submodules.sd = self.sd
             connect(m, dma.storage, self.sd.storage)
-            connect(m, flipped(self.spi), self.sd.spi)
+            if isinstance(self.sd, SDSPIController):
+                connect(m, flipped(self.spi), self.sd.spi)
+            else:
+                connect(m, flipped(self.sdbus), self.sd.sd)
             m.d.comb += self.sd_ready.eq(self.sd.ready)
         connect(m, dma.ring, rings.ring)
         connect(m, dma.tokens, tmem.read_port(0))

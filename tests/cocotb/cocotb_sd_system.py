@@ -1,5 +1,6 @@
-"""cocotb on Verilator: the board's storage path, DMA engine -> SD-SPI controller -> SD card
-model over an image file: export, power cycle (reset, same image), rebuild scan, import."""
+"""cocotb on Verilator: the board's storage path, DMA engine -> SD controller (SPI, or native
+4-bit with ``mode="sd4"``) -> SD card model over an image file: export, power cycle (reset,
+same image), rebuild scan, import."""
 
 import random
 
@@ -13,6 +14,7 @@ from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import RecordLayout, RecordStatus
 from ringkv.host.record import encode_record, rebuild, scan_image
 from ringkv.sim.cocotb_run import cocotb_params
+from ringkv.sim.sd4_model import CocotbSD4Card, SDCard4
 from ringkv.sim.sdcard_model import CocotbSDCard, SDCardSPI
 from ringkv.sim.sector_model import SectorImage
 
@@ -27,8 +29,12 @@ async def export_power_cycle_import(dut):
     rng = random.Random(7)
     lay = RecordLayout(CONFIG)
     image = SectorImage(sectors=REGIONS * lay.sectors_per_region)
-    card = SDCardSPI(image, busy_bytes=2)
-    cocotb.start_soon(CocotbSDCard(dut, "spi", card).run())
+    if P.get("mode") == "sd4":
+        card = SDCard4(image, busy_clocks=4, nac=6)
+        cocotb.start_soon(CocotbSD4Card(dut, "sdbus", card).run())
+    else:
+        card = SDCardSPI(image, busy_bytes=2)
+        cocotb.start_soon(CocotbSDCard(dut, "spi", card).run())
     bench = common.Bench(dut, image, 11, p=0.2)
     await bench.reset()
     rings, count, head, tokens = common.random_state(rng, CONFIG.window + 5)
@@ -56,4 +62,6 @@ async def export_power_cycle_import(dut):
     assert meta == [(count, head)] * CONFIG.layers
     for s in common.valid_slots(count, head):
         assert (got_rings[:, :, :, s, :] == rings[:, :, :, s, :]).all()
+    if P.get("mode") == "sd4":
+        assert card.violations == [] and card.crc_errors == 0
     await RisingEdge(dut.clk)

@@ -1,0 +1,790 @@
+"""SD card controller in native mode with the 4-bit bus, behind the storage port
+(``hw/storage.py``).
+
+Bus and clock. ``sd.clk`` is a register toggled every ``half_period`` system clocks (SD CLK =
+f_sys / (2 * half_period); ``init_half_period`` during initialisation, <= 400 kHz on a real
+card; ``hs_half_period`` once the card has granted high speed). Following the SD spec's
+default-speed timing, the controller changes ``cmd.o``/``dat.o`` (registers) in the system clock
+in which SD CLK falls, and samples ``cmd.i``/``dat.i`` in the system clock in which SD CLK rises
+(the value the card launched after the previous falling edge). In high-speed mode the card
+launches after the rising edge; the same sampling point then takes that bit one SD clock later,
+which holds as long as the card's output delay (<= 14 ns) plus the board's round trip stays
+below one SD clock period minus the input setup time. The controller stops SD CLK (low) when
+it must wait: ``rdata`` stalled when the next nibble would complete a byte that cannot be
+stored, ``wdata`` late when the next nibble to send is not there yet, and while its own state
+machine acts on a finished response or block (the spec lets the host stop SD CLK at any time in
+native mode; the card only sees a longer clock cycle). Every timeout counts SD clocks, so a
+stalled initiator never causes one.
+
+Initialisation (after reset, and before the next command after a timeout or a failed
+initialisation): 80 clocks with CMD high, ``CMD0``, ``CMD8`` (``0x1AA``: a card that does not
+answer is SD v1, which is SDSC: not supported, ``NOT_READY``), ``ACMD41`` with HCS until the
+card is ready (``init_retries`` tries; a card answering CCS = 0, SDSC, is ``NOT_READY``),
+``CMD2``, ``CMD3`` (the card's RCA), ``CMD9`` (CSD version 2: ``C_SIZE`` gives the capacity,
+exposed on ``sectors`` and checked against every command: ``RANGE``), ``CMD7`` (select, R1b),
+``ACMD6`` (4-bit bus), and when ``hs_half_period`` is given, ``CMD6`` (switch function):
+check mode first, and only if function 1 of group 1 is supported, set mode; only if the card
+reports it switched does the controller use ``hs_half_period`` (``high_speed`` = 1). Then
+``half_period`` (or ``hs_half_period``).
+
+Transfers: one sector is ``CMD17`` / ``CMD24``, several ``CMD18`` / ``CMD25`` ... ``CMD12``
+(R1b). A write ends with ``CMD13`` (card status) after the last busy phase: its status is OK
+only when the card, still there, reports no error from programming the data (a card pulled out
+while busy reads as "not busy" on the pulled-up DAT0; ``CMD13`` then times out). Every command
+carries its CRC7 (``lib.crc`` CRC7_MMC, bit serial); every response's CRC7 is checked (not R3's,
+which has none), as are its index, transmission and end bits and the card status error bits.
+Data blocks carry a CRC16 per DAT line (four ``lib.crc`` CRC16_XMODEM, bit serial), checked on
+reads (the residue) and sent on writes; after each written block the CRC status token on DAT0 is
+checked and the busy phase (DAT0 low) awaited.
+Read data may arrive while the command's response is still being received (N_AC may be as
+short as 2 clocks): the response and data receivers run in parallel.
+
+Errors, never hangs: no response within ``resp_timeout`` SD clocks, no read data within
+``data_timeout`` (both counted from the command's end bit), no CRC status token within
+``resp_timeout``, busy for more than ``busy_timeout`` -> ``TIMEOUT`` (the card is initialised
+again before the next command); card status error bits in a response -> ``CARD`` (an
+``OUT_OF_RANGE`` in ``CMD12``'s response after a read is ignored: cards set it when a
+multi-block read reaches the last sector), a write CRC status "write error" -> ``CARD``; a bad
+response CRC7/index/end bit (the card may or may not have taken the command: it is initialised
+again before the next one), a read CRC16 mismatch, or a write CRC status "CRC error" -> ``CRC``;
+``count == 0`` or sectors beyond the card's capacity -> ``RANGE`` (without a card command);
+initialisation failed -> ``NOT_READY``. A failed multi-block transfer is stopped with ``CMD12``;
+its status is sent at once.
+
+Throughput: 4 bits per SD clock within a block; per block add the start, CRC and end bits (18
+clocks) and, for reads, the card's gap between blocks (N_AC), for writes the CRC status token,
+the card's busy time and 2 clocks (N_WR); per command 8 idle clocks (N_CC), the command (48
+clocks), the card's response latency and the response (48 clocks); ``CMD12`` after a multi-block
+transfer and ``CMD13`` after a write the same again. See ``docs/BENCHMARKS.md``
+(``storage.sd4.*``).
+Backpressure: ``rdata`` may stall, ``wdata`` may be late (SD CLK stops, see above).
+Latency of a read: 8 + 48 clocks (command) + N_AC + 1 (start bit) + 2 (first byte) SD clocks.
+
+Ports: ``storage`` (In :class:`StoragePortSignature`), ``sd`` (:class:`SDBusSignature`: ``clk``
+out, ``cmd.o/oe/i``, ``dat.o/oe/i`` 4 bits), ``ready`` (card initialised), ``sdhc`` (the card
+is SDHC/SDXC; always with ``ready``: only those are supported), ``high_speed`` (high speed
+granted and used), ``sectors`` (capacity in 512-byte sectors, from the CSD).
+"""
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import enum, wiring
+from amaranth.lib.crc import catalog
+from amaranth.lib.wiring import In, Out
+
+from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature
+
+__all__ = ["SDBusSignature", "SDNativeController"]
+
+#: card status bits that are errors: OUT_OF_RANGE .. LOCK_UNLOCK_FAILED (not CARD_IS_LOCKED),
+#: COM_CRC_ERROR, ILLEGAL_COMMAND, CARD_ECC_FAILED, CC_ERROR, ERROR, AKE_SEQ_ERROR
+R1_ERRORS = 0xFDF8_0008
+_OUT_OF_RANGE = 1 << 31
+
+
+def _pin(width):
+    return wiring.Signature({"o": Out(width), "oe": Out(1), "i": In(width, init=(1 << width) - 1)})
+
+
+class SDBusSignature(wiring.Signature):
+    """SD bus in native mode, host side: ``clk`` out; ``cmd`` and ``dat`` (4 lines) each with
+    ``o``, ``oe`` out and ``i`` in (the inputs read 1 when nothing drives them: pull-ups)."""
+
+    def __init__(self):
+        super().__init__({"clk": Out(1), "cmd": Out(_pin(1)), "dat": Out(_pin(4))})
+
+
+class _Resp(enum.Enum, shape=3):
+    NONE = 0
+    R1 = 1        # also R6, R7: 48 bits, CRC7, index
+    R1B = 2
+    R2 = 3        # 136 bits, CRC7 over the register
+    R3 = 4        # 48 bits, no CRC, index 111111
+
+
+class _After(enum.Enum, shape=5):
+    CMD0 = 0
+    CMD8 = 1
+    CMD55 = 2
+    ACMD41 = 3
+    CMD2 = 4
+    CMD3 = 5
+    CMD9 = 6
+    CMD7 = 7
+    CMD55B = 8
+    ACMD6 = 9
+    CMD6C = 10
+    CMD6S = 11
+    READ = 12
+    WRITE = 13
+    CMD12 = 14
+    CMD13 = 15
+
+
+def _check_int(name, value, minimum):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise TypeError(f"{name} must be {kind}, not {value!r}")
+
+
+class SDNativeController(wiring.Component):
+    """SD card controller, native 4-bit mode; see the module docstring."""
+
+    def __init__(self, *, init_half_period: int = 50, half_period: int = 1,
+                 hs_half_period: int | None = None, resp_timeout: int = 64,
+                 data_timeout: int = 1 << 21, busy_timeout: int = 1 << 23,
+                 init_retries: int = 1 << 12):
+        _check_int("init_half_period", init_half_period, 1)
+        _check_int("half_period", half_period, 1)
+        if hs_half_period is not None:
+            _check_int("hs_half_period", hs_half_period, 1)
+            if hs_half_period > half_period:
+                raise ValueError(f"hs_half_period ({hs_half_period}) must not exceed "
+                                 f"half_period ({half_period})")
+        _check_int("resp_timeout", resp_timeout, 2)
+        _check_int("data_timeout", data_timeout, 2)
+        _check_int("busy_timeout", busy_timeout, 2)
+        _check_int("init_retries", init_retries, 1)
+        if half_period > init_half_period:
+            raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
+                             f"({init_half_period})")
+        self._init_half_period, self._half_period = init_half_period, half_period
+        self._hs_half_period = hs_half_period
+        self._resp_timeout, self._data_timeout = resp_timeout, data_timeout
+        self._busy_timeout, self._init_retries = busy_timeout, init_retries
+        super().__init__({
+            "storage": In(StoragePortSignature()),
+            "sd": Out(SDBusSignature()),
+            "ready": Out(1),
+            "sdhc": Out(1),
+            "high_speed": Out(1),
+            "sectors": Out(33),
+        })
+
+    @property
+    def half_period(self):
+        return self._half_period
+
+    @property
+    def init_half_period(self):
+        return self._init_half_period
+
+    @property
+    def hs_half_period(self):
+        return self._hs_half_period
+
+    def elaborate(self, platform):
+        m = Module()
+        st = self.storage
+        sd = self.sd
+
+        # ---- SD clock -------------------------------------------------------------------------
+        # `rise` / `fall`: the system clock in which SD CLK goes high / low. `run` (comb) allows
+        # the next rising edge; SD CLK stops low while it is 0.
+        fast = Signal()
+        hs = self.high_speed
+        hp = self._hs_half_period or self._half_period
+        half = Mux(fast, Mux(hs, hp - 1, self._half_period - 1), self._init_half_period - 1)
+        div = Signal(range(self._init_half_period))
+        run = Signal()
+        tick = div == 0
+        rise = Signal()
+        fall = Signal()
+        m.d.comb += [fall.eq(tick & sd.clk), rise.eq(tick & ~sd.clk & run)]
+        with m.If(~tick):
+            m.d.sync += div.eq(div - 1)
+        with m.Elif(fall):
+            m.d.sync += [sd.clk.eq(0), div.eq(half)]
+        with m.Elif(rise):
+            m.d.sync += [sd.clk.eq(1), div.eq(half)]
+        cmd_in = sd.cmd.i
+        dat_in = sd.dat.i
+
+        # ---- CRCs (bit serial) ------------------------------------------------------------------
+        m.submodules.crc7_tx = crc7_tx = catalog.CRC7_MMC(data_width=1).create()
+        m.submodules.crc7_rx = crc7_rx = catalog.CRC7_MMC(data_width=1).create()
+        crc16 = []
+        for k in range(4):
+            c = catalog.CRC16_XMODEM(data_width=1).create()
+            m.submodules[f"crc16_{k}"] = c
+            crc16.append(c)
+        crc16_start = Signal()
+        crc16_valid = Signal()
+        crc16_data = Signal(4)
+        for k, c in enumerate(crc16):
+            m.d.comb += [c.start.eq(crc16_start), c.valid.eq(crc16_valid),
+                         c.data.eq(crc16_data[k])]
+        crc16_match = Cat(c.match_detected for c in crc16).all()
+
+        # ---- command transmitter: 48 bits on CMD, changed at falling edges ----------------------
+        cmd_idx = Signal(6)
+        cmd_arg = Signal(32)
+        tx_go = Signal()
+        tx_word = Signal(40)
+        tx_i = Signal(range(49))
+        m.d.comb += [crc7_tx.data.eq(tx_word[39])]
+        with m.FSM(name="cmd_tx") as tx_fsm:
+            with m.State("IDLE"):
+                with m.If(tx_go):
+                    m.d.sync += [tx_word.eq(Cat(cmd_arg, cmd_idx, Const(0b01, 2))),
+                                 tx_i.eq(0)]
+                    m.d.comb += crc7_tx.start.eq(1)
+                    m.next = "SEND"
+            with m.State("SEND"):
+                with m.If(fall):
+                    m.d.sync += [tx_i.eq(tx_i + 1), sd.cmd.oe.eq(1)]
+                    with m.If(tx_i < 40):
+                        m.d.sync += [sd.cmd.o.eq(tx_word[39]), tx_word.eq(tx_word << 1)]
+                        m.d.comb += crc7_tx.valid.eq(1)
+                    with m.Elif(tx_i < 47):
+                        crc_bit = (46 - tx_i).as_unsigned()[:3]
+                        m.d.sync += sd.cmd.o.eq(crc7_tx.crc.bit_select(crc_bit, 1))
+                    with m.Elif(tx_i == 47):
+                        m.d.sync += sd.cmd.o.eq(1)
+                    with m.Else():
+                        m.d.sync += [sd.cmd.oe.eq(0), sd.cmd.o.eq(1)]
+                        m.next = "IDLE"
+        tx_busy = ~tx_fsm.ongoing("IDLE")
+
+        # ---- response receiver on CMD, sampled at rising edges --------------------------------
+        rx_go = Signal()
+        rx_r2 = Signal()                  # 136-bit response
+        rsr = Signal(48)
+        rx_i = Signal(range(137))
+        rx_wait = Signal(range(self._resp_timeout + 1))
+        rx_timeout = Signal()
+        csd_v2 = Signal()
+        c_size = Signal(22)
+        rx_len = Mux(rx_r2, 136, 48)
+        rx_crc_first = Mux(rx_r2, 8, 0)
+        m.d.comb += crc7_rx.data.eq(cmd_in)
+        with m.FSM(name="cmd_rx") as rx_fsm:
+            with m.State("IDLE"):
+                with m.If(rx_go):
+                    m.d.sync += [rx_wait.eq(0), rx_timeout.eq(0)]
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                with m.If(rise):
+                    with m.If(~cmd_in & ~tx_busy):
+                        m.d.sync += [rx_i.eq(1), rsr.eq(0)]
+                        m.d.comb += [crc7_rx.start.eq(1), crc7_rx.valid.eq(~rx_r2)]
+                        m.next = "BITS"
+                    with m.Elif(~tx_busy):
+                        m.d.sync += rx_wait.eq(rx_wait + 1)
+                        with m.If(rx_wait == self._resp_timeout - 1):
+                            m.d.sync += rx_timeout.eq(1)
+                            m.next = "DONE"
+            with m.State("BITS"):
+                with m.If(rise):
+                    m.d.sync += [rsr.eq(Cat(cmd_in, rsr[:47])), rx_i.eq(rx_i + 1)]
+                    m.d.comb += crc7_rx.valid.eq((rx_i >= rx_crc_first) & (rx_i < rx_len - 8))
+                    with m.If(rx_r2 & (rx_i == 9)):
+                        m.d.sync += csd_v2.eq(Cat(cmd_in, rsr[0]) == 0b01)
+                    with m.If(rx_r2 & (rx_i == 87)):
+                        m.d.sync += c_size.eq(Cat(cmd_in, rsr[:21]))
+                    with m.If(rx_i == rx_len - 1):
+                        m.next = "DONE"
+            with m.State("DONE"):
+                with m.If(rx_go):
+                    m.d.sync += [rx_wait.eq(0), rx_timeout.eq(0)]
+                    m.next = "WAIT"
+                with m.Else():
+                    m.next = "IDLE"
+        rx_done = rx_fsm.ongoing("DONE")
+        # rsr: the last 48 bits received; rsr[1:8] the CRC7, rsr[0] the end bit
+        resp_arg = rsr[8:40]
+        resp_idx = rsr[40:46]
+
+        # ---- data receiver on DAT, sampled at rising edges --------------------------------------
+        d_go = Signal()                   # arm (comb)
+        d_stop = Signal()                 # disarm (comb)
+        d_short = Signal()                # 64-byte block (CMD6 status) instead of 512
+        d_to_port = Signal()
+        d_cnt = Signal(range(2 * SECTOR_BYTES))
+        d_wait = Signal(range(max(self._data_timeout, self._busy_timeout,
+                                  self._resp_timeout) + 1))
+        d_hi = Signal(4)
+        d_badstart = Signal()
+        d_ok = Signal()
+        d_timeout = Signal()
+        rbuf = Signal(8)
+        rbuf_valid = Signal()
+        sw_hs_support = Signal()          # CMD6 status: byte 13, bit 1
+        sw_result = Signal(4)             # CMD6 status: byte 16, low nibble
+        d_last = Mux(d_short, 2 * 64 - 1, 2 * SECTOR_BYTES - 1)
+        m.d.comb += [st.rdata.valid.eq(rbuf_valid), st.rdata.payload.eq(rbuf)]
+        with m.If(st.rdata.ready):
+            m.d.sync += rbuf_valid.eq(0)
+        with m.FSM(name="dat_rx") as d_fsm:
+            with m.State("IDLE"):
+                with m.If(d_go):
+                    m.d.sync += [d_wait.eq(0), d_timeout.eq(0)]
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                with m.If(d_stop):
+                    m.next = "IDLE"
+                with m.Elif(rise):
+                    with m.If(~dat_in[0]):
+                        m.d.sync += [d_cnt.eq(0), d_badstart.eq(dat_in != 0)]
+                        m.d.comb += crc16_start.eq(1)
+                        m.next = "DATA"
+                    with m.Elif(~tx_busy):
+                        # N_AC counts from the command's end bit
+                        m.d.sync += d_wait.eq(d_wait + 1)
+                        with m.If(d_wait == self._data_timeout - 1):
+                            m.d.sync += [d_timeout.eq(1), d_ok.eq(0)]
+                            m.next = "DONE"
+            with m.State("DATA"):
+                with m.If(d_stop):
+                    m.next = "IDLE"
+                with m.Elif(rise):
+                    m.d.sync += d_cnt.eq(d_cnt + 1)
+                    m.d.comb += [crc16_valid.eq(1), crc16_data.eq(dat_in)]
+                    with m.If(~d_cnt[0]):
+                        m.d.sync += d_hi.eq(dat_in)
+                    with m.Elif(d_to_port):
+                        m.d.sync += [rbuf.eq(Cat(dat_in, d_hi)), rbuf_valid.eq(1)]
+                    with m.If(~d_to_port & (d_cnt == 2 * 13 + 1)):
+                        m.d.sync += sw_hs_support.eq(dat_in[1])
+                    with m.If(~d_to_port & (d_cnt == 2 * 16 + 1)):
+                        m.d.sync += sw_result.eq(dat_in)
+                    with m.If(d_cnt == d_last):
+                        m.d.sync += d_cnt.eq(0)
+                        m.next = "CRC"
+            with m.State("CRC"):
+                with m.If(d_stop):
+                    m.next = "IDLE"
+                with m.Elif(rise):
+                    m.d.sync += d_cnt.eq(d_cnt + 1)
+                    m.d.comb += [crc16_valid.eq(1), crc16_data.eq(dat_in)]
+                    with m.If(d_cnt == 15):
+                        m.next = "END"
+            with m.State("END"):
+                with m.If(d_stop):
+                    m.next = "IDLE"
+                with m.Elif(rise):
+                    m.d.sync += d_ok.eq(crc16_match & (dat_in == 0xF) & ~d_badstart)
+                    m.next = "DONE"
+            with m.State("DONE"):
+                with m.If(d_go):
+                    m.d.sync += [d_wait.eq(0), d_timeout.eq(0)]
+                    m.next = "WAIT"
+                with m.Elif(d_stop):
+                    m.next = "IDLE"
+        d_done = d_fsm.ongoing("DONE")
+        rd_stall = (d_fsm.ongoing("DATA") & d_cnt[0] & d_to_port & rbuf_valid
+                    & ~st.rdata.ready)
+
+        # ---- data transmitter on DAT (writes), outputs at falling edges -------------------------
+        w_go = Signal()                   # comb: send one block
+        w_accept = Signal()               # comb: the FSM lets wdata in for this block
+        w_taken = Signal(range(SECTOR_BYTES + 1))
+        wbyte = Signal(8)
+        wbyte_valid = Signal()
+        wlo = Signal(4)
+        t_cnt = Signal(range(2 * SECTOR_BYTES))
+        t_status = Signal(3)
+        t_result = Signal(StorageError)
+        m.d.comb += [st.wdata.ready.eq(w_accept & ~wbyte_valid & (w_taken != SECTOR_BYTES))]
+        with m.If(st.wdata.valid & st.wdata.ready):
+            m.d.sync += [wbyte.eq(st.wdata.payload), wbyte_valid.eq(1), w_taken.eq(w_taken + 1)]
+        crc_nibble = Signal(4)
+        m.d.comb += crc_nibble.eq(Cat(c.crc.bit_select(~t_cnt[:4], 1) for c in crc16))
+        with m.FSM(name="dat_tx") as t_fsm:
+            with m.State("IDLE"):
+                with m.If(w_go):
+                    m.next = "START"
+            with m.State("START"):
+                with m.If(fall):
+                    m.d.sync += [sd.dat.oe.eq(1), sd.dat.o.eq(0), t_cnt.eq(0)]
+                    m.d.comb += crc16_start.eq(1)
+                    m.next = "DATA"
+            with m.State("DATA"):
+                with m.If(fall):
+                    m.d.sync += t_cnt.eq(t_cnt + 1)
+                    m.d.comb += crc16_valid.eq(1)
+                    with m.If(~t_cnt[0]):
+                        m.d.sync += [sd.dat.o.eq(wbyte[4:]), wlo.eq(wbyte[:4]),
+                                     wbyte_valid.eq(0)]
+                        m.d.comb += crc16_data.eq(wbyte[4:])
+                    with m.Else():
+                        m.d.sync += sd.dat.o.eq(wlo)
+                        m.d.comb += crc16_data.eq(wlo)
+                    with m.If(t_cnt == 2 * SECTOR_BYTES - 1):
+                        m.d.sync += t_cnt.eq(0)
+                        m.next = "CRC"
+            with m.State("CRC"):
+                with m.If(fall):
+                    m.d.sync += [t_cnt.eq(t_cnt + 1), sd.dat.o.eq(crc_nibble)]
+                    with m.If(t_cnt == 15):
+                        m.next = "END"
+            with m.State("END"):
+                with m.If(fall):
+                    m.d.sync += sd.dat.o.eq(0xF)
+                    m.next = "RELEASE"
+            with m.State("RELEASE"):
+                with m.If(fall):
+                    m.d.sync += [sd.dat.oe.eq(0), d_wait.eq(0)]
+                    m.next = "TOKEN"
+            with m.State("TOKEN"):
+                with m.If(rise):
+                    with m.If(~dat_in[0]):
+                        m.d.sync += t_cnt.eq(0)
+                        m.next = "STATUS"
+                    with m.Else():
+                        m.d.sync += d_wait.eq(d_wait + 1)
+                        with m.If(d_wait == self._resp_timeout - 1):
+                            m.d.sync += t_result.eq(StorageError.TIMEOUT)
+                            m.next = "DONE"
+            with m.State("STATUS"):
+                with m.If(rise):
+                    m.d.sync += [t_cnt.eq(t_cnt + 1), t_status.eq(Cat(dat_in[0], t_status[:2]))]
+                    with m.If(t_cnt == 3):
+                        m.d.sync += d_wait.eq(0)
+                        with m.If(~dat_in[0]):                  # no end bit
+                            m.d.sync += t_result.eq(StorageError.CRC)
+                            m.next = "DONE"
+                        with m.Elif(t_status == 0b010):
+                            m.next = "BUSY"
+                        with m.Elif(t_status == 0b101):
+                            m.d.sync += t_result.eq(StorageError.CRC)
+                            m.next = "DONE"
+                        with m.Else():
+                            m.d.sync += t_result.eq(StorageError.CARD)
+                            m.next = "DONE"
+            with m.State("BUSY"):
+                with m.If(rise):
+                    with m.If(dat_in[0]):
+                        m.d.sync += t_result.eq(StorageError.OK)
+                        m.next = "DONE"
+                    with m.Else():
+                        m.d.sync += d_wait.eq(d_wait + 1)
+                        with m.If(d_wait == self._busy_timeout - 1):
+                            m.d.sync += t_result.eq(StorageError.TIMEOUT)
+                            m.next = "DONE"
+            with m.State("DONE"):
+                with m.If(w_go):
+                    m.next = "START"
+                with m.Else():
+                    m.next = "IDLE"
+        t_done = t_fsm.ongoing("DONE")
+        wr_stall = t_fsm.ongoing("DATA") & ~t_cnt[0] & ~wbyte_valid
+
+        # ---- controller state -------------------------------------------------------------
+        resp = Signal(_Resp)
+        after = Signal(_After)
+        wait = Signal(range(max(self._busy_timeout, 81) + 1))
+        retries = Signal(range(self._init_retries + 1))
+        rca = Signal(16)
+        op = Signal(StorageOp)
+        lba = Signal(32)
+        count = Signal(16)
+        blocks = Signal(16)               # blocks left after the current one
+        multi = Signal()
+        err = Signal(StorageError)
+        pending = Signal()                # a storage command waits for the init to finish
+        in_cmd = Signal()                 # a storage command is being served (status owed)
+        resp_bad = Signal()               # comb: CRC/index/framing of the response wrong
+        resp_err = Signal()               # comb: card status error bits
+        fsm_wait = Signal()               # comb: the FSM needs a cycle: hold the clock
+        lost = Signal()                   # the card's state is unknown: initialise again
+
+        m.d.comb += resp_bad.eq(
+            ((resp == _Resp.R1) | (resp == _Resp.R1B) | (resp == _Resp.R2))
+            & (rsr[1:8] != crc7_rx.crc)
+            | ((resp == _Resp.R1) | (resp == _Resp.R1B)) & (resp_idx != cmd_idx)
+            | (resp != _Resp.R2) & rsr[46]
+            | ~rsr[0])
+        err_mask = Mux(after == _After.CMD12, R1_ERRORS & ~_OUT_OF_RANGE, R1_ERRORS)
+        m.d.comb += resp_err.eq((resp_arg & err_mask) != 0)
+
+
+        def send_cmd(index, arg, kind, then):
+            m.d.sync += [cmd_idx.eq(index), cmd_arg.eq(arg), resp.eq(kind), after.eq(then),
+                         wait.eq(0)]
+            m.next = "GAP"
+
+        def fail(code):
+            m.d.sync += err.eq(code)
+            m.next = "FAIL"
+
+        with m.FSM(name="sd") as fsm:
+            # ---- initialisation ----------------------------------------------------------------
+            with m.State("POWERUP"):
+                m.d.sync += [fast.eq(0), self.ready.eq(0), self.sdhc.eq(0),
+                             self.high_speed.eq(0), wait.eq(0)]
+                m.next = "CLOCKS"
+            with m.State("CLOCKS"):
+                # >= 74 clocks with CMD high
+                with m.If(rise):
+                    m.d.sync += wait.eq(wait + 1)
+                    with m.If(wait == 79):
+                        m.d.sync += [retries.eq(0), rca.eq(0)]
+                        send_cmd(0, 0, _Resp.NONE, _After.CMD0)
+            with m.State("GAP"):
+                # N_CC / N_RC: 8 clocks between a response (or command) and the next command
+                with m.If(rise):
+                    m.d.sync += wait.eq(wait + 1)
+                    with m.If(wait == 7):
+                        m.d.comb += [tx_go.eq(1), rx_go.eq(resp != _Resp.NONE)]
+                        m.d.sync += rx_r2.eq(resp == _Resp.R2)
+                        m.next = "CMD"
+            with m.State("CMD"):
+                with m.If(resp == _Resp.NONE):
+                    with m.If(~tx_busy):
+                        m.next = "DISPATCH"
+                with m.Elif(rx_done):
+                    m.d.comb += fsm_wait.eq(1)
+                    with m.If(rx_timeout):
+                        with m.If(self.ready):
+                            fail(StorageError.TIMEOUT)
+                        with m.Else():
+                            fail(StorageError.NOT_READY)
+                    with m.Elif(resp_bad):
+                        with m.If(self.ready):
+                            # the card may or may not have taken the command: initialise it
+                            # again before the next one
+                            m.d.sync += lost.eq(1)
+                            fail(StorageError.CRC)
+                        with m.Else():
+                            fail(StorageError.NOT_READY)
+                    with m.Else():
+                        m.next = "DISPATCH"
+            with m.State("DISPATCH"):
+                m.d.comb += fsm_wait.eq(1)
+                init_fail = StorageError.NOT_READY
+                with m.Switch(after):
+                    with m.Case(_After.CMD0):
+                        send_cmd(8, 0x1AA, _Resp.R1, _After.CMD8)
+                    with m.Case(_After.CMD8):
+                        with m.If(resp_arg[:12] == 0x1AA):
+                            send_cmd(55, 0, _Resp.R1, _After.CMD55)
+                        with m.Else():
+                            fail(init_fail)
+                    with m.Case(_After.CMD55):
+                        with m.If(resp_err):
+                            fail(init_fail)
+                        with m.Else():
+                            send_cmd(41, 0x40FF_8000, _Resp.R3, _After.ACMD41)
+                    with m.Case(_After.ACMD41):
+                        with m.If(resp_arg[31]):
+                            with m.If(resp_arg[30]):
+                                send_cmd(2, 0, _Resp.R2, _After.CMD2)
+                            with m.Else():
+                                fail(init_fail)          # SDSC: not supported
+                        with m.Elif(retries != self._init_retries - 1):
+                            m.d.sync += retries.eq(retries + 1)
+                            send_cmd(55, 0, _Resp.R1, _After.CMD55)
+                        with m.Else():
+                            fail(init_fail)
+                    with m.Case(_After.CMD2):
+                        send_cmd(3, 0, _Resp.R1, _After.CMD3)
+                    with m.Case(_After.CMD3):
+                        # R6: RCA, then status bits 23, 22, 19, 12..0
+                        with m.If(resp_arg[13:16] != 0):
+                            fail(init_fail)
+                        with m.Else():
+                            m.d.sync += rca.eq(resp_arg[16:])
+                            send_cmd(9, Cat(Const(0, 16), resp_arg[16:]), _Resp.R2,
+                                     _After.CMD9)
+                    with m.Case(_After.CMD9):
+                        with m.If(csd_v2):
+                            m.d.sync += self.sectors.eq((c_size + 1) << 10)
+                            send_cmd(7, Cat(Const(0, 16), rca), _Resp.R1B, _After.CMD7)
+                        with m.Else():
+                            fail(init_fail)
+                    with m.Case(_After.CMD7):
+                        with m.If(resp_err):
+                            fail(init_fail)
+                        with m.Else():
+                            m.d.sync += wait.eq(0)
+                            m.next = "INIT_BUSY"
+                    with m.Case(_After.CMD55B):
+                        with m.If(resp_err):
+                            fail(init_fail)
+                        with m.Else():
+                            send_cmd(6, 2, _Resp.R1, _After.ACMD6)
+                    with m.Case(_After.ACMD6):
+                        with m.If(resp_err):
+                            fail(init_fail)
+                        with m.Else():
+                            if self._hs_half_period is not None:
+                                m.d.comb += d_go.eq(1)
+                                m.d.sync += [d_short.eq(1), d_to_port.eq(0)]
+                                send_cmd(6, 0x00FF_FFF1, _Resp.R1, _After.CMD6C)
+                            else:
+                                m.next = "INIT_DONE"
+                    with m.Case(_After.CMD6C, _After.CMD6S):
+                        with m.If(resp_err):
+                            m.d.comb += d_stop.eq(1)
+                            fail(init_fail)
+                        with m.Else():
+                            m.next = "SWITCH_DATA"
+                    with m.Case(_After.READ):
+                        with m.If(resp_err):
+                            m.d.comb += d_stop.eq(1)
+                            fail(StorageError.CARD)
+                        with m.Else():
+                            m.next = "RD_BLOCK"
+                    with m.Case(_After.WRITE):
+                        with m.If(resp_err):
+                            fail(StorageError.CARD)
+                        with m.Else():
+                            m.d.sync += [wait.eq(0), w_taken.eq(0)]
+                            m.next = "WR_NWR"
+                    with m.Case(_After.CMD13):
+                        # after a write: the card is still there and reports no error from
+                        # programming the data
+                        with m.If(resp_err):
+                            m.d.sync += err.eq(StorageError.CARD)
+                        m.next = "STATUS"
+                    with m.Case(_After.CMD12):
+                        with m.If(resp_err & (err == StorageError.OK)):
+                            m.d.sync += err.eq(StorageError.CARD)
+                        m.d.sync += wait.eq(0)
+                        m.next = "STOP_BUSY"
+            with m.State("INIT_BUSY"):
+                # CMD7 is R1b: wait while DAT0 is low
+                with m.If(rise):
+                    m.d.sync += wait.eq(wait + 1)
+                    with m.If(dat_in[0]):
+                        send_cmd(55, Cat(Const(0, 16), rca), _Resp.R1, _After.CMD55B)
+                    with m.Elif(wait == self._busy_timeout - 1):
+                        fail(StorageError.NOT_READY)
+            with m.State("SWITCH_DATA"):
+                with m.If(d_done):
+                    m.d.comb += [fsm_wait.eq(1), d_stop.eq(1)]
+                    with m.If(~d_ok):
+                        fail(StorageError.NOT_READY)
+                    with m.Elif((after == _After.CMD6C) & sw_hs_support & (sw_result == 1)):
+                        m.d.comb += d_go.eq(1)
+                        send_cmd(6, 0x80FF_FFF1, _Resp.R1, _After.CMD6S)
+                    with m.Else():
+                        with m.If((after == _After.CMD6S) & (sw_result == 1)):
+                            m.d.sync += self.high_speed.eq(1)
+                        m.next = "INIT_DONE"
+            with m.State("INIT_DONE"):
+                m.d.sync += [self.ready.eq(1), self.sdhc.eq(1), fast.eq(1)]
+                m.next = "STATUS"
+                with m.If(~in_cmd):
+                    m.next = "IDLE"
+            # ---- idle: accept a storage command ------------------------------------------------
+            with m.State("IDLE"):
+                m.d.comb += st.cmd.ready.eq(~pending)
+                with m.If(pending):
+                    m.d.sync += [pending.eq(0), in_cmd.eq(1)]
+                    with m.If(self.ready):
+                        m.next = "EXEC"
+                    with m.Else():
+                        m.d.sync += err.eq(StorageError.NOT_READY)
+                        m.next = "STATUS"
+                with m.Elif(st.cmd.valid):
+                    p = st.cmd.payload
+                    m.d.sync += [op.eq(p.op), lba.eq(p.lba), count.eq(p.count),
+                                 blocks.eq(p.count - 1), multi.eq(p.count > 1),
+                                 err.eq(StorageError.OK)]
+                    with m.If(p.count == 0):
+                        m.d.sync += [err.eq(StorageError.RANGE), in_cmd.eq(1)]
+                        m.next = "STATUS"
+                    with m.Elif(~self.ready):
+                        # (re)initialise first: a card inserted later, or one that timed out
+                        m.d.sync += pending.eq(1)
+                        m.next = "POWERUP"
+                    with m.Else():
+                        m.d.sync += in_cmd.eq(1)
+                        m.next = "EXEC"
+            with m.State("EXEC"):
+                m.d.sync += wbyte_valid.eq(0)     # nothing left from an aborted write
+                with m.If(lba + count > self.sectors):
+                    m.d.sync += err.eq(StorageError.RANGE)
+                    m.next = "STATUS"
+                with m.Elif(op == StorageOp.READ):
+                    m.d.comb += d_go.eq(1)
+                    m.d.sync += [d_short.eq(0), d_to_port.eq(1)]
+                    send_cmd(Mux(multi, 18, 17), lba, _Resp.R1, _After.READ)
+                with m.Else():
+                    send_cmd(Mux(multi, 25, 24), lba, _Resp.R1, _After.WRITE)
+            # ---- reads ---------------------------------------------------------------------------
+            with m.State("RD_BLOCK"):
+                with m.If(d_done):
+                    m.d.comb += fsm_wait.eq(1)
+                    with m.If(d_timeout):
+                        m.d.comb += d_stop.eq(1)
+                        fail(StorageError.TIMEOUT)
+                    with m.Elif(~d_ok):
+                        m.d.comb += d_stop.eq(1)
+                        with m.If(multi):
+                            m.d.sync += err.eq(StorageError.CRC)
+                            send_cmd(12, 0, _Resp.R1B, _After.CMD12)
+                        with m.Else():
+                            fail(StorageError.CRC)
+                    with m.Elif(blocks != 0):
+                        m.d.sync += blocks.eq(blocks - 1)
+                        m.d.comb += d_go.eq(1)
+                    with m.Elif(multi):
+                        m.d.comb += d_stop.eq(1)
+                        send_cmd(12, 0, _Resp.R1B, _After.CMD12)
+                    with m.Else():
+                        m.d.comb += d_stop.eq(1)
+                        m.next = "STATUS"
+            # ---- writes --------------------------------------------------------------------------
+            with m.State("WR_NWR"):
+                # N_WR: at least 2 clocks after the response (or the busy phase)
+                m.d.comb += w_accept.eq(1)
+                with m.If(rise):
+                    m.d.sync += wait.eq(wait + 1)
+                with m.If((wait >= 2) & wbyte_valid):
+                    m.d.comb += w_go.eq(1)
+                    m.next = "WR_BLOCK"
+            with m.State("WR_BLOCK"):
+                m.d.comb += w_accept.eq(1)
+                with m.If(t_done):
+                    m.d.comb += fsm_wait.eq(1)
+                    m.d.sync += [wait.eq(0), w_taken.eq(0)]
+                    with m.If(t_result == StorageError.TIMEOUT):
+                        fail(StorageError.TIMEOUT)
+                    with m.Elif(t_result != StorageError.OK):
+                        m.d.sync += err.eq(t_result)
+                        with m.If(multi):
+                            send_cmd(12, 0, _Resp.R1B, _After.CMD12)
+                        with m.Else():
+                            m.next = "STATUS"
+                    with m.Elif(blocks != 0):
+                        m.d.sync += blocks.eq(blocks - 1)
+                        m.next = "WR_NWR"
+                    with m.Elif(multi):
+                        send_cmd(12, 0, _Resp.R1B, _After.CMD12)
+                    with m.Else():
+                        send_cmd(13, Cat(Const(0, 16), rca), _Resp.R1, _After.CMD13)
+            with m.State("STOP_BUSY"):
+                # CMD12 is R1b: after a write the card programs while DAT0 is low
+                with m.If(rise):
+                    m.d.sync += wait.eq(wait + 1)
+                    with m.If(dat_in[0]):
+                        with m.If((op == StorageOp.WRITE) & (err == StorageError.OK)):
+                            send_cmd(13, Cat(Const(0, 16), rca), _Resp.R1, _After.CMD13)
+                        with m.Else():
+                            m.next = "STATUS"
+                    with m.Elif(wait == self._busy_timeout - 1):
+                        fail(StorageError.TIMEOUT)
+            # ---- end of a transaction ----------------------------------------------------------
+            with m.State("FAIL"):
+                m.d.comb += d_stop.eq(1)
+                m.d.sync += lost.eq(0)
+                with m.If((err == StorageError.TIMEOUT) | (err == StorageError.NOT_READY) | lost):
+                    m.d.sync += [self.ready.eq(0), self.sdhc.eq(0), fast.eq(0),
+                                 self.high_speed.eq(0)]
+                m.next = "STATUS"
+                with m.If(~in_cmd):
+                    m.next = "IDLE"
+            with m.State("STATUS"):
+                m.d.comb += [st.status.valid.eq(~rbuf_valid), st.status.payload.error.eq(err)]
+                with m.If(st.status.ready & ~rbuf_valid):
+                    m.d.sync += in_cmd.eq(0)
+                    m.next = "IDLE"
+        # a finished block holds SD CLK until the state machine that consumes it has (one
+        # system clock); elsewhere (a short block done while the response is still due, a data
+        # timeout) it waits without stopping the clock, so the response still arrives
+        d_consumer = fsm.ongoing("RD_BLOCK") | fsm.ongoing("SWITCH_DATA")
+        m.d.comb += run.eq(~rd_stall & ~wr_stall & ~fsm_wait & ~rx_done & ~(d_done & d_consumer)
+                           & ~t_done)
+        return m
