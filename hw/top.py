@@ -95,6 +95,11 @@ class RingKVTop(wiring.Component):
     of :class:`~ringkv.defs.protocol.Op` not in :data:`~ringkv.defs.protocol.IMPLEMENTED` are
     answered ``UNKNOWN_OP``.
 
+    At reset (and on ``STORAGE_REBUILD``) the device recovers its directory from the record
+    headers by itself (:mod:`ringkv.hw.cmd_recovery`): meanwhile ``QUERY`` and ``EXPORT`` (and
+    the ``DIR_*``, ``SECTOR_READ`` requests) answer ``NOT_READY`` with the progress, every other
+    request answers as usual; ``recovering`` (not a port) is high while it scans.
+
     No hang: every wait has a bound or is guaranteed by a block's contract. Draining and
     argument collection are bounded by the frame's length (the decoder has checked it); the
     hash engine is fixed latency (``n + 2`` clocks); the directory answers every command (its
