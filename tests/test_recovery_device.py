@@ -50,15 +50,11 @@ LAY = RecordLayout(CFG)
 FOREIGN = replace(CFG, window=16)
 
 
-def header(config=CFG, *, count, prefix_hash, seq, payload_crc=None, head=None):
-    head = (count - 1) % config.window if head is None else head
-    return encode_header(config, count=count, ring_head=head if count else 0,
-                         prefix_hash=prefix_hash, commit_seq=seq % SEQ_MOD,
-                         payload_crc=rng_crc(count) if payload_crc is None else payload_crc)
-
-
-def rng_crc(count):
-    return 0 if count == 0 else 0x1234_5678
+def header(config=CFG, *, count, prefix_hash, seq):
+    """A valid header sector (the scan reads no payload: its CRC is a fixed stand-in)."""
+    return encode_header(config, count=count, ring_head=(count - 1) % config.window if count
+                         else 0, prefix_hash=prefix_hash, commit_seq=seq % SEQ_MOD,
+                         payload_crc=0x1234_5678 if count else 0)
 
 
 def random_store(rng, regions=REGIONS, *, base=None, keys=4, medium=None):
