@@ -21,6 +21,7 @@ from ringkv.defs.protocol import (
     DIR_RESPONSE,
     FLAG_EXISTING,
     META_BYTES,
+    RECOVERY_STATUS,
     REQUESTS,
     RESPONSES,
     RING_CLEAR_ALL,
@@ -28,17 +29,23 @@ from ringkv.defs.protocol import (
     RING_META,
     SNAPSHOT_RESPONSE,
     Op,
+    RecoveryState,
     Status,
     max_attn_tokens,
 )
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, ring_elements, token_bytes
 
 from .golden_fixed import dequantize_out, quantize
+from .link import DeviceError
 from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from .record import plan_rebuild, rings_from_image, scan_image
 from .scheduler import Device, QueryResult
 
-__all__ = ["FpgaDevice", "ConfigMismatch"]
+__all__ = ["FpgaDevice", "ConfigMismatch", "DeviceNotReady", "STORAGE_ERRORS"]
+
+#: The storage port's error codes (``hw/storage.StorageError``), as reported by a failed
+#: recovery.
+STORAGE_ERRORS = {0: "OK", 1: "TIMEOUT", 2: "CRC", 3: "CARD", 4: "RANGE", 5: "NOT_READY"}
 
 _MISS_REASONS = {
     RecordStatus.EMPTY: "no record",
@@ -58,6 +65,19 @@ class ConfigMismatch(ValueError):
     def __init__(self, fields):
         self.fields = list(fields)
         super().__init__("device configuration differs from the host's: " + "; ".join(fields))
+
+
+class DeviceNotReady(RuntimeError):
+    """The device answered ``NOT_READY``: its recovery scan runs, or failed; ``status`` is the
+    :data:`~ringkv.defs.protocol.RECOVERY_STATUS` record."""
+
+    def __init__(self, op, status: dict):
+        self.status = status
+        state = RecoveryState(status["state"]).name
+        error = STORAGE_ERRORS.get(status["error"], status["error"])
+        detail = (f"storage error {error}" if state == "FAILED"
+                  else f"{status['scanned']}/{status['regions']} regions scanned")
+        super().__init__(f"device not ready for {op.name}: recovery {state} ({detail})")
 
 
 class FpgaDevice(Device):
@@ -86,6 +106,8 @@ class FpgaDevice(Device):
     # -- plumbing ---------------------------------------------------------------------------
     def _request(self, op, payload=b"", ok=(Status.OK,)):
         status, data = self.link.request(op, payload)
+        if status == Status.NOT_READY and status not in ok:
+            raise DeviceNotReady(op, RECOVERY_STATUS.unpack(data))
         if status not in ok:
             raise RuntimeError(f"device answered {status.name} to {op.name}")
         return status, data
@@ -210,24 +232,71 @@ class FpgaDevice(Device):
         self._request(Op.DIR_DELETE, REQUESTS[Op.DIR_DELETE].pack(link=link))
         return True
 
+    # -- recovery (the device rebuilds its directory at power-on) -----------------------------
+    def recovery_status(self) -> dict:
+        """``STORAGE_STATUS``: the :data:`~ringkv.defs.protocol.RECOVERY_STATUS` record (state,
+        storage error, regions scanned of all, live records, regions freed, next commit
+        sequence, clocks of the scan)."""
+        return RECOVERY_STATUS.unpack(self._call(Op.STORAGE_STATUS))
+
+    def wait_ready(self, timeout: float | None = None, progress=None, poll: float = 0.02
+                   ) -> dict:
+        """Poll ``STORAGE_STATUS`` until the device's recovery scan has ended; return its
+        record. ``progress(status)`` is called with every record polled while it scans.
+        Raises :class:`DeviceNotReady` when the scan failed (the storage error is in the
+        message) and ``TimeoutError`` after ``timeout`` seconds (None: no bound)."""
+        import time
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            st = self.recovery_status()
+            if st["state"] == RecoveryState.READY.value:
+                return st
+            if st["state"] == RecoveryState.FAILED.value:
+                raise DeviceNotReady(Op.STORAGE_STATUS, st)
+            if progress is not None:
+                progress(st)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"device recovery not done after {timeout} s "
+                                   f"({st['scanned']}/{st['regions']} regions)")
+            time.sleep(poll)
+
+    def recover(self, timeout: float | None = None, progress=None) -> dict:
+        """``STORAGE_REBUILD`` (the device scans its headers again), then :meth:`wait_ready`.
+        A scan already running (the power-on one) is waited for first: the request is
+        answered ``NOT_READY`` while one runs."""
+        try:
+            self.wait_ready(timeout)
+        except DeviceNotReady:
+            pass                                # a failed scan: the rebuild retries it
+        self._call(Op.STORAGE_REBUILD)
+        return self.wait_ready(timeout, progress)
+
+    def directory(self) -> list[tuple[int, int, int]]:
+        """The live records of the device's directory: ``(count, hash, region)`` by region
+        (``DIR_READ`` of every link)."""
+        links = self.version()["links"]
+        out = []
+        for link in range(links):
+            try:
+                data = self._call(Op.DIR_READ, link=link)
+            except DeviceError as e:            # BAD_ARG: a free link (NOT_LIVE)
+                if e.status != Status.BAD_ARG:
+                    raise
+                continue
+            r = DIR_RESPONSE.unpack(data)
+            out.append((r["count"], r["hash"], r["region"]))
+        return sorted(out, key=lambda x: x[2])
+
     def read_sectors(self, lba: int, count: int) -> bytes:
         return b"".join(self._call(Op.SECTOR_READ, lba=lba + i) for i in range(count))
 
-    def rebuild(self, regions: int | None = None):
-        """Rebuild the directory from storage after a power cycle (host-driven).
-
-        Scans every region through ``SECTOR_READ`` with the golden record checks
-        (:func:`ringkv.host.record.scan_image`: header, config, payload CRC), then
-        ``DIR_CLEAR`` (setting the next commit sequence number) and one ``DIR_INSERT`` with
-        ``FLAG_EXISTING`` per live record, in region order. Returns ``(inserts, frees,
-        next_seq)`` as :func:`ringkv.host.record.rebuild`; :attr:`last_rebuild` keeps the
-        whole :class:`~ringkv.host.record.RebuildPlan` (why each non-empty freed region was
-        freed).
-
-        What storage holds is untrusted: a region that fails any check contributes nothing and
-        is freed, so no content of the medium makes this raise; the device stays usable. A
-        device or link failure (an error answer, no answer) still raises.
-        """
+    def check(self, regions: int | None = None):
+        """The deep check behind ``ringkv storage fsck --link`` (read only): every region read
+        through ``SECTOR_READ`` -- header **and payload** -- with the golden record checks
+        (:func:`ringkv.host.record.scan_image`). Returns ``(infos, plan)``: the scan and the
+        :class:`~ringkv.host.record.RebuildPlan` (what a rebuild keeps, frees and why). Slow
+        over a UART (every byte of every record crosses the link); the device's own recovery
+        at power-on reads headers only."""
         info = self.version()
         regions = info["regions"] if regions is None else regions
         base = info["base_lba"]
@@ -238,7 +307,23 @@ class FpgaDevice(Device):
         def read(lba, n):
             return self.read_sectors(base + lba, n)
 
-        plan = plan_rebuild(scan_image(self.config, read, regions))
+        infos = scan_image(self.config, read, regions)
+        return infos, plan_rebuild(infos)
+
+    def rebuild(self, regions: int | None = None):
+        """Rebuild the directory from a deep check (host-driven; the device recovers by itself
+        at power-on, see :meth:`wait_ready`): :meth:`check`, then ``DIR_CLEAR`` (setting the
+        next commit sequence number) and one ``DIR_INSERT`` with ``FLAG_EXISTING`` per live
+        record, in region order, so that records whose payload fails its CRC are not in the
+        directory at all. Returns ``(inserts, frees, next_seq)`` as
+        :func:`ringkv.host.record.rebuild`; :attr:`last_rebuild` keeps the whole
+        :class:`~ringkv.host.record.RebuildPlan` (why each non-empty freed region was freed).
+
+        What storage holds is untrusted: a region that fails any check contributes nothing and
+        is freed, so no content of the medium makes this raise; the device stays usable. A
+        device or link failure (an error answer, no answer) still raises.
+        """
+        _, plan = self.check(regions)
         self._request(Op.DIR_CLEAR, REQUESTS[Op.DIR_CLEAR].pack(next_seq=plan.next_seq))
         for count, h, region, _seq in plan.inserts:
             self._call(Op.DIR_INSERT, count=count, hash=h, region=region, flags=FLAG_EXISTING)

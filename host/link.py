@@ -25,7 +25,8 @@ from .protocol import Decoder, Frame, encode_request, encode_response
 __all__ = ["Link", "LinkError", "DeviceError", "ANSWERS", "FrameServer"]
 
 #: Statuses that are answers, returned by :meth:`Link.request`; every other status raises.
-ANSWERS = frozenset({Status.OK, Status.HIT, Status.MISS})
+#: ``NOT_READY`` (the device is recovering its directory) carries the recovery status record.
+ANSWERS = frozenset({Status.OK, Status.HIT, Status.MISS, Status.NOT_READY})
 
 
 class LinkError(IOError):

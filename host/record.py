@@ -62,6 +62,7 @@ from ringkv.defs.record import (
     header_template,
     kv_bytes_of,
     put_field,
+    seq_newer,
     seq_newest,
     seq_next,
 )
@@ -70,7 +71,8 @@ __all__ = [
     "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
     "ring_image", "rings_from_image", "encode_payload", "encode_record", "decode_payload",
     "import_record", "RecordInfo", "scan_region", "scan_image", "RebuildPlan", "plan_rebuild",
-    "rebuild", "format_listing", "fsck_report", "main",
+    "rebuild", "format_listing", "fsck_report", "HeaderInfo", "check_header", "scan_headers",
+    "RecoveryPlan", "plan_recovery", "main",
 ]
 
 def crc32(data: bytes) -> int:
@@ -445,6 +447,133 @@ def rebuild(infos: list[RecordInfo]):
     """
     plan = plan_rebuild(infos)
     return plan.inserts, plan.frees, plan.next_seq
+
+
+@dataclass(frozen=True)
+class HeaderInfo:
+    """One region's header sector as the device's recovery scan sees it (header only).
+
+    ``status`` is the first failing check of the header (the import's header checks, in the
+    DMA's order: magic, version and header size, header CRC, config, field consistency) or
+    ``OK``; ``count``, ``prefix_hash`` and ``commit_seq`` are the header's when ``OK`` and 0
+    otherwise. The payload is not read: its CRC and the tokens are checked at import.
+    """
+    region: int
+    status: RecordStatus
+    count: int = 0
+    prefix_hash: int = 0
+    commit_seq: int = 0
+    message: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.status is RecordStatus.OK
+
+
+def check_header(config, sector: bytes, region: int) -> HeaderInfo:
+    """The golden ``DmaOp.HEADER`` of ``hw/dma.py``: :func:`decode_header` of one sector."""
+    try:
+        h = decode_header(bytes(sector), config)
+    except RecordError as e:
+        return HeaderInfo(region, e.status, message=str(e))
+    return HeaderInfo(region, RecordStatus.OK, h.count, h.prefix_hash, h.commit_seq)
+
+
+def scan_headers(config, read, regions: int) -> list[HeaderInfo]:
+    """:func:`check_header` of every region's header sector, through ``read(lba, n)``."""
+    lay = RecordLayout(config)
+    return [check_header(config, read(lay.region_lba(r), 1), r) for r in range(regions)]
+
+
+@dataclass
+class RecoveryPlan:
+    """What the device's recovery does with a header scan (:func:`plan_recovery`).
+
+    ``commands``: the directory commands in issue order, after the initial ``CLEAR``:
+    ``("lookup", count, hash)``, ``("delete",)`` (the link the previous lookup found),
+    ``("insert", count, hash, region)`` (insert-existing); ``reads``: the header sectors read,
+    by region, in order (every region once, and the stored winner of a duplicate key again
+    right after the duplicate);
+    ``inserts``: ``(count, prefix_hash, region, commit_seq)`` of the live records at the end,
+    by region; ``frees``: every other region, ascending; ``freed``: how many of those held
+    something the scan did not use (their ``reasons``); ``live``: ``len(inserts)``;
+    ``next_seq``: the commit sequence register after the scan.
+    """
+    commands: list
+    reads: list
+    inserts: list
+    frees: list
+    freed: int
+    live: int
+    next_seq: int
+    reasons: dict
+
+
+def plan_recovery(infos: list[HeaderInfo], links: int | None = None) -> RecoveryPlan:
+    """The golden model of the device's recovery scan (``hw/cmd_recovery.py``), bit-exact.
+
+    The hardware rule, in region order (``infos`` sorted by region), one pass, no memory but
+    the directory and three registers:
+
+    * a header that fails a check is freed (an empty one -- no magic -- is simply free);
+    * a valid header updates the running newest sequence number ``newest`` (the first valid
+      one sets it; a later ``s`` replaces it when :func:`~ringkv.defs.record.seq_newer`
+      ``(s, newest)``), zero-token records included; a zero-token record is then freed;
+    * a valid record with tokens is looked up by its key ``(count, prefix_hash)``: on a miss it
+      is inserted (insert-existing at its region; with ``links`` given, a directory already
+      holding ``links`` records refuses it, ``FULL``, and it is freed); on a hit the stored
+      winner's header is read again for its sequence ``s0``, and the new record wins unless
+      ``seq_newer(s0, s)`` (so on equal sequences the later region wins): the winner's link is
+      deleted (its region freed) and the new record inserted; otherwise the new one is freed;
+    * ``next_seq = seq_next(newest)``, or 1 (the reset value) with no valid header.
+
+    Whenever the store's valid sequence numbers lie on an arc shorter than half the circle
+    (the store's invariant, ``ringkv.defs.record``), ``seq_newer`` is a total order on them
+    that agrees with the arc, so the running newest is the arc's end, which is
+    :func:`~ringkv.defs.record.seq_newest`; and each key's survivor is that key's newest
+    commit, the highest region on a tie: the same records and ``next_seq`` as
+    :func:`plan_rebuild` of a scan whose payloads all check out.
+    """
+    infos = sorted(infos, key=lambda i: i.region)
+    commands, reads, reasons = [], [], {}
+    winners = {}                        # key -> (region, seq): the directory's live records
+    newest = None
+    for info in infos:
+        r = info.region
+        reads.append(r)
+        if not info.valid:
+            if info.status is not RecordStatus.EMPTY:
+                reasons[r] = f"{info.status.name}: {info.message}"
+            continue
+        s = info.commit_seq
+        if newest is None or seq_newer(s, newest):
+            newest = s
+        if info.count == 0:
+            reasons[r] = "valid but holds no tokens: nothing to resume"
+            continue
+        key = (info.count, info.prefix_hash)
+        commands.append(("lookup", *key))
+        if key not in winners:
+            if links is not None and len(winners) >= links:
+                reasons[r] = "the directory is full"
+                continue
+            commands.append(("insert", *key, r))
+            winners[key] = (r, s)
+            continue
+        r0, s0 = winners[key]
+        reads.append(r0)
+        if seq_newer(s0, s):
+            reasons[r] = f"superseded by commit {s0} in region {r0}"
+            continue
+        reasons[r0] = f"superseded by commit {s} in region {r}"
+        commands += [("delete",), ("insert", *key, r)]
+        winners[key] = (r, s)
+    inserts = sorted(((c, h, r, s) for (c, h), (r, s) in winners.items()), key=lambda x: x[2])
+    live = {r for _, _, r, _ in inserts}
+    frees = [i.region for i in infos if i.region not in live]
+    next_seq = 1 if newest is None else seq_next(newest)
+    return RecoveryPlan(commands, reads, inserts, frees, len(reasons), len(inserts),
+                        next_seq, reasons)
 
 
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:

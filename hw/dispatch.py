@@ -30,7 +30,7 @@ and the commit sequence) live here, with helpers that emit the states of one cal
 
 from amaranth import Cat, Const, Module, Mux, Signal, Value
 
-from ringkv.defs.protocol import LENGTH, REQUESTS, RESPONSES, Length
+from ringkv.defs.protocol import LENGTH, RECOVERY_STATUS, REQUESTS, RESPONSES, Length
 
 from .directory import Op as DirOp
 from .directory import Status as DirStatus
@@ -81,6 +81,9 @@ class CommandUnit:
     def states(self, d):
         """The unit's FSM states."""
 
+    def background(self, d):
+        """Logic that runs beside the dispatcher FSM (its own FSM), built after the signals."""
+
 
 class Dispatcher:
     """Shared registers, resources and helpers of the dispatcher FSM (see the module docstring).
@@ -130,6 +133,13 @@ class Dispatcher:
         self.mode = Signal(range(len(self.modes)))
         self.idx = Signal(17)                # response byte / item index
         self.cycles_at = Signal(64)          # STATS snapshot; start of QUERY/EXPORT
+        #: A unit (the recovery unit) raises ``not_ready`` (comb, from ``op``) to have
+        #: ``DISPATCH`` answer ``NOT_READY`` with ``not_ready_word`` (a RESPONSES-sized record)
+        #: instead of running the op; ``scan_busy`` while it owns the directory and the DMA.
+        self.not_ready = Signal()
+        self.not_ready_word = Signal(8 * max(lay_.size for lay_ in RESPONSES.values()))
+        self.answer_not_ready = Signal()
+        self.scan_busy = Signal()
 
         # ---- token memory read port 0: shared by the hash feeder and TOKENS_READ -----------
         self.rd0 = tokens.read_port(0)
@@ -163,17 +173,20 @@ class Dispatcher:
         self.top_meta_ring = Signal(8)
         dr_ring, at = dma.ring, attention
         # The DMA's ring port has the core's member names (hw/dma.RingPortSignature); it owns
-        # the port while busy, the dispatcher (RING_READ, EXPORT's ring check) otherwise.
+        # the port while busy with an import or export, the dispatcher (RING_READ, EXPORT's
+        # ring check) otherwise -- also while the recovery scan has the DMA read headers.
+        dma_ring = Signal()
+        m.d.comb += dma_ring.eq(dma.busy & ~self.scan_busy)
         m.d.comb += [
-            at.ring_addr.eq(Mux(dma.busy, dr_ring.ring_addr, self.top_ring_addr)),
-            at.ring_re.eq(Mux(dma.busy, dr_ring.ring_re, self.top_ring_re)),
-            at.ring_we.eq(dr_ring.ring_we & dma.busy),
+            at.ring_addr.eq(Mux(dma_ring, dr_ring.ring_addr, self.top_ring_addr)),
+            at.ring_re.eq(Mux(dma_ring, dr_ring.ring_re, self.top_ring_re)),
+            at.ring_we.eq(dr_ring.ring_we & dma_ring),
             at.ring_wdata.eq(dr_ring.ring_wdata),
             dr_ring.ring_rdata.eq(at.ring_rdata),
-            at.meta_ring.eq(Mux(dma.busy, dr_ring.meta_ring, self.top_meta_ring)),
+            at.meta_ring.eq(Mux(dma_ring, dr_ring.meta_ring, self.top_meta_ring)),
             dr_ring.meta_count.eq(at.meta_count),
             dr_ring.meta_head.eq(at.meta_head),
-            at.meta_we.eq(dr_ring.meta_we & dma.busy),
+            at.meta_we.eq(dr_ring.meta_we & dma_ring),
             at.meta_wcount.eq(dr_ring.meta_wcount),
             at.meta_whead.eq(dr_ring.meta_whead),
         ]
@@ -292,16 +305,22 @@ class Dispatcher:
         op, length, taken = self.op, self.length, self.taken
         for unit in self.units:
             unit.signals(self)
+        for unit in self.units:
+            unit.background(self)
 
-        # the fixed response record of the current op (units give the values)
+        # the fixed response record of the current op (units give the values), or the
+        # not-ready record
         records = {}
         for unit in self.units:
             records.update(unit.responses(self))
         resp_word = Signal(8 * max(lay_.size for lay_ in RESPONSES.values()))
-        with m.Switch(op):
-            for o, values in records.items():
-                with m.Case(o.value):
-                    m.d.comb += resp_word.eq(pack_layout(RESPONSES[o], **values))
+        with m.If(self.answer_not_ready):
+            m.d.comb += resp_word.eq(self.not_ready_word)
+        with m.Else():
+            with m.Switch(op):
+                for o, values in records.items():
+                    with m.Case(o.value):
+                        m.d.comb += resp_word.eq(pack_layout(RESPONSES[o], **values))
 
         with m.FSM(name="dispatch"):
             with m.State("IDLE"):
@@ -317,6 +336,7 @@ class Dispatcher:
                         p = dec.header.payload
                         m.d.sync += [op.eq(p.op), self.seq.eq(p.seq), length.eq(p.length),
                                      taken.eq(0), self.args.eq(0),
+                                     self.answer_not_ready.eq(0),
                                      self.frames.eq(self.frames + 1),
                                      self.cycles_at.eq(self.cycles)]
                         m.next = "HDR_CHECK"
@@ -395,11 +415,15 @@ class Dispatcher:
                         m.next = "IDLE"
 
             with m.State("DISPATCH"):
-                with m.Switch(op):
-                    for unit in self.units:
-                        unit.dispatch(self)
-                    with m.Default():
-                        self.respond(Status.INTERNAL)
+                with m.If(self.not_ready):
+                    m.d.sync += self.answer_not_ready.eq(1)
+                    self.respond(Status.NOT_READY, RECOVERY_STATUS.size)
+                with m.Else():
+                    with m.Switch(op):
+                        for unit in self.units:
+                            unit.dispatch(self)
+                        with m.Default():
+                            self.respond(Status.INTERNAL)
 
             for unit in self.units:
                 unit.states(self)

@@ -24,6 +24,12 @@ ring, so the rings are empty: a miss, never a stale or corrupt cache.
 without writing the rings: the directory rebuild scan uses it (host-driven, see
 ``docs/blocks/storage.md``). The response carries the record's count, hash and commit sequence.
 
+**Header** (``op = HEADER``, region): the header sector only, with the import's header checks
+(magic, version and header size, header CRC, config digest and fields, field consistency):
+``OK`` with the record's count, hash and commit sequence, or the first failing check's status.
+The device's power-on recovery (``hw/cmd_recovery.py``) scans with it: one sector read per
+region, the payload left to the import's checks.
+
 The ring port is byte-addressed (``element * EB + byte``, ``EB`` bytes per element from the
 configuration's numerics): the KV loops step over elements as above with the byte of the element
 innermost, so a record's bytes of one element are consecutive and little-endian (the record
@@ -151,6 +157,7 @@ class DmaOp(enum.Enum, shape=2):
     EXPORT = 0
     IMPORT = 1
     VERIFY = 2
+    HEADER = 3
 
 
 DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32})
@@ -445,7 +452,7 @@ class DmaEngine(wiring.Component):
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += base_lba.eq(self._base_lba + region * lay.sectors_per_region)
-                with m.If((region >= self._regions) | (op.as_value() == 3)):
+                with m.If(region >= self._regions):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
                     m.next = "RESP"
                 with m.Elif(exporting):
@@ -590,6 +597,8 @@ class DmaEngine(wiring.Component):
                     m.next = "RESP"
                 with m.Elif(bad_fields):
                     m.d.sync += status.eq(RecordStatus.BAD_HEADER)
+                    m.next = "RESP"
+                with m.Elif(op == DmaOp.HEADER):
                     m.next = "RESP"
                 with m.Elif(importing & ((hd_count != req_count) | (hd_hash != req_hash))):
                     m.d.sync += status.eq(RecordStatus.NOT_THIS)

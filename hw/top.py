@@ -18,7 +18,7 @@ built from a command unit per family (:data:`UNITS`, ``hw/cmd_*.py``): adding an
 its definition and its family's unit.
 """
 
-from amaranth import Module
+from amaranth import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -31,6 +31,7 @@ from .attention import AttentionCore
 from .cmd_attention import AttentionUnit
 from .cmd_directory import DirectoryUnit
 from .cmd_link import LinkUnit
+from .cmd_recovery import RecoveryUnit
 from .cmd_snapshot import SnapshotUnit
 from .cmd_storage import StorageUnit
 from .cmd_tokens import TokenUnit
@@ -46,7 +47,8 @@ __all__ = ["RingKVTop", "UNITS"]
 
 #: The dispatcher's command units, one per command family; together they execute every
 #: opcode of :data:`ringkv.defs.protocol.REQUESTS` (checked at construction).
-UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, AttentionUnit, StorageUnit)
+UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, AttentionUnit, StorageUnit,
+         RecoveryUnit)
 
 
 def _pow2(x):
@@ -92,6 +94,11 @@ class RingKVTop(wiring.Component):
     (``BAD_ARG``); a rejected request's payload is drained and **nothing is changed**. Opcodes
     of :class:`~ringkv.defs.protocol.Op` not in :data:`~ringkv.defs.protocol.IMPLEMENTED` are
     answered ``UNKNOWN_OP``.
+
+    At reset (and on ``STORAGE_REBUILD``) the device recovers its directory from the record
+    headers by itself (:mod:`ringkv.hw.cmd_recovery`): meanwhile ``QUERY`` and ``EXPORT`` (and
+    the ``DIR_*``, ``SECTOR_READ`` requests) answer ``NOT_READY`` with the progress, every other
+    request answers as usual; ``recovering`` (not a port) is high while it scans.
 
     No hang: every wait has a bound or is guaranteed by a block's contract. Draining and
     argument collection are bounded by the frame's length (the decoder has checked it); the
@@ -165,6 +172,9 @@ class RingKVTop(wiring.Component):
             "tx": Out(stream.Signature(8)),
             "storage": Out(StoragePortSignature()),
         })
+        #: High while the recovery scan runs (not a port: a simulation observation point;
+        #: the link's STORAGE_STATUS reports the same).
+        self.recovering = Signal()
 
     config = property(lambda self: self._config)
     regions = property(lambda self: self._regions)
@@ -187,6 +197,8 @@ class RingKVTop(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rx), dec.i)
         wiring.connect(m, enc.o, wiring.flipped(self.tx))
         wiring.connect(m, dma.tokens, tm.read_port(1))
-        Dispatcher(m, self, [unit() for unit in UNITS], decoder=dec, encoder=enc, tokens=tm,
-                   hasher=hasher, directory=dr, dma=dma, attention=at).elaborate()
+        dispatcher = Dispatcher(m, self, [unit() for unit in UNITS], decoder=dec, encoder=enc,
+                                tokens=tm, hasher=hasher, directory=dr, dma=dma, attention=at)
+        dispatcher.elaborate()
+        m.d.comb += self.recovering.eq(dispatcher.scan_busy)
         return m

@@ -113,6 +113,38 @@ def _config(name, numerics="ringkv-fx1"):
                                numerics=numerics)
 
 
+def _wait_device(device, where):
+    """Wait for the device's own recovery scan (power-on), showing its progress."""
+    def progress(st):
+        print(f"\rdevice at {where}: recovering its directory, {st['scanned']}/"
+              f"{st['regions']} regions", end="", file=sys.stderr, flush=True)
+    try:
+        st = device.wait_ready(progress=progress)
+    finally:
+        print("", end="\r", file=sys.stderr, flush=True)
+    return st
+
+
+def run_fsck_link(args) -> int:
+    """``ringkv storage fsck --link URL``: the deep check over the link (read only)."""
+    from ringkv.host.fpga_device import DeviceNotReady, FpgaDevice
+    from ringkv.host.link import Link
+    from ringkv.host.record import fsck_report
+    config = _config(args.config, args.numerics)
+    device = FpgaDevice(Link(args.link, timeout=args.timeout), config)
+    device.check_config()
+    try:
+        st = _wait_device(device, args.link)
+        print(f"device recovery: {st['scanned']} regions, {st['live']} live, {st['freed']} "
+              f"freed, next commit {st['next_seq']}, {st['cycles']} clocks")
+    except DeviceNotReady as e:
+        print(f"device recovery failed: {e} (the deep check reads the card anyway)")
+    infos, _ = device.check()
+    report, to_free = fsck_report(infos)
+    print(report)
+    return 1 if to_free else 0
+
+
 def run_chat(args) -> int:
     from ringkv.host.model import BOS, Model, decode_text, encode_text
     from ringkv.host.scheduler import Scheduler, SoftwareDevice
@@ -123,11 +155,10 @@ def run_chat(args) -> int:
         link = Link(args.link, timeout=args.timeout)
         device = FpgaDevice(link, config)
         device.check_config()        # refuses a device built for another configuration
-        inserts, frees, _ = device.rebuild()
-        print(f"device at {args.link}: {len(inserts)} stored snapshots, {len(frees)} free "
-              f"regions")
-        for region, why in sorted(device.last_rebuild.reasons.items()):
-            print(f"  region {region} freed: {why}")
+        st = _wait_device(device, args.link)
+        print(f"device at {args.link}: {st['live']} stored snapshots, {st['freed']} regions "
+              f"freed by its recovery; next commit {st['next_seq']} "
+              f"('ringkv storage fsck --link' checks every record in depth)")
         where = f"device at {args.link}"
         model = (Model.load(args.weights, config) if args.weights
                  else Model(config, hidden=64 if args.config == "demo" else 256,
@@ -198,7 +229,15 @@ def main(argv=None) -> int:
                "read). Options after IMAGE: "
                "--regions R, --numerics N, --all (ls).")
     p.add_argument("action", choices=["ls", "fsck"])
-    p.add_argument("image")
+    p.add_argument("image", nargs="?", help="the image (or --link)")
+    p.add_argument("--link", help="fsck a device over its link (socket://HOST:PORT or a "
+                   "serial port): every record read with SECTOR_READ and checked in depth "
+                   "(header, config, payload CRC), nothing written")
+    p.add_argument("--config", default="default", choices=["default", "demo"],
+                   help="the device's configuration "
+                   "(with --link): default or demo")
+    p.add_argument("--numerics", default="ringkv-fx1", choices=["ringkv-fx1", "ringkv-fx2"])
+    p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
     args, rest = parser.parse_known_args(argv)
@@ -220,7 +259,24 @@ def main(argv=None) -> int:
     if args.cmd == "build":
         return _need("ringkv.boards.build", "the board build").main(rest)
     if args.cmd == "storage":
+        if args.link is None and "--link" in args.rest:
+            # argparse gives the options after an omitted IMAGE to the remainder
+            extra = argparse.ArgumentParser(prog="ringkv storage fsck")
+            for name, default in (("--link", None), ("--config", args.config),
+                                  ("--numerics", args.numerics), ("--timeout", args.timeout)):
+                extra.add_argument(name, default=default,
+                                   type=float if name == "--timeout" else str)
+            for key, value in vars(extra.parse_args(args.rest)).items():
+                setattr(args, key, value)
+        if args.link:
+            if args.action != "fsck":
+                parser.error("--link goes with fsck")
+            return run_fsck_link(args)
+        if args.image is None:
+            parser.error("storage needs an IMAGE (or fsck --link URL)")
         fsck = ["--fsck"] if args.action == "fsck" else []
+        if args.numerics != "ringkv-fx1":
+            fsck += ["--numerics", args.numerics]
         return _need("ringkv.host.record", "the record scanner").main(
             [args.image, *args.rest, *fsck])
     parser.error(f"unknown command {args.cmd}")

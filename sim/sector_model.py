@@ -107,7 +107,8 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
     """Serve storage port ``port`` (the initiator's ``storage`` member) forever.
 
     Run it with ``sim.add_testbench(..., background=True)``. ``log`` (a list) receives
-    ``(op, lba, count)`` of each command.
+    ``(op, lba, count)`` of each command. ``dead`` (a bool, or a callable asked at each
+    command: the card can go and come back) makes every command end in ``TIMEOUT``.
     """
     budget = _Budget(cut_after)
 
@@ -131,7 +132,7 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
         op, lba, count = cmd.op, cmd.lba, cmd.count
         if log is not None:
             log.append((op, lba, count))
-        if dead:
+        if dead() if callable(dead) else dead:
             await ctx.tick().repeat(20)
             await status(StorageError.TIMEOUT)
             continue

@@ -8,10 +8,10 @@ opens ``/dev/ttyUSB0`` on the board — and storage in an image file:
 1. three interleaved sessions (first requests: run and store);
 2. a session resumed after others (query → hit → import by DMA);
 3. a session whose snapshot the allocator evicted (query → miss → recompute by chunked prefill);
-4. a power cut (the simulator process is killed), a restart on the same image, the directory
-   rebuilt from the record headers, and a resume (hit);
+4. a power cut (the simulator process is killed), a restart on the same image, the device
+   recovering its directory from the record headers by itself, and a resume (hit);
 5. a session moved to a second simulated device by copying its record to that device's image
-   (rebuild there, hit);
+   (its recovery finds it, hit);
 6. a conversation several times longer than the window, resumed by a constant-size import.
 
 Every generated token is checked against a software-only run: the same model with the
@@ -121,9 +121,9 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
                         **top_kwargs)
         fpga = FpgaDevice(Link(dev.url, timeout=120), config)
         fpga.check_config()
-        inserts, frees, _ = fpga.rebuild()
+        st = fpga.wait_ready()          # the device's own recovery scan (power-on)
         devices[name] = (dev, fpga)
-        return fpga, len(inserts), len(frees)
+        return fpga, st["live"], st["freed"]
 
     t1 = time.monotonic()
     fpga, _, _ = start("A", image_a)
@@ -143,8 +143,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
                 fpga, inserts, frees = start("A", image_a)
                 sched.device, sched.resident = fpga, None
                 say(f"   -- power cut: simulator A killed and restarted on {image_a.name}; "
-                    f"directory rebuilt from storage: {inserts} records re-inserted, "
-                    f"{frees} regions free")
+                    f"the device recovered its directory from the headers: {inserts} "
+                    f"records live, {frees} regions freed")
             else:
                 moved = label.split()[1]
                 key = sched.sessions[moved].key
@@ -159,7 +159,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
                 fpga, inserts, _ = start("B", image_b)
                 sched.device, sched.resident = fpga, None
                 say(f"   -- {moved}'s record (region {region}, {len(data)} B) copied to "
-                    f"{image_b.name}; device B started, rebuild found {inserts} record(s)")
+                    f"{image_b.name}; device B started, "
+                    f"its recovery found {inserts} record(s)")
             continue
         t = time.monotonic()
         before = dict(fpga.counters)

@@ -98,17 +98,26 @@ class SimByteLink:
 
 
 def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=None,
-            storage_idle=0.0, storage_stall=0.0, vcd=None):
-    """Simulate ``top`` with ``image`` on its storage port; ``await scenario(ctx, link)``."""
+            storage_idle=0.0, storage_stall=0.0, storage_dead=False, storage_log=None, vcd=None,
+            wait_ready=True):
+    """Simulate ``top`` with ``image`` on its storage port; ``await scenario(ctx, link)``.
+
+    ``wait_ready``: the scenario starts when the power-on recovery scan has ended
+    (``top.recovering`` low); ``link.ready_cycles`` is then the clocks it took."""
     link = SimByteLink(top, rng=rng, idle=idle, stall=stall)
     sim = Simulator(top)
     sim.add_clock(1e-8)
 
     async def storage(ctx):
         await serve_storage(ctx, top.storage, image, rng=storage_rng, idle=storage_idle,
-                            stall=storage_stall)
+                            stall=storage_stall, dead=storage_dead, log=storage_log)
 
     async def body(ctx):
+        if wait_ready:
+            link.ready_cycles = 0
+            while ctx.get(top.recovering):
+                await ctx.tick()
+                link.ready_cycles += 1
         await scenario(ctx, link)
 
     sim.add_testbench(storage, background=True)

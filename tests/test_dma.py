@@ -9,6 +9,7 @@ from amaranth.sim import Simulator
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 from ringkv.host.record import (
+    check_header,
     encode_record,
     import_record,
     rebuild,
@@ -256,6 +257,8 @@ def test_import_checks_match_golden(config):
              ("hash", None, tokens, 20, 8), ("count", None, tokens, 19, 7)]
     cases += [(f"flip{p}", p, tokens, 20, 7) for p in flips]
 
+    headers = []
+
     async def body(ctx, h, rng):
         out = []
         stale = rand_rings(config, rng)
@@ -265,12 +268,19 @@ def test_import_checks_match_golden(config):
             await load_state(ctx, h, config, stale, 3, 2, session)
             st = await dma_op(ctx, h, DmaOp.IMPORT, 0, count=req_count, hash=req_hash)
             out.append((name, st[0], await read_state(ctx, h, config)))
+            if name == "ok" or pos is not None and pos < SECTOR:
+                headers.append((name, await dma_op(ctx, h, DmaOp.HEADER, 0),
+                                check_header(config, image.read(0, 1), 0)))
             if pos is not None:
                 image.write(0, bytes(image[0:pos]) + bytes([image[pos] ^ 0x10]))
         out.append(("empty", (await dma_op(ctx, h, DmaOp.VERIFY, 2))[0], None))
         out.append(("range", (await dma_op(ctx, h, DmaOp.VERIFY, 4))[0], None))
         out.append(("foreign", (await dma_op(ctx, h, DmaOp.IMPORT, 1, count=5, hash=5))[0],
                     None))
+        for region in (1, 2):
+            headers.append((region, await dma_op(ctx, h, DmaOp.HEADER, region),
+                            check_header(config, image.read(RecordLayout(config)
+                                                            .region_lba(region), 1), region)))
         return out, stale
 
     res = simulate(config, 4, image, body, seed=21)
@@ -283,6 +293,13 @@ def test_import_checks_match_golden(config):
     assert by_name["empty"][0] is RecordStatus.EMPTY
     assert by_name["range"][0] is RecordStatus.BAD_REQUEST
     assert by_name["foreign"][0] is RecordStatus.FOREIGN_CONFIG
+    # the header-only check (the device's recovery scan) equals the golden check_header
+    assert len(headers) == 13 and {g.status for _, _, g in headers} >= {
+        RecordStatus.OK, RecordStatus.EMPTY, RecordStatus.BAD_HEADER, RecordStatus.FOREIGN_CONFIG}
+    for name, got, want in headers:
+        assert got[0] is want.status, name
+        if want.valid:
+            assert got[1:] == (want.count, want.prefix_hash, want.commit_seq), name
     for name, pos, session, req_count, req_hash in cases:
         if pos is not None:
             image.write(0, bytes(image[0:pos]) + bytes([image[pos] ^ 0x10]))

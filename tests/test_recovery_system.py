@@ -1,13 +1,14 @@
-"""Recovery after a power cut on the Verilator-built top, end to end (issue #17).
+"""Recovery after a power cut on the Verilator-built top, end to end (issues #17, #12).
 
 The demo device (``DEMO_CONFIG``, 2 regions: the build ``tests/test_system.py`` uses) behind
 its TCP socket, driven by :class:`~ringkv.host.fpga_device.FpgaDevice`, storage in an image
 file that starts erased (0xFF) or zeroed. Snapshot A of a session (6 tokens) is exported to
 region 0 with commit 1; the session goes on to B (9 tokens), whose export is cut ``k`` bytes
-into its header sector (B's payload written, its header torn over the medium). After that:
-the host's rebuild must not raise and takes nothing from B's header (next commit 2, region 1
-freed), A hits with identical rings, B misses, a new export of B gets commit 2 in region 1,
-and both hit, B with its rings.
+into its header sector (B's payload written, its header torn over the medium). After that the
+**device recovers its own directory** (at power-on, or on ``STORAGE_REBUILD``): its figures and
+directory equal the golden :func:`~ringkv.host.record.plan_recovery` of the card's headers,
+nothing is taken from B's header (next commit 2), A hits with identical rings, B misses, a new
+export of B gets commit 2 in region 1, and both hit, B with its rings.
 
 * real power cuts inside the gateware's export (:data:`REAL_CUTS`: the storage model tears
   the sector after ``cut_after`` bytes and the simulator exits), then a restart;
@@ -16,7 +17,9 @@ and both hit, B with its rings.
   is the ``@pytest.mark.slow`` sweep;
 * the commit sequence register wraps: ``DIR_CLEAR`` to 0xFFFFFFFF, export A (0xFFFFFFFF),
   re-export A (0), power cycle: the record after the wrap wins, the next export gets 1;
-* random header sectors with a valid magic and version are freed and change nothing.
+* random header sectors with a valid magic and version are freed and change nothing;
+* a power cut while the device recovers (it only reads: the card is unchanged and the next
+  power-on recovers the same), and ``QUERY`` during the scan answers ``NOT_READY``.
 """
 
 import random
@@ -29,16 +32,18 @@ from ringkv.defs.config import DEMO_CONFIG
 from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import (
     NO_RECORD,
+    RECOVERY_STATUS,
     REQUESTS,
     RING_ELEMENTS,
     SNAPSHOT_RESPONSE,
     Op,
+    RecoveryState,
     Status,
 )
 from ringkv.defs.record import SECTOR, SEQ_MOD, RecordLayout, RecordStatus
 from ringkv.host.golden_hash import sequence_hash
 from ringkv.host.protocol import encode_request
-from ringkv.host.record import encode_record
+from ringkv.host.record import encode_record, plan_recovery, scan_headers
 from ringkv.sim.storage_faults import (
     MEDIA,
     RANDOM_KINDS,
@@ -119,7 +124,9 @@ def states(tmp_path_factory):
         image.write_bytes(bytes([byte]) * (2 * SPAN))
         sim, dev = start(image, tmp, medium)
         with sim:
-            assert dev.rebuild() == ([], [0, 1], 1)
+            st = dev.wait_ready()
+            assert (st["state"], st["scanned"], st["live"], st["freed"], st["next_seq"]) == (
+                RecoveryState.READY.value, 2, 0, 0, 1)
             session.compute(dev, N_A)
             rings_a = valid_rings(dev)
             status, r = snapshot_request(dev, Op.EXPORT, N_A)
@@ -154,15 +161,28 @@ def valid_rings(dev):
     return meta, out
 
 
-def check_after_power_on(dev, session, st, complete):
-    """The rebuild after the cut, then: A hits with identical rings, B misses (or hits: the cut
-    came after the last byte that differed from the medium), a new export of B gets commit 2
-    in the freed region, and both hit, B with its rings."""
+def recovered(dev, image, status=None):
+    """The device's recovery (``status``: at power-on; None: a ``STORAGE_REBUILD`` now) against
+    the golden plan of the card's headers: figures and directory; returns the plan."""
+    st = dev.wait_ready() if status is None else status
+    card = image.read_bytes()
+    plan = plan_recovery(scan_headers(
+        CONFIG, lambda lba, n: card[lba * SECTOR:(lba + n) * SECTOR], 2))
+    assert (st["state"], st["scanned"], st["live"], st["freed"], st["next_seq"]) == (
+        RecoveryState.READY.value, 2, plan.live, plan.freed, plan.next_seq)
+    assert dev.directory() == [(c, h, r) for c, h, r, _ in plan.inserts]
+    assert dev.stats()["alloc"]["commit_seq"] == plan.next_seq
+    return plan
+
+
+def check_after_power_on(dev, session, st, complete, image, rebuild=False):
+    """The device's recovery after the cut, then: A hits with identical rings, B misses (or
+    hits: the cut came after the last byte that differed from the medium), a new export of B
+    gets commit 2 in the freed region, and both hit, B with its rings."""
     key_a, key_b = session.key(N_A), session.key(N_B)
-    inserts, frees, next_seq = dev.rebuild()
-    assert inserts == [(*key_a, 0, 1)] + ([(*key_b, 1, 2)] if complete else [])
-    assert next_seq == (3 if complete else 2) and (complete or frees == [1])
-    assert dev.stats()["alloc"]["commit_seq"] == next_seq
+    plan = recovered(dev, image, dev.recover() if rebuild else None)
+    assert plan.inserts == [(*key_a, 0, 1)] + ([(*key_b, 1, 2)] if complete else [])
+    assert plan.next_seq == (3 if complete else 2)
     status, r = query(dev, session, N_A)
     assert (status, r["region"], r["seq"]) == (Status.HIT, 0, 1)
     assert valid_rings(dev) == st["a"]
@@ -208,7 +228,7 @@ def test_power_cut_in_the_export_header(states, tmp_path, medium, k):
     payload = LAY.record_bytes(N_B) - SECTOR         # written before the header
     sim, dev = start(image, tmp_path, "cut", cut_after=payload + k)
     with sim:
-        assert dev.rebuild()[2] == 2
+        assert dev.wait_ready()["next_seq"] == 2
         session.compute(dev, N_B)
         dev.link.port.write(encode_request(Op.EXPORT, 1, REQUESTS[Op.EXPORT].pack(n=N_B)))
         assert sim.wait_power_cut(120), "the export was not cut"
@@ -216,14 +236,14 @@ def test_power_cut_in_the_export_header(states, tmp_path, medium, k):
     assert image.read_bytes() == want
     sim, dev = start(image, tmp_path, "after")
     with sim:
-        check_after_power_on(dev, session, st, torn == st["writes_b"][-1][1])
+        check_after_power_on(dev, session, st, torn == st["writes_b"][-1][1], image)
 
 
 def sweep(states, tmp_path, medium, offsets):
-    """One device; before each rebuild the card is set to what a cut at ``k`` leaves (as when
-    a card is put in while the device idles: the rebuild starts with ``DIR_CLEAR``). Offsets
-    that leave identical bytes (a zeroed card under zero header bytes) run once. Returns the
-    offsets run."""
+    """One device; before each ``STORAGE_REBUILD`` the card is set to what a cut at ``k``
+    leaves (as when a card is put in while the device idles: the scan starts with a directory
+    clear). Offsets that leave identical bytes (a zeroed card under zero header bytes) run
+    once. Returns the offsets run."""
     st, session = states[medium], states["session"]
     image = tmp_path / "card.img"
     image.write_bytes(st["card"])
@@ -237,7 +257,8 @@ def sweep(states, tmp_path, medium, offsets):
             seen.add(torn)
             with open(image, "r+b") as f:            # in place: the simulator has it open
                 f.write(card)
-            check_after_power_on(dev, session, st, torn == st["writes_b"][-1][1])
+            check_after_power_on(dev, session, st, torn == st["writes_b"][-1][1], image,
+                                 rebuild=True)
             ran.append(k)
     return ran
 
@@ -267,7 +288,7 @@ def test_commit_sequence_wraps(states, tmp_path):
     image.write_bytes(b"\xff" * (2 * SPAN))
     sim, dev = start(image, tmp_path, "wrap")
     with sim:
-        dev.rebuild()
+        dev.wait_ready()
         dev.link.request(Op.DIR_CLEAR, REQUESTS[Op.DIR_CLEAR].pack(next_seq=TOP))
         session.compute(dev, N_A)
         for region, seq in ((0, TOP), (1, 0)):
@@ -277,9 +298,10 @@ def test_commit_sequence_wraps(states, tmp_path):
         assert dev.stats()["alloc"]["commit_seq"] == 1
     sim, dev = start(image, tmp_path, "wrap2")
     with sim:
-        inserts, frees, next_seq = dev.rebuild()
-        assert inserts == [(*session.key(N_A), 1, 0)] and frees == [0] and next_seq == 1
-        assert "superseded by commit 0 in region 1" in dev.last_rebuild.reasons[0]
+        plan = recovered(dev, image)
+        assert plan.inserts == [(*session.key(N_A), 1, 0)] and plan.frees == [0]
+        assert plan.next_seq == 1 and plan.freed == 1
+        assert "superseded by commit 0 in region 1" in plan.reasons[0]
         status, r = query(dev, session, N_A)
         assert (status, r["region"], r["seq"]) == (Status.HIT, 1, 0)
         session.compute(dev, N_B)
@@ -302,13 +324,57 @@ def test_random_headers_change_nothing(states, tmp_path):
             with open(image, "r+b") as f:
                 f.seek(SPAN)
                 f.write(random_header(rng, kind, CONFIG) + rng.randbytes(SPAN - SECTOR))
-            inserts, frees, next_seq = dev.rebuild()
-            assert inserts == [(*session.key(N_A), 0, 1)] and frees == [1]
-            assert next_seq == 2
-            assert 1 in dev.last_rebuild.reasons, kind
+            plan = recovered(dev, image, dev.recover())
+            assert plan.inserts == [(*session.key(N_A), 0, 1)] and plan.frees == [1]
+            assert plan.next_seq == 2 and plan.freed == 1
+            assert 1 in plan.reasons, kind
             status, r = query(dev, session, N_A)
             assert (status, r["region"], r["seq"]) == (Status.HIT, 0, 1)
             assert valid_rings(dev) == st["a"]
             session.compute(dev, N_B)
             status, r = snapshot_request(dev, Op.EXPORT, N_B)
             assert (status, r["region"], r["seq"]) == (Status.OK, 1, 2)
+
+
+def test_power_cut_during_recovery_and_query_while_scanning(states, tmp_path, capsys):
+    """The device only reads while it recovers: killed as soon as it listens (its power-on
+    scan running or just done), the card is unchanged and the next power-on recovers the same.
+    A QUERY sent right behind a STORAGE_REBUILD (both frames in one write) answers NOT_READY
+    with the scan's progress; the device's figures then equal the golden plan, and the host's
+    deep check (payloads too) finds the same live records, also as ``ringkv storage fsck
+    --link``."""
+    st, session = states["erased"], states["session"]
+    image = tmp_path / "card.img"
+    image.write_bytes(st["card"])
+    for name in ("cut1", "cut2"):
+        sim, _ = start(image, tmp_path, name)
+        sim.kill()
+        assert image.read_bytes() == st["card"]
+    sim, dev = start(image, tmp_path, "after-cuts")
+    with sim:
+        plan = recovered(dev, image)
+        assert plan.inserts == [(*session.key(N_A), 0, 1)]
+        port = dev.link.port
+        port.write(encode_request(Op.STORAGE_REBUILD, 201, b"")
+                   + encode_request(Op.QUERY, 202, REQUESTS[Op.QUERY].pack(n=N_A)))
+        from ringkv.host.protocol import Decoder, Frame
+        decoder, frames = Decoder(0xFFFF, response=True), []
+        while len(frames) < 2:
+            frames += [f for f in decoder.feed(port.read(max(1, port.in_waiting)))
+                       if isinstance(f, Frame)]
+        assert [(f.seq, Status(f.status)) for f in frames] == [(201, Status.OK),
+                                                               (202, Status.NOT_READY)]
+        busy = RECOVERY_STATUS.unpack(frames[1].payload)
+        assert busy["state"] == RecoveryState.SCANNING.value and busy["regions"] == 2
+        recovered(dev, image)
+        infos, deep = dev.check()
+        assert [x[:3] for x in deep.inserts] == dev.directory()
+        status, r = query(dev, session, N_A)
+        assert (status, r["region"], r["seq"]) == (Status.HIT, 0, 1)
+        dev.link.close()
+        from ringkv.cli import main
+        capsys.readouterr()
+        assert main(["storage", "fsck", "--link", sim.url, "--config", "demo"]) == 0
+        out = capsys.readouterr().out
+        assert "device recovery: 2 regions, 1 live, 0 freed, next commit 2" in out, out
+        assert "1 live, 0 to free" in out and out.rstrip().endswith("clean"), out

@@ -10,7 +10,7 @@ from ringkv.sim.system_demo import run_system_demo, short_scenario
 def test_short_end_to_end_scenario(tmp_path, capsys):
     assert run_system_demo(workdir=tmp_path, steps=short_scenario(), verbose=True) == 0
     out = capsys.readouterr().out
-    for path in (" first ", " hit ", " miss ", "power cut", "rebuild found 1 record"):
+    for path in (" first ", " hit ", " miss ", "power cut", "recovery found 1 record"):
         assert path in out, out
     assert "identical to the software-only run" in out
 
@@ -29,7 +29,7 @@ def test_end_to_end_with_numerics_fx2(tmp_path, capsys):
                            config=config) == 0
     out = capsys.readouterr().out
     assert "numerics ringkv-fx2" in out
-    for path in (" first ", " hit ", " miss ", "power cut", "rebuild found 1 record"):
+    for path in (" first ", " hit ", " miss ", "power cut", "recovery found 1 record"):
         assert path in out, out
     assert "identical to the software-only run" in out
     # the K/V bytes moved are those of int16 elements: 2 * L * Hkv * d * 2 per valid slot
@@ -60,6 +60,7 @@ def test_link_fuzz_on_verilator_keeps_snapshots(tmp_path):
                    **kwargs) as sim:
         link = Link(sim.url, timeout=60)
         dev = FpgaDevice(link, DEMO_CONFIG)
+        dev.wait_ready()
         sched = Scheduler(Model(DEMO_CONFIG, hidden=32, ffn=48, seed=3), dev, chunk=16)
         sched.request("s", [BOS] + encode_text("fuzz me"), 2)
         tokens = list(sched.sessions["s"].tokens)

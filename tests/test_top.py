@@ -279,7 +279,6 @@ def test_errors_change_nothing():
         assert (err.op, err.seq, Status(err.status)) == (0x7E, 78, Status.UNKNOWN_OP)
         # ops of Op the gateware does not implement
         await call(ctx, link, Op.IMPORT, req(Op.QUERY, n=6), Status.UNKNOWN_OP)
-        await call(ctx, link, Op.STORAGE_REBUILD, b"", Status.UNKNOWN_OP)
         # lengths
         await call(ctx, link, Op.VERSION, b"\0", Status.BAD_LENGTH)
         await call(ctx, link, Op.QUERY, b"\1\0\0", Status.BAD_LENGTH)
@@ -290,6 +289,7 @@ def test_errors_change_nothing():
         await call(ctx, link, Op.ATTN_PREFILL, pack_attn(CFG, 0, q, k, v)[:-1],
                    Status.BAD_LENGTH)
         await call(ctx, link, Op.DIR_CLEAR, b"\0\0", Status.BAD_LENGTH)
+        await call(ctx, link, Op.STORAGE_REBUILD, b"\0", Status.BAD_LENGTH)
         # arguments out of range
         await call(ctx, link, Op.ATTN_PREFILL, pack_attn(CFG, CFG.layers, q, k, v),
                    Status.BAD_ARG)
@@ -371,8 +371,9 @@ def test_fuzz_then_ping_and_snapshot():
 def test_scheduler_on_fpga_device_and_rebuild():
     """The seed-001 scheduler and the numpy model run unchanged on FpgaDevice over the link
     into the simulated gateware, token for token equal to the software device with the core's
-    bit-exact model; after a "power cycle" (a new top on the same image) the host-driven
-    rebuild restores the directory and a session resumes by import."""
+    bit-exact model; after a "power cycle" (a new top on the same image) the device's own
+    recovery restores the directory (the host-driven deep check agrees) and a session resumes
+    by import."""
     from ringkv.host.fpga_device import ConfigMismatch, FpgaDevice
     from ringkv.host.link import Link
     from ringkv.host.model import FixedBackend, Model
@@ -389,6 +390,7 @@ def test_scheduler_on_fpga_device_and_rebuild():
     with SimPort(top, image) as port:
         dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG, max_payload=1024)
         dev.check_config()
+        assert dev.wait_ready()["live"] == 0
         sched = Scheduler(model, dev, chunk=4)
         got = [sched.request(*r) for r in plan]
         assert got == want
@@ -403,13 +405,18 @@ def test_scheduler_on_fpga_device_and_rebuild():
     top2 = make_top()
     with SimPort(top2, image) as port:
         dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG, max_payload=1024)
-        inserts, frees, next_seq = dev.rebuild()
+        st = dev.wait_ready()
         # every live snapshot is back; a replaced one whose region was not reused yet is
-        # still a valid record of its prefix, so the rebuild lists it too (harmless: a hit on
-        # it is verified like any other)
-        rebuilt = {(c, h) for c, h, _, _ in inserts}
+        # still a valid record of its prefix, so the recovery finds it too (harmless: a hit
+        # on it is verified like any other)
+        recovered = dev.directory()
+        rebuilt = {(c, h) for c, h, _ in recovered}
         assert {s.key for s in sched.sessions.values()} <= rebuilt and len(rebuilt) == 3
-        assert dev.stats()["alloc"]["commit_seq"] == next_seq
+        assert dev.stats()["alloc"]["commit_seq"] == st["next_seq"]
+        # the host's deep check (payloads too) agrees, and rebuilding from it changes nothing
+        inserts, frees, next_seq = dev.rebuild()
+        assert [(c, h, r) for c, h, r, _ in inserts] == recovered
+        assert next_seq == st["next_seq"] and dev.directory() == recovered
         tokens_a = sched.sessions["a"].tokens
         result = dev.query(tokens_a)
         assert result.hit and (result.count, result.prefix_hash) == key_a

@@ -36,7 +36,8 @@ __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "SYNC", "RESPONSE_FLAG",
            "DEFAULT_MAX_PAYLOAD", "FRAME_CRC", "REQUEST_OVERHEAD", "RESPONSE_OVERHEAD",
            "PROTOCOL_VERSION", "GATEWARE_VERSION", "IDEMPOTENT_OPS", "Layout", "Length",
            "REQUESTS", "RESPONSES", "LENGTH", "TAILS", "IMPLEMENTED", "DIR_RESPONSE",
-           "SNAPSHOT_RESPONSE", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT", "FLAG_EXISTING",
+           "SNAPSHOT_RESPONSE", "RECOVERY_STATUS", "RecoveryState", "RECOVERY_GATED",
+           "RECOVERY_SCAN_GATED", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT", "FLAG_EXISTING",
            "RING_ELEMENTS", "RING_META", "META_BYTES", "attn_in_bytes", "attn_out_bytes",
            "max_attn_tokens"]
 
@@ -51,7 +52,7 @@ REQUEST_OVERHEAD = 7
 #: Bytes of a response besides its payload: SYNC, op, seq, status, 2 length, 2 CRC.
 RESPONSE_OVERHEAD = 8
 #: Reported by ``Op.VERSION``; bump it when a frame layout or an opcode's payload changes.
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 #: The frame CRC (the gateware builds it with ``amaranth.lib.crc``, the host computes it with
 #: ``binascii.crc_hqx``; a test checks both against these parameters).
 FRAME_CRC = CrcSpec("CRC16_XMODEM", width=16, polynomial=0x1021, initial=0, reflect=False,
@@ -99,8 +100,9 @@ class Op(enum.Enum):
     RING_CLEAR     = 0x42   # empty the ring buffers
     RING_READ      = 0x43   # read ring slots back (inspection, tests)
     # storage
-    SECTOR_READ    = 0x50   # raw sector, for inspection and directory rebuild
-    STORAGE_REBUILD = 0x51  # rebuild the directory by scanning record headers
+    SECTOR_READ    = 0x50   # raw sector, for inspection and the host's deep check (fsck)
+    STORAGE_REBUILD = 0x51  # re-run the device's recovery: rebuild the directory from headers
+    STORAGE_STATUS = 0x52   # recovery state and figures (RECOVERY_STATUS)
 
 
 class Status(enum.Enum):
@@ -119,6 +121,8 @@ class Status(enum.Enum):
     STORAGE_ERROR  = 0x0A
     FOREIGN_CONFIG = 0x0B   # a record made by a device with another configuration
     CORRUPT        = 0x0C   # a record whose payload CRC does not match
+    NOT_READY      = 0x0D   # the directory is being recovered (or recovery failed): the body
+                            # is the RECOVERY_STATUS record (state, progress, error)
     INTERNAL       = 0x0F
 
 
@@ -126,12 +130,12 @@ class Status(enum.Enum):
 IDEMPOTENT_OPS = frozenset({
     Op.PING, Op.VERSION, Op.CONFIG_DIGEST, Op.STATS, Op.TOKENS_WRITE, Op.TOKENS_READ,
     Op.HASH_QUERY, Op.DIR_LOOKUP, Op.DIR_READ, Op.QUERY, Op.ALLOC_STATUS, Op.RING_READ,
-    Op.SECTOR_READ,
+    Op.SECTOR_READ, Op.STORAGE_STATUS,
 })
 
 
 #: Reported by ``Op.VERSION``; bump when the gateware's behaviour changes.
-GATEWARE_VERSION = 1
+GATEWARE_VERSION = 2
 #: ``record_status`` of a QUERY whose directory lookup missed (the DMA did not run).
 NO_RECORD = 0xFF
 #: ``RING_CLEAR`` of this layer clears every ring.
@@ -206,6 +210,35 @@ _EMPTY = Layout()
 DIR_RESPONSE = Layout((("dir_status", 1), ("evicted", 1), ("link", 2), ("region", 4),
                        ("count", 4), ("hash", 8), ("stamp", 4), ("prev", 2), ("next", 2),
                        ("victim", 2), ("expired", 2)))
+
+
+class RecoveryState(enum.Enum):
+    """``state`` of :data:`RECOVERY_STATUS`: the device's directory recovery (power-on scan)."""
+
+    SCANNING = 0   #: scanning the record headers (after reset, or after STORAGE_REBUILD)
+    READY = 1      #: the directory holds every live record; the store is usable
+    FAILED = 2     #: the storage failed during the scan (``error``); STORAGE_REBUILD retries
+
+
+#: The response of STORAGE_STATUS and STORAGE_REBUILD, and the body of every ``NOT_READY``
+#: answer: ``state`` (:class:`RecoveryState`), ``error`` (the storage port's error code of a
+#: failed scan, 0 otherwise: ``hw/storage.StorageError``), ``scanned`` of ``regions`` header
+#: sectors checked so far, ``live`` records in the directory, ``freed`` regions holding
+#: something the scan did not use (a header that fails a check, a zero-token record, a
+#: superseded commit), ``next_seq`` (the commit sequence register: valid when READY),
+#: ``cycles`` (clocks of the last scan, from its start to READY or FAILED; while scanning,
+#: so far).
+RECOVERY_STATUS = Layout((("state", 1), ("error", 1), ("scanned", 4), ("regions", 4),
+                          ("live", 4), ("freed", 4), ("next_seq", 4), ("cycles", 8)))
+#: Requests answered ``NOT_READY`` (with :data:`RECOVERY_STATUS`) unless recovery is READY:
+#: they need a directory that holds the store.
+RECOVERY_GATED = frozenset({Op.QUERY, Op.EXPORT})
+#: Requests answered ``NOT_READY`` while the scan runs (it owns the directory, the DMA and the
+#: storage port); after a failed scan they answer normally, for inspection and repair.
+RECOVERY_SCAN_GATED = frozenset({Op.DIR_LOOKUP, Op.DIR_INSERT, Op.DIR_DELETE, Op.DIR_TOUCH,
+                                 Op.DIR_EXPIRE, Op.DIR_READ, Op.DIR_CLEAR, Op.SECTOR_READ,
+                                 Op.STORAGE_REBUILD})
+
 #: The response of QUERY and EXPORT.
 SNAPSHOT_RESPONSE = Layout((("record_status", 1), ("dir_status", 1), ("link", 2), ("region", 4),
                             ("count", 4), ("hash", 8), ("bytes", 4), ("cycles", 4),
@@ -238,6 +271,8 @@ REQUESTS = {
     Op.RING_CLEAR: Layout((("layer", 1),)),
     Op.RING_READ: Layout((("addr", 4), ("n", 2), ("what", 1))),
     Op.SECTOR_READ: Layout((("lba", 4),)),
+    Op.STORAGE_REBUILD: _EMPTY,
+    Op.STORAGE_STATUS: _EMPTY,
 }
 
 #: Response layouts (the fixed part).
@@ -273,6 +308,8 @@ RESPONSES = {
     Op.RING_CLEAR: _EMPTY,
     Op.RING_READ: _EMPTY,
     Op.SECTOR_READ: _EMPTY,
+    Op.STORAGE_REBUILD: RECOVERY_STATUS,
+    Op.STORAGE_STATUS: RECOVERY_STATUS,
 }
 
 #: What follows the fixed part, per op: ``(request tail, response tail)`` in words.
@@ -287,8 +324,8 @@ TAILS = {
     Op.SECTOR_READ: ("", "512 bytes"),
 }
 
-#: The opcodes the gateware executes; the others (IMPORT: QUERY imports on a hit;
-#: STORAGE_REBUILD: the host rebuilds, see ``FpgaDevice.rebuild``) are answered UNKNOWN_OP.
+#: The opcodes the gateware executes; the others (IMPORT: QUERY imports on a hit) are answered
+#: UNKNOWN_OP.
 IMPLEMENTED = frozenset(REQUESTS)
 
 

@@ -13,7 +13,15 @@ from cocotb.triggers import RisingEdge
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
-from ringkv.defs.protocol import REQUESTS, RESPONSES, SNAPSHOT_RESPONSE, Op, Status
+from ringkv.defs.protocol import (
+    RECOVERY_STATUS,
+    REQUESTS,
+    RESPONSES,
+    SNAPSHOT_RESPONSE,
+    Op,
+    RecoveryState,
+    Status,
+)
 from ringkv.defs.record import RecordLayout, elem_bytes
 from ringkv.host.golden_fixed import FixedRingCore
 from ringkv.host.golden_hash import sequence_hash
@@ -51,6 +59,15 @@ async def top_end_to_end(dut):
     cocotb.start_soon(link.tx_process())
 
     assert await call(link, Op.PING, b"ringkv") == b"ringkv"
+    # the power-on recovery of the (empty) card: wait for it, as the host does
+    for _ in range(1000):
+        st = RECOVERY_STATUS.unpack(await call(link, Op.STORAGE_STATUS))
+        if st["state"] != RecoveryState.SCANNING.value:
+            break
+        for _ in range(100):
+            await RisingEdge(dut.clk)
+    assert (st["state"], st["scanned"], st["live"], st["freed"], st["next_seq"]) == (
+        RecoveryState.READY.value, REGIONS, 0, 0, 1)
     cd = RESPONSES[Op.CONFIG_DIGEST].unpack(await call(link, Op.CONFIG_DIGEST))
     assert cd["digest"] == CFG.digest()
     tokens = [rng.randrange(1 << CFG.token_width) for _ in range(10)]
