@@ -53,6 +53,7 @@ NUMERICS = ("ringkv-fx1", "ringkv-fx2")
 RANGE = {"ringkv-fx1": 4.0, "ringkv-fx2": 16.0}
 RESUME_PROMPT, RESUME_NEW = 300, 48
 RTL_PREFILL, RTL_DECODE = 192, 8
+CAL_SESSIONS, CAL_TOKENS = 4, 1024       # calibration of per-layer int8 scales (training split)
 LANES, MACS, REGIONS = 4, 8, 16          # the board top's core (bench_system's build)
 
 
@@ -139,6 +140,51 @@ def evaluate(model, sessions, numerics, prefill=PREFILL):
         out[name] = {"logits": logits, "log2p": lp, "rec": rec,
                      "seconds": time.monotonic() - t0}
     return out
+
+
+class Int8Floor:
+    """float64 attention on q/k/v rounded to int8 with ``fracs[layer]`` fraction bits (real =
+    x * 2**-F, clipped): what an int8 input format alone costs, without the fixed-point
+    datapath. ``F = 5`` everywhere is ``ringkv-fx1``'s inputs."""
+
+    def __init__(self, config, fracs):
+        from ringkv.host.model import Float64Backend
+        self.inner, self.fracs = Float64Backend(config), list(fracs)
+
+    def _q(self, layer, x):
+        f = 2.0 ** self.fracs[layer]
+        return np.clip(np.rint(np.asarray(x) * f), -128, 127) / f
+
+    def prefill(self, layer, q, k, v):
+        return self.inner.prefill(layer, *(self._q(layer, x) for x in (q, k, v)))
+
+    def decode(self, layer, q, k, v):
+        return self.inner.decode(layer, *(self._q(layer, x) for x in (q, k, v)))
+
+
+def calibrate_fracs(model, train_docs, n=CAL_SESSIONS, tokens=CAL_TOKENS, max_frac=5,
+                    clip_share=1e-4):
+    """Per layer, the largest fraction ``F <= max_frac`` (a power-of-two scale) with at most
+    ``clip_share`` of the q, k, v elements beyond int8's range ``127 / 2**F``, measured with the
+    float64 model on ``n`` sessions of the **training** split."""
+    from ringkv.host.model import Float64Backend
+    values = [[] for _ in range(model.config.layers)]
+
+    class Grab(Float64Backend):
+        def prefill(self, layer, q, k, v):
+            values[layer].append(np.abs(np.concatenate([np.ravel(x) for x in (q, k, v)])))
+            return super().prefill(layer, q, k, v)
+
+    for toks in eval_sessions(train_docs, n, tokens):
+        model.prefill(toks, 0, Grab(model.config), CHUNK)
+    fracs = []
+    for vals in values:
+        a = np.concatenate(vals)
+        f = max_frac
+        while f > 0 and np.mean(a > 127 / 2 ** f) > clip_share:
+            f -= 1
+        fracs.append(f)
+    return fracs
 
 
 def bpb_all(model, held_docs, chunk=256):
@@ -273,6 +319,25 @@ def run():
                                            logit_max_abs_diff=round(float(diff.max()), 4),
                                            logit_mean_max_abs_diff=round(float(diff.mean()),
                                                                          4))})
+    # what the int8 input format costs, fixed scale 2**-5 (fx1's) against per-layer power-of-two
+    # scales calibrated on the training split: float64 attention on the rounded q/k/v
+    train_docs, _ = corpus.split()
+    fracs = calibrate_fracs(model, train_docs)
+    for label, fr in (("fixed", [5] * DEFAULT_CONFIG.layers), ("calibrated", fracs)):
+        lp, top = [], []
+        for toks in sessions:
+            lg = session_logits(model, toks, Int8Floor(DEFAULT_CONFIG, fr))
+            lp.append(log2_probs(lg, toks[1:len(lg) + 1]))
+            top.append(lg.argmax(axis=1))
+        bpb = -float(np.mean(np.concatenate(lp)))
+        results.append({"name": f"model.int8_floor.{label}", "value": round(bpb, 4),
+                        "unit": "bits/byte",
+                        "params": dict(base, fracs=fr, delta_pct=round(100 * (bpb / ref_bpb - 1),
+                                                                         3),
+                                       top1=round(100 * float(np.mean(
+                                           np.concatenate(top) == ref_top)), 3),
+                                       calibration=f"{CAL_SESSIONS} x {CAL_TOKENS} training "
+                                                   f"tokens, <= 1e-4 clipped")})
     t0 = time.monotonic()
     all_bpb, all_n = bpb_all(model, held)
     results.append({"name": "model.bpb.float64_all", "value": round(all_bpb, 4),
@@ -339,6 +404,19 @@ def markdown(results):
                       [[i, f"{m[0]:.2f}", f"{m[1]:.2f}", f"{m[2]:.2f}",
                         f"{100 * clip['ringkv-fx1'][i]:.3f} %",
                         f"{100 * clip['ringkv-fx2'][i]:.3f} %"] for i, m in enumerate(amax)])
+    fl = [by.get(f"model.int8_floor.{k}") for k in ("fixed", "calibrated")]
+    if all(fl):
+        text += ("\n\nWhere fx1's loss comes from: float64 attention on q, k, v rounded to int8 "
+                 "(no fixed-point datapath), with fx1's fixed scale 2⁻⁵ (range ±4) against "
+                 "per-layer power-of-two scales chosen by a calibration pass on the training "
+                 f"split ({fl[1]['params']['calibration']}). A proposal: the core does not "
+                 "support per-layer scales yet.\n\n")
+        text += table(["int8 q/k/v scale per layer", "bits per byte", "vs float64",
+                       "top-1 agreement"],
+                      [[", ".join(f"2^-{f}" for f in r["params"]["fracs"]) + f" ({k})",
+                        f"{r['value']:.4f}", f"{r['params']['delta_pct']:+.2f} %",
+                        f"{r['params']['top1']:.2f} %"]
+                       for k, r in zip(("fixed", "calibrated"), fl)])
     r = by.get("model.resume_identical")
     if r:
         per = r["params"]["per_numerics"]
