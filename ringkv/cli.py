@@ -32,8 +32,23 @@ def _backend(name, config):
 
 
 def _model(args, config):
+    """``--weights FILE``, else the random model (``--random``, of ``--seed``), else the trained
+    weights shipped for ``config``'s shape."""
     from ringkv.host.model import Model
-    return Model.load(args.weights, config) if args.weights else Model(config, seed=args.seed)
+    if args.weights:
+        return Model.load(args.weights, config)
+    if args.random:
+        small = config.head_dim * config.q_heads < 256
+        return Model(config, hidden=64 if small else 256, ffn=128 if small else 512,
+                     seed=args.seed)
+    return Model.trained(config)
+
+
+def _model_name(model) -> str:
+    if not model.meta:
+        return "random weights"
+    m = model.meta
+    return f"trained on {m['corpus'].split('==')[0]}, step {m['step']} of {m['steps']}"
 
 
 def demo_script(seed: int = 0):
@@ -44,7 +59,8 @@ def demo_script(seed: int = 0):
     rng = random.Random(seed)
 
     def text(n):
-        words = ["ring", "window", "session", "cache", "token", "snapshot", "fpga", "host"]
+        words = ["And", "the", "king", "said", "unto", "his", "servants,", "Go", "up", "into",
+                 "city", "of", "David", "and", "there", "was", "light", "upon", "earth"]
         return encode_text(" ".join(rng.choice(words) for _ in range(n)) + ". ")
 
     reqs = [("alice", [BOS] + text(20), 12), ("bob", [BOS] + text(12), 12),
@@ -61,7 +77,7 @@ def run_demo(args) -> int:
     import dataclasses
 
     from ringkv.defs.config import DEFAULT_CONFIG
-    from ringkv.host.model import decode_text
+    from ringkv.host.model import show_text
     from ringkv.host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
     config = dataclasses.replace(DEFAULT_CONFIG, numerics=getattr(args, "numerics",
                                                                   "ringkv-fx1"))
@@ -72,7 +88,7 @@ def run_demo(args) -> int:
     reqs = demo_script(args.seed)
     print(f"RingKV demo (software device, {args.backend} attention): layers={config.layers} "
           f"Hq={config.q_heads} Hkv={config.kv_heads} d={config.head_dim} W={config.window}, "
-          f"store capacity {args.capacity} snapshots\n")
+          f"store capacity {args.capacity} snapshots; model {_model_name(model)}\n")
     header = (f"{'#':>2} {'session':8} {'path':9} {'tokens':>11} {'import B':>9} "
               f"{'export B':>9} {'recomp':>6} {'ms':>7}  output")
     print(header)
@@ -87,7 +103,7 @@ def run_demo(args) -> int:
         rows.append((e, ms))
         print(f"{i:>2} {sid:8} {e['path']:9} {e['before']:>5}->{e['after']:<5} "
               f"{e['imported_bytes']:>9} {e['exported_bytes']:>9} {e['recomputed']:>6} "
-              f"{ms:>7.0f}  {decode_text(out)!r}")
+              f"{ms:>7.0f}  {show_text(out)!r}")
     print("\nchecking every generated token against a plain, unscheduled run ...")
     ref = plain_run(model, reqs, lambda: _backend(args.backend, config), chunk=args.chunk)
     bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
@@ -146,8 +162,11 @@ def run_fsck_link(args) -> int:
 
 
 def run_chat(args) -> int:
-    from ringkv.host.model import BOS, Model, decode_text, encode_text
-    from ringkv.host.scheduler import Scheduler, SoftwareDevice
+    import json
+    from pathlib import Path
+
+    from ringkv.host.model import BOS, encode_text, show_text
+    from ringkv.host.scheduler import Scheduler, Session, SoftwareDevice
     config = _config(args.config, args.numerics)
     if args.link:
         from ringkv.host.fpga_device import FpgaDevice
@@ -160,17 +179,24 @@ def run_chat(args) -> int:
               f"freed by its recovery; next commit {st['next_seq']} "
               f"('ringkv storage fsck --link' checks every record in depth)")
         where = f"device at {args.link}"
-        model = (Model.load(args.weights, config) if args.weights
-                 else Model(config, hidden=64 if args.config == "demo" else 256,
-                            ffn=128 if args.config == "demo" else 512, seed=args.seed))
     else:
         device = SoftwareDevice(config, attention=_backend(args.backend, config),
                                 capacity=args.capacity, image=args.image)
         where = "software device"
-        model = _model(args, config)
-    sched = Scheduler(model, device, chunk=args.chunk)
+    model = _model(args, config)
+    # the host's side of each conversation (its tokens) beside the device's image, so that a
+    # chat started again on the same image resumes its sessions where they stopped
+    state = Path(args.image + ".sessions.json") if args.image else None
+    sessions = {}
+    if state is not None and state.exists():
+        sessions = {sid: Session(tokens=v["tokens"], pending=v["pending"],
+                                 key=tuple(v["key"]) if v["key"] else None)
+                    for sid, v in json.loads(state.read_text()).items()}
+    sched = Scheduler(model, device, chunk=args.chunk, sessions=sessions)
     sid = "default"
-    print(f"ringkv chat ({where}). '/session NAME' switches, '/quit' ends.")
+    print(f"ringkv chat ({where}; model {_model_name(model)}). '/session NAME' switches, "
+          f"'/quit' ends." + (f" Resumed sessions: {', '.join(sorted(sessions))}."
+                              if sessions else ""))
     for line in sys.stdin:
         line = line.rstrip("\n")
         if line in ("/quit", "/exit"):
@@ -181,7 +207,10 @@ def run_chat(args) -> int:
         first = sid not in sched.sessions
         out = sched.request(sid, ([BOS] if first else []) + encode_text(line), args.tokens)
         e = sched.events[-1]
-        print(f"[{sid} {e['path']} {e['after']} tokens] {decode_text(out)!r}")
+        print(f"[{sid} {e['path']} {e['after']} tokens] {show_text(out)}", flush=True)
+        if state is not None:
+            state.write_text(json.dumps({k: {"tokens": v.tokens, "pending": v.pending,
+                                             "key": v.key} for k, v in sched.sessions.items()}))
     return 0
 
 
@@ -193,7 +222,10 @@ def main(argv=None) -> int:
         p.add_argument("--backend", choices=["float64", "fixed"], default="float64",
                        help="attention in the FPGA's place: float64 rings or the bit-exact "
                             "fixed-point core model")
-        p.add_argument("--weights", help=".npz weights (default: fixed seed)")
+        p.add_argument("--weights", help=".npz weights (default: the trained weights shipped "
+                                              "for the configuration's shape)")
+        p.add_argument("--random", action="store_true",
+                       help="the untrained model with random weights of --seed instead")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--chunk", type=int, default=64, help="prefill chunk")
         p.add_argument("--capacity", type=int, default=2, help="snapshots the store holds")

