@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.ringkv-installed
 BOARD  ?= ulx3s-85f
 JOBS   ?= 2
 
-.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv
+.PHONY: all demo demo-board test test-all formal bench bitstream lint clean distclean venv
 
 all: test
 
@@ -21,6 +21,10 @@ $(STAMP): pyproject.toml
 ## make demo: the main job (see README)
 demo: $(STAMP)
 	$(VENV)/bin/ringkv demo
+
+## make demo-board: the demo scenario against the pin-level simulation of the ULX3S top
+demo-board: $(STAMP)
+	$(VENV)/bin/ringkv demo --board $(BOARD)
 
 ## make test: the whole suite but the long sweeps (CI runs this)
 test: $(STAMP)
