@@ -79,3 +79,17 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     infos = scan_image(CFG, lambda lba, n: data[lba * 512:(lba + n) * 512], TOP["regions"])
     assert [i.valid for i in infos] == [True, True, False, False], infos
     assert [i.count for i in infos[:2]] == [CFG.window + CFG.window // 4 + 1, 3]
+
+
+def test_board_check_without_a_device(capsys):
+    """No device behind the URL: one FAIL line and exit status 1, no traceback."""
+    import socket
+
+    from ringkv.cli import main
+    with socket.socket() as s:          # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["board", "check", "--link", f"socket://127.0.0.1:{port}"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] link" in out and "cannot open" in out, out
+    assert main(["board"]) == 2
