@@ -14,6 +14,7 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
   device's transmitter spreads its fractional divisor (40 MHz / 3 Mbaud = 13 1/3 clocks) over
   the bits, each edge within one clock (25 ns of 333 ns) of the ideal one: mid-bit sampling
   tolerates it. Received bytes go to the socket when the line has been idle for two bit times.
+  The counters are printed to the simulator's log (stderr) at the end of every connection.
 * The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`. Each adapter takes
   ``(dut, image, cut_after)`` and returns an object with an ``async run()`` that serves the
   card until a :class:`~ringkv.sim.sector_model.PowerCut` (then the process exits with
@@ -23,6 +24,7 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
 import json
 import os
 import queue
+import sys
 from fractions import Fraction
 from types import SimpleNamespace
 
@@ -156,6 +158,10 @@ async def serve(dut):
             chunk = b""
         if chunk is None:
             connections += 1
+            # the line's own counters, per connection, in the simulator's log (stderr)
+            print(f"RINGKV-SIM uart line after connection {connections}: {line.sent} B sent, "
+                  f"{line.received} B received, {line.framing_errors} framing errors, "
+                  f"{line.glitches} glitches", file=sys.stderr, flush=True)
             if params.get("once") and connections >= 1:
                 break
             continue

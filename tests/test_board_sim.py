@@ -7,6 +7,7 @@ every test here; each test starts its own simulator process on it (fresh power-u
 
 import json
 import sys
+import time
 
 import pytest
 from conftest import requires_verilator
@@ -65,6 +66,16 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
         assert main(["board", "check", "--link", dev.url, "--config", json.dumps(other),
                      "--ping-sizes", "0", "--timeout", "120"]) == 1
         third = capsys.readouterr().out
+        log = tmp_path / "sim.log"
+        for _ in range(600):                # the simulator logs the third connection's end
+            if log.read_text().count("RINGKV-SIM uart line") == 3:
+                break
+            time.sleep(0.1)
+    # the line model received every byte the device's transmitter sent, cleanly
+    log = log.read_text()
+    counts = [line for line in log.splitlines() if "RINGKV-SIM uart line" in line]
+    assert len(counts) == 3 and all(" 0 framing errors, 0 glitches" in c for c in counts), log
+    assert " 0 B received" not in counts[0], counts
     for step in ("link", "identity", "storage", "scratch region", "attention",
                  "write/read/verify", "export/import"):
         assert f"[PASS] {step}" in first, first
