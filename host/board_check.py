@@ -49,6 +49,7 @@ from ringkv.defs.protocol import (
     REQUESTS,
     RESPONSES,
     RING_CLEAR_ALL,
+    RING_ELEMENTS,
     SNAPSHOT_RESPONSE,
     SYNC,
     Op,
@@ -342,13 +343,23 @@ class BoardCheck:
         if status != Status.HIT:
             raise _Fail(f"QUERY of the exported tokens missed (record status "
                         f"{r['record_status']})", _HINTS["export/import"])
-        rings, meta = self.dev.snapshot()
         c = self.config
         head = int(self.golden.head[0])
-        # the valid slots (an import writes those; the others keep older contents)
-        slots = [(head - t) % c.window for t in range(min(self.n, c.window))]
+        # the valid slots (an import writes those; the others keep older contents), read
+        # slot by slot: RING_READ of the whole rings would move every slot over the link
+        slots = sorted((head - t) % c.window for t in range(min(self.n, c.window)))
+        eb = self.golden.numerics.elem_bytes
         want = self.golden.rings[:, :, :, slots]
-        got = np.asarray(rings)[:, :, :, slots]
+        got = np.empty_like(want)
+        for layer in range(c.layers):
+            for h in range(c.kv_heads):
+                for kind in range(2):
+                    for i, slot in enumerate(slots):
+                        row = ((layer * c.kv_heads + h) * 2 + kind) * c.window + slot
+                        raw = self.dev._call(Op.RING_READ, addr=row * c.head_dim * eb,
+                                             n=c.head_dim * eb, what=RING_ELEMENTS)
+                        got[layer, h, kind, i] = np.frombuffer(raw, dtype=f"<i{eb}")
+        meta = self.dev.ring_meta()
         if not np.array_equal(got, want):
             raise _Fail(f"the imported rings differ from the golden core's in "
                         f"{int((got != want).sum())} of {want.size} elements",
