@@ -46,7 +46,7 @@ def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
     """Build (cached) and run the smoke scenario on the gate-level board; ``(ok, figures)``."""
     from ringkv.host.board_check import BoardCheck
     from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
+    from ringkv.host.link import DeviceError, Link, LinkError
 
     top = SMOKE_TOP if top is None else top
     workdir = Path(workdir)
@@ -64,16 +64,21 @@ def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
         check = BoardCheck(link, config, ping_sizes=(0, 1, 16, 255), say=say)
         ok = check.run()
         fpga = check.dev
-        miss = fpga.query([7, 7, 7])
-        ok &= not miss.hit
-        say(f"[{'PASS' if not miss.hit else 'FAIL'}] QUERY of unknown tokens: "
-            f"{'miss' if not miss.hit else 'HIT'}")
-        cycles += RESPONSES[Op.STATS].unpack(fpga._call(Op.STATS))["cycles"]
+        try:
+            miss = fpga.query([7, 7, 7])
+            ok &= not miss.hit
+            say(f"[{'PASS' if not miss.hit else 'FAIL'}] QUERY of unknown tokens: "
+                f"{'miss' if not miss.hit else 'HIT'}")
+            cycles += RESPONSES[Op.STATS].unpack(fpga._call(Op.STATS))["cycles"]
+        except (LinkError, DeviceError, RuntimeError) as e:
+            say(f"[FAIL] QUERY of unknown tokens: {e}")
+            ok = False
         link.close()
         dev.kill()                                      # power cut
     tokens, golden = check.tokens, check.golden
     if tokens is None:
         say("[SKIP] power cut and restart: the board check wrote no record")
+        figures.update(scenario_s=round(time.monotonic() - t1, 1), cycles=0, cycles_per_s=0)
         return False, figures
     with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-2.log",
                          **top) as dev:
