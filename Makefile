@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.ringkv-installed
 BOARD  ?= ulx3s-85f
 JOBS   ?= 2
 
-.PHONY: all demo test test-all formal bench bitstream lint clean distclean venv train
+.PHONY: all demo demo-board gatesim test test-all formal bench bitstream lint clean distclean \
+	venv train
 
 all: test
 
@@ -21,6 +22,14 @@ $(STAMP): pyproject.toml
 ## make demo: the main job (see README)
 demo: $(STAMP)
 	$(VENV)/bin/ringkv demo
+
+## make demo-board: the demo scenario against the pin-level simulation of the ULX3S top
+demo-board: $(STAMP)
+	$(VENV)/bin/ringkv demo --board $(BOARD)
+
+## make gatesim: the synthesized netlist of the ULX3S top at its pins, smoke scenario (reduced config)
+gatesim: $(STAMP)
+	$(PY) -m ringkv.sim.gatesim smoke
 
 ## make test: the whole suite but the long sweeps (CI runs this)
 test: $(STAMP)

@@ -16,7 +16,17 @@
   ``SDCardResources`` declares the 4-bit resource's CMD pin as output only, while the card
   answers on CMD. ``storage="spi"`` keeps SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on
   CMD, CIPO on DAT0) through :class:`ringkv.hw.sdspi.SDSPIController` at ``sd_mhz``;
-* LEDs: 0 = PLL locked, 1 = SD card initialised, 2 = SDHC/SDXC, 3 = heartbeat.
+* LEDs: 0 = PLL locked (clock alive), 1 = SD card initialised, 2 = SDHC/SDXC, 3 = heartbeat,
+  4 = link activity (a byte received or sent in the last ~50 ms), 5 = link error (a UART
+  framing error or overrun, or a frame-layer error: bad CRC, timeout, bad length, unknown
+  opcode, in the last ~0.4 s).
+
+**The simulation seam** (``clock="sim"``, used only by :mod:`ringkv.sim.board_harness`): the
+``EHXPLLL`` is left out and the ``clk25`` pin drives the system clock directly; the
+testbench drives that pin at the PLL's *output* frequency (``sys_hz``), and ``locked`` rises
+after :data:`SIM_LOCK_CYCLES` clocks as a PLL's lock output would. Everything else (the
+reset hold after lock, the UART and its fractional divisor, the SD controller, the LEDs, the
+pin buffers of the platform) is the same elaborated design as the bitstream's.
 
 Built by ``ringkv build --board ulx3s-85f`` (:mod:`ringkv.boards.build`). This path is
 synthesized, placed, routed and timed here, but untested on hardware.
@@ -35,7 +45,8 @@ from ringkv.hw.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
 from ringkv.hw.uart import UART
 
-__all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "STORAGE_MODES"]
+__all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "STORAGE_MODES", "SIM_LOCK_CYCLES", "CLOCKS",
+           "ACTIVITY_CYCLES", "ERROR_CYCLES"]
 
 #: the micro-SD slot in native mode with CMD bidirectional (amaranth-boards' ``sd_card_4bit``
 #: has CMD output only); the same pins as amaranth-boards' ULX3S ``SDCardResources``. The
@@ -50,6 +61,10 @@ SD_NATIVE = Resource(
 
 #: ``storage=`` values: the SD card's mode
 STORAGE_MODES = ("sd4", "spi")
+#: ``clock="sim"``: clocks from the first edge until the stand-in for the PLL's LOCK rises.
+SIM_LOCK_CYCLES = 16
+#: The clock sources of :class:`ULX3STop`: the board's PLL, or the simulation seam.
+CLOCKS = ("pll", "sim")
 
 
 def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
@@ -79,12 +94,32 @@ def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
     return best[1]
 
 
+#: LED 4 stays lit this many clocks after a byte on the link (~52 ms at 40 MHz).
+ACTIVITY_CYCLES = 1 << 21
+#: LED 5 stays lit this many clocks after a link error (~0.42 s at 40 MHz).
+ERROR_CYCLES = 1 << 24
+
+
+def _stretch(m, event, cycles: int):
+    """A signal high while fewer than ``cycles`` clocks have passed since ``event``."""
+    left = Signal(range(cycles + 1))
+    with m.If(event):
+        m.d.sync += left.eq(cycles)
+    with m.Elif(left != 0):
+        m.d.sync += left.eq(left - 1)
+    return left != 0
+
+
 class ULX3STop(Elaboratable):
     """The board top level; see the module docstring."""
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, sys_mhz: float = 40.0,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
-                 sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0):
+                 sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
+                 clock: str = "pll"):
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
+        self.clock = clock
         self.config = config
         self.pll = pll_params(25.0, sys_mhz)
         self.sys_hz = self.pll["f_out_mhz"] * 1e6
@@ -102,13 +137,20 @@ class ULX3STop(Elaboratable):
         self.sd_init_half = max(self.sd_half, round(self.sys_hz / (2 * 400e3) + 0.5))
         self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs)
 
-    def elaborate(self, platform):
-        m = Module()
+    def _clock_source(self, m, platform, clk):
+        """Drive ``clk`` at ``sys_hz``; return the lock signal. The one place where the
+        simulation (``clock="sim"``) differs from the bitstream: see the module docstring."""
         clk25 = platform.request("clk25", 0)
-        cd_sync = ClockDomain("sync")
-        m.domains += cd_sync
-        pll_clk = cd_sync.clk   # the PLL drives the domain's clock net directly
         locked = Signal()
+        if self.clock == "sim":
+            # The testbench drives clk25 at sys_hz; LOCK after SIM_LOCK_CYCLES of it.
+            m.domains.pll_sim = ClockDomain("pll_sim", reset_less=True)
+            lock_count = Signal(range(SIM_LOCK_CYCLES + 1))
+            m.d.comb += [clk.eq(clk25.i), ClockSignal("pll_sim").eq(clk25.i),
+                         locked.eq(lock_count == SIM_LOCK_CYCLES)]
+            with m.If(~locked):
+                m.d.pll_sim += lock_count.eq(lock_count + 1)
+            return locked
         p = self.pll
         m.submodules.pll = Instance(
             "EHXPLLL",
@@ -122,9 +164,17 @@ class ULX3STop(Elaboratable):
             p_CLKI_DIV=p["CLKI_DIV"], p_CLKOP_ENABLE="ENABLED", p_CLKOP_DIV=p["CLKOP_DIV"],
             p_CLKOP_CPHASE=p["CLKOP_DIV"] // 2 - 1, p_CLKOP_FPHASE=0,
             p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=p["CLKFB_DIV"],
-            i_RST=0, i_STDBY=0, i_CLKI=clk25.i, o_CLKOP=pll_clk, i_CLKFB=pll_clk,
+            i_RST=0, i_STDBY=0, i_CLKI=clk25.i, o_CLKOP=clk, i_CLKFB=clk,
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
             i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
+        return locked
+
+    def elaborate(self, platform):
+        m = Module()
+        cd_sync = ClockDomain("sync")
+        m.domains += cd_sync
+        pll_clk = cd_sync.clk   # the PLL drives the domain's clock net directly
+        locked = self._clock_source(m, platform, pll_clk)
         # Reset held for 2**8 cycles after lock.
         hold = Signal(8)
         m.domains.por = ClockDomain("por", reset_less=True)
@@ -169,7 +219,12 @@ class ULX3STop(Elaboratable):
 
         beat = Signal(26)
         m.d.sync += beat.eq(beat + 1)
-        leds = [platform.request("led", i) for i in range(4)]
+        # Link activity and link errors, stretched so that an eye sees one byte or one error.
+        activity = _stretch(m, (uart.o.valid & uart.o.ready) | (uart.i.valid & uart.i.ready),
+                            ACTIVITY_CYCLES)
+        frame_error = top.decoder.error.valid & top.decoder.error.ready
+        link_error = _stretch(m, uart.error | frame_error, ERROR_CYCLES)
+        leds = [platform.request("led", i) for i in range(6)]
         m.d.comb += [leds[0].o.eq(locked), leds[1].o.eq(sd.ready), leds[2].o.eq(sd.sdhc),
-                     leds[3].o.eq(beat[-1])]
+                     leds[3].o.eq(beat[-1]), leds[4].o.eq(activity), leds[5].o.eq(link_error)]
         return m

@@ -220,7 +220,7 @@ class UART(wiring.Component):
     """Receiver and transmitter sharing one ``divisor``.
 
     Ports: ``rx``/``tx`` (line), ``o`` (received bytes), ``i`` (bytes to send),
-    ``framing_errors``, ``overruns``.
+    ``framing_errors``, ``overruns``, ``error`` (the receiver's one-cycle strobe on either).
     """
 
     rx: In(1, init=1)
@@ -229,6 +229,7 @@ class UART(wiring.Component):
     o: Out(stream.Signature(8))
     framing_errors: Out(16)
     overruns: Out(16)
+    error: Out(1)
 
     def __init__(self, divisor, *, fifo_depth: int = 16):
         # The children check the parameters (same messages as when used alone).
@@ -251,5 +252,6 @@ class UART(wiring.Component):
             self.tx.eq(txr.tx),
             self.framing_errors.eq(rxr.framing_errors),
             self.overruns.eq(rxr.overruns),
+            self.error.eq(rxr.error),
         ]
         return m

@@ -1,9 +1,12 @@
-"""``ringkv`` command line: demo, chat, sim, bench, build, storage.
+"""``ringkv`` command line: demo, chat, sim, bench, build, board, storage.
 
 ``demo`` runs the end-to-end scenario against simulated FPGAs (Verilator) — ``demo
---software`` the same host against the software device (golden models in the FPGA's place);
-``chat`` talks to the software device, or to a device at ``--link URL`` (``socket://`` for
-``ringkv sim``, ``/dev/ttyUSB0`` for the board); ``sim`` starts the simulated device, ``build``
+--software`` the same host against the software device (golden models in the FPGA's place),
+``demo --board ulx3s-85f`` against the pin-level simulation of the board top; ``board check
+--link URL`` runs the bring-up self-test of a device (the board's serial port or ``ringkv
+sim``'s socket); ``chat`` talks to the software device, or to a device at ``--link URL``
+(``socket://`` for ``ringkv sim``, ``/dev/ttyUSB0`` for the board); ``sim`` starts the
+simulated device (``sim --board ulx3s-85f``: the board top at its pins), ``build``
 the board bitstream, ``storage ls`` lists the records in an image and ``storage fsck`` checks
 it (exit status 1 when a rebuild would free a region), ``bench`` the benchmarks.
 """
@@ -238,6 +241,8 @@ def main(argv=None) -> int:
     p.add_argument("--workdir", help="keep images and simulator logs here")
     p.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2"], default="ringkv-fx1",
                    help="the simulated device's attention numerics (int8 or int16 K/V)")
+    p.add_argument("--board", choices=["ulx3s-85f"], default=None,
+                   help="run against the pin-level simulation of this board's top")
     p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
     model_args(p)
     p.add_argument("--link", help="socket://HOST:PORT (ringkv sim) or /dev/ttyUSB0 (board)")
@@ -251,6 +256,8 @@ def main(argv=None) -> int:
                    add_help=False)
     sub.add_parser("bench", help="run the benchmarks (python -m bench.run)", add_help=False)
     sub.add_parser("build", help="synthesize a bitstream for --board", add_help=False)
+    sub.add_parser("board", help="board bring-up: 'board check --link URL' (self-test)",
+                   add_help=False)
     p = sub.add_parser(
         "storage", help="inspect (ls) or check (fsck) a storage image",
         description="Inspect a storage image with the golden record scan (read only).",
@@ -281,15 +288,23 @@ def main(argv=None) -> int:
         from ringkv.defs.config import DEMO_CONFIG
         from ringkv.sim.system_demo import run_system_demo
         return run_system_demo(workdir=args.workdir, config=dataclasses.replace(
-            DEMO_CONFIG, numerics=args.numerics))
+            DEMO_CONFIG, numerics=args.numerics), board=args.board)
     if args.cmd == "chat":
         return run_chat(args)
     if args.cmd == "sim":
+        if any(a == "--board" or a.startswith("--board=") for a in rest):
+            return _need("ringkv.sim.board_harness", "the board simulation").main(rest)
         return _need("ringkv.sim.harness", "the simulator server").main(rest)
     if args.cmd == "bench":
         return _need("bench.run", "the benchmark runner").main(rest)
     if args.cmd == "build":
         return _need("ringkv.boards.build", "the board build").main(rest)
+    if args.cmd == "board":
+        if not rest or rest[0] != "check":
+            print("usage: ringkv board check --link URL [--config ...] [--force] "
+                  "(ringkv board check --help)", file=sys.stderr)
+            return 2
+        return _need("ringkv.host.board_check", "the board check").main(rest[1:])
     if args.cmd == "storage":
         if args.link is None and "--link" in args.rest:
             # argparse gives the options after an omitted IMAGE to the remainder

@@ -96,14 +96,17 @@ def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: 
 
 
 class SimDevice:
-    """A simulated device in a child process (``python -m ringkv.sim.harness``)."""
+    """A simulated device in a child process (``python -m ringkv.sim.harness``; a subclass
+    names another server module with the same command line in ``MODULE``)."""
+
+    MODULE = "ringkv.sim.harness"
 
     def __init__(self, image, *, config: RingKVConfig = DEFAULT_CONFIG, log=None,
                  startup_timeout: float = 900.0, prebuilt: bool = False,
                  cut_after: int | None = None, **top_kwargs):
         self.image = Path(image)
         self.config = config
-        cmd = [sys.executable, "-m", "ringkv.sim.harness", "--image", str(self.image),
+        cmd = [sys.executable, "-m", self.MODULE, "--image", str(self.image),
                "--config", json.dumps(config.__dict__), "--top", json.dumps(top_kwargs)]
         if prebuilt:
             cmd.append("--prebuilt")

@@ -18,6 +18,10 @@ Every generated token is checked against a software-only run: the same model wit
 attention core's bit-exact golden model (:class:`~ringkv.host.model.FixedBackend`) and no
 scheduling at all.
 
+``board="ulx3s-85f"`` (``make demo-board``) runs the same scenario against the pin-level
+simulation of the board top (:mod:`ringkv.sim.board_harness`: UART pins at 3 Mbaud, SD pins
+on the bit-level card model) instead of the byte-stream top.
+
 ``config`` chooses the device (default :data:`~ringkv.defs.config.DEMO_CONFIG`); with
 ``numerics="ringkv-fx2"`` the same scenario runs on a top built with the int16 attention core
 (``ringkv demo --numerics ringkv-fx2``).
@@ -88,9 +92,13 @@ def short_scenario(seed=1):
 SCENARIO = scenario()
 
 
-def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None) -> int:
+def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None,
+                    board=None) -> int:
     steps = SCENARIO if steps is None else steps
     from ringkv.sim.harness import SimDevice, build_top
+    if board is not None:    # the board top at its pins, same scenario and parameters
+        from ringkv.sim.board_harness import BoardDevice as SimDevice
+        from ringkv.sim.board_harness import build_board as build_top
 
     config = DEMO_CONFIG if config is None else config
     say = print if verbose else (lambda *a, **k: None)
@@ -100,7 +108,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     for image in (image_a, image_b):
         image.unlink(missing_ok=True)
     top_kwargs = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
-    say(f"RingKV end-to-end demo: host model + simulated FPGA (Verilator), config "
+    say("RingKV end-to-end demo: host model + simulated FPGA (Verilator"
+        + (f", pin-level {board} top" if board else "") + "), config "
         f"layers={config.layers} Hq={config.q_heads} Hkv={config.kv_heads} "
         f"d={config.head_dim} W={config.window} numerics {config.numerics}, {REGIONS} storage "
         f"regions, "

