@@ -204,6 +204,93 @@ def sd4_clocks(op, sectors, params=SD4_BENCH, card=SD4_CARD):
     return out["clocks"]
 
 
+def sd_session_cycles(mode: str, params: dict, transfers, card: dict | None = None) -> dict:
+    """System clocks of SD transfers on one card, as a board does them after power-on.
+
+    One simulation (Amaranth simulator, bit-level card model: ``mode`` "sd4" with
+    :class:`~ringkv.sim.sd4_model.SDCard4` (``card``: its timing, default :data:`SD4_CARD`) or
+    "spi" with :class:`~ringkv.sim.sdcard_model.SDCardSPI` (its default timing)) of the
+    controller built with ``params``: first a 1-sector read at LBA 0 offered at reset (the
+    controller initialises the card from reset and takes its first command when ready), then
+    each ``(op, sectors)`` of ``transfers`` at LBA 8, no stalls on the storage port. Returns
+    ``{(op_name, sectors): cycles}`` (cycles from the command transfer to the status) and
+    ``"init"``: cycles from reset to the first transfer's status less a later 1-sector read's
+    (so ``transfers`` must hold ``(READ, 1)``): the initialisation of the model card.
+    """
+    image = SectorImage(sectors=1024)
+    image.write(0, random.Random(1).randbytes(64 * 512))
+    if mode == "sd4":
+        model = SDCard4(image, **(SD4_CARD if card is None else card))
+        dut = SDNativeController(**params)
+        pins, attach = dut.sd, amaranth_sd4_card
+    elif mode == "spi":
+        model = SDCardSPI(image)
+        dut = SDSPIController(**params)
+        pins, attach = dut.spi, amaranth_sd_card
+    else:
+        raise ValueError(f"mode must be sd4 or spi, not {mode!r}")
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    clock = [0]
+    out = {}
+    s = dut.storage
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock[0] += 1
+
+    async def card_proc(ctx):
+        await attach(ctx, pins, model)
+
+    async def transfer(ctx, op, lba, n):
+        ctx.set(s.cmd.valid, 1)
+        ctx.set(s.cmd.payload, {"op": op, "lba": lba, "count": n})
+        await tick_until(ctx, s.cmd.ready)
+        ctx.set(s.cmd.valid, 0)
+        start = clock[0]
+        ctx.set(s.rdata.ready, 1)
+        ctx.set(s.status.ready, 1)
+        ctx.set(s.wdata.valid, 1)
+        ctx.set(s.wdata.payload, 0xA5)
+        (status,) = await tick_until(ctx, s.status.valid, s.status.payload)
+        ctx.set(s.wdata.valid, 0)
+        ctx.set(s.status.ready, 0)
+        if status.error != StorageError.OK:
+            raise RuntimeError(f"bench {mode} {op.name} of {n}: error {status.error}")
+        return clock[0] - start
+
+    async def body(ctx):
+        await transfer(ctx, StorageOp.READ, 0, 1)       # offered at reset: waits for the init
+        first = clock[0]
+        for op, n in transfers:
+            out[(op.name.lower(), n)] = await transfer(ctx, op, 8, n)
+        out["init"] = first - out[("read", 1)]
+
+    sim.add_testbench(counter, background=True)
+    sim.add_testbench(card_proc, background=True)
+    sim.add_testbench(body)
+    sim.run()
+    if mode == "sd4" and (model.violations or model.crc_errors):
+        raise RuntimeError(f"bench sd4: {model.violations} {model.crc_errors}")
+    return out
+
+
+def sd4_record_cycles(sd: dict, op: str, lay: RecordLayout, count: int) -> int:
+    """System clocks to move one record of ``count`` tokens over the SD native bus, from
+    measured transfers ``sd[(op, sectors)]`` (:func:`sd_session_cycles`) of 1, 2, 8 and 16
+    sectors: three transfers per record as the DMA issues them (header: 1 sector, ``CMD17`` /
+    ``CMD24``; tokens and KV: ``CMD18`` / ``CMD25`` + ``CMD12`` when longer than a sector),
+    a single sector as measured, several linear in the count from the 2- and 8-sector
+    transfers (the model's per-block time is constant up to the SD clock's phase: the
+    16-sector transfer is checked against the line, within 0.1 %)."""
+    per = (sd[(op, 8)] - sd[(op, 2)]) / 6
+    fixed = sd[(op, 2)] - 2 * per
+    if abs(fixed + 16 * per - sd[(op, 16)]) > 1e-3 * sd[(op, 16)]:
+        raise RuntimeError(f"sd4 {op}: 16 sectors {sd[(op, 16)]} off the 2/8-sector line")
+    return round(sum(sd[(op, 1)] if k == 1 else fixed + per * k
+                     for k in (1, lay.token_sectors(count), lay.kv_sectors(count)) if k))
+
+
 def sd4_results():
     """The ``storage.sd4.*`` figures: efficiency against the 4-bit limit, 1 and 8 sectors."""
     results = []

@@ -33,14 +33,29 @@ steady chunks, composed from those exact figures.
 
 On the board (ULX3S-85F) the figures are converted with the board top's own parameters
 (:class:`~ringkv.boards.ulx3s.ULX3STop`): system clock, UART baud rate (10 bits per byte: start,
-8 data, stop; one request in flight, so the two directions add), and the SD card's SPI clock,
-whose record transfers are estimated from 1- and 8-sector transfers of the SD-SPI controller
-against the bit-level card model at the board's divider (as in the storage bench). Link,
-device and host times are added (no overlap assumed: an upper bound where the device computes
-while the UART is still sending).
+8 data, stop; one request in flight, so the two directions add), and the SD card: by default
+(``storage="sd4"``) the native 4-bit bus at SD CLK = clk / 2, and for comparison SPI mode at
+its SCLK. Each record transfer at 1 B/clock is replaced by the SD time of the same transfers as
+the DMA issues them (header 1 sector, tokens and KV multi-sector: ``CMD17``/``CMD18`` +
+``CMD12`` for reads, ``CMD24``/``CMD25`` for writes on the 4-bit bus), measured from the
+controller against its bit-level card model at the board's dividers
+(:func:`bench.bench_storage.sd_session_cycles`: 1, 2, 8 and 16 sectors on the 4-bit bus, the
+16-sector transfer checked against the 2/8-sector line; 1 and 8 sectors in SPI mode, as in the
+storage bench). The models' card latencies (4-bit: ``SD4_CARD``; SPI: 2 filler bytes before a
+read token, 3 busy bytes after a written block) are not a real card's. Link, device and host
+times are added (no overlap assumed: an upper bound where the device computes while the UART
+is still sending).
+
+**Recovery on the board's store** (``system.recovery_s.*``): the top with the board's 4096
+regions is built on Verilator and its own power-on scan is run on a card whose every region
+holds a valid record (golden encoder, distinct keys and commit sequences; a sparse image) and on
+an empty card: device clocks from reset to ready, exact, with the storage port at 1 B/clock. On
+the board each region's 512-cycle header read is replaced by the mode's measured 1-sector read
+(command to status; the sector model's own few cycles of command latency stay in, an upper
+bound) and the controller's initialisation of the model card from reset is added (the model
+answers ``ACMD41`` ready after a few polls; a real card may take up to a second there).
 """
 
-import inspect
 import random
 import tempfile
 import time
@@ -48,7 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_storage import SD_BENCH, sd_cycles, sd_record_cycles
+from bench.bench_storage import SD4_CARD, sd4_record_cycles, sd_record_cycles, sd_session_cycles
 from bench.run import table
 
 TITLE = "Whole system: resume by import vs recompute, decode loop"
@@ -58,19 +73,38 @@ DIRECT_N = 512          # recomputed, exported and imported for real
 CHUNK = 64              # the scheduler's prefill chunk
 DECODE = 16             # tokens generated from the imported state
 REGIONS = 16
+FULL_REGIONS = 4096     # the board top's default store: the full-card recovery
 LANES, MACS = 4, 8      # the board top's core
 UART_BITS = 10          # start + 8 data + stop
 
 
 def board_params() -> dict:
-    """System clock, UART baud rate and SD-SPI divider of the ULX3S top with its defaults."""
-    from ringkv.boards.ulx3s import ULX3STop, pll_params
-    defaults = {k: p.default for k, p in inspect.signature(ULX3STop).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    clk_hz = pll_params(25.0, defaults["sys_mhz"])["f_out_mhz"] * 1e6
-    sd_half = max(1, round(clk_hz / (2 * defaults["sd_mhz"] * 1e6)))
-    return {"clk_hz": clk_hz, "baud": defaults["baud"], "sd_half_period": sd_half,
-            "sclk_hz": clk_hz / (2 * sd_half)}
+    """System clock, UART baud rate and both SD controllers' parameters of the ULX3S top with
+    its defaults (``storage="sd4"``, the board default, and ``storage="spi"``): the dividers
+    and timeouts the board top builds them with."""
+    from amaranth import Elaboratable
+
+    from ringkv.boards.ulx3s import ULX3STop
+    sd4, spi = ULX3STop(storage="sd4"), ULX3STop(storage="spi")
+
+    def silence(obj, seen):             # only read, never elaborated: no unused warnings
+        if isinstance(obj, Elaboratable) and id(obj) not in seen:
+            seen.add(id(obj))
+            obj._MustUse__silence = True
+            for v in vars(obj).values():
+                silence(v, seen)
+    silence(sd4, set())
+    silence(spi, set())
+    if sd4.sys_hz != spi.sys_hz:
+        raise RuntimeError("the two storage modes of the board top differ in clock")
+    clk_hz = sd4.sys_hz
+    return {"clk_hz": clk_hz, "baud": sd4.baud, "regions": sd4.top.regions,
+            "sd4": {"init_half_period": sd4.sd_init_half, "half_period": sd4.sd_half,
+                    "data_timeout": 1 << 22, "busy_timeout": 1 << 23},
+            "spi": {"init_half_period": spi.sd_init_half, "half_period": spi.sd_half},
+            "sd4_clk_hz": clk_hz / (2 * sd4.sd_half), "spi_sclk_hz": clk_hz / (2 * spi.sd_half),
+            "sd4_init_clk_hz": clk_hz / (2 * sd4.sd_init_half),
+            "spi_init_clk_hz": clk_hz / (2 * spi.sd_init_half)}
 
 
 class _Meter:
@@ -135,6 +169,57 @@ def _craft_image(path, config, tokens, sweep, sectors):
             for offset, data in writes:
                 f.seek((lay.region_lba(i + 1) + offset) * SECTOR)
                 f.write(data)
+
+
+def _craft_full_card(path, config, regions, sectors):
+    """A card whose ``regions`` regions all hold a valid record (golden encoder, 3 tokens each,
+    distinct tokens, so distinct keys, and distinct commit sequences); the image is sparse."""
+    from ringkv.defs.hash import hash_seed
+    from ringkv.defs.record import SECTOR, RecordLayout
+    from ringkv.host.golden_hash import sequence_hash
+    from ringkv.host.model import BOS
+    from ringkv.host.record import encode_record
+    lay = RecordLayout(config)
+    seed = hash_seed(config)
+    rings = np.zeros((config.layers, config.kv_heads, 2, config.window, config.head_dim),
+                     dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.truncate(sectors * SECTOR)
+        for r in range(regions):
+            tokens = [BOS, 1 + r % 255, 1 + r // 255]
+            for offset, data in encode_record(config, tokens, rings, count=len(tokens),
+                                              ring_head=len(tokens) - 1,
+                                              prefix_hash=sequence_hash(tokens, seed),
+                                              commit_seq=r + 1):
+                f.seek((lay.region_lba(r) + offset) * SECTOR)
+                f.write(data)
+
+
+def _measure_recovery(workdir: Path, regions: int) -> dict:
+    """The device's recovery from power-on on a top of ``regions`` regions: a full card (every
+    region a valid record) and an empty one."""
+    from ringkv.defs.config import DEFAULT_CONFIG
+    from ringkv.host.fpga_device import FpgaDevice
+    from ringkv.host.link import Link
+    from ringkv.sim.harness import SimDevice, build_top
+    config = DEFAULT_CONFIG
+    top = {"regions": regions, "lanes": LANES, "macs": MACS}
+    _, sectors = build_top(config, **top)
+    full = workdir / "full.img"
+    _craft_full_card(full, config, regions, sectors)
+    empty = workdir / "empty-full.img"
+    empty.write_bytes(b"")
+    out = {}
+    for card, image in (("full", full), ("empty", empty)):
+        with SimDevice(image, config=config, prebuilt=True, log=workdir / f"sim-{card}.log",
+                       **top) as sim:
+            st = FpgaDevice(Link(sim.url, timeout=600), config).wait_ready(poll=0.5)
+        want = regions if card == "full" else 0
+        if st["regions"] != regions or st["scanned"] != regions or st["live"] != want \
+                or st["freed"] != 0:
+            raise RuntimeError(f"recovery of the {card} card: {st}")
+        out[card] = st
+    return out
 
 
 def _measure(workdir: Path) -> dict:
@@ -225,21 +310,30 @@ def _same(a, b):
 
 def run():
     from ringkv.defs.config import DEFAULT_CONFIG
-    from ringkv.defs.record import RecordLayout
+    from ringkv.defs.record import SECTOR, RecordLayout
     from ringkv.hw.storage import StorageOp
     config = DEFAULT_CONFIG
     lay = RecordLayout(config)
     board = board_params()
-    sd_params = {**SD_BENCH, "half_period": board["sd_half_period"]}
-    sd = {(op.name.lower(), k): sd_cycles(op, k, sd_params)
-          for op in (StorageOp.READ, StorageOp.WRITE) for k in (1, 8)}
+    # SD transfers at the board's dividers against the bit-level card models, from power-on
+    sd4 = sd_session_cycles("sd4", board["sd4"],
+                            [(op, k) for op in (StorageOp.READ, StorageOp.WRITE)
+                             for k in (1, 2, 8, 16)])
+    spi = sd_session_cycles("spi", board["spi"],
+                            [(op, k) for op in (StorageOp.READ, StorageOp.WRITE) for k in (1, 8)])
     with tempfile.TemporaryDirectory(prefix="ringkv-bench-") as tmp:
         m = _measure(Path(tmp))
+        m["recovery_full"] = _measure_recovery(Path(tmp), board["regions"])
 
     clk, baud = board["clk_hz"], board["baud"]
 
     def link_s(cost):
         return (cost["bytes_to_device"] + cost["bytes_from_device"]) * UART_BITS / baud
+
+    def record_cycles(mode, op, n):
+        if mode == "sd4":
+            return sd4_record_cycles(sd4, op, lay, n)
+        return round(sd_record_cycles(spi, op, lay, n))
 
     # steady state: once the ring is full, every chunk costs the same
     chunks = m["chunks"]
@@ -251,13 +345,19 @@ def run():
     common = {"layers": config.layers, "q_heads": config.q_heads, "kv_heads": config.kv_heads,
               "head_dim": config.head_dim, "window": config.window, "lanes": LANES,
               "macs": MACS, "chunk": CHUNK, "clk_mhz": clk / 1e6, "uart_baud": baud,
-              "sd_sclk_mhz": board["sclk_hz"] / 1e6}
+              "storage": "sd4", "sd4_clk_mhz": board["sd4_clk_hz"] / 1e6,
+              "spi_sclk_mhz": board["spi_sclk_hz"] / 1e6,
+              "sd4_card": ", ".join(f"{k}={v}" for k, v in SD4_CARD.items())}
     results = []
     for n in SWEEP:
         imp = m["import"][n]
-        sd_read = sd_record_cycles(sd, "read", lay, n)
-        imp_dev = imp["query_cycles"] - imp["record_bytes"] + sd_read   # storage at SD speed
-        imp_s = link_s(imp) + imp_dev / clk + imp["host_s"]
+        board_imp = {}
+        for mode in ("sd4", "spi"):
+            sd_read = record_cycles(mode, "read", n)
+            dev = imp["query_cycles"] - imp["record_bytes"] + sd_read   # storage at SD speed
+            board_imp[mode] = {"sd_read_cycles": sd_read, "device_cycles_board": dev,
+                               "s": link_s(imp) + dev / clk + imp["host_s"]}
+        imp_s = board_imp["sd4"]["s"]
         k = n // CHUNK
         direct = chunks[:min(k, len(chunks))]
         extra = max(0, k - len(chunks))
@@ -268,11 +368,20 @@ def run():
         rec["bytes_to_device"] += w["bytes_to_device"]
         rec["bytes_from_device"] += w["bytes_from_device"]
         rec_s = link_s(rec) + rec["attn_cycles"] / clk + rec["host_s"]
+        params = {**common, "tokens": n, **imp,
+                  "sd_read_cycles": board_imp["sd4"]["sd_read_cycles"],
+                  "link_s": round(link_s(imp), 4),
+                  "device_cycles_board": board_imp["sd4"]["device_cycles_board"],
+                  "board_cycles": round(imp_s * clk),
+                  "spi_sd_read_cycles": board_imp["spi"]["sd_read_cycles"],
+                  "spi_device_cycles_board": board_imp["spi"]["device_cycles_board"],
+                  "spi_s": round(board_imp["spi"]["s"], 4)}
         results.append({"name": "resume.import", "value": round(imp_s, 4), "unit": "s",
-                        "params": {**common, "tokens": n, **imp, "sd_read_cycles": round(sd_read),
-                                   "link_s": round(link_s(imp), 4),
-                                   "device_cycles_board": round(imp_dev),
-                                   "board_cycles": round(imp_s * clk)}})
+                        "params": params})
+        if n in (256, 16384):
+            results.append({"name": f"system.resume_s.n{n}", "value": round(imp_s, 4),
+                            "unit": "s", "params": {**params, "target_s": 0.025}
+                            if n == 256 else params})
         results.append({"name": "resume.recompute", "value": round(rec_s, 3), "unit": "s",
                         "params": {**common, "tokens": n, **rec,
                                    "host_s": round(rec["host_s"], 3),
@@ -285,8 +394,6 @@ def run():
         raise RuntimeError(f"decode steps differ: {dec}")
     host = sum(d["host_s"] for d in dec) / len(dec)
     tok_s = link_s(first) + first["attn_cycles"] / clk + host
-    exp = m["export"]
-    sd_write = sd_record_cycles(sd, "write", lay, DIRECT_N)
     results.append({"name": "decode.tokens_per_s", "value": round(1 / tok_s, 2),
                     "unit": "tokens/s",
                     "params": {**common, "ring_tokens": DIRECT_N, "steps": len(dec),
@@ -298,15 +405,27 @@ def run():
                                "host_s": host,
                                "device_only_tokens_per_s": round(clk / first["attn_cycles"], 1),
                                "checked_tokens": len(m["decode_tokens"])}})
+    exp = m["export"]
+    exp_board = {}
+    for mode in ("sd4", "spi"):
+        sd_write = record_cycles(mode, "write", DIRECT_N)
+        dev = exp["cycles"] - exp["record_bytes"] + sd_write
+        exp_board[mode] = {"sd_write_cycles": sd_write, "device_cycles_board": dev,
+                           "s": link_s(exp) + dev / clk + exp["host_s"]}
+    exp_params = {**common, "tokens": DIRECT_N, "record_bytes": exp["record_bytes"],
+                  "bytes_to_device": exp["bytes_to_device"],
+                  "bytes_from_device": exp["bytes_from_device"], "requests": exp["requests"],
+                  "dma_cycles": exp["dma_cycles"], "device_cycles": exp["cycles"],
+                  "link_s": round(link_s(exp), 4), "host_s": round(exp["host_s"], 4),
+                  "sd_write_cycles": exp_board["sd4"]["sd_write_cycles"],
+                  "device_cycles_board": exp_board["sd4"]["device_cycles_board"],
+                  "board_s": round(exp_board["sd4"]["s"], 4),
+                  "spi_sd_write_cycles": exp_board["spi"]["sd_write_cycles"],
+                  "spi_board_s": round(exp_board["spi"]["s"], 4)}
     results.append({"name": "export.record", "value": exp["cycles"], "unit": "cycles",
-                    "params": {**common, "tokens": DIRECT_N, "record_bytes": exp["record_bytes"],
-                               "bytes_to_device": exp["bytes_to_device"],
-                               "bytes_from_device": exp["bytes_from_device"],
-                               "dma_cycles": exp["dma_cycles"],
-                               "sd_write_cycles": round(sd_write),
-                               "board_s": round(link_s(exp) + (exp["cycles"]
-                                                               - exp["record_bytes"]
-                                                               + sd_write) / clk, 4)}})
+                    "params": exp_params})
+    results.append({"name": f"system.export_s.n{DIRECT_N}", "value": exp_params["board_s"],
+                    "unit": "s", "params": {**exp_params, "target_s": 0.020}})
     for card, st in m["recovery"].items():
         results.append({"name": f"recovery_cycles.{card}_sector_model", "value": st["cycles"],
                         "unit": "cycles",
@@ -314,6 +433,29 @@ def run():
                                    "freed": st["freed"],
                                    "cycles_per_region": round(st["cycles"] / st["regions"], 1),
                                    "storage": "sector-level model, 1 B/clock, no wait states"}})
+    # recovery on the board: the device's clocks from reset to ready on the 4096-region top
+    # (measured), each region's 1-sector header read at 1 B/clock replaced by the SD 1-sector
+    # read of the mode, plus the controller's initialisation of the model card
+    sd_read1 = {"sd4": sd4[("read", 1)], "spi": spi[("read", 1)]}
+    sd_init = {"sd4": sd4["init"], "spi": spi["init"]}
+    for card, st in m["recovery_full"].items():
+        regions = st["regions"]
+        for mode in ("sd4", "spi"):
+            board_cycles = st["cycles"] - regions * SECTOR + regions * sd_read1[mode]
+            total = board_cycles + sd_init[mode]
+            results.append({
+                "name": f"system.recovery_s.{card}_card_{mode}",
+                "value": round(total / clk, 4), "unit": "s",
+                "params": {**common, "storage": mode, "regions": regions, "live": st["live"],
+                           "freed": st["freed"], "device_cycles": st["cycles"],
+                           "device_cycles_per_region": round(st["cycles"] / regions, 2),
+                           "sd_read1_cycles": sd_read1[mode], "sd_init_cycles": sd_init[mode],
+                           "sd_init_s": round(sd_init[mode] / clk, 4),
+                           "scan_cycles_board": board_cycles,
+                           "scan_s": round(board_cycles / clk, 4),
+                           "target_s": 1.5 if mode == "sd4" else 4.0,
+                           "sd_init_clk_khz": board[f"{mode}_init_clk_hz"] / 1e3,
+                           "measured": "device on Verilator, all regions scanned"}})
     return results
 
 
@@ -340,20 +482,25 @@ def markdown(results) -> str:
             "are exact (Verilator, storage port at 1 B/clock); recompute rows marked * are "
             "composed from the direct run's exact per-chunk figures (every chunk after the ring "
             "fills costs the same, checked). *On the board*: "
-            f"{p['clk_mhz']:g} MHz clock, UART {p['uart_baud']} baud (10 bits/byte), SD card at "
-            f"{p['sd_sclk_mhz']:g} MHz SCLK (record transfer estimated from the SD-SPI "
-            "controller against the card model); host = numpy time on this 2-core machine "
-            "(wall clock, the only non-exact figure); link + device + host added.\n")
+            f"{p['clk_mhz']:g} MHz clock, UART {p['uart_baud']} baud (10 bits/byte); the "
+            "record read at SD speed: on the 4-bit bus (the board default) at "
+            f"{p['sd4_clk_mhz']:g} MHz SD CLK, and for comparison in SPI mode at "
+            f"{p['spi_sclk_mhz']:g} MHz SCLK, each from the controller's transfers against its "
+            "bit-level card model at the board's dividers, as the DMA issues them (header, "
+            "tokens, KV: three transfers; 4-bit model card latencies "
+            f"{p['sd4_card']} SD clocks, not a real card's); host = numpy time on this 2-core "
+            "machine (wall clock, the only non-exact figure); link + device + host added.\n")
         rows = []
         for n in sorted(imports):
             i, r = imports[n]["params"], recs[n]["params"]
             rows.append([n, i["bytes_to_device"] + i["bytes_from_device"], i["query_cycles"],
-                         f"{imports[n]['value']:.3f}",
+                         f"{imports[n]['value']:.4f}", f"{i['spi_s']:.3f}",
                          r["bytes_to_device"] + r["bytes_from_device"],
                          r["attn_cycles"], f"{r['host_s']:.2f}",
                          f"{recs[n]['value']:.1f}" + (" *" if r["composed"] else ""),
                          f"{r['speedup']:.0f}x"])
-        out.append(table(["N", "import link B", "import device cycles", "import on board s",
+        out.append(table(["N", "import link B", "import device cycles",
+                          "import on board s (4-bit)", "import on board s (SPI)",
                           "recompute link B", "recompute attention cycles", "recompute host s",
                           "recompute on board s", "import speedup"], rows))
         rows = []
@@ -363,10 +510,10 @@ def markdown(results) -> str:
                          i["device_cycles_board"], r["board_cycles"], f"{r['link_s']:.1f}",
                          r["attn_cycles"]])
         out.append("\nThe same in cycles at the board clock, and where it goes (import: link ms, "
-                   "device cycles with the record read at SD speed; recompute: link s, "
+                   "device cycles with the record read at 4-bit SD speed; recompute: link s, "
                    "attention cycles):\n")
         out.append(table(["N", "import board cycles", "import link ms",
-                          "import device cycles (SD)",
+                          "import device cycles (4-bit SD)",
                           "recompute board cycles", "recompute link s",
                           "recompute attention cycles"], rows))
     for r in by.get("decode.tokens_per_s", []):
@@ -394,14 +541,48 @@ def markdown(results) -> str:
         p = r["params"]
         out.append(f"\nExport after a request ({p['tokens']} tokens, {p['record_bytes']} B "
                    f"record): {r['value']} device cycles with storage at 1 B/clock; on the "
-                   f"board {p['sd_write_cycles']} cycles of SD writes, "
-                   f"{_ms(p['board_s'])} ms in all, once per request.")
+                   f"board {p['sd_write_cycles']} cycles of SD writes on the 4-bit bus, "
+                   f"{_ms(p['board_s'])} ms in all with the link ({_ms(p['link_s'])} ms), once "
+                   f"per request; SPI mode: {p['spi_sd_write_cycles']} cycles of SD writes, "
+                   f"{_ms(p['spi_board_s'])} ms.")
     for card in ("empty", "crafted"):
         for r in by.get(f"recovery_cycles.{card}_sector_model", []):
             p = r["params"]
             out.append(f"\nDevice recovery at power-on, {card} card ({p['regions']} regions, "
                        f"{p['live']} live records): {r['value']} cycles from reset to ready, "
                        f"{p['cycles_per_region']} per region, with the sector-level storage "
-                       f"model (1 B/clock); no link traffic. SD timing on the board: with the "
-                       f"4-bit controller.")
+                       f"model (1 B/clock); no link traffic.")
+    rec = {r["name"]: r for r in results if r["name"].startswith("system.recovery_s.")}
+    if rec:
+        any_p = next(iter(rec.values()))["params"]
+        out.append(
+            f"\nDevice recovery on the board's store ({any_p['regions']} regions): the top with "
+            f"{any_p['regions']} regions on Verilator, its own power-on scan (one header sector "
+            "per region, the DMA's header checks, directory insert), on a card whose every "
+            "region holds a valid record (golden encoder, distinct keys) and on an empty card; "
+            "device clocks from reset to ready counted by the device. On the board each "
+            "region's 1-sector read at 1 B/clock (512 cycles) is replaced by the controller's "
+            "1-sector read against its card model at the board's divider (command to status), "
+            "and the controller's initialisation of the model card from reset is added (at "
+            f"{any_p['sd_init_clk_khz']:g} kHz; the model answers ACMD41 ready after a few "
+            "polls, a real card may take up to 1 s there, not included):\n")
+        rows = []
+        for name in sorted(rec):
+            r = rec[name]
+            p = r["params"]
+            rows.append([f"`{name}`", p["storage"], p["live"], p["device_cycles"],
+                         p["device_cycles_per_region"], p["sd_read1_cycles"],
+                         p["scan_cycles_board"], _ms(p["sd_init_s"]),
+                         f"**{r['value']:.3f}**", f"{p['target_s']:g}"])
+        out.append(table(["figure", "bus", "live records", "device cycles (1 B/clock)",
+                          "per region", "SD 1-sector read cycles", "scan board cycles",
+                          "SD init ms", "board s", "target s"], rows))
+    named = [r for r in results if r["name"].startswith(("system.resume_s.",
+                                                          "system.export_s."))]
+    if named:
+        out.append("\nIssue #12 figures (board, 4-bit bus; SPI mode for comparison):\n")
+        out.append(table(["figure", "board s (4-bit)", "SPI s", "target s"],
+                         [[f"`{r['name']}`", f"**{r['value']:.4f}**",
+                           f"{r['params'].get('spi_s', r['params'].get('spi_board_s')):.4f}",
+                           r["params"].get("target_s", "")] for r in named]))
     return "\n".join(out) + "\n"
