@@ -10,9 +10,11 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    frame errors (CRC, timeout), no rejected frames, no retries.
 2. **identity**: ``VERSION`` (protocol and gateware version, the device's parameters) and
    ``CONFIG_DIGEST`` against the host's configuration (a difference names the field).
-3. **storage**: the card answers ``SECTOR_READ`` of the first and of the last sector the
-   device's regions use (initialised, and large enough for every region). The gateware
-   reports neither the card type nor its size over the link (LED 2 shows SDHC/SDXC).
+3. **storage**: the device's own recovery scan at power-on has ended (``STORAGE_STATUS``:
+   ready, regions scanned, records found, regions freed, its clocks), and the card answers
+   ``SECTOR_READ`` of the first and of the last sector the device's regions use
+   (initialised, and large enough for every region). The gateware reports neither the card
+   type nor its size over the link (LED 2 shows SDHC/SDXC).
 4. **scratch region**: the directory is cleared (a host rebuilds it from storage anyway) and
    region headers are read from region 0 on; the first region without a record is the scratch
    region (with ``--force``: region 0, whatever it holds). The allocator is steered to it: a
@@ -27,9 +29,9 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    (:func:`ringkv.host.record.encode_record`).
 7. **export/import**: the rings are cleared, ``QUERY`` of the tokens must be a ``HIT`` (the
    device verified and imported the record), and the rings' valid slots read back are
-   byte-identical to the golden core's, their heads equal. The directory is cleared again at
-   the end; the scratch record stays on the card (a later rebuild lists it as a record of
-   ``n`` tokens).
+   byte-identical to the golden core's, their heads equal. At the end the device rebuilds its
+   directory from the card (``STORAGE_REBUILD``, as at power-on), so the records on the card
+   are found again; the scratch record stays on the card as a record of ``n`` tokens.
 """
 
 import argparse
@@ -57,7 +59,7 @@ from ringkv.defs.protocol import (
 )
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 
-from .fpga_device import ConfigMismatch, FpgaDevice
+from .fpga_device import ConfigMismatch, DeviceNotReady, FpgaDevice
 from .golden_fixed import FixedRingCore
 from .golden_hash import sequence_hash
 from .link import DeviceError, Link, LinkError
@@ -95,8 +97,12 @@ class BoardCheck:
     """
 
     def __init__(self, link, config: RingKVConfig, *, force: bool = False, seed: int = 0,
-                 tokens: int | None = None, ping_sizes=PING_SIZES, say=print):
+                 tokens: int | None = None, ping_sizes=PING_SIZES, say=print,
+                 recovery_timeout: float = 60.0):
         self.link, self.config, self.force = link, config, force
+        #: seconds to wait for the device's recovery scan (a full card: about 0.25 s on the
+        #: 4-bit bus, 1.8 s in SPI mode on the board; far longer in simulation)
+        self.recovery_timeout = recovery_timeout
         self.dev = FpgaDevice(link, config)
         self.rng = np.random.default_rng(seed)
         self.n = tokens if tokens is not None else config.window + config.window // 4 + 1
@@ -140,9 +146,11 @@ class BoardCheck:
             self._report(result)
         try:
             if self.scratch is not None:
-                self.dev._request(Op.DIR_CLEAR)      # leave no placeholder behind
-        except (LinkError, DeviceError, RuntimeError):
-            pass
+                # no placeholder left behind: the directory is the card's again
+                self.dev.recover(timeout=self.recovery_timeout)
+        except (LinkError, DeviceError, RuntimeError, TimeoutError) as e:
+            self.say(f"note: the directory could not be rebuilt from the card ({e}); "
+                     f"power-cycle the board")
         passed = sum(1 for r in self.results if r.ok)
         ok = passed == len(self.results)
         self.say(f"board check: {passed}/{len(self.results)} steps passed"
@@ -215,6 +223,14 @@ class BoardCheck:
 
     def step_storage(self) -> str:
         info = self.info
+        try:
+            st = self.dev.wait_ready(timeout=self.recovery_timeout)
+        except (DeviceNotReady, TimeoutError) as e:
+            raise _Fail(f"the device's recovery scan did not end ready ({e})",
+                        _HINTS["storage"]) from None
+        recovery = (f"recovery scan ready: {st['scanned']}/{st['regions']} regions, "
+                    f"{st['live']} records, {st['freed']} regions free, "
+                    f"{st['cycles']} clocks")
         last = info["base_lba"] + info["regions"] * info["sectors_per_region"] - 1
         for lba in (info["base_lba"], last):
             try:
@@ -227,7 +243,7 @@ class BoardCheck:
                             _HINTS["storage"])
         size = (last + 1) * SECTOR
         size = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
-        return (f"card initialised; sectors {info['base_lba']} and {last} readable (the "
+        return (f"{recovery}; sectors {info['base_lba']} and {last} readable (the "
                 f"{info['regions']} regions need {size}); card type and size are not "
                 f"reported by this gateware (LED 2 lit: SDHC/SDXC)")
 

@@ -21,7 +21,14 @@ from cocotb.triggers import RisingEdge, Timer
 from cocotbext.uart import UartSink, UartSource
 
 from ringkv.defs.config import RingKVConfig
-from ringkv.defs.protocol import RESPONSES, SYNC, Op, Status
+from ringkv.defs.protocol import (
+    GATEWARE_VERSION,
+    PROTOCOL_VERSION,
+    RESPONSES,
+    SYNC,
+    Op,
+    Status,
+)
 from ringkv.defs.record import RecordLayout, token_bytes
 from ringkv.host.golden_fixed import FixedRingCore
 from ringkv.host.ops import pack_attn, unpack_attn
@@ -90,7 +97,8 @@ async def ping_version_attention_bad_crc(dut):
 
     lay = RecordLayout(config)
     version = RESPONSES[Op.VERSION].pack(
-        protocol=1, gateware=1, max_payload=4096, lanes=params["lanes"], macs=params["macs"],
+        protocol=PROTOCOL_VERSION, gateware=GATEWARE_VERSION, max_payload=4096,
+        lanes=params["lanes"], macs=params["macs"],
         regions=params["regions"], links=params["regions"],
         buckets=max(params["regions"] // 2, 2), sectors_per_region=lay.sectors_per_region,
         base_lba=0, hash_width=64, token_bytes=token_bytes(config))
