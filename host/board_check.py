@@ -10,8 +10,10 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    frame errors (CRC, timeout), no rejected frames, no retries.
 2. **identity**: ``VERSION`` (protocol and gateware version, the device's parameters) and
    ``CONFIG_DIGEST`` against the host's configuration (a difference names the field).
-3. **storage**: the card answers ``SECTOR_READ`` of the first and of the last sector the
-   device's regions use (initialised, and large enough for every region). The gateware
+3. **storage**: the device's power-on recovery scan has ended (``STORAGE_STATUS`` polled,
+   at most the link timeout: the card initialises first, at <= 400 kHz), then the card
+   answers ``SECTOR_READ`` of the first and of the last sector the device's regions use
+   (initialised, and large enough for every region). The gateware
    reports neither the card type nor its size over the link (LED 2 shows SDHC/SDXC).
 4. **scratch region**: the directory is cleared (a host rebuilds it from storage anyway) and
    region headers are read from region 0 on; the first region without a record is the scratch
@@ -57,7 +59,7 @@ from ringkv.defs.protocol import (
 )
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 
-from .fpga_device import ConfigMismatch, FpgaDevice
+from .fpga_device import ConfigMismatch, DeviceNotReady, FpgaDevice
 from .golden_fixed import FixedRingCore
 from .golden_hash import sequence_hash
 from .link import DeviceError, Link, LinkError
@@ -215,6 +217,11 @@ class BoardCheck:
 
     def step_storage(self) -> str:
         info = self.info
+        try:      # the card initialises and the device scans its regions after power-on
+            self.dev.wait_ready(timeout=getattr(self.link, "timeout", 10.0))
+        except (DeviceNotReady, TimeoutError) as e:
+            raise _Fail(f"the device's power-on recovery did not end ({e})",
+                        _HINTS["storage"]) from None
         last = info["base_lba"] + info["regions"] * info["sectors_per_region"] - 1
         for lba in (info["base_lba"], last):
             try:
@@ -378,7 +385,8 @@ _HINTS = {
             "wrong port or an unconfigured FPGA (LED 0 shows the PLL lock)",
     "identity": "the bitstream was built from another version or configuration: rebuild it "
                 "(make bitstream) or give the host the device's --config/--numerics",
-    "storage": "no card, a card not in SPI mode, or a card smaller than the regions need: "
+    "storage": "no card, a card that does not answer in the bitstream's SD mode (native "
+               "4-bit, or SPI), or a card smaller than the regions need: "
                "LED 1 is lit once the card is initialised; reseat or replace the card",
     "scratch region": "the directory refused the placeholder: a gateware fault",
     "attention": "the attention core disagrees with its golden model: a synthesis/timing "
