@@ -17,8 +17,11 @@ as the simulation's ports:
   board's baud rate (:class:`ringkv.sim.cocotb_board.UartLine`: 8N1, mid-bit sampling,
   framing errors counted), bridged to a TCP socket exactly as :mod:`ringkv.sim.harness`;
 * the SD pins meet a bit-level card model over the image file, chosen by the top's storage
-  kind (:data:`ringkv.sim.cocotb_board.SD_ADAPTERS`; today ``"spi"``: the SPI-mode card of
-  :mod:`ringkv.sim.sdcard_model`).
+  kind (:data:`ringkv.sim.cocotb_board.SD_ADAPTERS`): ``"sd4"``, the bitstream's default, the
+  4-bit card of :mod:`ringkv.sim.sd4_model` on the native-mode pins; ``"spi"``, the SPI-mode
+  card of :mod:`ringkv.sim.sdcard_model`. Bidirectional pads (``BB``: CMD and DAT0-3, and
+  SPI mode's CS/DAT3) are split in two sides by :func:`expose_bidir_pads` (the two-state pad
+  model cannot be driven from both sides of one top-level net).
 
 Nothing goes around the UART, the frame layer or the SD controller. Killing the simulator is
 a power cut (the image keeps every completed sector). Builds are cached in

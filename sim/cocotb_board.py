@@ -113,16 +113,6 @@ class UartLine:
             self.received += 1
 
 
-def _spi_card(dut, image, cut_after):
-    """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
-    (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``)."""
-    pins = SimpleNamespace(sd__sclk=dut.sd_card_spi_0__clk__io,
-                           sd__mosi=dut.sd_card_spi_0__copi__io,
-                           sd__miso=dut.sd_card_spi_0__cipo__io,
-                           sd__cs_n=dut.sd_card_spi_0__cs__io)
-    return CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after))
-
-
 class SDProtocolViolation(AssertionError):
     """The 4-bit card model saw the host break the SD protocol (or both sides drive a line)."""
 
@@ -174,6 +164,44 @@ class CocotbSD4Pads:
                     mask, value = card.dat_out
                     dat = (value & mask) | (~mask & 0xF)
                 self.dat.value = dat
+
+
+class _DrivenCS:
+    """The SPI-mode card with chip select read from the FPGA's drive of the CS/DAT3 pad.
+
+    amaranth-boards declares CS a bidirectional pad (``BB``) and the top drives it always
+    (``cs.oe`` = 1), so the line's level is the FPGA's ``{pad}__fpga_o``; the pad's external
+    side is held at 1 (the board's pull-up). The SPI model has no pulled-up, undriven CS: the
+    FPGA releasing CS after power-up raises :class:`SDProtocolViolation`."""
+
+    def __init__(self, card, pad, oe):
+        self.card, self.oe = card, oe
+        pad.value = 1
+
+    async def _watch(self):
+        await FallingEdge(self.oe)
+        raise SDProtocolViolation("SD card (SPI): the FPGA released CS (no model of a "
+                                  "pulled-up CS)")
+
+    async def run(self):
+        watch = cocotb.start_soon(self._watch())
+        try:
+            await self.card.run()
+        finally:
+            watch.cancel()
+
+
+def _spi_card(dut, image, cut_after):
+    """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
+    (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``, a ``BB``;
+    :class:`_DrivenCS`)."""
+    cs = "sd_card_spi_0__cs__io"
+    pins = SimpleNamespace(sd__sclk=dut.sd_card_spi_0__clk__io,
+                           sd__mosi=dut.sd_card_spi_0__copi__io,
+                           sd__miso=dut.sd_card_spi_0__cipo__io,
+                           sd__cs_n=getattr(dut, f"{cs}__fpga_o"))
+    return _DrivenCS(CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after)),
+                     getattr(dut, cs), getattr(dut, f"{cs}__fpga_oe"))
 
 
 def _sd4_card(dut, image, cut_after):

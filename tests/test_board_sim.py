@@ -98,6 +98,22 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     assert [i.count for i in infos[:2]] == [CFG.window + CFG.window // 4 + 1, 3]
 
 
+@requires_verilator
+@pytest.mark.slow
+def test_board_check_on_the_spi_variant(tmp_path, capsys):
+    """The SPI-mode board option (``storage="spi"``: the ``sd_card_spi_0`` pins, the SPI-mode
+    card model) at its pins: ``ringkv board check`` passes every step (its own build)."""
+    from ringkv.cli import main
+    from ringkv.sim.board_harness import BoardDevice, build_board
+    top = dict(TOP, storage="spi")
+    assert build_board(CFG, **top)[1]["storage"] == "spi"
+    with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True,
+                     log=tmp_path / "sim.log", **top) as dev:
+        assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
+                     "--ping-sizes", "0,16", "--timeout", "120"]) == 0
+    assert "board check: 7/7 steps passed" in capsys.readouterr().out
+
+
 def test_board_check_without_a_device(capsys):
     """No device behind the URL: one FAIL line and exit status 1, no traceback."""
     import socket
