@@ -194,14 +194,19 @@ class _DrivenCS:
 def _spi_card(dut, image, cut_after):
     """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
     (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``, a ``BB``;
-    :class:`_DrivenCS`)."""
+    :class:`_DrivenCS`). The gate-level build does not split its pads
+    (:mod:`ringkv.sim.gatesim`): there the card reads the CS pad itself, which its pad model
+    drives."""
     cs = "sd_card_spi_0__cs__io"
+    split = hasattr(dut, f"{cs}__fpga_o")
     pins = SimpleNamespace(sd__sclk=dut.sd_card_spi_0__clk__io,
                            sd__mosi=dut.sd_card_spi_0__copi__io,
                            sd__miso=dut.sd_card_spi_0__cipo__io,
-                           sd__cs_n=getattr(dut, f"{cs}__fpga_o"))
-    return _DrivenCS(CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after)),
-                     getattr(dut, cs), getattr(dut, f"{cs}__fpga_oe"))
+                           sd__cs_n=getattr(dut, f"{cs}__fpga_o" if split else cs))
+    card = CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after))
+    if not split:
+        return card
+    return _DrivenCS(card, getattr(dut, cs), getattr(dut, f"{cs}__fpga_oe"))
 
 
 def _sd4_card(dut, image, cut_after):
