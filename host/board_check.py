@@ -394,7 +394,8 @@ _HINTS = {
             "wrong port or an unconfigured FPGA (LED 0 shows the PLL lock)",
     "identity": "the bitstream was built from another version or configuration: rebuild it "
                 "(make bitstream) or give the host the device's --config/--numerics",
-    "storage": "no card, a card not in SPI mode, or a card smaller than the regions need: "
+    "storage": "no card, a card that does not answer in the bitstream's SD mode (native "
+               "4-bit, or SPI), or a card smaller than the regions need: "
                "LED 1 is lit once the card is initialised; reseat or replace the card",
     "scratch region": "the directory refused the placeholder: a gateware fault",
     "attention": "the attention core disagrees with its golden model: a synthesis/timing "

@@ -17,8 +17,11 @@ as the simulation's ports:
   board's baud rate (:class:`ringkv.sim.cocotb_board.UartLine`: 8N1, mid-bit sampling,
   framing errors counted), bridged to a TCP socket exactly as :mod:`ringkv.sim.harness`;
 * the SD pins meet a bit-level card model over the image file, chosen by the top's storage
-  kind (:data:`ringkv.sim.cocotb_board.SD_ADAPTERS`; today ``"spi"``: the SPI-mode card of
-  :mod:`ringkv.sim.sdcard_model`).
+  kind (:data:`ringkv.sim.cocotb_board.SD_ADAPTERS`): ``"sd4"``, the bitstream's default, the
+  4-bit card of :mod:`ringkv.sim.sd4_model` on the native-mode pins; ``"spi"``, the SPI-mode
+  card of :mod:`ringkv.sim.sdcard_model`. Bidirectional pads (``BB``: CMD and DAT0-3, and
+  SPI mode's CS/DAT3) are split in two sides by :func:`expose_bidir_pads` (the two-state pad
+  model cannot be driven from both sides of one top-level net).
 
 Nothing goes around the UART, the frame layer or the SD controller. Killing the simulator is
 a power cut (the image keeps every completed sector). Builds are cached in
@@ -30,6 +33,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -48,17 +52,16 @@ BOARD_TOP = "ringkv_ulx3s"
 BOARDS = ("ulx3s-85f",)
 
 
-def board_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs):
-    """``ULX3STop`` with the simulation clock seam, as the bitstream's top otherwise.
+def board_top(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False, **top_kwargs):
+    """``ULX3STop`` with the simulation clock seam, as the bitstream's top otherwise (its
+    default SD mode included: native 4-bit, ``storage="sd4"``).
 
-    The SD mode defaults to ``storage="spi"``: the pins of the native 4-bit mode (the
-    bitstream's default) are bidirectional pads (``BB``) that the two-state pad models of
-    ``sim/ecp5_io_sim.v`` cannot yet hand to a card model, so there is no ``"sd4"`` entry in
-    :data:`ringkv.sim.cocotb_board.SD_ADAPTERS` yet; the native controller is verified at its
-    ports against the 4-bit card model (``tests/test_sdnative.py``, ``tests/test_sd4_cocotb.py``).
-    """
+    ``gate``: the top of the gate-level build, whose SD mode defaults to ``storage="spi"``:
+    its pad model (``sim/ecp5_gate_sim.v``) does not split bidirectional pads for a card model
+    (:func:`expose_bidir_pads` works on the RTL's ``BB`` instances only)."""
     from ringkv.boards.ulx3s import ULX3STop
-    top_kwargs.setdefault("storage", "spi")
+    if gate:
+        top_kwargs.setdefault("storage", "spi")
     return ULX3STop(config, clock="sim", **top_kwargs)
 
 
@@ -75,6 +78,77 @@ def board_verilog(top, path) -> Path:
     if not path.exists() or path.read_text() != text:
         path.write_text(text)
     return path
+
+
+_MODULE = re.compile(r"^module (\\\S+ |\w+)\s*\((.*?)\);\n(.*?)^endmodule", re.S | re.M)
+_INSTANCE = re.compile(r"^  (\\\S+ |\w+)\s+(\\\S+ |\w+)\s*\(\n(.*?)^  \);", re.S | re.M)
+_CONNECTION = re.compile(r"\.(\\\S+ |\w+)\s*\(([^()]*)\)")
+_INOUT = re.compile(r"^  inout (?:\[(\d+):0\] )?(\w+);$", re.M)
+
+
+def expose_bidir_pads(text: str, top: str = BOARD_TOP) -> str:
+    """The board top's Verilog with each bidirectional pin split in two sides for the two-state
+    pad model ``BB`` of ``sim/ecp5_io_sim.v`` (see its header).
+
+    Every ``inout`` pin ``P`` of ``top`` stays (no ``BB`` drives it: it is the line's external
+    side, which the testbench drives: the card, else the pull-up), and two outputs of the same
+    width are added: ``P__fpga_oe`` (the FPGA drives bit k: its ``BB``'s ``T`` is 0) and
+    ``P__fpga_o`` (what it drives: the ``BB``'s ``I``), read by hierarchical reference from
+    the platform's own ``BB`` instances (found by walking the instance tree from ``top``).
+    Every bit of every ``inout`` pin must have exactly one ``BB``; anything else is an
+    error."""
+    modules = {}
+    for m in _MODULE.finditer(text):
+        insts = [(t.strip(), i, dict((k.strip(), v.strip())
+                                     for k, v in _CONNECTION.findall(body)))
+                 for t, i, body in _INSTANCE.findall(m.group(3))]
+        modules[m.group(1).strip()] = (m, insts)
+    if top not in modules:
+        raise ValueError(f"module {top} not in the board Verilog")
+    head, _ = modules[top]
+    pins = {name: int(msb or 0) + 1 for msb, name in _INOUT.findall(head.group(3))}
+    pads = {name: [None] * width for name, width in pins.items()}
+
+    def walk(module, path):
+        for kind, inst, conns in modules[module][1]:
+            here = path + [inst if inst.startswith("\\") else inst.strip()]
+            if kind == "BB":
+                net = re.fullmatch(r"(\w+)(?:\[(\d+)\])?", conns.get("B", ""))
+                if net is None or net.group(1) not in pads:
+                    raise ValueError(f"BB {'.'.join(here)}: pad {conns.get('B')!r} is not an "
+                                     f"inout pin of {top}")
+                bits = pads[net.group(1)]
+                k = int(net.group(2) or 0)
+                if bits[k] is not None:
+                    raise ValueError(f"pin {net.group(1)}[{k}] has two BB pads")
+                bits[k] = ".".join(here)
+            elif kind in modules:
+                walk(kind, here)
+    walk(top, [])
+    body = "\n" + head.group(3)
+    ports = head.group(2)
+    added = []
+    for name, bits in pads.items():
+        if None in bits:
+            raise ValueError(f"pin {name}: bits {[k for k, b in enumerate(bits) if b is None]} "
+                             f"have no BB pad")
+        for side in ("fpga_oe", "fpga_o"):
+            if re.search(rf"\b{name}__{side}\b", text):
+                raise ValueError(f"{name}__{side} already names a signal in the board Verilog")
+        width = "" if len(bits) == 1 else f"[{len(bits) - 1}:0] "
+        decl = (f"  inout {width}{name};\n"
+                f"  output {width}{name}__fpga_oe;\n  output {width}{name}__fpga_o;\n"
+                + "".join(f"  assign {name}__fpga_oe{sel} = ~{b}.T;\n"
+                          f"  assign {name}__fpga_o{sel} = {b}.I;\n"
+                          for sel, b in zip([f"[{k}]" for k in range(len(bits))]
+                                            if len(bits) > 1 else [""], bits)))
+        body = body.replace(f"\n  inout {width}{name};\n", "\n" + decl, 1)
+        if decl not in body:
+            raise ValueError(f"no declaration 'inout {width}{name};' in {top}")
+        added += [f"{name}__fpga_oe", f"{name}__fpga_o"]
+    start, end = head.span()
+    module = (f"module {head.group(1)}({', '.join([ports, *added])});{body}endmodule")
+    return text[:start] + module + text[end:]
 
 
 #: The pad models the Verilator build uses (see the file's header: why not yosys' own).
@@ -212,7 +286,7 @@ def build_board(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False,
     import inspect
 
     from ringkv.boards.ulx3s import ULX3STop
-    top = board_top(config, **top_kwargs)
+    top = board_top(config, gate=gate, **top_kwargs)
     core = top.top
     defaults = {k: p.default for k, p in inspect.signature(ULX3STop).parameters.items()}
     info = {"sectors": core.base_lba + core.regions * core.record_layout.sectors_per_region,
@@ -236,7 +310,9 @@ def build_board(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False,
         else:
             source = build_dir / f"{BOARD_TOP}.v"
             old = source.read_text() if source.exists() else None
-            board_verilog(top, source)
+            text = expose_bidir_pads(board_verilog(top, build_dir / "platform.v").read_text())
+            if old != text:
+                source.write_text(text)
             models, args, includes = [IO_MODELS], BUILD_ARGS, []
         current = source.read_text() if not gate else (build_dir / "gate.key").read_text()
         binary = build_dir / BOARD_TOP

@@ -15,10 +15,13 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
   the bits, each edge within one clock (25 ns of 333 ns) of the ideal one: mid-bit sampling
   tolerates it. Received bytes go to the socket when the line has been idle for two bit times.
   The counters are printed to the simulator's log (stderr) at the end of every connection.
-* The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`. Each adapter takes
-  ``(dut, image, cut_after)`` and returns an object with an ``async run()`` that serves the
-  card until a :class:`~ringkv.sim.sector_model.PowerCut` (then the process exits with
-  :data:`~ringkv.sim.cocotb_server.POWER_CUT_EXIT`, as the byte-level server does).
+* The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`: ``"sd4"`` (the
+  bitstream's default, native 4-bit: :class:`CocotbSD4Pads` with the strict 4-bit card model
+  on the split ``BB`` pads) or ``"spi"`` (:class:`~ringkv.sim.sdcard_model.SDCardSPI`).
+  Each adapter takes ``(dut, image, cut_after)`` and returns an object with an
+  ``async run()`` that serves the card until a :class:`~ringkv.sim.sector_model.PowerCut`
+  (then the process exits with :data:`~ringkv.sim.cocotb_server.POWER_CUT_EXIT`, as the
+  byte-level server does) or a protocol violation (exit status 1).
 """
 
 import json
@@ -33,10 +36,12 @@ from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
 
 from .cocotb_server import POWER_CUT_EXIT, _Socket
+from .sd4_model import SDCard4
 from .sdcard_model import CocotbSDCard, SDCardSPI
 from .sector_model import PowerCut, SectorImage
 
-__all__ = ["UartLine", "SD_ADAPTERS", "start_board", "serve", "PINS"]
+__all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "start_board",
+           "serve", "PINS"]
 
 #: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
 PINS = {"clk": "clk25_0__io", "rx": "uart_0__rx__io", "tx": "uart_0__tx__io",
@@ -108,18 +113,110 @@ class UartLine:
             self.received += 1
 
 
+class SDProtocolViolation(AssertionError):
+    """The 4-bit card model saw the host break the SD protocol (or both sides drive a line)."""
+
+
+class CocotbSD4Pads:
+    """The 4-bit card (:class:`~ringkv.sim.sd4_model.SDCard4`) on the board top's native-mode
+    pins ``{pin}__clk__io``, ``{pin}__cmd__io``, ``{pin}__dat__io`` (``sd_card_native_0``).
+
+    CMD and DAT0-3 are the platform's ``BB`` pads, split in two sides by
+    :func:`ringkv.sim.board_harness.expose_bidir_pads`: the FPGA's drive is read from
+    ``{pad}__fpga_oe``/``{pad}__fpga_o``; the pad itself is the line's external side, which
+    this adapter drives with the card's bit where the card drives and 1 elsewhere (the pad's
+    pull-up, ``PULLMODE=UP``). The FPGA reads its own bit while it drives, the pad otherwise
+    (``sim/ecp5_io_sim.v``). The card is stepped at every rising edge of SD CLK with the FPGA's
+    drive sampled there (as :class:`~ringkv.sim.sd4_model.CocotbSD4Card`); its outputs change at
+    the falling edge in default speed and right after the rising edge in high speed. Strict:
+    the first entry in the card's ``violations`` (a protocol breach, or the FPGA and the card
+    driving a line at once) raises :class:`SDProtocolViolation` from :meth:`run`.
+    """
+
+    def __init__(self, dut, pin, card):
+        def pad(name):
+            return getattr(dut, f"{pin}__{name}")
+        self.clk = pad("clk__io")
+        self.cmd, self.cmd_oe, self.cmd_o = (pad("cmd__io"), pad("cmd__io__fpga_oe"),
+                                             pad("cmd__io__fpga_o"))
+        self.dat, self.dat_oe, self.dat_o = (pad("dat__io"), pad("dat__io__fpga_oe"),
+                                             pad("dat__io__fpga_o"))
+        self.card = card
+        self.cmd.value = 1
+        self.dat.value = 0xF
+
+    async def run(self):
+        from cocotb.triggers import Edge
+        card = self.card
+        edge = Edge(self.clk)
+        while True:
+            await edge
+            clk = int(self.clk.value)
+            if clk:
+                card.clock(int(self.cmd_oe.value), int(self.cmd_o.value),
+                           int(self.dat_oe.value), int(self.dat_o.value))
+                if card.violations:
+                    raise SDProtocolViolation(f"SD card (4-bit): {card.violations[0]}")
+            if bool(clk) == card.high_speed:
+                self.cmd.value = 1 if card.cmd_out is None else card.cmd_out
+                dat = 0xF
+                if card.dat_out is not None:
+                    mask, value = card.dat_out
+                    dat = (value & mask) | (~mask & 0xF)
+                self.dat.value = dat
+
+
+class _DrivenCS:
+    """The SPI-mode card with chip select read from the FPGA's drive of the CS/DAT3 pad.
+
+    amaranth-boards declares CS a bidirectional pad (``BB``) and the top drives it always
+    (``cs.oe`` = 1), so the line's level is the FPGA's ``{pad}__fpga_o``; the pad's external
+    side is held at 1 (the board's pull-up). The SPI model has no pulled-up, undriven CS: the
+    FPGA releasing CS after power-up raises :class:`SDProtocolViolation`."""
+
+    def __init__(self, card, pad, oe):
+        self.card, self.oe = card, oe
+        pad.value = 1
+
+    async def _watch(self):
+        await FallingEdge(self.oe)
+        raise SDProtocolViolation("SD card (SPI): the FPGA released CS (no model of a "
+                                  "pulled-up CS)")
+
+    async def run(self):
+        watch = cocotb.start_soon(self._watch())
+        try:
+            await self.card.run()
+        finally:
+            watch.cancel()
+
+
 def _spi_card(dut, image, cut_after):
     """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
-    (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``)."""
+    (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``, a ``BB``;
+    :class:`_DrivenCS`). The gate-level build does not split its pads
+    (:mod:`ringkv.sim.gatesim`): there the card reads the CS pad itself, which its pad model
+    drives."""
+    cs = "sd_card_spi_0__cs__io"
+    split = hasattr(dut, f"{cs}__fpga_o")
     pins = SimpleNamespace(sd__sclk=dut.sd_card_spi_0__clk__io,
                            sd__mosi=dut.sd_card_spi_0__copi__io,
                            sd__miso=dut.sd_card_spi_0__cipo__io,
-                           sd__cs_n=dut.sd_card_spi_0__cs__io)
-    return CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after))
+                           sd__cs_n=getattr(dut, f"{cs}__fpga_o" if split else cs))
+    card = CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after))
+    if not split:
+        return card
+    return _DrivenCS(card, getattr(dut, cs), getattr(dut, f"{cs}__fpga_oe"))
+
+
+def _sd4_card(dut, image, cut_after):
+    """The native-mode card (:class:`~ringkv.sim.sd4_model.SDCard4`, default timing, high
+    speed supported) on ``sd_card_native_0`` (:class:`CocotbSD4Pads`)."""
+    return CocotbSD4Pads(dut, "sd_card_native_0", SDCard4(image, cut_after=cut_after))
 
 
 #: Card models by the board top's storage kind (``ULX3STop.storage``; ``"spi"`` when absent).
-SD_ADAPTERS = {"spi": _spi_card}
+SD_ADAPTERS = {"sd4": _sd4_card, "spi": _spi_card}
 
 
 async def _serve_card(card):
@@ -128,6 +225,9 @@ async def _serve_card(card):
     except PowerCut as cut:
         print(f"RINGKV-SIM power cut: {cut}", flush=True)
         os._exit(POWER_CUT_EXIT)
+    except SDProtocolViolation as bad:      # strict: the simulated board stops, loudly
+        print(f"RINGKV-SIM SD protocol violation: {bad}", file=sys.stderr, flush=True)
+        os._exit(1)
 
 
 def start_board(dut, params: dict, on_bytes=None):

@@ -6,6 +6,14 @@
 // ASSIGNIN and "tristate in top-level IO"): a pad whose output enable is off (T = 1) reads
 // as the level the testbench drives, and an output pad with T = 1 is driven to 1 here
 // (a pulled-up line) where the real pad floats.
+//
+// A bidirectional pad (BB) cannot be one two-state top-level net driven from both sides, so
+// its two sides are split: B is the line's external side only, an input that the testbench
+// drives (the card's bit when the card drives, else 1: the pad's pull-up), and the FPGA's
+// own drive (T, I) leaves the top through two extra ports per pin that
+// board_harness.expose_bidir_pads adds ({pin}__fpga_oe = ~T, {pin}__fpga_o = I). What the
+// FPGA reads (O) is the wired line: its own I while it drives (T = 0), else B. Both sides
+// driving at once is a conflict on the real line; the testbench flags it (it sees both).
 module IB (input I, output O);
   assign O = I;
 endmodule
@@ -19,6 +27,5 @@ module OBZ (input I, input T, output O);
 endmodule
 
 module BB (input I, input T, output O, inout B);
-  assign B = T ? 1'b1 : I;
-  assign O = B;
+  assign O = T ? B : I;
 endmodule

@@ -1,5 +1,7 @@
 """The ULX3S board top at its pins on Verilator (``ringkv.sim.board_harness``): cocotbext-uart
-as the line partner, the LEDs, and ``ringkv board check`` over the socket bridge.
+as the line partner, the LEDs, and ``ringkv board check`` over the socket bridge. The top is
+the bitstream's default (SD native 4-bit: the strict 4-bit card model on the platform's ``BB``
+pads, split by :func:`~ringkv.sim.board_harness.expose_bidir_pads`).
 
 One Verilator build of the board top (a small configuration, cached in ``build/board``) serves
 every test here; each test starts its own simulator process on it (fresh power-up).
@@ -22,7 +24,9 @@ TOP = {"regions": 4, "lanes": 2, "macs": 4}
 @pytest.fixture(scope="module")
 def board_build():
     from ringkv.sim.board_harness import build_board
-    return build_board(CFG, **TOP)
+    build = build_board(CFG, **TOP)
+    assert build[1]["storage"] == "sd4"     # the bitstream's default top: SD native 4-bit
+    return build
 
 
 def test_clock_seam_is_checked():
@@ -71,8 +75,10 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
             if log.read_text().count("RINGKV-SIM uart line") == 3:
                 break
             time.sleep(0.1)
-    # the line model received every byte the device's transmitter sent, cleanly
+    # the line model received every byte the device's transmitter sent, cleanly; the strict
+    # 4-bit card saw no protocol violation (the simulator would have stopped)
     log = log.read_text()
+    assert "SD protocol violation" not in log, log
     counts = [line for line in log.splitlines() if "RINGKV-SIM uart line" in line]
     assert len(counts) == 3 and all(" 0 framing errors, 0 glitches" in c for c in counts), log
     assert " 0 B received" not in counts[0], counts
@@ -92,6 +98,22 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     assert [i.count for i in infos[:2]] == [CFG.window + CFG.window // 4 + 1, 3]
 
 
+@requires_verilator
+@pytest.mark.slow
+def test_board_check_on_the_spi_variant(tmp_path, capsys):
+    """The SPI-mode board option (``storage="spi"``: the ``sd_card_spi_0`` pins, the SPI-mode
+    card model) at its pins: ``ringkv board check`` passes every step (its own build)."""
+    from ringkv.cli import main
+    from ringkv.sim.board_harness import BoardDevice, build_board
+    top = dict(TOP, storage="spi")
+    assert build_board(CFG, **top)[1]["storage"] == "spi"
+    with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True,
+                     log=tmp_path / "sim.log", **top) as dev:
+        assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
+                     "--ping-sizes", "0,16", "--timeout", "120"]) == 0
+    assert "board check: 7/7 steps passed" in capsys.readouterr().out
+
+
 def test_board_check_without_a_device(capsys):
     """No device behind the URL: one FAIL line and exit status 1, no traceback."""
     import socket
@@ -104,3 +126,56 @@ def test_board_check_without_a_device(capsys):
     out = capsys.readouterr().out
     assert "[FAIL] link" in out and "cannot open" in out, out
     assert main(["board"]) == 2
+
+
+_NETLIST = """module top(a, b, c);
+  inout a;
+  inout [1:0] b;
+  input c;
+  \\top.pad  \\buf  (
+    .a(a),
+    .b(b)
+  );
+endmodule
+
+module \\top.pad (a, b);
+  inout a;
+  inout [1:0] b;
+  BB buf0 (
+    .B(a),
+    .I(x),
+    .O(y),
+    .T(t)
+  );
+  BB buf1 (
+    .B(b[1]),
+    .I(x),
+    .O(y),
+    .T(t)
+  );
+  BB buf2 (
+    .B(b[0]),
+    .I(x),
+    .O(y),
+    .T(t)
+  );
+endmodule
+"""
+
+
+def test_expose_bidir_pads():
+    """Each inout pin gets its BBs' drive as two ports; a pin bit without a BB (or with two)
+    is an error, not a silently undriven line."""
+    from ringkv.sim.board_harness import expose_bidir_pads
+    out = expose_bidir_pads(_NETLIST, "top")
+    assert out.startswith("module top(a, b, c, a__fpga_oe, a__fpga_o, b__fpga_oe, b__fpga_o);")
+    for line in ("  output [1:0] b__fpga_oe;", "  assign a__fpga_oe = ~\\buf .buf0.T;",
+                 "  assign a__fpga_o = \\buf .buf0.I;", "  assign b__fpga_oe[1] = ~\\buf .buf1.T;",
+                 "  assign b__fpga_o[0] = \\buf .buf2.I;"):
+        assert line in out.splitlines(), out
+    with pytest.raises(ValueError, match=r"^pin a\[0\] has two BB pads$"):
+        expose_bidir_pads(_NETLIST.replace(".B(b[0])", ".B(a)"), "top")
+    with pytest.raises(ValueError, match=r"buf2: pad 'c' is not an inout pin of top$"):
+        expose_bidir_pads(_NETLIST.replace(".B(b[0])", ".B(c)"), "top")
+    with pytest.raises(ValueError, match=r"^pin b: bits \[0\] have no BB pad$"):
+        expose_bidir_pads(_NETLIST.replace("BB buf2", "OBZ buf2"), "top")
