@@ -187,7 +187,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     plan = platform.build(top, name=name, do_build=False, verbose=True,
                           script_after_read="\n".join(AFTER_READ),
                           nextpnr_opts=f"--report report.json --seed {seed}")
-    for stale in ("report.json", f"{name}.bit", f"{name}.config"):
+    for stale in ("report.json", "figures.json", f"{name}.bit", f"{name}.config"):
         (build_dir / stale).unlink(missing_ok=True)
     plan.extract(str(build_dir))
     log_path = build_dir / "build.log"

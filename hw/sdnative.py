@@ -71,7 +71,7 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
-from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature
+from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature, check_int
 
 __all__ = ["SDBusSignature", "SDNativeController"]
 
@@ -120,12 +120,6 @@ class _After(enum.Enum, shape=5):
     CMD13 = 15
 
 
-def _check_int(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise TypeError(f"{name} must be {kind}, not {value!r}")
-
-
 class SDNativeController(wiring.Component):
     """SD card controller, native 4-bit mode; see the module docstring."""
 
@@ -133,17 +127,17 @@ class SDNativeController(wiring.Component):
                  hs_half_period: int | None = None, resp_timeout: int = 64,
                  data_timeout: int = 1 << 21, busy_timeout: int = 1 << 23,
                  init_retries: int = 1 << 12):
-        _check_int("init_half_period", init_half_period, 1)
-        _check_int("half_period", half_period, 1)
+        check_int("init_half_period", init_half_period, 1)
+        check_int("half_period", half_period, 1)
         if hs_half_period is not None:
-            _check_int("hs_half_period", hs_half_period, 1)
+            check_int("hs_half_period", hs_half_period, 1)
             if hs_half_period > half_period:
                 raise ValueError(f"hs_half_period ({hs_half_period}) must not exceed "
                                  f"half_period ({half_period})")
-        _check_int("resp_timeout", resp_timeout, 2)
-        _check_int("data_timeout", data_timeout, 2)
-        _check_int("busy_timeout", busy_timeout, 2)
-        _check_int("init_retries", init_retries, 1)
+        check_int("resp_timeout", resp_timeout, 2)
+        check_int("data_timeout", data_timeout, 2)
+        check_int("busy_timeout", busy_timeout, 2)
+        check_int("init_retries", init_retries, 1)
         if half_period > init_half_period:
             raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
                              f"({init_half_period})")

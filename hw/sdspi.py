@@ -36,7 +36,7 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
-from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature
+from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature, check_int
 
 __all__ = ["SPISignature", "SDSPIController"]
 
@@ -63,24 +63,18 @@ class _After(enum.Enum, shape=4):
     CMD12 = 10
 
 
-def _check_int(name, value, minimum):
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise TypeError(f"{name} must be {kind}, not {value!r}")
-
-
 class SDSPIController(wiring.Component):
     """SD card controller in SPI mode; see the module docstring for protocol and timing."""
 
     def __init__(self, *, init_half_period: int = 63, half_period: int = 1,
                  resp_timeout: int = 16, token_timeout: int = 1 << 16,
                  busy_timeout: int = 1 << 20, init_retries: int = 1 << 12):
-        _check_int("init_half_period", init_half_period, 1)
-        _check_int("half_period", half_period, 1)
-        _check_int("resp_timeout", resp_timeout, 2)
-        _check_int("token_timeout", token_timeout, 2)
-        _check_int("busy_timeout", busy_timeout, 2)
-        _check_int("init_retries", init_retries, 1)
+        check_int("init_half_period", init_half_period, 1)
+        check_int("half_period", half_period, 1)
+        check_int("resp_timeout", resp_timeout, 2)
+        check_int("token_timeout", token_timeout, 2)
+        check_int("busy_timeout", busy_timeout, 2)
+        check_int("init_retries", init_retries, 1)
         if half_period > init_half_period:
             raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
                              f"({init_half_period})")

@@ -30,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.record import SECTOR
 
 __all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
-           "StoragePortSignature"]
+           "StoragePortSignature", "check_int"]
 
 #: Bytes per sector (the record format's sector, :data:`ringkv.defs.record.SECTOR`).
 SECTOR_BYTES = SECTOR
@@ -77,3 +77,11 @@ class StoragePortSignature(wiring.Signature):
 
     def __repr__(self):
         return "StoragePortSignature()"
+
+
+def check_int(name: str, value, minimum: int) -> None:
+    """A storage controller's integer parameter (a clock divider, a timeout): ``TypeError``
+    unless ``value`` is an ``int`` (not a ``bool``) of at least ``minimum``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise TypeError(f"{name} must be {kind}, not {value!r}")
