@@ -22,7 +22,8 @@ leaves its last checkpoint) and at the end:
 * ``host/weights/<name>.npz``: float16 weights and float32 gains, loaded by
   :meth:`ringkv.host.model.Model.load` / :meth:`Model.trained`, with reference logits
   (``ref_tokens``, ``ref_logits``: this torch model's float64 forward of a held-out prefix
-  longer than W) that the tests reproduce with the numpy model;
+  longer than W, its last :data:`REF_ROWS` positions) that the tests reproduce with the numpy
+  model; compressed, under 2 MB;
 * ``docs/train_<name>.png`` (the loss curve, matplotlib from the ``train`` extra) and
   ``docs/train_<name>.json`` (the log: every step's loss, the held-out evaluations, timings).
 
@@ -229,10 +230,15 @@ def verify_export(net, w, shape, tokens):
     return d64, d32, want64
 
 
+#: Rows of the reference logits kept in the weights file: the last positions of the
+#: reference prefix (all past the window), so the shipped file stays under 2 MB.
+REF_ROWS = 32
+
+
 def save(path, net, w, meta, ref_tokens, ref_logits):
-    np.savez(path, hidden=net.hidden, ffn=net.ffn, meta=json.dumps(meta),
-             ref_tokens=np.asarray(ref_tokens, dtype=np.int16),
-             ref_logits=ref_logits.astype(np.float32), **w)
+    np.savez_compressed(path, hidden=net.hidden, ffn=net.ffn, meta=json.dumps(meta),
+                        ref_tokens=np.asarray(ref_tokens, dtype=np.int16),
+                        ref_logits=ref_logits[-REF_ROWS:].astype(np.float32), **w)
 
 
 def plot(log, png, title):
