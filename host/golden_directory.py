@@ -3,8 +3,10 @@
 Commands and responses are dicts keyed by the fields of ``command_layout`` and
 ``response_layout``; a response has every field, and the fields an operation does not report
 are zero. ``GoldenDirectory.command(cmd)`` answers exactly what the gateware answers, and
-``state()`` exposes the whole directory (bucket lists, link rows, the free-link FIFO in order,
-FIFO A and FIFO B in order) for checks and for the formal invariants' reference.
+``probe(keys)`` is a PROBE run (the command plus its keys on the ``probe`` stream) with
+its exact clock count, and ``state()`` exposes the whole directory (bucket lists, link rows,
+the free-link FIFO in order, FIFO A and FIFO B in order) for checks and for the formal
+invariants' reference.
 """
 
 from collections import deque
@@ -12,6 +14,7 @@ from collections import deque
 from ringkv.defs.directory import (
     LINK_FIELD_WIDTH,
     NIL,
+    PROBES_FIELD_WIDTH,
     REGION_FIELD_WIDTH,
     Op,
     Status,
@@ -136,8 +139,49 @@ class GoldenDirectory:
         r["status"] = self._execute(c, r).value
         return r
 
+    def probe(self, keys) -> tuple[dict, int]:
+        """A PROBE run over ``keys`` (``[(count, hash), ...]``, at least one): ``(response,
+        clocks)``.
+
+        Each key is looked up as LOOKUP does (the first link of its bucket's list with equal
+        count and hash), but no stamp changes. The response reports the **last** key that hit
+        (``status`` OK, its ``link``, ``region``, ``count``, ``hash``), or MISS; ``probes`` is
+        the number of links compared over the run. ``clocks`` is the gateware's cost of the
+        keys when each is on offer as soon as the previous one is done: a key whose bucket is
+        empty takes 1 clock, any other ``2 + c`` for ``c`` links compared (``c = k + 1`` for a
+        hit at chain position ``k``, the chain length for a miss).
+        """
+        keys = list(keys)
+        if not keys:
+            raise ValueError("a probe run needs at least one key")
+        r = dict.fromkeys(RESPONSE_FIELDS, 0)
+        r["op"], r["status"] = Op.PROBE.value, Status.MISS.value
+        clocks = 0
+        for count, hash_value in keys:
+            count &= self.count_mask
+            hash_value &= self.hash_mask
+            link = self.head[self.bucket(hash_value)]
+            if link is None:
+                clocks += 1
+                continue
+            compared = 0
+            while link is not None and compared < self.links:
+                row = self.live[link]
+                compared += 1
+                if row["count"] == count and row["hash"] == hash_value:
+                    r.update(status=Status.OK.value, link=link, region=row["region"],
+                             count=count, hash=hash_value)
+                    break
+                link = self.next[link]
+            r["probes"] += compared
+            clocks += 2 + compared
+        r["probes"] &= (1 << PROBES_FIELD_WIDTH) - 1
+        return r, clocks
+
     def _execute(self, c, r) -> Status:
         op = _OPS.get(c["op"])
+        if op == Op.PROBE:
+            raise ValueError("a PROBE command comes with its keys: use GoldenDirectory.probe")
         if op == Op.LOOKUP:
             if c["count"] == 0:
                 return Status.BAD_COUNT
@@ -262,7 +306,7 @@ def random_commands(rng, golden: GoldenDirectory, n: int, *, hash_pool: int = 24
                    "region": g.a_next + rng.randrange(-2, 3) if rng.random() < 0.8
                    else rng.randrange(1 << 24)}
         elif roll < 0.97:
-            cmd = {"op": rng.randrange(8, 16), **key}
+            cmd = {"op": rng.randrange(Op.PROBE.value + 1, 16), **key}   # unknown opcodes
         else:
             cmd = {"op": Op.CLEAR}
             rebuild = rng.randrange(0, 12)

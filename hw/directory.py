@@ -19,8 +19,8 @@ from ringkv.defs.directory import (
 from .enums import shaped
 
 __all__ = ["CacheDirectory", "Op", "Status", "command_layout", "response_layout",
-           "layout_fields", "NIL", "LINK_FIELD_WIDTH", "REGION_FIELD_WIDTH", "BUGS", "CHECKS",
-           "check_directory_params"]
+           "probe_layout", "layout_fields", "NIL", "LINK_FIELD_WIDTH", "REGION_FIELD_WIDTH",
+           "BUGS", "CHECKS", "check_directory_params"]
 
 #: Deliberately broken variants for the formal tests (private knob ``_bug``).
 BUGS = ("region_leak", "region_dup", "link_dup", "lost_head", "stale_prev")
@@ -46,6 +46,12 @@ def response_layout(count_width=24, hash_width=64, stamp_width=32) -> data.Struc
     fields = defs.response_fields(count_width, hash_width, stamp_width)
     return data.StructLayout({name: _ENUM_FIELDS.get(name, width)
                               for name, width in fields.items()})
+
+
+def probe_layout(count_width=24, hash_width=64) -> data.StructLayout:
+    """The ``probe`` stream's payload (:func:`ringkv.defs.directory.probe_fields`): the same
+    fields as the hash engine's output, so its stream connects unchanged."""
+    return data.StructLayout(defs.probe_fields(count_width, hash_width))
 
 
 def layout_fields(layout) -> list[tuple[str, int]]:
@@ -122,6 +128,10 @@ class CacheDirectory(wiring.Component):
         Commands (:class:`Op`). ``i.ready`` is high only while the directory is idle.
     o : ``Out(stream.Signature(response_layout(...)))``
         One response per command (:class:`Status`), held until ``o.ready``.
+    probe : ``In(stream.Signature(probe_layout(...)))``
+        The keys ``{hash, count, last}`` of a PROBE run, taken only during one (after a
+        PROBE command, up to and including the key marked ``last``); ``ready`` is low
+        otherwise.
 
     Latency, throughput, backpressure
     ---------------------------------
@@ -130,7 +140,9 @@ class CacheDirectory(wiring.Component):
     2 + n for a miss after a chain of n links; insert 2 (empty bucket) or 3; delete, touch,
     read 2; expire ``2 * links + e + 2`` for e expired links; an insert that must evict scans the
     link pool (``links + 7``, or ``links + 8`` into a non-empty bucket); clear
-    ``max(buckets, links) + 1``. The next command
+    ``max(buckets, links) + 1``; a PROBE run takes each key in 1 clock when its bucket is
+    empty, else in ``2 + c`` clocks for ``c`` links compared, and answers 1 clock after the
+    last key's. The next command
     is accepted one cycle after the response transfer. ``o.valid`` holds with a steady
     payload until ``o.ready``; meanwhile ``i.ready`` is low. After reset the tables are swept
     for ``max(buckets, links)`` cycles before the first command is accepted.
@@ -154,9 +166,11 @@ class CacheDirectory(wiring.Component):
         self._checks = tuple(_checks)
         self._cmd_layout = command_layout(count_width, hash_width, stamp_width)
         self._resp_layout = response_layout(count_width, hash_width, stamp_width)
+        self._probe_layout = probe_layout(count_width, hash_width)
         super().__init__({
             "i": In(stream.Signature(self._cmd_layout)),
             "o": Out(stream.Signature(self._resp_layout)),
+            "probe": In(stream.Signature(self._probe_layout)),
         })
 
     buckets = property(lambda self: self._buckets)
@@ -168,6 +182,7 @@ class CacheDirectory(wiring.Component):
     b_threshold = property(lambda self: self._b_threshold)
     cmd_layout = property(lambda self: self._cmd_layout)
     resp_layout = property(lambda self: self._resp_layout)
+    probe_layout = property(lambda self: self._probe_layout)
 
     def params(self) -> dict:
         """The parameters the golden model needs."""
@@ -225,6 +240,7 @@ class CacheDirectory(wiring.Component):
         lk_link = Signal(lb)
         lk_region = Signal(rb)
         chase = Signal()                     # LK_CMP walks on: read address := next pointer
+        pr_last = Signal()                   # PROBE: the key being probed is the run's last
         link_raddr = Signal(lb)
 
         m.d.comb += [
@@ -326,6 +342,9 @@ class CacheDirectory(wiring.Component):
                         with m.Case(Op.CLEAR):
                             m.d.sync += clearing.eq(1)
                             m.next = "INIT"
+                        with m.Case(Op.PROBE):
+                            m.d.sync += [resp.status.eq(Status.MISS), pr_last.eq(0)]
+                            m.next = "PR_NEXT"
                         with m.Default():
                             m.d.sync += resp.status.eq(Status.BAD_OP)
                             m.next = "RESP"
@@ -514,8 +533,66 @@ class CacheDirectory(wiring.Component):
                     with m.Else():
                         m.next = "EXP_CHECK"
 
+            # ---- PROBE: a run of lookups that do not refresh stamps (a probe is not a use),
+            # one key per clock while buckets are empty. The bucket-head table's read address
+            # follows the probe stream's payload in every PR_ state (below the FSM), so the
+            # head of the key on offer is read in the very clock that takes it.
+            def record_hit():
+                # the last key that hit wins: keys come in increasing count (longest prefix)
+                m.d.sync += [resp.status.eq(Status.OK), resp.link.eq(lk_link),
+                             resp.region.eq(lk_region), resp.count.eq(cmd.count),
+                             resp.hash.eq(cmd.hash)]
+
+            def next_key():
+                with m.If(pr_last):
+                    m.next = "RESP"
+                with m.Else():
+                    m.d.comb += self.probe.ready.eq(1)
+                    with m.If(self.probe.valid):
+                        p = self.probe.payload
+                        m.d.sync += [cmd.count.eq(p.count), cmd.hash.eq(p.hash),
+                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0)]
+                        m.next = "PR_HEAD"
+                    with m.Else():
+                        m.next = "PR_NEXT"
+
+            with m.State("PR_NEXT"):
+                # between keys: the previous key's last compare (lk_hit) is settled here
+                with m.If(lk_hit):
+                    record_hit()
+                next_key()
+
+            with m.State("PR_HEAD"):
+                # an empty bucket is a miss in this clock, and the next key is taken at once
+                m.d.comb += link_raddr.eq(head.rdata[:lb])
+                m.d.sync += cur.eq(head.rdata[:lb])
+                with m.If(is_nil(head.rdata)):
+                    next_key()
+                with m.Else():
+                    m.d.sync += chase.eq(1)
+                    m.next = "PR_CMP"
+
+            with m.State("PR_CMP"):
+                # LK_CMP's walk: the compare goes into lk_hit only, the walk goes on while it
+                # settles; a set lk_hit ends this key (a later link cannot be the first hit)
+                with m.If(lk_hit):
+                    record_hit()
+                    next_key()
+                with m.Else():
+                    hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
+                           & (meta.rdata.hash == cmd.hash))
+                    end = is_nil(nxt.rdata) | (idx == nl - 1)
+                    m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
+                                 lk_link.eq(cur), lk_region.eq(meta.rdata.region),
+                                 chase.eq(~hit & ~end), resp.probes.eq(resp.probes + 1)]
+                    with m.If(end):
+                        m.next = "PR_NEXT"
+
             with m.State("RESP"):
                 respond()
+
+        with m.If(fsm.ongoing("PR_NEXT") | fsm.ongoing("PR_HEAD") | fsm.ongoing("PR_CMP")):
+            m.d.comb += head.raddr.eq(self.probe.payload.hash[:bb])
 
         # ``chase`` is high exactly in the LK_CMP clocks that follow the list, and it comes from
         # a flip-flop: the next pointer then passes one 2:1 mux on its way from one block RAM's

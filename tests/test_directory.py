@@ -235,3 +235,127 @@ def test_latency():
             {"op": Op.EXPIRE, "now": 100, "max_age": 10}]
     _, cycles = rtl_directory(SMALL, cmds, timing=True)
     assert cycles == [2, 3, 3, 3, 5, 2, 5, 2, 2, 2, 2 * SMALL["links"] + 2 + 2]
+
+
+# -- PROBE runs ---------------------------------------------------------------------------------
+
+def rtl_probe(params, setup, runs, *, seed=0, idle=0.0, stall=0.0):
+    """``setup`` commands, then one PROBE run per entry of ``runs`` (lists of ``(count,
+    hash)``), then the state-revealing tail of :func:`probe` of the golden directory. Returns
+    ``(responses of the runs, clocks of each run, responses of the tail)``: clocks from the
+    PROBE command's transfer to ``o.valid``."""
+    dut = CacheDirectory(**params)
+    cmd_fields, resp_fields = layout_fields(dut.cmd_layout), layout_fields(dut.resp_layout)
+    key_fields = layout_fields(dut.probe_layout)
+    rng = random.Random(seed)
+    g = GoldenDirectory(**params)
+    for c in setup:
+        g.command(c)
+    tail = probe(g)
+    out, clocks, tail_out = [], [], []
+
+    async def command(ctx, cmd):
+        await stream_put(ctx, dut.i, data.Const(dut.cmd_layout, pack_fields(
+            cmd_fields, _ints(cmd))), rng=rng, idle=idle)
+
+    async def response(ctx):
+        return unpack_fields(resp_fields, (await stream_get(ctx, dut.o, rng=rng, stall=stall))
+                             .as_value().value)
+
+    async def keys(ctx):
+        # offered ahead of their run: ``probe.ready`` is high only during a run
+        for run in runs:
+            for n, (count, h) in enumerate(run):
+                word = pack_fields(key_fields, {"count": count, "hash": h,
+                                                "last": int(n == len(run) - 1)})
+                await stream_put(ctx, dut.probe, data.Const(dut.probe_layout, word), rng=rng,
+                                 idle=idle)
+
+    async def bench(ctx):
+        await tick_until(ctx, dut.i.ready)
+        for cmd in setup:
+            await command(ctx, cmd)
+            await response(ctx)
+        for _ in runs:
+            await command(ctx, {"op": Op.PROBE})
+            start = 0
+            while not ctx.get(dut.o.valid):
+                await ctx.tick()
+                start += 1
+            clocks.append(start + 1)
+            out.append(await response(ctx))
+        for cmd in tail:
+            await command(ctx, cmd)
+            tail_out.append(await response(ctx))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_testbench(keys, background=True)
+    sim.run()
+    return out, clocks, tail_out, [g.command(c) for c in tail]
+
+
+#: PROBE run overhead: the clock that takes the command and the clock of the response, beside
+#: the keys' own clocks (GoldenDirectory.probe).
+PROBE_OVERHEAD = 2
+
+
+def test_probe_run_cycles_and_state():
+    """Hits at several chain positions (the last hit wins), a same-hash other-count key, empty
+    buckets, a miss after a whole chain; exact clocks; no stamp refreshed (the LRU victim
+    after the runs is the one it was before)."""
+    params = dict(SMALL, links=8, regions=8)
+    setup = [_ins(1, 0x100, now=1), _ins(2, 0x200, now=2), _ins(3, 0x300, now=3),
+             _ins(4, 0x401, now=4), _ins(5, 0x502, now=5)]
+    runs = [[(1, 0x100), (2, 0x201), (3, 0x300), (4, 0x999)],            # bucket 0 chain
+            [(1, 0x103), (2, 0x200), (3, 0x301), (9, 0x401), (5, 0x502)],
+            [(7, 0x703)],                                                 # one key, empty
+            [(2, 0x300), (1, 0x100)]]                                     # other count first
+    g = GoldenDirectory(**params)
+    for c in setup:
+        g.command(c)
+    expected = [g.probe(run) for run in runs]
+    got, clocks, tail_got, tail_want = rtl_probe(params, setup, runs)
+    assert got == _normalise([r for r, _ in expected])
+    assert clocks == [c + PROBE_OVERHEAD for _, c in expected]
+    assert [(r["status"], r["count"], r["link"]) for r in got] == [
+        (0, 3, 2), (0, 5, 4), (1, 0, 0), (0, 1, 0)]
+    assert tail_got == _normalise(tail_want)
+    # the first insert after a full store evicts link 0 (stamp 1): probes refreshed nothing
+    evict = GoldenDirectory(**params)
+    for c in setup:
+        evict.command(c)
+    for run in runs:
+        evict.probe(run)
+    assert evict.lru_victim(100) == 0
+
+
+@pytest.mark.parametrize("seed", [4, 5])
+def test_probe_random_against_golden(seed):
+    """Random directories (collisions in one bucket, same hash other count) and random runs,
+    with idle on both input streams and stall on the response."""
+    rng = random.Random(seed)
+    params = SMALL
+    g = GoldenDirectory(**params)
+    setup, _ = random_commands(rng, g, 120)
+    live = [(row["count"], row["hash"]) for row in g.live.values()]
+    runs = []
+    for _ in range(12):
+        run = []
+        for _ in range(rng.randrange(1, 9)):
+            roll = rng.random()
+            if live and roll < 0.4:
+                run.append(rng.choice(live))
+            elif live and roll < 0.6:
+                c, h = rng.choice(live)
+                run.append((c % 255 + 1, h))
+            else:
+                run.append((rng.randrange(1, 256), rng.randrange(1 << 16)))
+        runs.append(run)
+    expected = [g.probe(run)[0] for run in runs]
+    got, _, tail_got, tail_want = rtl_probe(params, setup, runs, seed=seed, idle=0.3,
+                                            stall=0.3)
+    assert got == _normalise(expected)
+    assert tail_got == _normalise(tail_want)
+    assert {r["status"] for r in got} == {0, 1}

@@ -9,13 +9,16 @@ model :class:`ringkv.host.golden_directory.GoldenDirectory` depends on these, no
 import enum
 
 __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "LINK_FIELD_WIDTH", "REGION_FIELD_WIDTH",
-           "NIL", "command_fields", "response_fields", "check_directory_params"]
+           "PROBES_FIELD_WIDTH", "NIL", "command_fields", "response_fields", "probe_fields",
+           "check_directory_params"]
 
 #: Width of the ``link``/``prev``/``next``/``victim`` fields; ``NIL`` (all ones) means "none".
 LINK_FIELD_WIDTH = 16
 #: Width of the ``region`` fields: up to 2**24 regions.
 REGION_FIELD_WIDTH = 24
 NIL = (1 << LINK_FIELD_WIDTH) - 1
+#: Width of the ``probes`` response field (PROBE: links compared in the whole run).
+PROBES_FIELD_WIDTH = 32
 
 #: Bits of the ``op`` and ``status`` fields.
 OP_BITS = 4
@@ -32,6 +35,9 @@ class Op(enum.Enum):
     READ = 5
     INSERT_EXISTING = 6
     CLEAR = 7
+    #: A probe run: the keys follow on the ``probe`` stream (:func:`probe_fields`), one
+    #: response after the key marked ``last`` (the last key that hit; stamps unchanged).
+    PROBE = 8
 
 
 class Status(enum.Enum):
@@ -79,7 +85,14 @@ def response_fields(count_width=24, hash_width=64, stamp_width=32) -> dict:
         "next": LINK_FIELD_WIDTH,         # READ (NIL: none)
         "victim": LINK_FIELD_WIDTH,       # INSERT with evicted=1: the evicted link
         "expired": LINK_FIELD_WIDTH,      # EXPIRE: number of links expired
+        "probes": PROBES_FIELD_WIDTH,     # PROBE: links compared over the whole run
     }
+
+
+def probe_fields(count_width=24, hash_width=64) -> dict:
+    """The ``probe`` stream's payload fields from the LSB (the keys of a PROBE run): the
+    hash engine's output fields, so that its stream plugs in unchanged."""
+    return {"hash": hash_width, "count": count_width, "last": 1}
 
 
 def _is_int(value):
