@@ -51,11 +51,13 @@ from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.numerics import NUMERICS_TABLE
 from ringkv.defs.record import (
     CONFIG_FIELDS,
+    CONST_RANGES,
     HEADER_OFFSETS,
     MAGIC,
     SECTOR,
     SEQ_MOD,
     VERSION,
+    RecordKind,
     RecordLayout,
     RecordStatus,
     elem_bytes,
@@ -72,7 +74,7 @@ __all__ = [
     "ring_image", "rings_from_image", "encode_payload", "encode_record", "decode_payload",
     "import_record", "RecordInfo", "scan_region", "scan_image", "RebuildPlan", "plan_rebuild",
     "rebuild", "format_listing", "fsck_report", "HeaderInfo", "check_header", "scan_headers",
-    "RecoveryPlan", "plan_recovery", "main",
+    "RecoveryPlan", "plan_recovery", "kind_name", "main",
 ]
 
 def crc32(data: bytes) -> int:
@@ -126,6 +128,16 @@ class Header:
     config_fields: dict = field(default_factory=dict)
     header_crc: int = 0
     header_crc_ok: bool = True
+    kind: int = RecordKind.TURN.value      #: :class:`~ringkv.defs.record.RecordKind` value
+
+
+def kind_name(kind: int) -> str:
+    """``turn`` or ``checkpoint`` (:class:`~ringkv.defs.record.RecordKind`); another stored
+    value as ``kind N``."""
+    try:
+        return RecordKind(kind).name.lower()
+    except ValueError:
+        return f"kind {kind}"
 
 
 class RecordError(Exception):
@@ -142,8 +154,10 @@ def _get(buf, name):
     return int.from_bytes(buf[off:off + size], "little")
 
 
-def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_crc) -> bytes:
-    """The 512-byte header sector of a record (header CRC included)."""
+def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_crc,
+                  kind=RecordKind.TURN.value) -> bytes:
+    """The 512-byte header sector of a record (header CRC included); ``kind`` a
+    :class:`~ringkv.defs.record.RecordKind` (or its value)."""
     lay = RecordLayout(config)
     kv = kv_bytes_of(config, count)
     buf = bytearray(header_template(config))
@@ -155,6 +169,7 @@ def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_
     put_field(buf, "k_bytes", kv // 2)
     put_field(buf, "v_bytes", kv // 2)
     put_field(buf, "payload_crc", payload_crc)
+    put_field(buf, "kind", kind.value if isinstance(kind, RecordKind) else kind)
     put_field(buf, "header_crc", crc32(buf[:508]))
     return bytes(buf)
 
@@ -171,7 +186,7 @@ def _decode_fields(buf) -> Header:
         token_bytes=_get(buf, "token_bytes"), k_bytes=_get(buf, "k_bytes"),
         v_bytes=_get(buf, "v_bytes"), payload_crc=_get(buf, "payload_crc"),
         config_fields=cfg, header_crc=_get(buf, "header_crc"),
-        header_crc_ok=crc32(buf[:508]) == _get(buf, "header_crc"))
+        header_crc_ok=crc32(buf[:508]) == _get(buf, "header_crc"), kind=_get(buf, "kind"))
 
 
 def decode_header(buf: bytes, config: RingKVConfig = DEFAULT_CONFIG) -> Header:
@@ -191,7 +206,8 @@ def decode_header(buf: bytes, config: RingKVConfig = DEFAULT_CONFIG) -> Header:
     if not h.header_crc_ok:
         raise RecordError(RecordStatus.BAD_HEADER, "header CRC mismatch", h)
     template = header_template(config)
-    if bytes(buf[16:48]) != template[16:48] or bytes(buf[80:116]) != template[80:116]:
+    if any(bytes(buf[lo:hi]) != template[lo:hi] for name, (lo, hi) in CONST_RANGES.items()
+           if name.startswith("config")):
         raise RecordError(RecordStatus.FOREIGN_CONFIG,
                           "record written under another configuration: "
                           + _config_diff_message(h, config), h)
@@ -239,7 +255,8 @@ def _pad(data: bytes) -> bytes:
     return data + bytes(-len(data) % SECTOR)
 
 
-def encode_record(config, tokens, rings, *, count, ring_head, prefix_hash, commit_seq):
+def encode_record(config, tokens, rings, *, count, ring_head, prefix_hash, commit_seq,
+                  kind=RecordKind.TURN.value):
     """The sector writes of an export, in write order: ``[(sector offset in region, bytes)]``.
 
     Payload first (tokens, then KV, each padded to sectors, omitted when empty), header last.
@@ -247,7 +264,7 @@ def encode_record(config, tokens, rings, *, count, ring_head, prefix_hash, commi
     lay = RecordLayout(config)
     tok, kv = encode_payload(config, tokens, rings, count, ring_head)
     header = encode_header(config, count=count, ring_head=ring_head, prefix_hash=prefix_hash,
-                           commit_seq=commit_seq, payload_crc=crc32(tok + kv))
+                           commit_seq=commit_seq, payload_crc=crc32(tok + kv), kind=kind)
     writes = []
     if tok:
         writes.append((1, _pad(tok)))
@@ -350,6 +367,7 @@ class RecordInfo:
     prefix_hash: int = 0
     commit_seq: int = 0
     config: dict = field(default_factory=dict)
+    kind: int = 0        #: the header's RecordKind value (valid records only)
 
     @property
     def valid(self) -> bool:
@@ -367,7 +385,7 @@ def scan_region(config, read, region) -> RecordInfo:
     info = RecordInfo(region, status, message)
     if status is RecordStatus.OK:
         info.count, info.prefix_hash, info.commit_seq = h.count, h.prefix_hash, h.commit_seq
-        info.config = h.config_fields
+        info.config, info.kind = h.config_fields, h.kind
     return info
 
 
@@ -464,6 +482,7 @@ class HeaderInfo:
     prefix_hash: int = 0
     commit_seq: int = 0
     message: str = ""
+    kind: int = 0        #: the header's RecordKind value (valid headers only)
 
     @property
     def valid(self) -> bool:
@@ -476,7 +495,8 @@ def check_header(config, sector: bytes, region: int) -> HeaderInfo:
         h = decode_header(bytes(sector), config)
     except RecordError as e:
         return HeaderInfo(region, e.status, message=str(e))
-    return HeaderInfo(region, RecordStatus.OK, h.count, h.prefix_hash, h.commit_seq)
+    return HeaderInfo(region, RecordStatus.OK, h.count, h.prefix_hash, h.commit_seq,
+                      kind=h.kind)
 
 
 def scan_headers(config, read, regions: int) -> list[HeaderInfo]:
@@ -577,7 +597,8 @@ def plan_recovery(infos: list[HeaderInfo], links: int | None = None) -> Recovery
 
 
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
-    """The inspection table: region, status, count, hash, commit sequence, age, note.
+    """The inspection table: region, status, count, hash, commit sequence, age, kind (``turn``
+    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), note.
 
     Count, hash and sequence are shown for valid records only (``-`` otherwise: nothing of a
     record that failed a check is trusted); ``age`` is the number of commits since the newest
@@ -588,20 +609,21 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     newest = seq_newest(i.commit_seq for i in infos if i.valid)
     live = {r for _, _, r, _ in plan.inserts}
     lines = [f"{'region':>6} {'status':<16} {'count':>7} {'prefix hash':<18} {'seq':>10} "
-             f"{'age':>5}  note"]
+             f"{'age':>5}  {'kind':<10}  note"]
     shown = 0
     for i in infos:
         if i.status is RecordStatus.EMPTY and not show_empty:
             continue
         shown += 1
         if i.valid:
+            kind = kind_name(i.kind)
             count, h, seq = f"{i.count}", f"{i.prefix_hash:#018x}", f"{i.commit_seq}"
             age = f"{(newest - i.commit_seq) % SEQ_MOD}"
             note = "" if i.region in live else plan.reasons.get(i.region, "")
         else:
-            count, h, seq, age, note = "-", "-", "-", "", i.message
+            kind, count, h, seq, age, note = "-", "-", "-", "-", "", i.message
         lines.append(f"{i.region:>6} {i.status.name:<16} {count:>7} {h:<18} {seq:>10} "
-                     f"{age:>5}  {note}")
+                     f"{age:>5}  {kind:<10}  {note}")
     ok = sum(i.valid for i in infos)
     lines.append(f"{len(infos)} regions, {shown} shown, {ok} valid, {len(live)} live, "
                  f"{len(plan.reasons)} to free; next commit sequence {plan.next_seq}")
@@ -620,8 +642,9 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
     lines = [f"{len(infos)} regions scanned: {sum(i.valid for i in infos)} valid records, "
              f"{len(plan.inserts)} live, {len(plan.reasons)} to free"]
     if plan.inserts:
+        kinds = {i.region: kind_name(i.kind) for i in infos if i.valid}
         lines.append("live records:")
-        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}"
+        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}  {kinds[r]}"
                   for c, h, r, s in plan.inserts]
     if plan.reasons:
         lines.append("to free:")

@@ -6,15 +6,18 @@ A :class:`~ringkv.hw.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`.
   DMA verify and import the record; ``HIT`` only if everything matched. A record that can never
   verify is deleted from the directory (its region returns to the allocator); a token mismatch
   (a hash collision) or a storage error (maybe transient) keeps it.
-* ``EXPORT n``: every ring must hold the n tokens with one head (checked first: a refusal
-  changes nothing); hash, look up the old record of the key, insert (evicting the LRU snapshot
-  when full), DMA export with the commit sequence number, then retire the old record; an export
-  that fails is undone. The sequence number advances modulo 2**32 on each committed export.
+* ``EXPORT n kind``: ``kind`` (:class:`~ringkv.defs.record.RecordKind`: 0 turn snapshot, 1
+  checkpoint; another value is ``BAD_ARG``) goes into the record header. Every ring must hold
+  the n tokens with one head (checked first: a refusal changes nothing); hash, look up the
+  old record of the key, insert (evicting the LRU snapshot when full), DMA export with the
+  commit sequence number, then retire the old record; an export that fails is undone. The
+  sequence number advances modulo 2**32 on each committed export.
 """
 
 from amaranth import Mux, Signal
 
 from ringkv.defs.protocol import NO_RECORD, RESPONSES, Op
+from ringkv.defs.record import RecordKind
 
 from .directory import Op as DirOp
 from .directory import Status as DirStatus
@@ -43,6 +46,7 @@ class SnapshotUnit(CommandUnit):
         self.s_bad = Signal()
         self.s_prev_head = Signal(16)
         self.s_cycles = Signal(32)
+        self.s_kind = Signal(8)
         valid_slots = Mux(self.s_n < c.window, self.s_n, c.window)
         self.s_bytes = (self.s_n * lay.token_bytes
                         + valid_slots * (2 * c.layers * c.kv_heads * c.head_dim * lay.elem_bytes))
@@ -66,13 +70,15 @@ class SnapshotUnit(CommandUnit):
                 m.next = "Q_HASH"
         with m.Case(Op.EXPORT.value):
             n = arg(Op.EXPORT, "n")
-            with m.If((n == 0) | (n > tm.count) | (n != d.at.meta_count)):
+            kind = arg(Op.EXPORT, "kind")
+            with m.If((n == 0) | (n > tm.count) | (n != d.at.meta_count)
+                      | (kind > max(k.value for k in RecordKind))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.s_n.eq(n), self.s_rec.eq(NO_RECORD),
                              self.s_dir.eq(DirStatus.MISS), self.s_link.eq(0),
                              self.s_region.eq(0), self.s_seq.eq(d.commit_seq), self.s_ring.eq(0),
-                             self.s_bad.eq(0)]
+                             self.s_bad.eq(0), self.s_kind.eq(kind)]
                 m.next = "E_RINGS"
 
     def states(self, d):
@@ -145,7 +151,7 @@ class SnapshotUnit(CommandUnit):
             with m.Else():
                 m.next = "E_DONE"
         d.dma_call("E_DMA", "E_EXPORTED", op=DmaOp.EXPORT, region=s_region, count=s_n,
-                   hash=hash_val, seq=self.s_seq)
+                   hash=hash_val, seq=self.s_seq, kind=self.s_kind)
         with m.State("E_EXPORTED"):
             m.d.sync += s_rec.eq(dma_resp.status)
             with m.If(dma_resp.status == RecordStatus.OK):

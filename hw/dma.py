@@ -51,6 +51,7 @@ from amaranth.utils import ceil_log2
 from ringkv.defs import record as record_defs
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import (
+    CONST_RANGES,
     HEADER_OFFSETS,
     RECORD_CRC,
     RECORD_STATUS_BITS,
@@ -160,7 +161,10 @@ class DmaOp(enum.Enum, shape=2):
     HEADER = 3
 
 
-DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32})
+#: ``kind``: the record's :class:`~ringkv.defs.record.RecordKind` value, written by EXPORT into
+#: the header (offset 94); the import's checks ignore it (the header CRC covers it).
+DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32,
+                                "kind": 8})
 DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32})
 
 
@@ -249,6 +253,7 @@ class DmaEngine(wiring.Component):
         req_count = Signal(32)
         req_hash = Signal(64)
         req_seq = Signal(32)
+        req_kind = Signal(8)
         base_lba = Signal(32)
         n = Signal(32)                    # token count of the snapshot
         head = Signal(range(W))
@@ -336,7 +341,7 @@ class DmaEngine(wiring.Component):
         # --- export: header bytes, built at issue time --------------------------------------
         var_fields = {"commit_seq": req_seq, "prefix_hash": req_hash, "count": n,
                       "ring_head": head, "token_bytes": tok_payload, "k_bytes": kv_payload >> 1,
-                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc}
+                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc, "kind": req_kind}
         hdr_byte = Signal(8)
         with m.Switch(hdr_pos):
             for name, value in var_fields.items():
@@ -400,8 +405,11 @@ class DmaEngine(wiring.Component):
                     for i in range(size):
                         with m.Case(off + i):
                             m.d.sync += reg.word_select(i, 8).eq(rbyte)
-                for flag, (lo, hi) in ((bad_magic, (0, 8)), (bad_version, (8, 12)),
-                                       (bad_config, (16, 48)), (bad_config, (80, 116))):
+                for flag, (lo, hi) in ((bad_magic, CONST_RANGES["magic"]),
+                                       (bad_version, CONST_RANGES["version"]),
+                                       (bad_config, CONST_RANGES["config"]),
+                                       (bad_config, CONST_RANGES["config_fields"]),
+                                       (bad_config, CONST_RANGES["config_fields_tail"])):
                     for off in range(lo, hi):
                         with m.Case(off):
                             with m.If(rbyte != template[off]):
@@ -442,7 +450,7 @@ class DmaEngine(wiring.Component):
                 with m.If(self.cmd.valid):
                     p = self.cmd.payload
                     m.d.sync += [op.eq(p.op), region.eq(p.region), req_count.eq(p.count),
-                                 req_hash.eq(p.hash), req_seq.eq(p.seq),
+                                 req_hash.eq(p.hash), req_seq.eq(p.seq), req_kind.eq(p.kind),
                                  status.eq(RecordStatus.OK), kv_started.eq(0), tok_bad.eq(0),
                                  bad_magic.eq(0), bad_version.eq(0), bad_config.eq(0),
                                  meta_bad.eq(0), ml.eq(0), n.eq(0), head.eq(0),

@@ -4,7 +4,8 @@
 
     rx ─► FrameDecoder ─► dispatcher ─┬─► TokenMemory ◄─┬─ HashEngine (read port 0, shared
                               │       │                 │  with TOKENS_READ)
-                              │       ├─► CacheDirectory (+ allocator)
+                              │       ├─► CacheDirectory (+ allocator; its probe stream fed
+                              │       │   by the HashEngine through a key FIFO: QUERY_PREFIX)
                               │       ├─► DmaEngine ─── storage port (muxed with SECTOR_READ)
                               │       │      └─ ring port ─► AttentionCore ring/meta
                               │       │                      (muxed with RING_READ)
@@ -31,6 +32,7 @@ from .attention import AttentionCore
 from .cmd_attention import AttentionUnit
 from .cmd_directory import DirectoryUnit
 from .cmd_link import LinkUnit
+from .cmd_prefix import PrefixUnit
 from .cmd_recovery import RecoveryUnit
 from .cmd_snapshot import SnapshotUnit
 from .cmd_storage import StorageUnit
@@ -47,8 +49,8 @@ __all__ = ["RingKVTop", "UNITS"]
 
 #: The dispatcher's command units, one per command family; together they execute every
 #: opcode of :data:`ringkv.defs.protocol.REQUESTS` (checked at construction).
-UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, AttentionUnit, StorageUnit,
-         RecoveryUnit)
+UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, AttentionUnit,
+         StorageUnit, RecoveryUnit)
 
 
 def _pow2(x):

@@ -36,8 +36,9 @@ __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "SYNC", "RESPONSE_FLAG",
            "DEFAULT_MAX_PAYLOAD", "FRAME_CRC", "REQUEST_OVERHEAD", "RESPONSE_OVERHEAD",
            "PROTOCOL_VERSION", "GATEWARE_VERSION", "IDEMPOTENT_OPS", "Layout", "Length",
            "REQUESTS", "RESPONSES", "LENGTH", "TAILS", "IMPLEMENTED", "DIR_RESPONSE",
-           "SNAPSHOT_RESPONSE", "RECOVERY_STATUS", "RecoveryState", "RECOVERY_GATED",
-           "RECOVERY_SCAN_GATED", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT", "FLAG_EXISTING",
+           "SNAPSHOT_RESPONSE", "PREFIX_RESPONSE", "RECOVERY_STATUS", "RecoveryState",
+           "RECOVERY_GATED", "RECOVERY_SCAN_GATED", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT",
+           "FLAG_EXISTING",
            "RING_ELEMENTS", "RING_META", "META_BYTES", "attn_in_bytes", "attn_out_bytes",
            "max_attn_tokens"]
 
@@ -52,7 +53,7 @@ REQUEST_OVERHEAD = 7
 #: Bytes of a response besides its payload: SYNC, op, seq, status, 2 length, 2 CRC.
 RESPONSE_OVERHEAD = 8
 #: Reported by ``Op.VERSION``; bump it when a frame layout or an opcode's payload changes.
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 #: The frame CRC (the gateware builds it with ``amaranth.lib.crc``, the host computes it with
 #: ``binascii.crc_hqx``; a test checks both against these parameters).
 FRAME_CRC = CrcSpec("CRC16_XMODEM", width=16, polynomial=0x1021, initial=0, reflect=False,
@@ -94,6 +95,7 @@ class Op(enum.Enum):
     IMPORT         = 0x31
     EXPORT         = 0x32
     ALLOC_STATUS   = 0x33   # levels of the two address FIFOs
+    QUERY_PREFIX   = 0x34   # longest prefix of the first n tokens with a directory entry
     # SWA attention core
     ATTN_DECODE    = 0x40   # one decode step of one layer
     ATTN_PREFILL   = 0x41   # one prefill chunk of one layer
@@ -129,13 +131,13 @@ class Status(enum.Enum):
 #: Operations a host may repeat after a lost or corrupted response without changing the result.
 IDEMPOTENT_OPS = frozenset({
     Op.PING, Op.VERSION, Op.CONFIG_DIGEST, Op.STATS, Op.TOKENS_WRITE, Op.TOKENS_READ,
-    Op.HASH_QUERY, Op.DIR_LOOKUP, Op.DIR_READ, Op.QUERY, Op.ALLOC_STATUS, Op.RING_READ,
-    Op.SECTOR_READ, Op.STORAGE_STATUS,
+    Op.HASH_QUERY, Op.DIR_LOOKUP, Op.DIR_READ, Op.QUERY, Op.QUERY_PREFIX, Op.ALLOC_STATUS,
+    Op.RING_READ, Op.SECTOR_READ, Op.STORAGE_STATUS,
 })
 
 
 #: Reported by ``Op.VERSION``; bump when the gateware's behaviour changes.
-GATEWARE_VERSION = 2
+GATEWARE_VERSION = 3
 #: ``record_status`` of a QUERY whose directory lookup missed (the DMA did not run).
 NO_RECORD = 0xFF
 #: ``RING_CLEAR`` of this layer clears every ring.
@@ -232,7 +234,7 @@ RECOVERY_STATUS = Layout((("state", 1), ("error", 1), ("scanned", 4), ("regions"
                           ("live", 4), ("freed", 4), ("next_seq", 4), ("cycles", 8)))
 #: Requests answered ``NOT_READY`` (with :data:`RECOVERY_STATUS`) unless recovery is READY:
 #: they need a directory that holds the store.
-RECOVERY_GATED = frozenset({Op.QUERY, Op.EXPORT})
+RECOVERY_GATED = frozenset({Op.QUERY, Op.EXPORT, Op.QUERY_PREFIX})
 #: Requests answered ``NOT_READY`` while the scan runs (it owns the directory, the DMA and the
 #: storage port); after a failed scan they answer normally, for inspection and repair.
 RECOVERY_SCAN_GATED = frozenset({Op.DIR_LOOKUP, Op.DIR_INSERT, Op.DIR_DELETE, Op.DIR_TOUCH,
@@ -243,6 +245,14 @@ RECOVERY_SCAN_GATED = frozenset({Op.DIR_LOOKUP, Op.DIR_INSERT, Op.DIR_DELETE, Op
 SNAPSHOT_RESPONSE = Layout((("record_status", 1), ("dir_status", 1), ("link", 2), ("region", 4),
                             ("count", 4), ("hash", 8), ("bytes", 4), ("cycles", 4),
                             ("seq", 4)))
+
+#: The response of QUERY_PREFIX (status HIT or MISS): the longest prefix ``count`` (0 on a
+#: miss) of the first ``n`` tokens whose ``(count, hash)`` has a directory entry, its ``hash``,
+#: the entry's ``link`` and ``region``; ``probes``: directory links compared over all the
+#: prefix lengths; ``cycles``: device clocks of the request (from its header to the answer).
+#: A hit is a directory entry, not yet a verified record: ``QUERY count`` verifies and imports.
+PREFIX_RESPONSE = Layout((("count", 4), ("hash", 8), ("link", 2), ("region", 4), ("probes", 4),
+                          ("cycles", 4)))
 
 #: Request layouts (the fixed part; see :data:`TAILS` for what follows it).
 REQUESTS = {
@@ -264,8 +274,9 @@ REQUESTS = {
     Op.DIR_READ: Layout((("link", 2),)),
     Op.DIR_CLEAR: Layout((("next_seq", 4),)),     # or an empty payload: keep the sequence
     Op.QUERY: Layout((("n", 4),)),
-    Op.EXPORT: Layout((("n", 4),)),
+    Op.EXPORT: Layout((("n", 4), ("kind", 1))),     # kind: ringkv.defs.record.RecordKind
     Op.ALLOC_STATUS: _EMPTY,
+    Op.QUERY_PREFIX: Layout((("n", 4),)),
     Op.ATTN_DECODE: Layout((("layer", 1), ("flags", 1), ("count", 2))),
     Op.ATTN_PREFILL: Layout((("layer", 1), ("flags", 1), ("count", 2))),
     Op.RING_CLEAR: Layout((("layer", 1),)),
@@ -303,6 +314,7 @@ RESPONSES = {
     Op.EXPORT: SNAPSHOT_RESPONSE,
     Op.ALLOC_STATUS: Layout((("fifo_a", 4), ("fifo_b", 4), ("live", 4), ("commit_seq", 4),
                              ("token_count", 4), ("dir_now", 4))),
+    Op.QUERY_PREFIX: PREFIX_RESPONSE,
     Op.ATTN_DECODE: _EMPTY,
     Op.ATTN_PREFILL: _EMPTY,
     Op.RING_CLEAR: _EMPTY,

@@ -24,7 +24,8 @@ from .numerics import NUMERICS_TABLE
 
 __all__ = [
     "SECTOR", "MAGIC", "VERSION", "NUMERICS_BYTES", "HEADER_FIELDS", "HEADER_OFFSETS",
-    "CONFIG_FIELDS", "CONST_RANGES", "RecordStatus", "RECORD_STATUS_BITS", "RECORD_CRC",
+    "CONFIG_FIELDS", "CONST_RANGES", "RecordKind", "RecordStatus", "RECORD_STATUS_BITS",
+    "RECORD_CRC",
     "SEQ_BITS", "SEQ_MOD", "seq_newer", "seq_next", "seq_newest", "elem_bytes", "token_bytes",
     "kv_bytes_of", "ring_elements", "RecordLayout", "put_field", "header_template",
 ]
@@ -54,7 +55,7 @@ HEADER_FIELDS = (
     ("head_dim", 86, 2),
     ("window", 88, 4),
     ("token_width", 92, 2),
-    ("reserved", 94, 2),
+    ("kind", 94, 2),            # RecordKind; 0 in records written before kinds existed
     ("max_tokens", 96, 4),
     ("numerics", 100, NUMERICS_BYTES),
     ("header_crc", 508, 4),
@@ -64,8 +65,22 @@ HEADER_OFFSETS = {name: (off, size) for name, off, size in HEADER_FIELDS}
 #: Config fields stored in the header (besides the digest), in header order.
 CONFIG_FIELDS = ("layers", "q_heads", "kv_heads", "head_dim", "window", "token_width",
                  "max_tokens", "numerics")
-#: Byte ranges the gateware compares against its own constant header bytes.
-CONST_RANGES = {"magic": (0, 8), "version": (8, 12), "config": (16, 48), "config_fields": (80, 116)}
+#: Byte ranges the gateware compares against its own constant header bytes (the config fields
+#: around ``kind``, which is a variable field covered by the header CRC).
+CONST_RANGES = {"magic": (0, 8), "version": (8, 12), "config": (16, 48),
+                "config_fields": (80, 94), "config_fields_tail": (96, 116)}
+
+
+class RecordKind(enum.Enum):
+    """``kind`` of a record (header offset 94, set by ``EXPORT``'s ``kind`` argument).
+
+    Informative: every kind is the state at its token count and imports alike; the host uses it
+    to tell a session's turn snapshots from prefix checkpoints. Records written before kinds
+    existed hold 0, a turn snapshot. Other values are not refused (the header CRC covers them);
+    the host shows them as numbers.
+    """
+    TURN = 0          #: a session's snapshot at the end of a turn
+    CHECKPOINT = 1    #: a checkpoint at a prefix boundary (shared system prompt, document)
 
 
 #: Bits of :class:`RecordStatus` in the gateware.
