@@ -21,6 +21,7 @@ from ringkv.defs.protocol import (
     DIR_RESPONSE,
     FLAG_EXISTING,
     META_BYTES,
+    PREFIX_RESPONSE,
     RECOVERY_STATUS,
     REQUESTS,
     RESPONSES,
@@ -33,7 +34,14 @@ from ringkv.defs.protocol import (
     Status,
     max_attn_tokens,
 )
-from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, ring_elements, token_bytes
+from ringkv.defs.record import (
+    SECTOR,
+    RecordKind,
+    RecordLayout,
+    RecordStatus,
+    ring_elements,
+    token_bytes,
+)
 
 from .golden_fixed import dequantize_out, quantize
 from .link import DeviceError
@@ -41,11 +49,18 @@ from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from .record import plan_rebuild, rings_from_image, scan_image
 from .scheduler import Device, QueryResult
 
-__all__ = ["FpgaDevice", "ConfigMismatch", "DeviceNotReady", "STORAGE_ERRORS"]
+__all__ = ["FpgaDevice", "ConfigMismatch", "DeviceNotReady", "STORAGE_ERRORS",
+           "PREFIX_RETRIES"]
 
 #: The storage port's error codes (``hw/storage.StorageError``), as reported by a failed
 #: recovery.
 STORAGE_ERRORS = {0: "OK", 1: "TIMEOUT", 2: "CRC", 3: "CARD", 4: "RANGE", 5: "NOT_READY"}
+
+#: How many shorter prefixes :meth:`FpgaDevice.query_prefix` tries after a directory hit whose
+#: record fails its verification (a hash collision, a corrupt or stale record) before it
+#: answers a miss: each try is one QUERY_PREFIX and one QUERY, and a record that can never
+#: verify is deleted by that QUERY, so the bound only matters for repeated collisions.
+PREFIX_RETRIES = 4
 
 _MISS_REASONS = {
     RecordStatus.EMPTY: "no record",
@@ -201,6 +216,59 @@ class FpgaDevice(Device):
         self._last_hit = (result, r["bytes"]) if hit else None
         return result
 
+    def query_prefix(self, tokens, limit) -> QueryResult:
+        """The longest stored prefix of ``tokens[:limit]``, verified and imported.
+
+        Writes ``tokens[:limit]`` to token memory and asks ``QUERY_PREFIX n=limit``: the device
+        hashes every prefix once and answers the longest length ``c`` with a directory entry.
+        ``QUERY n=c`` then verifies that record (stored tokens, config, payload CRC) and
+        imports it; on success token memory is cut to ``tokens[:c]`` (``TOKENS_WRITE`` of no
+        tokens at offset ``c`` sets the count), so the session continues from ``c``: a hit
+        with ``count = c``. If the verification fails, the next shorter prefix is asked for
+        (``QUERY_PREFIX n=c-1``), at most :data:`PREFIX_RETRIES` times; then, or when nothing
+        is stored, a miss (``count`` 0, the reason of the last failure or "no stored prefix").
+        After a miss token memory holds ``tokens[:limit]`` and the rings are undefined (an
+        import that failed in its K/V phase has emptied them): the caller recomputes.
+        """
+        tokens = list(tokens)
+        limit = min(int(limit), len(tokens))
+        self.counters["queries"] += 1
+        self._last_hit = None
+        reason = "no stored prefix"
+        if limit >= 1:
+            self.write_tokens(tokens[:limit])
+            n = limit
+            for _ in range(1 + PREFIX_RETRIES):
+                status, data = self._request(Op.QUERY_PREFIX,
+                                             REQUESTS[Op.QUERY_PREFIX].pack(n=n),
+                                             ok=(Status.HIT, Status.MISS))
+                p = PREFIX_RESPONSE.unpack(data)
+                self.counters["device_cycles"] += p["cycles"]
+                if status != Status.HIT:
+                    break
+                c = p["count"]
+                status, data = self._request(Op.QUERY, REQUESTS[Op.QUERY].pack(n=c),
+                                             ok=(Status.HIT, Status.MISS))
+                r = SNAPSHOT_RESPONSE.unpack(data)
+                self.counters["device_cycles"] += r["cycles"]
+                if status == Status.HIT:
+                    if c < limit:
+                        self._request(Op.TOKENS_WRITE,
+                                      REQUESTS[Op.TOKENS_WRITE].pack(offset=c, n=0))
+                    self.counters["hits"] += 1
+                    result = QueryResult(True, c, r["hash"], "")
+                    self._last_hit = (result, r["bytes"])
+                    return result
+                try:
+                    reason = _MISS_REASONS.get(RecordStatus(r["record_status"]), "miss")
+                except ValueError:
+                    reason = "no record"
+                if c == 1:
+                    break
+                n = c - 1
+        self.counters["misses"] += 1
+        return QueryResult(False, 0, 0, reason)
+
     def import_(self, result: QueryResult) -> int:
         if not result.hit or self._last_hit is None or self._last_hit[0] != result:
             raise ValueError("import needs the result of the last query, a hit")
@@ -209,9 +277,13 @@ class FpgaDevice(Device):
         self.counters["bytes_in"] += moved
         return moved
 
-    def export(self, tokens, replaces=None):
+    def export(self, tokens, replaces=None, *, checkpoint=False):
+        """``EXPORT`` the rings as the record of ``tokens`` (a turn snapshot, or with
+        ``checkpoint`` a prefix checkpoint: the record header's kind); delete the record
+        ``replaces`` unless it is the same key. Returns ``(key, bytes moved)``."""
         n = len(tokens)
-        data = self._request(Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=n))[1]
+        kind = RecordKind.CHECKPOINT if checkpoint else RecordKind.TURN
+        data = self._request(Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=n, kind=kind.value))[1]
         r = SNAPSHOT_RESPONSE.unpack(data)
         key = (n, r["hash"])
         if replaces is not None and tuple(replaces) != key:

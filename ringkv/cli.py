@@ -261,7 +261,8 @@ def main(argv=None) -> int:
     p = sub.add_parser(
         "storage", help="inspect (ls) or check (fsck) a storage image",
         description="Inspect a storage image with the golden record scan (read only).",
-        epilog="ls: list the records (status, count, prefix hash, commit sequence, age, why a "
+        epilog="ls: list the records (status, count, prefix hash, commit sequence, age, kind: "
+               "'turn' for a session's snapshot or 'checkpoint' for a prefix checkpoint, why a "
                "region is unusable or superseded). fsck: report the live records a rebuild "
                "keeps and every non-empty region it would free, with the reason; exit status "
                "0 when clean, 1 when it found a region to free (2: the image cannot be "

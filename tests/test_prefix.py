@@ -252,3 +252,75 @@ def test_export_kind_through_the_top():
         header = image.read(lay.region_lba(region), 1)
         assert decode_header(header, CFG).kind == kind.value
     assert RESPONSES[Op.EXPORT] is SNAPSHOT_RESPONSE
+
+
+# -- the host: FpgaDevice.query_prefix over the link into the simulated top ---------------------
+
+def valid_slots_equal(got, want):
+    """Equal ring metadata and equal K/V in the valid slots (an import writes only those)."""
+    assert got[1] == want[1]
+    count, head = want[1][0]
+    v = min(count, CFG.window)
+    slots = [(head - v + 1 + t) % CFG.window for t in range(v)]
+    np.testing.assert_array_equal(got[0][:, :, :, slots], want[0][:, :, :, slots])
+
+
+def test_fpga_device_query_prefix():
+    """A conversation stores a checkpoint after its 5-token "system prompt" and a turn snapshot
+    of 12 tokens; a new conversation with the same 5 tokens gets the checkpoint (rings and
+    token memory hold exactly those 5), the first one its 12 (limit 12) or the checkpoint
+    (limit 11); a planted directory entry of a longer prefix whose record does not verify
+    is retried down to the checkpoint; unrelated tokens miss."""
+    from ringkv.host.fpga_device import FpgaDevice
+    from ringkv.host.link import Link
+    from ringkv.sim.top_bench import SimPort
+
+    rng = np.random.default_rng(8)
+    first = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    second = first[:5] + [int(t) for t in rng.integers(0, 1 << 16, size=6)]
+    qkv = [tuple(rng.standard_normal((12, h, CFG.head_dim)) * 2
+                 for h in (CFG.q_heads, CFG.kv_heads, CFG.kv_heads)) for _ in range(CFG.layers)]
+    top = make_top()
+    image = image_for(top)
+    lay = RecordLayout(CFG)
+    with SimPort(top, image) as port:
+        dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG, max_payload=1024)
+        dev.wait_ready()
+
+        def compute(n):
+            dev.reset()
+            dev.write_tokens(first[:n])
+            for layer, (q, k, v) in enumerate(qkv):
+                dev.prefill(layer, q[:n], k[:n], v[:n])
+            return dev.snapshot()
+
+        want5 = compute(5)
+        key5, _ = dev.export(first[:5], checkpoint=True)
+        want12 = compute(12)
+        key12, _ = dev.export(first[:12])
+        # the second conversation: its longest stored prefix is the checkpoint
+        dev.reset()
+        r = dev.query_prefix(second, len(second))
+        assert (r.hit, r.count, r.prefix_hash) == (True, 5, key5[1])
+        assert dev.import_(r) > 0
+        valid_slots_equal(dev.snapshot(), want5)
+        assert dev.stats()["alloc"]["token_count"] == 5
+        assert dev.read_tokens(0, 5) == first[:5]
+        # the first conversation, whole or one short of its snapshot
+        assert dev.query_prefix(first, 12).count == 12
+        valid_slots_equal(dev.snapshot(), want12)
+        assert dev.query_prefix(first, 11).count == 5
+        # a planted entry for the second conversation's 9-token prefix: its region holds no
+        # record of that key, QUERY 9 misses (and drops it); the retry finds the checkpoint
+        h9 = dict(prefix_keys(second, SEED, 9))[9]
+        dev._call(Op.DIR_INSERT, count=9, hash=h9, region=0, flags=1)
+        r = dev.query_prefix(second, len(second))
+        assert (r.hit, r.count) == (True, 5)
+        assert (9, h9) not in {(c, h) for c, h, _ in dev.directory()}
+        # nothing shared
+        r = dev.query_prefix([7, 7, 7], 3)
+        assert (r.hit, r.count, r.reason) == (False, 0, "no stored prefix")
+        assert dev.query_prefix(first, 0) == r
+        headers = {key: decode_header(dev.read_sectors(lay.region_lba(region), 1), CFG).kind
+                   for key, region in (((c, h), region) for c, h, region in dev.directory())}
+        assert headers == {key5: RecordKind.CHECKPOINT.value, key12: RecordKind.TURN.value}
