@@ -24,3 +24,15 @@ def test_top_cocotb(config, name, max_payload):
     run_cocotb(top, toplevel="ringkv_top", test_module="cocotb_top",
                build_name=f"ringkv_top_{name}",
                params={"config": asdict(config), "regions": 4, "lanes": 2, "seed": 7})
+
+
+@requires_verilator
+@pytest.mark.slow        # shares the "small" build above; ~1 min of simulation besides
+def test_prefix_cocotb():
+    """QUERY_PREFIX on Verilator against its golden model, with backpressure on the response
+    stream (tests/cocotb/cocotb_prefix.py)."""
+    top = RingKVTop(CFG, regions=4, lanes=2, macs=4, max_payload=1024)
+    run_cocotb(top, toplevel="ringkv_top", test_module="cocotb_prefix",
+               build_name="ringkv_top_small",
+               params={"config": asdict(CFG), "regions": 4, "links": top.links,
+                       "buckets": top.buckets, "seed": 16})
