@@ -27,6 +27,12 @@ last (longest) key that hit. The feeder holds its token under the hash engine's 
 FIFO is full, so no key is lost whatever the directory's pace, and the FIFO keeps keys on offer
 so the directory never waits for one after the first.
 
+No hang: the feeder issues exactly ``n`` tokens (the first marked ``first``, the ``n``-th
+``last``), each becomes one key, the directory's run ends at the key marked ``last`` and
+answers, and every stage waits only on the next one, which always drains (the directory takes
+a key within ``2 + links`` clocks); so the request ends within ``13 + n * (2 + links)``
+clocks.
+
 Latency: ``QUERY_PREFIX_FIXED + sum(cost of each key)`` clocks from the request's header to its
 answer (``cycles`` of the response; the exact formula and its terms are in
 ``docs/blocks/directory.md``, "PROBE runs", and the golden model
