@@ -237,7 +237,7 @@ def test_fpga_device_query_prefix():
     is retried down to the checkpoint; unrelated tokens miss. EXPORT's kind reaches the
     record headers (kind 2 is BAD_ARG)."""
     from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
+    from ringkv.host.link import DeviceError, Link
     from ringkv.sim.top_bench import SimPort
 
     rng = np.random.default_rng(8)
@@ -260,8 +260,9 @@ def test_fpga_device_query_prefix():
             return dev.snapshot()
 
         want5 = compute(5)
-        status, _ = dev.link.request(Op.EXPORT, req(Op.EXPORT, n=5, kind=2))
-        assert status is Status.BAD_ARG                 # an unknown kind: nothing written
+        with pytest.raises(DeviceError) as info:       # an unknown kind: nothing written
+            dev.link.request(Op.EXPORT, req(Op.EXPORT, n=5, kind=2))
+        assert info.value.status is Status.BAD_ARG
         key5, _ = dev.export(first[:5], checkpoint=True)
         want12 = compute(12)
         key12, _ = dev.export(first[:12])
