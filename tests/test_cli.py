@@ -5,12 +5,33 @@ import pytest
 from ringkv.cli import main
 
 
+def _row(line):
+    """A request row of ``demo --software``: path, before, after, reused, prefilled,
+    recomputed, bytes imported and exported."""
+    left, right = line.split("->", 1)
+    nums = right.split()[:7]
+    return {"path": left.split()[-2], "before": int(left.split()[-1]),
+            **dict(zip(("after", "reused", "prefilled", "recomputed", "imported", "exported"),
+                       map(int, nums)))}
+
+
 def test_demo_runs_and_matches_plain_run(capsys):
     assert main(["demo", "--software"]) == 0
     out = capsys.readouterr().out
     assert "identical to the plain run" in out
-    for path in ("first", "continue", "hit", "miss"):
+    for path in ("first", "continue", "hit", "prefix", "miss"):
         assert f" {path} " in out
+    # the shared system prompt: stored once as a checkpoint, imported by the two others
+    rows = [_row(line) for line in out.splitlines() if line[3:].lstrip().startswith(
+        ("shared system prompt", "dave", "erin", "frank"))][:3]
+    assert [(r["path"], r["reused"]) for r in rows] == [("first", 0), ("prefix", 126),
+                                                        ("prefix", 126)]
+    assert "(checkpoint stored at 126)" in out
+    # the edit: the stream cut before erin's last message; the turn before it imported
+    row = _row(next(line for line in out.splitlines() if "edit erin's last message" in line))
+    assert (row["path"], row["before"], row["reused"], row["recomputed"]) == \
+        ("prefix", 160, 159, 1)
+    assert "(stream cut to 160 tokens before feeding the edited message)" in out
 
 
 def test_missing_module_message(monkeypatch):
@@ -38,9 +59,8 @@ def test_demo_software_fixed_fx2(capsys):
     assert main(["demo", "--software", "--numerics", "ringkv-fx2"]) == 0
     out = capsys.readouterr().out
     assert "identical to the plain run" in out
-    row = next(line for line in out.splitlines() if line.startswith(" 0 alice"))
-    after = int(row.split("->")[1].split()[0])
-    exported = int(row.split("->")[1].split()[2])
+    row = _row(next(line for line in out.splitlines() if line.startswith(" 0 interleaved")))
+    after, exported = row["after"], row["exported"]
     fx2 = dataclasses.replace(DEFAULT_CONFIG, numerics="ringkv-fx2")
     assert exported == snapshot_bytes(fx2, after) > snapshot_bytes(DEFAULT_CONFIG, after)
 
