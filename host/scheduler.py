@@ -125,13 +125,16 @@ class Device(abc.ABC):
     def query(self, tokens) -> QueryResult:
         """Hash ``tokens``, look ``(count, hash)`` up, verify the stored tokens."""
 
-    @abc.abstractmethod
     def query_prefix(self, tokens, limit: int) -> QueryResult:
         """The longest stored prefix of ``tokens`` of at most ``limit`` tokens whose record
         verifies. On a hit the rings hold the state after ``count`` tokens and the token memory
         holds exactly ``tokens[:count]`` (the import is part of the query, as ``QUERY``'s is on
         the FPGA; :meth:`import_` of the result then reports the bytes moved).
-        ``QueryResult(hit, count, prefix_hash, reason)``."""
+        ``QueryResult(hit, count, prefix_hash, reason)``.
+
+        Every device implements it (:class:`SoftwareDevice` here, ``FpgaDevice`` with the
+        ``QUERY_PREFIX`` request); this default only names a device that does not."""
+        raise NotImplementedError(f"{type(self).__name__} has no longest-prefix query")
 
     @abc.abstractmethod
     def import_(self, result: QueryResult) -> int:

@@ -12,7 +12,16 @@ opens ``/dev/ttyUSB0`` on the board — and storage in an image file:
    recovering its directory from the record headers by itself, and a resume (hit);
 5. a session moved to a second simulated device by copying its record to that device's image
    (its recovery finds it, hit);
-6. a conversation several times longer than the window, resumed by a constant-size import.
+6. a conversation several times longer than the window, resumed by a constant-size import;
+7. three conversations behind one shared system prompt: the first marks the prompt's end as a
+   checkpoint (the scheduler stops its prefill there and exports the rings), the others find
+   it as their longest stored prefix (``QUERY_PREFIX``), import it and compute only their own
+   question;
+8. an edit-and-resend: a conversation edits its first question (``rewind`` to the end of the
+   system prompt) and resumes from the shared checkpoint.
+
+Each request prints its path, the tokens it reused (imported) and computed (prefilled), and
+of those the tokens the session had computed before (recomputed).
 
 Every generated token is checked against a software-only run: the same model with the
 attention core's bit-exact golden model (:class:`~ringkv.host.model.FixedBackend`) and no
@@ -52,9 +61,27 @@ def _text(rng, n):
     return encode_text(" ".join(rng.choice(words) for _ in range(n)) + ". ")
 
 
+#: The system prompt shared by the demo's assistant conversations.
+SYSTEM_PROMPT = "You are the ring scribe: answer from the window, briefly. "
+
+
+def _shared_prompt_steps(rng, device="B", users=("dave", "erin", "frank"), n_new=6):
+    """Conversations behind one system prompt (each marks the prompt's end as a checkpoint;
+    only the first one computes it), then the last one edits its question."""
+    system = [BOS] + encode_text(SYSTEM_PROMPT)
+    mark = {"checkpoints": (len(system),)}
+    steps = [("shared system prompt" if i == 0 else "", device, user,
+              system + _text(rng, 2 + i % 2), n_new, mark) for i, user in enumerate(users)]
+    steps.append((f"edit {users[-1]}'s question", device, users[-1], _text(rng, 3), n_new,
+                  {"rewind": len(system)}))
+    return steps
+
+
 def scenario(seed=0):
-    """``[(label, device, session, tokens, n_new)]``; an action has session ``None`` and names
-    itself in ``label``: ``"power cut"`` or ``"move <session>"`` (to device B)."""
+    """``[(label, device, session, tokens, n_new[, options])]`` (``options``: the keyword
+    arguments of :meth:`~ringkv.host.scheduler.Scheduler.request`); an action has session
+    ``None`` and names itself in ``label``: ``"power cut"`` or ``"move <session>"`` (to
+    device B)."""
     rng = random.Random(seed)
     return [
         ("three interleaved sessions", "A", "alice", [BOS] + _text(rng, 6), 6),
@@ -70,11 +97,12 @@ def scenario(seed=0):
         ("", "B", "carol", _text(rng, 12), 8),
         ("", "B", "alice", _text(rng, 2), 4),
         ("resume the long one", "B", "carol", _text(rng, 3), 8),
-    ]
+    ] + _shared_prompt_steps(rng)
 
 
 def short_scenario(seed=1):
-    """The shorter end-to-end run of ``make test``: every path, a power cut and a move."""
+    """The shorter end-to-end run of ``make test``: every path, a power cut, a move, a shared
+    system prompt and an edit."""
     rng = random.Random(seed)
     return [
         ("two sessions", "A", "alice", [BOS] + _text(rng, 3), 3),
@@ -86,7 +114,7 @@ def short_scenario(seed=1):
         ("resume after the power cycle", "A", "carol", _text(rng, 1), 2),
         ("move carol", "B", None, None, None),
         ("resume on device B", "B", "carol", _text(rng, 1), 2),
-    ]
+    ] + _shared_prompt_steps(rng, users=("dave", "erin"), n_new=2)
 
 
 SCENARIO = scenario()
@@ -120,8 +148,9 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
 
     model = (Model.trained(config) if weights_path(config).exists()
              else Model(config, hidden=64, ffn=128, seed=seed))
+    steps = [tuple(s) + ({},) * (6 - len(s)) for s in steps]
     plan = [s for s in steps if s[2] is not None]
-    reference = plain_run(model, [(sid, toks, n) for _, _, sid, toks, n in plan],
+    reference = plain_run(model, [(sid, toks, n, opts) for _, _, sid, toks, n, opts in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
 
     devices = {}
@@ -140,12 +169,13 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     say(f"device A up in {time.monotonic() - t1:.1f} s")
     sched = Scheduler(model, fpga, chunk=16)
     header = (f"{'#':>2} {'step':30} {'dev':3} {'session':7} {'path':8} {'tokens':>9} "
-              f"{'import B':>8} {'export B':>8} {'recomp':>6} {'cycles':>9} {'s':>5}")
+              f"{'reused':>6} {'computed':>8} {'recomp':>6} {'import B':>8} {'export B':>8} "
+              f"{'cycles':>9} {'s':>5}")
     say(header)
     say("-" * len(header))
     outputs, rows, failures = [], [], []
     step = 0
-    for label, devname, sid, tokens, n_new in steps:
+    for label, devname, sid, tokens, n_new, opts in steps:
         if sid is None:
             if label == "power cut":
                 dev, _ = devices.pop("A")
@@ -174,7 +204,7 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
             continue
         t = time.monotonic()
         before = dict(fpga.counters)
-        out = sched.request(sid, tokens, n_new)
+        out = sched.request(sid, tokens, n_new, **opts)
         e = sched.events[-1]
         cycles = fpga.counters["device_cycles"] - before["device_cycles"]
         outputs.append(out)
@@ -184,12 +214,21 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         if not ok:
             failures.append(step)
         say(f"{step:>2} {label:30} {devname:3} {sid:7} {e['path']:8} "
-            f"{e['before']:>4}->{e['after']:<4} {e['imported_bytes']:>8} "
-            f"{e['exported_bytes']:>8} {e['recomputed']:>6} {cycles:>9} "
+            f"{e['before']:>4}->{e['after']:<4} {e['reused']:>6} {e['prefilled']:>8} "
+            f"{e['recomputed']:>6} {e['imported_bytes']:>8} {e['exported_bytes']:>8} "
+            f"{cycles:>9} "
             f"{time.monotonic() - t:>5.1f}" + ("" if ok else "  MISMATCH")
             + f"  {show_text(out)!r}")
+        notes = []
+        if e["rewind"] is not None:
+            notes.append(f"stream cut to {e['rewind']} tokens before feeding the edited "
+                         f"question")
+        if e["checkpoints"]:
+            notes.append("checkpoint stored at " + ", ".join(map(str, e["checkpoints"])))
         if e["reason"]:
-            say(f"   (miss: {e['reason']})")
+            notes.append(f"miss: {e['reason']}")
+        if notes:
+            say("   (" + "; ".join(notes) + ")")
     for dev, _ in devices.values():
         dev.stop()
 
@@ -202,12 +241,15 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         f"is {snap.sectors_per_region * 512} B of storage whatever the length "
         f"(header + up to {config.max_tokens} tokens + {snap.kv_bytes_max} B of K/V)")
     paths = [e["path"] for e, _ in rows]
-    needed = {"first", "hit", "miss"}
+    needed = {"first", "hit", "miss", "prefix"}
     if not needed <= set(paths):
         failures.append(f"paths {sorted(set(paths))} lack {sorted(needed - set(paths))}")
     if failures:
         say(f"FAILED: {failures}")
         return 1
+    shared = sum(e["reused"] for e, _ in rows if e["path"] == "prefix")
+    say(f"  tokens imported as a stored prefix (shared prompt, edit): {shared}; prefilled in "
+        f"all {sum(e['prefilled'] for e, _ in rows)}")
     say(f"all {sum(map(len, outputs))} generated tokens identical to the software-only run "
         f"({time.monotonic() - t0:.0f} s)")
     shutil.rmtree(workdir, ignore_errors=True)
