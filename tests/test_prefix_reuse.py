@@ -452,3 +452,18 @@ def test_system_demo_scenario_decisions(which):
         [(users[0], "first", 0)] + [(u, "prefix", n_sys) for u in users[1:]] + \
         [(users[-1], "prefix", n_sys)]
     assert shared[0]["checkpoints"] == [n_sys] and shared[-1]["rewind"] == n_sys
+
+
+def test_bench_tokens_computed_behind_a_shared_prefix():
+    """The bench's ``system.prefix.tokens_computed`` scenario, small: the prefix is computed
+    once; unmarked, the automatic checkpoints give the same when the prefix ends on one; with
+    no checkpoint at all every conversation computes everything."""
+    from bench.bench_system import prefix_tokens_computed
+    marked = prefix_tokens_computed(conversations=4, shared=64, question=8)
+    assert (marked["prefix_computed"], marked["computed"], marked["paths"]) == \
+        (64, 64 + 4 * 8, {"first": 1, "prefix": 3})
+    auto = prefix_tokens_computed(conversations=3, shared=64, question=8, mark=False,
+                                  checkpoint_every=32)
+    assert (auto["prefix_computed"], auto["checkpoints"]) == (64, 2)     # at 32 and 64
+    none = prefix_tokens_computed(conversations=3, shared=64, question=8, mark=False)
+    assert none["computed"] == none["no_reuse_computed"] == 3 * 72
