@@ -245,7 +245,8 @@ def run_chat(args) -> int:
     sessions = {}
     if state is not None and state.exists():
         sessions = {sid: Session(tokens=v["tokens"], pending=v["pending"],
-                                 key=tuple(v["key"]) if v["key"] else None)
+                                 key=tuple(v["key"]) if v["key"] else None,
+                                 turns=v.get("turns", []))
                     for sid, v in json.loads(state.read_text()).items()}
     sched = Scheduler(model, device, chunk=args.chunk, sessions=sessions)
     sid = "default"
@@ -265,7 +266,8 @@ def run_chat(args) -> int:
         print(f"[{sid} {e['path']} {e['after']} tokens] {show_text(out)}", flush=True)
         if state is not None:
             state.write_text(json.dumps({k: {"tokens": v.tokens, "pending": v.pending,
-                                             "key": v.key} for k, v in sched.sessions.items()}))
+                                             "key": v.key, "turns": v.turns}
+                                         for k, v in sched.sessions.items()}))
     return 0
 
 
