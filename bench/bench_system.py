@@ -46,6 +46,20 @@ read token, 3 busy bytes after a written block) are not a real card's. Link, dev
 times are added (no overlap assumed: an upper bound where the device computes while the UART
 is still sending).
 
+**Prefix reuse** (issue #16): ``system.prefix.ttft_s.reuse_n1024`` and ``..recompute_n1024``
+are the time to the first generated token of a new conversation behind a stored 1,024-token
+prefix with a 32-token question of its own. Reuse is measured on the same top: the crafted
+record of the sweep's first 1,024 tokens is found by ``QUERY_PREFIX`` (``FpgaDevice.query_prefix``
+with ``limit = len - 1``; its link bytes and device cycles, the record read replaced by the
+4-bit SD read of a 1,024-token record as for ``resume.import``), then the question's chunk is
+prefilled on the device and appended to token memory. Recompute writes all 1,056 tokens and
+prefills them in chunks: the direct run's chunks, steady chunks, and the question's chunk
+(the same size at the same positions with a full ring, so the same cost). Without
+``FpgaDevice.query_prefix`` no prefix time is published. ``system.prefix.tokens_computed_100x512``
+counts the tokens 100 conversations behind one 512-token prefix prefill through the scheduler
+(the decisions of the scheduler and the device, on the software device): with the prefix's end
+marked as a checkpoint, with only the automatic checkpoints, and with none.
+
 **Recovery on the board's store** (``system.recovery_s.*``): the top with the board's 4096
 regions is built on Verilator and its own power-on scan is run on a card whose every region
 holds a valid record (golden encoder, distinct keys and commit sequences; a sparse image) and on
@@ -67,7 +81,7 @@ from bench.bench_storage import SD4_CARD, sd4_record_cycles, sd_record_cycles, s
 from bench.run import table
 from ringkv.host.scheduler import CHECKPOINT_EVERY
 
-TITLE = "Whole system: resume by import vs recompute, decode loop"
+TITLE = "Whole system: resume by import vs recompute, decode loop, prefix reuse"
 
 SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
 DIRECT_N = 512          # recomputed, exported and imported for real

@@ -483,8 +483,9 @@ class Scheduler:
         out, last = self._run(s, s.pending + tokens, n_new, marks, event)
         if self.export_after_inference and s.dirty and s.tokens:
             if last is not None and last[0] == len(s.tokens):
-                # the rings are the checkpoint just stored: it is the turn's snapshot too
-                s.turns = [k for k in s.turns if k != last[1]] + [last[1]]
+                # the rings are the checkpoint just stored: it is the turn's snapshot too (the
+                # oldest turn beyond keep_turns leaves the list undeleted, to age out by LRU)
+                s.turns = ([k for k in s.turns if k != last[1]] + [last[1]])[-self.keep_turns:]
                 s.key, s.dirty = last[1], False
             else:
                 self._export_turn(sid, s, event)
