@@ -250,9 +250,10 @@ def run_chat(args) -> int:
                     for sid, v in json.loads(state.read_text()).items()}
     sched = Scheduler(model, device, chunk=args.chunk, sessions=sessions)
     sid = "default"
+    last = {}       # session -> (stream position its last message started at, its tokens)
     print(f"ringkv chat ({where}; model {_model_name(model)}). '/session NAME' switches, "
-          f"'/quit' ends." + (f" Resumed sessions: {', '.join(sorted(sessions))}."
-                              if sessions else ""))
+          f"'/retry' answers the last message again, '/edit TEXT' replaces it, '/quit' ends."
+          + (f" Resumed sessions: {', '.join(sorted(sessions))}." if sessions else ""))
     for line in sys.stdin:
         line = line.rstrip("\n")
         if line in ("/quit", "/exit"):
@@ -260,8 +261,22 @@ def run_chat(args) -> int:
         if line.startswith("/session "):
             sid = line.split(None, 1)[1]
             continue
-        first = sid not in sched.sessions
-        out = sched.request(sid, ([BOS] if first else []) + encode_text(line), args.tokens)
+        opts = {}
+        if line == "/retry" or line.startswith("/edit "):
+            if sid not in last:
+                print(f"[{sid}] no message of this chat to {line[1:].split()[0]} yet",
+                      flush=True)
+                continue
+            start, tokens = last[sid]           # edit-and-resend: the stream cut before it
+            if line.startswith("/edit "):
+                tokens = ([BOS] if start == 0 else []) + encode_text(line.split(None, 1)[1])
+            opts = {"rewind": start}
+        else:
+            first = sid not in sched.sessions
+            start = 0 if first else len(sched.sessions[sid].stream)
+            tokens = ([BOS] if first else []) + encode_text(line)
+        out = sched.request(sid, tokens, args.tokens, **opts)
+        last[sid] = (start, tokens)
         e = sched.events[-1]
         print(f"[{sid} {e['path']} {e['after']} tokens] {show_text(out)}", flush=True)
         if state is not None:

@@ -83,3 +83,19 @@ def test_chat_prints_text_and_resumes_a_session(tmp_path, monkeypatch, capsys):
     again = capsys.readouterr().out
     assert "Resumed sessions: default." in again
     assert "[default hit " in again
+
+
+def test_chat_edit_and_retry(monkeypatch, capsys):
+    """``/edit TEXT`` replaces the last message and ``/retry`` answers it again: the session
+    goes back to the turn before it (a stored prefix, imported), and the same message gives
+    the same answer."""
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO(
+        "And the LORD said unto Moses,\nGo up.\n/edit Come down.\n/retry\n/session x\n/retry\n"))
+    assert main(["chat", "--config", "demo", "--tokens", "8"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[")]
+    assert [x.split("]")[0] for x in lines] == [
+        "[default first 37 tokens", "[default continue 51 tokens", "[default prefix 55 tokens",
+        "[default prefix 55 tokens", "[x"]
+    assert lines[2].split("] ", 1)[1] == lines[3].split("] ", 1)[1]
+    assert lines[4] == "[x] no message of this chat to retry yet"
