@@ -25,7 +25,8 @@ of those the tokens the session had computed before (recomputed).
 
 Every generated token is checked against a software-only run: the same model with the
 attention core's bit-exact golden model (:class:`~ringkv.host.model.FixedBackend`) and no
-scheduling at all.
+scheduling or reuse at all; and every decision (path, tokens reused) against the same scenario
+on the software device (:func:`software_run`: the device of ``ringkv demo --software``).
 
 ``board="ulx3s-85f"`` (``make demo-board``) runs the same scenario against the pin-level
 simulation of the board top (:mod:`ringkv.sim.board_harness`: UART pins at 3 Mbaud, SD pins
@@ -49,7 +50,8 @@ from ringkv.host.link import Link
 from ringkv.host.model import BOS, FixedBackend, Model, encode_text, show_text, weights_path
 from ringkv.host.scheduler import Scheduler, path_summary, plain_run
 
-__all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO"]
+__all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO", "software_run",
+           "SYSTEM_PROMPT"]
 
 LANES = 4
 MACS = 8
@@ -120,6 +122,33 @@ def short_scenario(seed=1):
 SCENARIO = scenario()
 
 
+def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16):
+    """The scenario with the software device in the FPGA's place (golden models: the
+    fixed-point core's model as the rings, a store of ``regions`` records): the same scheduler;
+    a power cut keeps the store, a move starts a device whose store holds only the moved
+    session's record. Returns the scheduler and the generated tokens per request."""
+    from ringkv.host.scheduler import SoftwareDevice
+
+    def device():
+        return SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes),
+                              capacity=regions)
+
+    dev = device()
+    sched = Scheduler(model, dev, chunk=chunk)
+    outs = []
+    for label, _, sid, tokens, n_new, *opts in steps:
+        if sid is None:
+            sched.resident = None
+            if label.startswith("move"):
+                key = sched.sessions[label.split()[1]].key
+                moved = device()
+                moved.records[key] = dev.records[key]
+                dev = sched.device = moved
+            continue
+        outs.append(sched.request(sid, tokens, n_new, **(opts[0] if opts else {})))
+    return sched, outs
+
+
 def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None,
                     board=None) -> int:
     steps = SCENARIO if steps is None else steps
@@ -152,6 +181,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     plan = [s for s in steps if s[2] is not None]
     reference = plain_run(model, [(sid, toks, n, opts) for _, _, sid, toks, n, opts in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
+    # what the software device decides for the same scenario (ringkv demo --software's device)
+    twin = [(e["path"], e["reused"]) for e in software_run(steps, config, model)[0].events]
 
     devices = {}
 
@@ -213,11 +244,16 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         ok = out == reference[len(outputs) - 1]
         if not ok:
             failures.append(step)
+        same = (e["path"], e["reused"]) == twin[len(outputs) - 1]
+        if not same:
+            failures.append(f"{step}: {e['path']} reusing {e['reused']}, the software device "
+                            f"{twin[len(outputs) - 1][0]} reusing {twin[len(outputs) - 1][1]}")
         say(f"{step:>2} {label:30} {devname:3} {sid:7} {e['path']:8} "
             f"{e['before']:>4}->{e['after']:<4} {e['reused']:>6} {e['prefilled']:>8} "
             f"{e['recomputed']:>6} {e['imported_bytes']:>8} {e['exported_bytes']:>8} "
             f"{cycles:>9} "
             f"{time.monotonic() - t:>5.1f}" + ("" if ok else "  MISMATCH")
+            + ("" if same else "  OTHER DECISION")
             + f"  {show_text(out)!r}")
         notes = []
         if e["rewind"] is not None:
@@ -250,6 +286,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     shared = sum(e["reused"] for e, _ in rows if e["path"] == "prefix")
     say(f"  tokens imported as a stored prefix (shared prompt, edit): {shared}; prefilled in "
         f"all {sum(e['prefilled'] for e, _ in rows)}")
+    say("every decision (path, tokens reused) the same as the software device's for this "
+        "scenario")
     say(f"all {sum(map(len, outputs))} generated tokens identical to the software-only run "
         f"({time.monotonic() - t0:.0f} s)")
     shutil.rmtree(workdir, ignore_errors=True)

@@ -406,27 +406,6 @@ def test_random_scripts_equal_plain_run(model, backend, seed):
         assert e["imported_bytes"] == (snapshot_bytes(SMALL, e["reused"]) if e["reused"] else 0)
 
 
-def _scenario_on_software(steps, config, model, regions, lanes):
-    """``sim/system_demo``'s scenario with the software device in the FPGA's place: the same
-    scheduler, a store of ``regions`` records; a power cut keeps the store, a move starts a
-    device whose store holds only the moved session's record."""
-    dev = SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes), capacity=regions)
-    sched = Scheduler(model, dev, chunk=16)
-    outs = []
-    for label, _, sid, tokens, n_new, *opts in steps:
-        if sid is None:
-            sched.resident = None
-            if label.startswith("move"):
-                key = sched.sessions[label.split()[1]].key
-                moved = SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes),
-                                       capacity=regions)
-                moved.records[key] = dev.records[key]
-                dev = sched.device = moved
-            continue
-        outs.append(sched.request(sid, tokens, n_new, **(opts[0] if opts else {})))
-    return sched, outs
-
-
 @pytest.mark.parametrize("which", ["short", "full"])
 def test_system_demo_scenario_decisions(which):
     """The Verilator demo's scenarios (``make demo``, and the short one of ``make test``) on the
@@ -435,11 +414,11 @@ def test_system_demo_scenario_decisions(which):
     token equals the no-reuse run."""
     from ringkv.defs.config import DEMO_CONFIG
     from ringkv.host.model import weights_path
-    from ringkv.sim.system_demo import LANES, REGIONS, SYSTEM_PROMPT, scenario, short_scenario
+    from ringkv.sim.system_demo import LANES, SYSTEM_PROMPT, scenario, short_scenario, software_run
     steps = short_scenario() if which == "short" else scenario()
     model = (Model.trained(DEMO_CONFIG) if weights_path(DEMO_CONFIG).exists()
              else Model(DEMO_CONFIG, hidden=64, ffn=128, seed=0))
-    sched, outs = _scenario_on_software(steps, DEMO_CONFIG, model, REGIONS, LANES)
+    sched, outs = software_run(steps, DEMO_CONFIG, model)
     plan = [(sid, toks, n, *opts) for _, _, sid, toks, n, *opts in steps if sid is not None]
     assert outs == plain_run(model, plan, lambda: FixedBackend(DEMO_CONFIG, lanes=LANES),
                              chunk=16)
