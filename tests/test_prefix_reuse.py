@@ -406,7 +406,7 @@ def test_random_scripts_equal_plain_run(model, backend, seed):
         assert e["imported_bytes"] == (snapshot_bytes(SMALL, e["reused"]) if e["reused"] else 0)
 
 
-@pytest.mark.parametrize("which", ["short", "full"])
+@pytest.mark.parametrize("which", ["short", pytest.param("full", marks=pytest.mark.slow)])
 def test_system_demo_scenario_decisions(which):
     """The Verilator demo's scenarios (``make demo``, and the short one of ``make test``) on the
     software device: every path occurs, the shared system prompt is computed once and imported
@@ -446,3 +446,31 @@ def test_bench_tokens_computed_behind_a_shared_prefix():
     assert (auto["prefix_computed"], auto["checkpoints"]) == (64, 2)     # at 32 and 64
     none = prefix_tokens_computed(conversations=3, shared=64, question=8, mark=False)
     assert none["computed"] == none["no_reuse_computed"] == 3 * 72
+
+
+def test_failed_request_leaves_the_session_as_it_was(model):
+    """A device error in the middle of a request (here: storage refusing the checkpoint's
+    export) raises; the host's view of the session is as before the request, and the same
+    request sent again gives the tokens of a run where nothing failed."""
+    class Failing(SoftwareDevice):
+        fail = True
+
+        def export(self, tokens, replaces=None, *, checkpoint=False):
+            if checkpoint and self.fail:
+                raise OSError("storage error")
+            return super().export(tokens, replaces, checkpoint=checkpoint)
+
+    dev = Failing(SMALL)
+    sched = Scheduler(model, dev, chunk=5, checkpoint_every=None)
+    reqs = [("a", [BOS] + list(range(1, 12)), 3), ("a", list(range(20, 30)), 3,
+                                                  {"checkpoints": (20,)})]
+    _play(sched, reqs[:1])
+    s = sched.sessions["a"]
+    before = (list(s.tokens), list(s.pending), s.key, list(s.turns))
+    with pytest.raises(OSError, match="storage error"):
+        _play(sched, reqs[1:])
+    assert (s.tokens, s.pending, s.key, s.turns) == before and sched.resident is None
+    dev.fail = False
+    outs = _play(sched, reqs[1:])
+    assert outs == plain_run(model, reqs, _float(), chunk=5)[1:]
+    assert sched.events[-1]["path"] == "hit"
