@@ -88,6 +88,10 @@ PATHS = ("first", "continue", "hit", "prefix", "miss")
 #: (about 3.7 s on the board) when no one marked the boundary.
 CHECKPOINT_EVERY = 256
 
+#: Miss reasons that only say nothing was stored (not shown for a new session): the software
+#: device's and ``FpgaDevice``'s.
+_NOTHING_STORED = ("no record", "no stored prefix")
+
 #: Default of ``Scheduler(keep_turns=)``: turn snapshots a session keeps (an edit can go back
 #: this many turns and still import; further back it reuses a checkpoint or recomputes).
 KEEP_TURNS = 4
@@ -473,7 +477,7 @@ class Scheduler:
                     attn.reset()
                     dev.write_tokens([])
                     event["path"] = "miss" if had else "first"
-                    if result is not None and result.reason != "no record":
+                    if result is not None and result.reason not in _NOTHING_STORED:
                         event["reason"] = result.reason
                     elif not event["reason"] and had:
                         event["reason"] = "no record"
