@@ -46,6 +46,20 @@ read token, 3 busy bytes after a written block) are not a real card's. Link, dev
 times are added (no overlap assumed: an upper bound where the device computes while the UART
 is still sending).
 
+**Prefix reuse** (issue #16): ``system.prefix.ttft_s.reuse_n1024`` and ``..recompute_n1024``
+are the time to the first generated token of a new conversation behind a stored 1,024-token
+prefix with a 32-token question of its own. Reuse is measured on the same top: the crafted
+record of the sweep's first 1,024 tokens is found by ``QUERY_PREFIX`` (``FpgaDevice.query_prefix``
+with ``limit = len - 1``; its link bytes and device cycles, the record read replaced by the
+4-bit SD read of a 1,024-token record as for ``resume.import``), then the question's chunk is
+prefilled on the device and appended to token memory. Recompute writes all 1,056 tokens and
+prefills them in chunks: the direct run's chunks, steady chunks, and the question's chunk
+(the same size at the same positions with a full ring, so the same cost). Without
+``FpgaDevice.query_prefix`` no prefix time is published. ``system.prefix.tokens_computed_100x512``
+counts the tokens 100 conversations behind one 512-token prefix prefill through the scheduler
+(the decisions of the scheduler and the device, on the software device): with the prefix's end
+marked as a checkpoint, with only the automatic checkpoints, and with none.
+
 **Recovery on the board's store** (``system.recovery_s.*``): the top with the board's 4096
 regions is built on Verilator and its own power-on scan is run on a card whose every region
 holds a valid record (golden encoder, distinct keys and commit sequences; a sparse image) and on
@@ -65,8 +79,9 @@ import numpy as np
 
 from bench.bench_storage import SD4_CARD, sd4_record_cycles, sd_record_cycles, sd_session_cycles
 from bench.run import table
+from ringkv.host.scheduler import CHECKPOINT_EVERY
 
-TITLE = "Whole system: resume by import vs recompute, decode loop"
+TITLE = "Whole system: resume by import vs recompute, decode loop, prefix reuse"
 
 SWEEP = (256, 512, 1024, 2048, 4096, 8192, 16384)
 DIRECT_N = 512          # recomputed, exported and imported for real
@@ -76,6 +91,9 @@ REGIONS = 16
 FULL_REGIONS = 4096     # the board top's default store: the full-card recovery
 LANES, MACS = 4, 8      # the board top's core
 UART_BITS = 10          # start + 8 data + stop
+PREFIX_N = 1024         # issue #16: a shared prefix of 1,024 tokens (a crafted record) ...
+PREFIX_Q = 32           # ... and a question of 32 tokens of the new conversation's own
+SHARED_N, SHARED_CONVERSATIONS = 512, 100   # 100 conversations behind one 512-token prefix
 
 
 def board_params() -> dict:
@@ -300,7 +318,94 @@ def _measure(workdir: Path) -> dict:
                 if generated != expect:
                     raise RuntimeError(f"decode after import: {generated} != {expect}")
                 out["decode_tokens"] = generated
+        out["prefix"] = _measure_prefix(dev, meter, model, tokens, lay, rng)
     return out
+
+
+def _measure_prefix(dev, meter, model, tokens, lay, rng):
+    """Issue #16's time to first token of a new conversation behind the stored
+    ``PREFIX_N``-token prefix (the crafted record of ``tokens[:PREFIX_N]``; the records of 256
+    and 512 tokens are shorter prefixes of it, 2,048 a longer one) with a ``PREFIX_Q``-token
+    question of its own, on the device, as the scheduler runs it:
+
+    * reuse: ``query_prefix(all, limit=len - 1)`` (token memory written, ``QUERY_PREFIX``: hash
+      and probe every length, the longest record verified and imported), then the question
+      prefilled (one chunk at positions ``PREFIX_N..``) and appended to token memory; the first
+      token is the argmax of the chunk's last logits;
+    * recompute (no reuse at all): ``write_tokens`` of all, then chunked prefill of every token
+      (composed in :func:`run` from the direct run's chunks, the steady chunk, and this
+      question chunk, which costs what the recompute's last chunk costs: same size, same
+      positions, full ring).
+
+    Needs ``FpgaDevice.query_prefix`` (``QUERY_PREFIX``); without it (a tree without the
+    gateware side of issue #16) nothing is measured and :func:`run` publishes no prefix time.
+    """
+    from ringkv.host.scheduler import Device
+    if type(dev).query_prefix is Device.query_prefix:
+        import sys
+        print("bench system: FpgaDevice has no query_prefix (QUERY_PREFIX); the prefix "
+              "time-to-first-token figures are not measured", file=sys.stderr)
+        return None
+    question = [rng.randrange(256) for _ in range(PREFIX_Q)]
+    ask = tokens[:PREFIX_N] + question
+    out = {}
+    _, out["write_all"] = meter.run(lambda: dev.write_tokens(ask))
+    dev.reset()
+    before = dev.counters["device_cycles"]
+    result, cost = meter.run(lambda: dev.query_prefix(ask, len(ask) - 1))
+    if not result.hit or result.count != PREFIX_N:
+        raise RuntimeError(f"QUERY_PREFIX of {len(ask)} tokens: {result}, expected a hit of "
+                           f"{PREFIX_N}")
+    cost["query_cycles"] = dev.counters["device_cycles"] - before
+    if cost["query_cycles"] <= 0:
+        raise RuntimeError("FpgaDevice.query_prefix did not count the device's cycles")
+    cost["record_bytes"] = lay.record_bytes(PREFIX_N)
+    out["query"] = cost
+    if dev.read_tokens(0, PREFIX_N) != ask[:PREFIX_N] or dev.n != PREFIX_N:
+        raise RuntimeError("after QUERY_PREFIX the device does not hold the prefix's state")
+    _, out["question"] = meter.run(lambda: model.forward(question, PREFIX_N, dev)[-1])
+    _, out["append"] = meter.run(lambda: dev.append_tokens(question))
+    return out
+
+
+def prefix_tokens_computed(conversations=SHARED_CONVERSATIONS, shared=SHARED_N,
+                           question=PREFIX_Q, mark=True, checkpoint_every=None):
+    """``conversations`` new conversations behind one ``shared``-token prefix (a system prompt
+    or a document), each with a ``question``-token question of its own, through the scheduler
+    on the software device (default configuration, float64 rings, store without a bound; the
+    decisions are the device's and the scheduler's, the same on the FPGA): the tokens each
+    one prefilled, and of those the prefix's. ``mark``: every conversation marks the end of
+    the prefix as a checkpoint (as a prompt-caching API's cache breakpoint); otherwise only
+    the automatic checkpoints (every ``CHECKPOINT_EVERY``) are there. The first three
+    conversations' generated tokens are checked against the run without reuse."""
+    from ringkv.defs.config import DEFAULT_CONFIG
+    from ringkv.host.model import BOS, Float64Backend, Model, limit_blas_threads
+    from ringkv.host.scheduler import Scheduler, SoftwareDevice, plain_run
+    limit_blas_threads(1)
+    config = DEFAULT_CONFIG
+    rng = random.Random(16)
+    prefix = [BOS] + [rng.randrange(256) for _ in range(shared - 1)]
+    model = Model(config)
+    sched = Scheduler(model, SoftwareDevice(config), chunk=CHUNK,
+                      checkpoint_every=checkpoint_every)
+    reqs = []
+    for i in range(conversations):
+        own = [rng.randrange(256) for _ in range(question)]
+        opts = {"checkpoints": (shared,)} if mark else {}
+        reqs.append((f"c{i}", prefix + own, 1, opts))
+    outs = [sched.request(sid, toks, n, **opts) for sid, toks, n, opts in reqs]
+    if outs[:3] != plain_run(model, reqs[:3], lambda: Float64Backend(config), chunk=CHUNK):
+        raise RuntimeError("prefix reuse changed the generated tokens")
+    ev = sched.events
+    return {"conversations": conversations, "shared": shared, "question": question,
+            "mark": mark, "checkpoint_every": sched.checkpoint_every,
+            "prefix_computed": sum(max(0, shared - e["reused"]) for e in ev),
+            "own_computed": sum(e["prefilled"] - max(0, shared - e["reused"]) for e in ev),
+            "computed": sum(e["prefilled"] for e in ev),
+            "reused": sum(e["reused"] for e in ev),
+            "no_reuse_computed": sum(len(toks) for _, toks, _, _ in reqs),
+            "paths": {p: sum(e["path"] == p for e in ev) for p in ("first", "prefix")},
+            "checkpoints": sum(len(e["checkpoints"]) for e in ev)}
 
 
 def _same(a, b):
@@ -324,6 +429,10 @@ def run():
     with tempfile.TemporaryDirectory(prefix="ringkv-bench-") as tmp:
         m = _measure(Path(tmp))
         m["recovery_full"] = _measure_recovery(Path(tmp), board["regions"])
+    shared = {"marked": prefix_tokens_computed(),
+              "automatic": prefix_tokens_computed(mark=False,
+                                                  checkpoint_every=CHECKPOINT_EVERY),
+              "none": prefix_tokens_computed(mark=False)}
 
     clk, baud = board["clk_hz"], board["baud"]
 
@@ -388,6 +497,8 @@ def run():
                                    "composed": n > DIRECT_N, "link_s": round(link_s(rec), 3),
                                    "board_cycles": round(rec_s * clk),
                                    "speedup": round(rec_s / imp_s, 1)}})
+    results += _prefix_results(m, shared, common, clk, link_s, record_cycles, steady,
+                                host_steady)
     dec = m["decode"]
     first = dec[0]
     if not all(_same(d, first) for d in dec):
@@ -457,6 +568,61 @@ def run():
                            "sd_init_clk_khz": board[f"{mode}_init_clk_hz"] / 1e3,
                            "measured": "device on Verilator, all regions scanned"}})
     return results
+
+
+def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_steady):
+    """Issue #16's figures: time to first token behind a stored 1,024-token prefix (reuse and
+    recompute, on the board) when the device answers ``QUERY_PREFIX``; tokens computed by 100
+    conversations behind one 512-token prefix (scheduler decisions, software device)."""
+    out = []
+    tc = shared["marked"]
+    out.append({"name": f"system.prefix.tokens_computed_{tc['conversations']}x{tc['shared']}",
+                "value": tc["computed"], "unit": "tokens",
+                "params": {**tc, "target": tc["shared"] + tc["own_computed"],
+                           "automatic_only": {k: shared["automatic"][k] for k in (
+                               "checkpoint_every", "prefix_computed", "computed")},
+                           "no_checkpoints": {k: shared["none"][k] for k in (
+                               "prefix_computed", "computed")},
+                           "device": "software device (decisions as on the FPGA)"}})
+    pf = m.get("prefix")
+    if pf is None:
+        return out
+    q, qu, ap, wa = pf["query"], pf["question"], pf["append"], pf["write_all"]
+    sd_read = record_cycles("sd4", "read", PREFIX_N)
+    q_dev = q["query_cycles"] - q["record_bytes"] + sd_read      # the record read at SD speed
+    question_s = link_s(qu) + qu["attn_cycles"] / clk + qu["host_s"]
+    reuse = {"query_s": link_s(q) + q_dev / clk + q["host_s"], "question_s": question_s,
+             "append_s": link_s(ap) + ap["host_s"]}
+    reuse_s = sum(reuse.values())
+    k = PREFIX_N // CHUNK
+    chunks = m["chunks"]
+    direct, extra = chunks[:min(k, len(chunks))], max(0, k - len(chunks))
+    rec = {key: sum(c[key] for c in direct) + extra * steady[key]
+           for key in ("bytes_to_device", "bytes_from_device", "requests", "attn_cycles")}
+    rec["host_s"] = sum(c["host_s"] for c in direct) + extra * host_steady
+    recompute = {"write_s": link_s(wa) + wa["host_s"],
+                 "prefill_s": link_s(rec) + rec["attn_cycles"] / clk + rec["host_s"],
+                 "question_s": question_s}
+    rec_s = sum(recompute.values())
+    base = {**common, "prefix_tokens": PREFIX_N, "question_tokens": PREFIX_Q,
+            "board": "4-bit SD; link at the UART baud; host numpy wall clock"}
+    out.append({"name": f"system.prefix.ttft_s.reuse_n{PREFIX_N}", "value": round(reuse_s, 4),
+                "unit": "s", "params": {
+                    **base, **{k: round(v, 4) for k, v in reuse.items()},
+                    "query_bytes_to_device": q["bytes_to_device"],
+                    "query_bytes_from_device": q["bytes_from_device"],
+                    "query_device_cycles": q["query_cycles"], "sd_read_cycles": sd_read,
+                    "query_device_cycles_board": q_dev, "record_bytes": q["record_bytes"],
+                    "question_attn_cycles": qu["attn_cycles"],
+                    "speedup": round(rec_s / reuse_s, 1), "target_speedup": 20}})
+    out.append({"name": f"system.prefix.ttft_s.recompute_n{PREFIX_N}",
+                "value": round(rec_s, 3), "unit": "s", "params": {
+                    **base, **{k: round(v, 3) for k, v in recompute.items()},
+                    "attn_cycles": rec["attn_cycles"] + qu["attn_cycles"],
+                    "bytes_to_device": rec["bytes_to_device"] + qu["bytes_to_device"]
+                    + wa["bytes_to_device"],
+                    "composed": True}})
+    return out
 
 
 def _ms(s):
@@ -585,4 +751,45 @@ def markdown(results) -> str:
                          [[f"`{r['name']}`", f"**{r['value']:.4f}**",
                            f"{r['params'].get('spi_s', r['params'].get('spi_board_s')):.4f}",
                            r["params"].get("target_s", "")] for r in named]))
+    out += _prefix_markdown(results)
     return "\n".join(out) + "\n"
+
+
+def _prefix_markdown(results) -> list[str]:
+    out = []
+    for r in results:
+        if not r["name"].startswith("system.prefix.tokens_computed_"):
+            continue
+        p = r["params"]
+        out.append(
+            f"\nIssue #16, prefix reuse: {p['conversations']} new conversations behind one "
+            f"{p['shared']}-token prefix (a system prompt or a document), each with a "
+            f"{p['question']}-token question of its own, through the scheduler ({p['device']}): "
+            f"`{r['name']}` = **{r['value']}** tokens prefilled in all (target "
+            f"{p['target']} = the prefix once + {p['own_computed']} of their own; the prefix's "
+            f"tokens computed: {p['prefix_computed']}; {p['reused']} tokens imported instead); "
+            f"without any reuse {p['no_reuse_computed']}. With the end of the prefix marked as "
+            f"a checkpoint by the client: {p['paths']['first']} conversation computes it, "
+            f"{p['paths']['prefix']} import it. Unmarked, with only the automatic checkpoints "
+            f"every {p['automatic_only']['checkpoint_every']} tokens: "
+            f"{p['automatic_only']['computed']} tokens; with no checkpoints at all: "
+            f"{p['no_checkpoints']['computed']} (a turn snapshot ends after a conversation's "
+            f"own question, so no other conversation has it as a prefix).")
+    ttft = {r["name"]: r for r in results if r["name"].startswith("system.prefix.ttft_s.")}
+    if ttft:
+        rows = []
+        for name in sorted(ttft, reverse=True):
+            r, p = ttft[name], ttft[name]["params"]
+            parts = ", ".join(f"{k[:-2]} {v * 1e3:.1f} ms" for k, v in p.items()
+                              if k.endswith("_s") and k != "host_s")
+            rows.append([f"`{name}`", f"**{r['value']:.4g}**", parts,
+                         p.get("speedup", ""), p.get("target_speedup", "")])
+        out.append(f"\nTime to the first generated token of a new conversation behind a "
+                   f"stored {PREFIX_N}-token prefix with a {PREFIX_Q}-token question of its "
+                   "own, on the board (link at the UART baud, device cycles with the record "
+                   "read at 4-bit SD speed, host numpy wall clock). Reuse: `QUERY_PREFIX` "
+                   "(tokens written, every length hashed and probed, the longest record "
+                   "verified and imported) + the question's prefill; recompute: all tokens "
+                   "written and prefilled in chunks (composed from the direct run's chunks):\n")
+        out.append(table(["figure", "s", "where", "speedup", "target"], rows))
+    return out

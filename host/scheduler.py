@@ -1,27 +1,60 @@
-"""Seed 001's CPU scheduler, against an abstract device; and the device in software.
+"""Seed 001's CPU scheduler with longest-prefix reuse, against an abstract device; and the
+device in software.
 
-Per request ``(session, new tokens)`` the :class:`Scheduler` decides (SPEC §4):
+Per request ``(session, new tokens)`` the :class:`Scheduler` decides (SPEC §4, issue #16):
 
-* the session's first request, or a continuation of the session resident in the accelerator:
-  run inference directly and store the tokens in the device's token memory;
-* otherwise: export the resident session if it is dirty (its ring holds tokens that no stored
-  snapshot has), then **query** the device with the session's computed tokens: a **hit**
-  imports the stored snapshot into the rings, a **miss** recomputes the rings by chunked
-  prefill of the session's tokens;
-* after inference, **export** the rings (seed 001), unless ``export_after_inference=False``
-  (then the session stays dirty and is exported when another session needs the rings).
+* a continuation of the session resident in the accelerator: run inference directly
+  (path ``continue``);
+* a session with computed tokens, not resident: export the resident session if it is dirty
+  (its rings hold tokens that no stored snapshot has), then **query** the device for the exact
+  ``(count, hash)`` of the session's computed tokens: a **hit** imports the stored snapshot
+  (path ``hit``);
+* a new session, or one whose exact snapshot is gone (or that was rewound into its computed
+  tokens): ask the device for the **longest stored prefix** of everything this request feeds
+  (:meth:`Device.query_prefix`, at most ``len - 1`` tokens: the last input token must still go
+  through the model to give the logits of the first generated token). A hit imports that
+  prefix -- a shared system prompt, a document another conversation read, an earlier turn of
+  this one -- and only the rest is prefilled (path ``prefix``); a miss clears the rings and
+  prefills everything (path ``first`` for a session with nothing computed before, ``miss``
+  for one that had to recompute its own tokens);
+* prefill runs in chunks of ``chunk`` tokens and **stops at checkpoint positions**: positions
+  the caller marks on the request (``checkpoints=``, e.g. the end of the system prompt, the
+  way prompt-caching APIs mark a cache breakpoint) and, automatically, every multiple of
+  ``checkpoint_every`` that a prefill crosses. At a checkpoint ``p`` the rings hold exactly the
+  state after ``p`` tokens (its window, its ring head, nothing after it) and the token memory
+  exactly the first ``p`` tokens, and the scheduler exports them as a *checkpoint* record;
+  then prefill goes on. A checkpoint is an ordinary record (same format, same checks, the same
+  LRU) that any conversation starting with those ``p`` tokens can continue from; no session's
+  export ever deletes one;
+* after inference, **export** the rings as the session's turn snapshot, unless
+  ``export_after_inference=False`` (then the session stays dirty and is exported when another
+  session needs the rings). A session keeps its last ``keep_turns`` turn snapshots (the oldest
+  one beyond that is deleted by the export that replaces it, unless another session's turns
+  name the same record), so that an edited message resumes from the turn it forks at.
+
+**Edit-and-resend** is ``request(sid, tokens, n_new, rewind=k)``: the session's stream (its
+computed tokens and its pending generated token) is cut to its first ``k`` tokens before
+``tokens`` are fed, as a chat front end does when the user edits the message that starts at
+stream position ``k`` (or regenerates an answer). If the cut goes into the computed tokens, the
+session's rings no longer hold its state; the request then goes the longest-prefix way (the
+turn snapshot or checkpoint at or before ``k``, reused; the rest prefilled). The branch left
+behind is not deleted: its records age out by LRU, and a client that resends it resumes it.
 
 A session's *computed* tokens are those whose K/V went through the rings; the last generated
 token of a turn is *pending* and is fed at the start of the next turn. Every decision is one
-entry of :attr:`Scheduler.events` (a dict: path, tokens, bytes moved, recomputed tokens, and
-device cycles when the device reports them).
+entry of :attr:`Scheduler.events` (a dict: path, tokens, ``reused`` (tokens imported),
+``prefilled`` (tokens through chunked prefill), ``recomputed`` (of those, the tokens this
+session had computed before), checkpoints exported, bytes moved, and the device's counters).
+Every generated token is the same as without any reuse (:func:`plain_run`): an import gives
+the rings bit for bit as they were exported, and a checkpoint is exported at a chunk boundary.
 
 :class:`Device` is the seam to the accelerator. :class:`SoftwareDevice` is the whole device in
 software with golden models: the prefix hash of :mod:`ringkv.host.golden_hash`, a directory keyed
 by ``(count, hash)`` with LRU eviction at a capacity, token verification before a hit, the
-model's attention backend as the rings, and optional persistence to an image file so that a
-"power cycle" is a new ``SoftwareDevice`` on the same image. A link device (the same calls as
-``QUERY``/``IMPORT``/``EXPORT`` requests of :mod:`ringkv.defs.protocol`) plugs in the same way.
+longest-prefix query, the model's attention backend as the rings, and optional persistence to
+an image file so that a "power cycle" is a new ``SoftwareDevice`` on the same image. The FPGA
+(:class:`~ringkv.host.fpga_device.FpgaDevice`: ``QUERY``/``QUERY_PREFIX``/``EXPORT`` requests of
+:mod:`ringkv.defs.protocol`) plugs in the same way.
 """
 
 import abc
@@ -30,15 +63,38 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.hash import hash_seed
 from ringkv.defs.record import kv_bytes_of
 
-from .golden_hash import sequence_hash
+from .golden_hash import prefix_hashes, sequence_hash
 from .model import AttentionBackend, Float64Backend, Model
 
 __all__ = ["Device", "SoftwareDevice", "QueryResult", "Scheduler", "Session", "plain_run",
-           "snapshot_bytes", "path_summary"]
+           "snapshot_bytes", "path_summary", "PATHS", "CHECKPOINT_EVERY", "KEEP_TURNS"]
+
+#: The scheduler's paths, in the order :func:`path_summary` lists them.
+PATHS = ("first", "continue", "hit", "prefix", "miss")
+
+#: Default of ``Scheduler(checkpoint_every=)``: an automatic checkpoint every 256 tokens of
+#: prefill. On the board an export costs about what one token of prefill costs (bench
+#: ``system``: ``system.export_s.n512`` 14 ms; recompute 14.8 s for 1,024 tokens, 14.5 ms a
+#: token, bound by the UART), so a checkpoint every 256 tokens adds about 0.4 % to a long
+#: prefill; what it costs is storage: a region per checkpoint (one of the board card's 4,096),
+#: 64 regions for a 16,384-token document. A conversation that shares a prefix with one
+#: computed before recomputes at most 255 tokens of the shared part beyond the last checkpoint
+#: (about 3.7 s on the board) when no one marked the boundary.
+CHECKPOINT_EVERY = 256
+
+#: Miss reasons that only say nothing was stored (not shown for a new session): the software
+#: device's and ``FpgaDevice``'s.
+_NOTHING_STORED = ("no record", "no stored prefix")
+
+#: Default of ``Scheduler(keep_turns=)``: turn snapshots a session keeps (an edit can go back
+#: this many turns and still import; further back it reuses a checkpoint or recomputes).
+KEEP_TURNS = 4
 
 
 def snapshot_bytes(config: RingKVConfig, count: int) -> int:
@@ -73,21 +129,44 @@ class Device(abc.ABC):
     def query(self, tokens) -> QueryResult:
         """Hash ``tokens``, look ``(count, hash)`` up, verify the stored tokens."""
 
-    @abc.abstractmethod
-    def import_(self, result: QueryResult) -> int:
-        """Load the snapshot found by a hit into the rings; return the bytes moved."""
+    def query_prefix(self, tokens, limit: int) -> QueryResult:
+        """The longest stored prefix of ``tokens`` of at most ``limit`` tokens whose record
+        verifies. On a hit the rings hold the state after ``count`` tokens and the token memory
+        holds exactly ``tokens[:count]`` (the import is part of the query, as ``QUERY``'s is on
+        the FPGA; :meth:`import_` of the result then reports the bytes moved).
+        ``QueryResult(hit, count, prefix_hash, reason)``.
+
+        Every device implements it (:class:`SoftwareDevice` here, ``FpgaDevice`` with the
+        ``QUERY_PREFIX`` request); this default only names a device that does not."""
+        raise NotImplementedError(f"{type(self).__name__} has no longest-prefix query")
 
     @abc.abstractmethod
-    def export(self, tokens, replaces: tuple | None = None) -> tuple[tuple, int]:
-        """Store the rings as the snapshot of ``tokens``; delete the record ``replaces`` (the
-        session's previous snapshot). Return ``(key, bytes moved)``."""
+    def import_(self, result: QueryResult) -> int:
+        """Load the snapshot found by a hit into the rings (if the query did not already);
+        return the bytes moved."""
+
+    @abc.abstractmethod
+    def export(self, tokens, replaces: tuple | None = None, *,
+               checkpoint: bool = False) -> tuple[tuple, int]:
+        """Store the rings as the snapshot of ``tokens`` (the rings must hold exactly
+        ``len(tokens)`` tokens and the token memory must begin with ``tokens``); delete the
+        record ``replaces`` (a snapshot the session gives up). ``checkpoint`` marks the record's
+        kind (a prefix checkpoint rather than a turn snapshot; same format and checks). Return
+        ``(key, bytes moved)``."""
 
     def stats(self) -> dict:
         return {}
 
 
 class SoftwareDevice(Device):
-    """The device in software (golden models); see the module docstring."""
+    """The device in software (golden models); see the module docstring.
+
+    Records are ``{"tokens", "rings", "digest", "kind"}`` by key ``(count, hash)`` (``kind``
+    ``"turn"`` or ``"checkpoint"``), in LRU order: a hit or an export makes a record the most
+    recent; an export beyond ``capacity`` records evicts the least recent. ``export`` refuses,
+    like the FPGA's ``EXPORT`` (``BAD_ARG``), rings that do not hold exactly ``len(tokens)``
+    tokens or a token memory that does not begin with ``tokens``.
+    """
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, attention=None,
                  capacity: int | None = None, image=None):
@@ -100,11 +179,16 @@ class SoftwareDevice(Device):
         self.seed = hash_seed(config)
         self.tokens: list[int] = []
         self.records: OrderedDict = OrderedDict()      # (count, hash) -> record dict
-        self.counters = {"queries": 0, "hits": 0, "misses": 0, "imports": 0, "exports": 0,
-                         "evictions": 0, "bytes_in": 0, "bytes_out": 0}
+        self.counters = {"queries": 0, "hits": 0, "misses": 0, "prefix_queries": 0,
+                         "prefix_hits": 0, "prefix_misses": 0, "probes": 0, "imports": 0,
+                         "exports": 0, "checkpoints": 0, "evictions": 0, "bytes_in": 0,
+                         "bytes_out": 0}
+        self._imported = None                          # the last query_prefix hit, imported
         if self.image is not None and self.image.exists():
             with open(self.image, "rb") as f:
                 self.records = pickle.load(f)
+            for rec in self.records.values():          # images from before record kinds
+                rec.setdefault("kind", "turn")
 
     def key_of(self, tokens) -> tuple:
         return (len(tokens), sequence_hash(list(tokens), self.seed))
@@ -130,31 +214,79 @@ class SoftwareDevice(Device):
         self.counters["hits" if hit else "misses"] += 1
         if hit:
             self.records.move_to_end((count, h))
+        self._imported = None
         return QueryResult(hit, count, h, reason)
 
-    def import_(self, result: QueryResult) -> int:
-        if not result.hit:
-            raise ValueError("import needs the result of a hit")
-        rec = self.records[(result.count, result.prefix_hash)]
+    def query_prefix(self, tokens, limit: int) -> QueryResult:
+        """Hash ``tokens[:limit]`` once, probing ``(n, h_n)`` for every ``n`` (``probes``
+        counts them); of the stored keys, the longest whose record verifies wins: a record of
+        other tokens (a hash collision) is skipped for the next shorter one, a record of a
+        foreign configuration makes the query a miss. A hit is imported at once."""
+        if not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"limit must be a non-negative number of tokens, not {limit!r}")
+        tokens = [int(t) for t in tokens]
+        limit = min(limit, len(tokens))
+        self.counters["prefix_queries"] += 1
+        self.counters["probes"] += limit
+        self._imported = None
+        hashes = prefix_hashes(tokens[:limit], self.seed)
+        reason = "no record"
+        for n in range(limit, 0, -1):
+            key = (n, hashes[n - 1])
+            rec = self.records.get(key)
+            if rec is None:
+                continue
+            if rec["digest"] != self.config.digest():
+                reason = "foreign config"
+                break
+            if rec["tokens"] != tuple(tokens[:n]):
+                reason = "tokens differ"     # a collision: the next shorter prefix may do
+                continue
+            self.records.move_to_end(key)
+            result = QueryResult(True, n, key[1])
+            self._imported = (result, self._restore(rec))
+            self.counters["prefix_hits"] += 1
+            return result
+        self.counters["prefix_misses"] += 1
+        return QueryResult(False, 0, hashes[limit - 1] if limit else self.seed, reason)
+
+    def _restore(self, rec) -> int:
         self.attention.restore(rec["rings"])
         self.tokens = list(rec["tokens"])
-        moved = snapshot_bytes(self.config, result.count)
+        moved = snapshot_bytes(self.config, len(rec["tokens"]))
         self.counters["imports"] += 1
         self.counters["bytes_in"] += moved
         return moved
 
-    def export(self, tokens, replaces=None):
+    def import_(self, result: QueryResult) -> int:
+        if not result.hit:
+            raise ValueError("import needs the result of a hit")
+        if self._imported is not None and self._imported[0] == result:
+            return self._imported[1]                   # imported by query_prefix
+        return self._restore(self.records[(result.count, result.prefix_hash)])
+
+    def export(self, tokens, replaces=None, *, checkpoint=False):
+        tokens = tuple(int(t) for t in tokens)
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("export needs at least one token")
+        if self.attention.n != n:
+            raise ValueError(f"export of {n} tokens: the rings hold {self.attention.n}")
+        if tuple(self.tokens[:n]) != tokens:
+            raise ValueError(f"export of {n} tokens: the token memory holds other tokens")
         key = self.key_of(tokens)
-        if replaces is not None and replaces != key:
-            self.records.pop(replaces, None)
-        self.records[key] = {"tokens": tuple(tokens), "rings": self.attention.snapshot(),
-                             "digest": self.config.digest()}
+        if replaces is not None and tuple(replaces) != key:
+            self.records.pop(tuple(replaces), None)
+        self.records[key] = {"tokens": tokens, "rings": self.attention.snapshot(),
+                             "digest": self.config.digest(),
+                             "kind": "checkpoint" if checkpoint else "turn"}
         self.records.move_to_end(key)
         while self.capacity is not None and len(self.records) > self.capacity:
             self.records.popitem(last=False)
             self.counters["evictions"] += 1
-        moved = snapshot_bytes(self.config, len(tokens))
+        moved = snapshot_bytes(self.config, n)
         self.counters["exports"] += 1
+        self.counters["checkpoints"] += bool(checkpoint)
         self.counters["bytes_out"] += moved
         if self.image is not None:
             tmp = self.image.with_suffix(self.image.suffix + ".tmp")
@@ -163,8 +295,14 @@ class SoftwareDevice(Device):
             tmp.replace(self.image)          # commit last: a crash keeps the old image
         return key, moved
 
+    def listing(self) -> list[tuple[int, int, str]]:
+        """The stored records, least recently used first: ``(count, hash, kind)``."""
+        return [(c, h, rec["kind"]) for (c, h), rec in self.records.items()]
+
     def stats(self) -> dict:
-        return dict(self.counters, records=len(self.records))
+        return dict(self.counters, records=len(self.records),
+                    checkpoint_records=sum(r["kind"] == "checkpoint"
+                                           for r in self.records.values()))
 
 
 @dataclass
@@ -172,103 +310,274 @@ class Session:
     tokens: list = field(default_factory=list)     # computed tokens (K/V went through the rings)
     pending: list = field(default_factory=list)    # generated but not yet fed
     dirty: bool = False
-    key: tuple | None = None                       # the session's stored snapshot
+    key: tuple | None = None                       # the session's newest turn snapshot
+    turns: list = field(default_factory=list)      # its turn snapshots kept, oldest first
+
+    def __post_init__(self):
+        if self.key is not None:
+            self.key = tuple(self.key)
+            if not self.turns:
+                self.turns = [self.key]
+        self.turns = [tuple(k) for k in self.turns]
+
+    @property
+    def stream(self) -> list:
+        """The session's token stream: computed tokens, then the pending one."""
+        return self.tokens + self.pending
 
 
 class Scheduler:
-    """The host's session scheduler (seed 001). See the module docstring."""
+    """The host's session scheduler. See the module docstring.
+
+    ``chunk``: prefill chunk (tokens per attention request); ``checkpoint_every``: an
+    automatic checkpoint at every multiple of it that a prefill crosses (``None`` or ``0``:
+    only the caller's; default :data:`CHECKPOINT_EVERY`, why there); ``keep_turns``: turn
+    snapshots a session keeps (default :data:`KEEP_TURNS`; 1 is seed 001's "replace the
+    previous one"); ``prefix_reuse=False`` never asks for a stored prefix (every new session
+    computes its tokens: the no-reuse baseline of the benchmarks).
+    """
 
     def __init__(self, model: Model, device: Device, *, chunk: int = 64,
-                 export_after_inference: bool = True, sessions: dict | None = None):
+                 export_after_inference: bool = True, sessions: dict | None = None,
+                 checkpoint_every: int | None = CHECKPOINT_EVERY, keep_turns: int = KEEP_TURNS,
+                 prefix_reuse: bool = True):
         if chunk < 1:
             raise ValueError(f"chunk must be positive, not {chunk!r}")
+        if checkpoint_every is not None and checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be a positive number of tokens or None, "
+                             f"not {checkpoint_every!r}")
+        if keep_turns < 1:
+            raise ValueError(f"keep_turns must be at least 1, not {keep_turns!r}")
         self.model, self.device, self.chunk = model, device, chunk
         self.export_after_inference = export_after_inference
+        self.checkpoint_every = checkpoint_every or None
+        self.keep_turns = keep_turns
+        self.prefix_reuse = prefix_reuse
         self.sessions: dict = sessions if sessions is not None else {}
         self.resident = None
         self.events: list[dict] = []
+        #: keys this scheduler exported as checkpoints: never deleted by a session's export
+        self.checkpoint_keys: set = set()
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _protected(self, key, sid) -> bool:
+        return key in self.checkpoint_keys or any(
+            key in s.turns for other, s in self.sessions.items() if other != sid)
+
+    def _export_turn(self, sid, s, event):
+        """Export the rings as ``sid``'s turn snapshot; its oldest turn beyond ``keep_turns``
+        is deleted by the same export unless it is a checkpoint or another session's turn."""
+        victim = s.turns.pop(0) if len(s.turns) >= self.keep_turns else None
+        replaces = victim if victim is not None and not self._protected(victim, sid) else None
+        key, moved = self.device.export(s.tokens, replaces)
+        key = tuple(key)
+        s.turns = [k for k in s.turns if k != key] + [key]
+        s.key, s.dirty = key, False
+        event["exported_bytes"] += moved
+        if replaces is not None and replaces != key:
+            event["deleted"].append(replaces)
+        return key
 
     def _release_resident(self, event):
         if self.resident is None:
             return
-        s = self.sessions[self.resident]
-        if s.dirty:
-            s.key, moved = self.device.export(s.tokens, s.key)
-            s.dirty = False
-            event["exported_bytes"] += moved
-            event["exported"] = self.resident
+        rid = self.resident
+        s = self.sessions[rid]
+        if s.dirty and s.tokens:
+            self._export_turn(rid, s, event)
+            event["exported"] = rid
         self.resident = None
 
-    def request(self, sid, tokens, n_new: int) -> list[int]:
-        """Feed ``tokens`` to session ``sid`` and generate ``n_new`` tokens (greedy)."""
-        dev, attn = self.device, self.device.attention
+    # -- requests -------------------------------------------------------------------------
+    def request(self, sid, tokens, n_new: int, *, checkpoints=(), rewind: int | None = None
+                ) -> list[int]:
+        """Feed ``tokens`` to session ``sid`` and generate ``n_new`` tokens (greedy).
+
+        ``checkpoints``: positions in the session's token stream (``p`` tokens from its start)
+        to store a checkpoint at, each within what this request feeds (after ``rewind``:
+        ``len(stream) < p <= len(stream) + len(tokens)``); a position that the imported
+        prefix already covers is not stored again. ``rewind=k``: first cut the session's
+        stream to its first ``k`` tokens (edit-and-resend; see the module docstring).
+        """
+        tokens = [int(t) for t in tokens]
+        if not isinstance(n_new, int) or n_new < 0:
+            raise ValueError(f"n_new must be a non-negative number of tokens, not {n_new!r}")
         s = self.sessions.setdefault(sid, Session())
-        event = {"session": sid, "path": None, "before": len(s.tokens), "exported": None,
-                 "imported_bytes": 0, "exported_bytes": 0, "recomputed": 0, "reason": ""}
+        if rewind is not None and (not isinstance(rewind, int)
+                                   or not 0 <= rewind <= len(s.stream)):
+            raise ValueError(f"rewind must be a position 0..{len(s.stream)} of session "
+                             f"{sid!r}'s stream, not {rewind!r}")
+        stream = s.stream if rewind is None else s.stream[:rewind]
+        end = len(stream) + len(tokens)
+        marks = set()
+        for p in checkpoints:
+            if not isinstance(p, (int, np.integer)) or not len(stream) < p <= end:
+                raise ValueError(f"checkpoint {p!r} is not a position this request feeds "
+                                 f"({len(stream) + 1}..{end} of session {sid!r}'s stream)")
+            marks.add(int(p))
+        kept = len(s.tokens) if rewind is None or rewind >= len(s.tokens) else 0
+        if n_new > 0 and end == kept:
+            raise ValueError("a request that generates must feed at least one token (the "
+                             "session's pending token or new ones)")
+        saved = (list(s.tokens), list(s.pending), s.dirty, s.key, list(s.turns))
+        try:
+            return self._request(sid, s, tokens, n_new, marks, rewind)
+        except BaseException:
+            # the host's view goes back to before the request; the rings' state is unknown
+            s.tokens, s.pending, s.dirty, s.key, s.turns = saved
+            if self.resident == sid:
+                self.resident = None
+            raise
+
+    def _request(self, sid, s, tokens, n_new, marks, rewind):
+        dev, attn = self.device, self.device.attention
+        event = {"session": sid, "path": None, "rewind": rewind, "exported": None,
+                 "imported_bytes": 0, "exported_bytes": 0, "reused": 0, "prefilled": 0,
+                 "recomputed": 0, "checkpoints": [], "deleted": [], "reason": ""}
+        if rewind is not None and rewind < len(s.tokens):
+            # the rings are past the cut: what is kept of the stream is fed again, after
+            # whatever prefix of it the device still has
+            s.tokens, s.pending = [], s.tokens[:rewind]
+            s.dirty = False
+            s.turns = [k for k in s.turns if k[0] <= rewind]
+            s.key = s.turns[-1] if s.turns else None
+            if self.resident == sid:
+                self.resident = None
+            had = rewind
+        else:
+            if rewind is not None:
+                s.pending = s.pending[:rewind - len(s.tokens)]
+            had = len(s.tokens)
+        event["before"] = had
         if sid == self.resident:
             event["path"] = "continue"
-        elif not s.tokens:
-            self._release_resident(event)
-            attn.reset()
-            dev.write_tokens([])
-            event["path"] = "first"
         else:
             self._release_resident(event)
-            result = dev.query(s.tokens)
-            if result.hit:
-                event["imported_bytes"] = dev.import_(result)
-                event["path"] = "hit"
-            else:
-                attn.reset()
-                dev.write_tokens(s.tokens)
-                self.model.prefill(s.tokens, 0, attn, self.chunk)
-                event["path"] = "miss"
-                event["reason"] = result.reason
-                event["recomputed"] = len(s.tokens)
+            found = False
+            if s.tokens:
+                result = dev.query(s.tokens)
+                if result.hit:
+                    event["imported_bytes"] = dev.import_(result)
+                    event["path"], event["reused"] = "hit", len(s.tokens)
+                    found = True
+                else:
+                    event["reason"] = result.reason
+            if not found:
+                everything = s.tokens + s.pending + tokens
+                limit = len(everything) - (1 if n_new > 0 else 0)
+                result = (dev.query_prefix(everything, limit)
+                          if self.prefix_reuse and limit > 0 else None)
+                if result is not None and result.hit:
+                    event["imported_bytes"] = dev.import_(result)
+                    event["path"], event["reused"] = "prefix", result.count
+                    event["reason"] = ""
+                    s.tokens, s.pending = everything[:result.count], []
+                    tokens = everything[result.count:]
+                else:
+                    attn.reset()
+                    dev.write_tokens([])
+                    event["path"] = "miss" if had else "first"
+                    if result is not None and result.reason not in _NOTHING_STORED:
+                        event["reason"] = result.reason
+                    elif not event["reason"] and had:
+                        event["reason"] = "no record"
+                    s.tokens, s.pending, tokens = [], [], everything
+            event["recomputed"] = max(0, had - len(s.tokens))
         self.resident = sid
-        inputs = s.pending + list(tokens)
-        out = self.model.generate(inputs, len(s.tokens), attn, n_new, self.chunk)
-        computed = inputs + out[:-1]
-        dev.append_tokens(computed)
-        s.tokens += computed
-        s.pending = out[-1:]
-        s.dirty = True
-        if self.export_after_inference:
-            s.key, moved = dev.export(s.tokens, s.key)
-            s.dirty = False
-            event["exported_bytes"] += moved
+        out, last = self._run(s, s.pending + tokens, n_new, marks, event)
+        if self.export_after_inference and s.dirty and s.tokens:
+            if last is not None and last[0] == len(s.tokens):
+                # the rings are the checkpoint just stored: it is the turn's snapshot too (the
+                # oldest turn beyond keep_turns leaves the list undeleted, to age out by LRU)
+                s.turns = ([k for k in s.turns if k != last[1]] + [last[1]])[-self.keep_turns:]
+                s.key, s.dirty = last[1], False
+            else:
+                self._export_turn(sid, s, event)
             event["exported"] = event["exported"] or sid
         event.update(after=len(s.tokens), generated=len(out), device=dev.stats())
         self.events.append(event)
         return out
 
+    def _run(self, s, inputs, n_new, marks, event):
+        """Prefill ``inputs`` in chunks, stopping at every checkpoint to export it, keeping the
+        token memory in step; then greedy decoding. Returns the generated tokens and
+        ``(position, key)`` of the last checkpoint stored (or None)."""
+        dev, attn, model = self.device, self.device.attention, self.model
+        pos = len(s.tokens)
+        end = pos + len(inputs)
+        stops = {p for p in marks if pos < p <= end}
+        if self.checkpoint_every:
+            c = self.checkpoint_every
+            stops |= set(range((pos // c + 1) * c, end + 1, c))
+        logits, last = None, None
+        for stop in sorted(stops | {end}):
+            seg = inputs[len(s.tokens) - pos:stop - pos]
+            if seg:
+                logits = model.prefill(seg, len(s.tokens), attn, self.chunk)
+                dev.append_tokens(seg)
+                s.tokens += seg
+            if stop in stops:
+                key, moved = dev.export(s.tokens, checkpoint=True)
+                last = (stop, tuple(key))
+                self.checkpoint_keys.add(last[1])
+                event["checkpoints"].append(stop)
+                event["exported_bytes"] += moved
+        s.pending = []
+        event["prefilled"] = len(inputs)
+        out = []
+        for step in range(n_new):
+            token = int(np.argmax(logits))
+            out.append(token)
+            if step + 1 < n_new:
+                logits = model.forward([token], len(s.tokens) + step, attn)[0]
+        decoded = out[:-1]
+        if decoded:
+            dev.append_tokens(decoded)
+            s.tokens += decoded
+            last = None
+        s.pending = out[-1:]
+        s.dirty = s.dirty or bool(inputs) or bool(decoded)
+        return out, last
+
 
 def plain_run(model: Model, requests, backend_factory=None, chunk: int = 64) -> list[list[int]]:
-    """Reference without scheduling: each session on its own never-evicted backend.
+    """Reference without scheduling: each session on its own never-evicted backend, nothing
+    ever reused.
 
-    ``requests`` = ``[(session, tokens, n_new), ...]``; returns the generated tokens per request.
+    ``requests`` = ``[(session, tokens, n_new), ...]`` or ``(session, tokens, n_new, options)``
+    with the options of :meth:`Scheduler.request` (``rewind=k`` restarts the session on a new
+    backend from the first ``k`` tokens of its stream; ``checkpoints`` change nothing here);
+    returns the generated tokens per request.
     """
     backend_factory = backend_factory or (lambda: Float64Backend(model.config))
     state, outs = {}, []
-    for sid, tokens, n_new in requests:
-        backend, pos, pending = state.get(sid, (None, 0, []))
+    for sid, tokens, n_new, *opts in requests:
+        opts = opts[0] if opts else {}
+        backend, pos, pending, stream = state.get(sid, (None, 0, [], []))
+        if opts.get("rewind") is not None:
+            k = opts["rewind"]
+            backend, pos, pending, stream = None, 0, stream[:k], stream[:k]
         if backend is None:
             backend = backend_factory()
         inputs = pending + list(tokens)
         out = model.generate(inputs, pos, backend, n_new, chunk)
-        state[sid] = (backend, pos + len(inputs) + max(len(out) - 1, 0), out[-1:])
+        stream = stream + list(tokens) + out
+        state[sid] = (backend, pos + len(inputs) + max(len(out) - 1, 0), out[-1:], stream)
         outs.append(out)
     return outs
 
 
 def path_summary(events) -> list[str]:
-    """One line per scheduler path (first, continue, hit, miss): requests, bytes imported,
-    tokens recomputed; ``events`` as :attr:`Scheduler.events`."""
+    """One line per scheduler path (:data:`PATHS`): requests, tokens reused (imported),
+    prefilled and, of those, recomputed, bytes imported; ``events`` as
+    :attr:`Scheduler.events`."""
     events, lines = list(events), []
-    for path in ("first", "continue", "hit", "miss"):
+    for path in PATHS:
         sel = [e for e in events if e["path"] == path]
         if sel:
-            lines.append(f"  {path:9} {len(sel):>3} requests: imported "
-                         f"{sum(e['imported_bytes'] for e in sel):>6} B, recomputed "
+            lines.append(f"  {path:9} {len(sel):>3} requests: reused "
+                         f"{sum(e.get('reused', 0) for e in sel):>6} tokens (imported "
+                         f"{sum(e['imported_bytes'] for e in sel):>8} B), prefilled "
+                         f"{sum(e.get('prefilled', 0) for e in sel):>6}, recomputed "
                          f"{sum(e['recomputed'] for e in sel):>5} tokens")
     return lines

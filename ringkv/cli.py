@@ -54,8 +54,17 @@ def _model_name(model) -> str:
     return f"trained on {m['corpus'].split('==')[0]}, step {m['step']} of {m['steps']}"
 
 
+#: The system prompt the demo's assistant conversations share (the caller marks its end as a
+#: checkpoint, the way prompt-caching APIs mark a cache breakpoint).
+SYSTEM_PROMPT = ("You are a scribe of the King James Bible. Answer every question in its "
+                 "words, briefly, and name the book, chapter and verse. ")
+
+
 def demo_script(seed: int = 0):
-    """The demo's requests: three interleaved sessions, a resume, an eviction, a long one."""
+    """The demo's requests ``(label, session, tokens, n_new, options)``: interleaved sessions
+    (a resume by import, a continuation), three conversations behind one shared system prompt
+    (the first stores a checkpoint at its end, the others import it), an edit-and-resend
+    (``rewind``), a session evicted by then (recomputed) and one growing to several W."""
     import random
 
     from ringkv.host.model import BOS, encode_text
@@ -66,14 +75,36 @@ def demo_script(seed: int = 0):
                  "city", "of", "David", "and", "there", "was", "light", "upon", "earth"]
         return encode_text(" ".join(rng.choice(words) for _ in range(n)) + ". ")
 
-    reqs = [("alice", [BOS] + text(20), 12), ("bob", [BOS] + text(12), 12),
-            ("alice", text(8), 12),                         # resume: hit, import
-            ("carol", [BOS] + text(10), 12),                # carol's export evicts bob
-            ("carol", text(5), 8),                          # continuation: no query
-            ("bob", text(6), 12)]                           # evicted: miss, recompute
-    for _ in range(4):                                      # alice grows to several W
-        reqs += [("alice", text(24), 16), ("carol", text(4), 8)]
+    system = [BOS] + encode_text(SYSTEM_PROMPT)
+    mark = {"checkpoints": (len(system),)}
+    reqs = [("interleaved sessions", "alice", [BOS] + text(20), 12, {}),
+            ("", "bob", [BOS] + text(12), 12, {}),
+            ("resume after another", "alice", text(8), 12, {}),
+            ("continuation", "alice", text(5), 8, {}),
+            ("shared system prompt", "dave", system + text(6), 12, mark),
+            ("", "erin", system + text(4), 12, mark),
+            ("", "frank", system + text(7), 12, mark),
+            ("", "erin", text(5), 12, {}),
+            ("edit erin's last message", "erin", text(6), 12, {"rewind": None}),
+            ("evicted meanwhile", "bob", text(6), 12, {})]
+    for _ in range(3):                                      # alice grows to several W
+        reqs += [("long conversation", "alice", text(24), 16, {}),
+                 ("", "frank", text(4), 8, {})]
     return reqs
+
+
+def _resolve(reqs):
+    """Fill in each ``rewind: None`` (edit the session's last message) with the position where
+    that message started in the session's stream."""
+    streams, starts, out = {}, {}, []
+    for label, sid, tokens, n_new, opts in reqs:
+        if "rewind" in opts and opts["rewind"] is None:
+            opts = dict(opts, rewind=starts[sid])
+        base = streams.get(sid, [])[:opts.get("rewind", len(streams.get(sid, [])))]
+        starts[sid] = len(base)
+        streams[sid] = base + [None] * (len(tokens) + n_new)
+        out.append((label, sid, tokens, n_new, opts))
+    return out
 
 
 def run_demo(args) -> int:
@@ -88,33 +119,54 @@ def run_demo(args) -> int:
     device = SoftwareDevice(config, attention=_backend(args.backend, config),
                             capacity=args.capacity, image=args.image)
     sched = Scheduler(model, device, chunk=args.chunk)
-    reqs = demo_script(args.seed)
+    reqs = _resolve(demo_script(args.seed))
     print(f"RingKV demo (software device, {args.backend} attention): layers={config.layers} "
           f"Hq={config.q_heads} Hkv={config.kv_heads} d={config.head_dim} W={config.window}, "
-          f"store capacity {args.capacity} snapshots; model {_model_name(model)}\n")
-    header = (f"{'#':>2} {'session':8} {'path':9} {'tokens':>11} {'import B':>9} "
-              f"{'export B':>9} {'recomp':>6} {'ms':>7}  output")
+          f"store capacity {args.capacity} records; model {_model_name(model)}\n")
+    header = (f"{'#':>2} {'step':24} {'session':7} {'path':8} {'tokens':>11} {'reused':>6} "
+              f"{'computed':>8} {'recomp':>6} {'import B':>8} {'export B':>8} {'ms':>6}  "
+              f"output")
     print(header)
     print("-" * len(header))
     outs, rows = [], []
-    for i, (sid, tokens, n_new) in enumerate(reqs):
+    for i, (label, sid, tokens, n_new, opts) in enumerate(reqs):
         t0 = time.perf_counter()
-        out = sched.request(sid, tokens, n_new)
+        out = sched.request(sid, tokens, n_new, **opts)
         ms = (time.perf_counter() - t0) * 1e3
         e = sched.events[-1]
         outs.append(out)
         rows.append((e, ms))
-        print(f"{i:>2} {sid:8} {e['path']:9} {e['before']:>5}->{e['after']:<5} "
-              f"{e['imported_bytes']:>9} {e['exported_bytes']:>9} {e['recomputed']:>6} "
-              f"{ms:>7.0f}  {show_text(out)!r}")
-    print("\nchecking every generated token against a plain, unscheduled run ...")
-    ref = plain_run(model, reqs, lambda: _backend(args.backend, config), chunk=args.chunk)
+        print(f"{i:>2} {label:24} {sid:7} {e['path']:8} {e['before']:>5}->{e['after']:<5} "
+              f"{e['reused']:>6} {e['prefilled']:>8} {e['recomputed']:>6} "
+              f"{e['imported_bytes']:>8} {e['exported_bytes']:>8} {ms:>6.0f}  "
+              f"{show_text(out)!r}")
+        notes = []
+        if e["rewind"] is not None:
+            notes.append(f"stream cut to {e['rewind']} tokens before feeding the edited "
+                         f"message")
+        if e["checkpoints"]:
+            notes.append("checkpoint stored at " + ", ".join(map(str, e["checkpoints"])))
+        if e["reason"]:
+            notes.append(f"miss: {e['reason']}")
+        if notes:
+            print("   (" + "; ".join(notes) + ")")
+    print("\nchecking every generated token against a plain run with no reuse at all ...")
+    ref = plain_run(model, [(sid, toks, n, opts) for _, sid, toks, n, opts in reqs],
+                    lambda: _backend(args.backend, config), chunk=args.chunk)
     bad = [i for i, (a, b) in enumerate(zip(outs, ref)) if a != b]
     print("summary")
     for line in path_summary(e for e, _ in rows):
         print(line)
+    fed = sum(len(toks) for _, _, toks, _, _ in reqs)
+    computed = sum(e["prefilled"] for e, _ in rows)
+    reused = sum(e["reused"] for e, _ in rows)
+    print(f"  prompt tokens sent {fed}; prefilled {computed}, imported {reused} "
+          f"(of which by longest prefix "
+          f"{sum(e['reused'] for e, _ in rows if e['path'] == 'prefix')})")
     stats = device.stats()
     print(f"  device: {stats}")
+    print("  store (least recently used first): " + ", ".join(
+        f"{kind} {count}" for count, _, kind in device.listing()))
     longest = max(len(s.tokens) for s in sched.sessions.values())
     print(f"  longest session: {longest} tokens = {longest / config.window:.1f} x W")
     if bad:
@@ -193,13 +245,15 @@ def run_chat(args) -> int:
     sessions = {}
     if state is not None and state.exists():
         sessions = {sid: Session(tokens=v["tokens"], pending=v["pending"],
-                                 key=tuple(v["key"]) if v["key"] else None)
+                                 key=tuple(v["key"]) if v["key"] else None,
+                                 turns=v.get("turns", []))
                     for sid, v in json.loads(state.read_text()).items()}
     sched = Scheduler(model, device, chunk=args.chunk, sessions=sessions)
     sid = "default"
+    last = {}       # session -> (stream position its last message started at, its tokens)
     print(f"ringkv chat ({where}; model {_model_name(model)}). '/session NAME' switches, "
-          f"'/quit' ends." + (f" Resumed sessions: {', '.join(sorted(sessions))}."
-                              if sessions else ""))
+          f"'/retry' answers the last message again, '/edit TEXT' replaces it, '/quit' ends."
+          + (f" Resumed sessions: {', '.join(sorted(sessions))}." if sessions else ""))
     for line in sys.stdin:
         line = line.rstrip("\n")
         if line in ("/quit", "/exit"):
@@ -207,13 +261,28 @@ def run_chat(args) -> int:
         if line.startswith("/session "):
             sid = line.split(None, 1)[1]
             continue
-        first = sid not in sched.sessions
-        out = sched.request(sid, ([BOS] if first else []) + encode_text(line), args.tokens)
+        opts = {}
+        if line == "/retry" or line.startswith("/edit "):
+            if sid not in last:
+                print(f"[{sid}] no message of this chat to {line[1:].split()[0]} yet",
+                      flush=True)
+                continue
+            start, tokens = last[sid]           # edit-and-resend: the stream cut before it
+            if line.startswith("/edit "):
+                tokens = ([BOS] if start == 0 else []) + encode_text(line.split(None, 1)[1])
+            opts = {"rewind": start}
+        else:
+            first = sid not in sched.sessions
+            start = 0 if first else len(sched.sessions[sid].stream)
+            tokens = ([BOS] if first else []) + encode_text(line)
+        out = sched.request(sid, tokens, args.tokens, **opts)
+        last[sid] = (start, tokens)
         e = sched.events[-1]
         print(f"[{sid} {e['path']} {e['after']} tokens] {show_text(out)}", flush=True)
         if state is not None:
             state.write_text(json.dumps({k: {"tokens": v.tokens, "pending": v.pending,
-                                             "key": v.key} for k, v in sched.sessions.items()}))
+                                             "key": v.key, "turns": v.turns}
+                                         for k, v in sched.sessions.items()}))
     return 0
 
 
@@ -231,7 +300,8 @@ def main(argv=None) -> int:
                        help="the untrained model with random weights of --seed instead")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--chunk", type=int, default=64, help="prefill chunk")
-        p.add_argument("--capacity", type=int, default=2, help="snapshots the store holds")
+        p.add_argument("--capacity", type=int, default=2,
+                       help="records (turn snapshots and checkpoints) the store holds")
         p.add_argument("--image", help="persist the software store to this file")
 
     p = sub.add_parser("demo", help="end-to-end scenario on simulated FPGAs (Verilator)")
@@ -243,6 +313,7 @@ def main(argv=None) -> int:
                    help="the simulated device's attention numerics (int8 or int16 K/V)")
     p.add_argument("--board", choices=["ulx3s-85f"], default=None,
                    help="run against the pin-level simulation of this board's top")
+    p.set_defaults(capacity=6)      # room for kept turns and a shared checkpoint; still evicts
     p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
     model_args(p)
     p.add_argument("--link", help="socket://HOST:PORT (ringkv sim) or /dev/ttyUSB0 (board)")

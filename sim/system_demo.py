@@ -12,11 +12,21 @@ opens ``/dev/ttyUSB0`` on the board — and storage in an image file:
    recovering its directory from the record headers by itself, and a resume (hit);
 5. a session moved to a second simulated device by copying its record to that device's image
    (its recovery finds it, hit);
-6. a conversation several times longer than the window, resumed by a constant-size import.
+6. a conversation several times longer than the window, resumed by a constant-size import;
+7. three conversations behind one shared system prompt: the first marks the prompt's end as a
+   checkpoint (the scheduler stops its prefill there and exports the rings), the others find
+   it as their longest stored prefix (``QUERY_PREFIX``), import it and compute only their own
+   question;
+8. an edit-and-resend: a conversation edits its first question (``rewind`` to the end of the
+   system prompt) and resumes from the shared checkpoint.
+
+Each request prints its path, the tokens it reused (imported) and computed (prefilled), and
+of those the tokens the session had computed before (recomputed).
 
 Every generated token is checked against a software-only run: the same model with the
 attention core's bit-exact golden model (:class:`~ringkv.host.model.FixedBackend`) and no
-scheduling at all.
+scheduling or reuse at all; and every decision (path, tokens reused) against the same scenario
+on the software device (:func:`software_run`: the device of ``ringkv demo --software``).
 
 ``board="ulx3s-85f"`` (``make demo-board``) runs the same scenario against the pin-level
 simulation of the board top (:mod:`ringkv.sim.board_harness`: UART pins at 3 Mbaud, SD pins
@@ -40,7 +50,8 @@ from ringkv.host.link import Link
 from ringkv.host.model import BOS, FixedBackend, Model, encode_text, show_text, weights_path
 from ringkv.host.scheduler import Scheduler, path_summary, plain_run
 
-__all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO"]
+__all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO", "software_run",
+           "SYSTEM_PROMPT"]
 
 LANES = 4
 MACS = 8
@@ -52,9 +63,27 @@ def _text(rng, n):
     return encode_text(" ".join(rng.choice(words) for _ in range(n)) + ". ")
 
 
+#: The system prompt shared by the demo's assistant conversations.
+SYSTEM_PROMPT = "You are the ring scribe: answer from the window, briefly. "
+
+
+def _shared_prompt_steps(rng, device="B", users=("dave", "erin", "frank"), n_new=6):
+    """Conversations behind one system prompt (each marks the prompt's end as a checkpoint;
+    only the first one computes it), then the last one edits its question."""
+    system = [BOS] + encode_text(SYSTEM_PROMPT)
+    mark = {"checkpoints": (len(system),)}
+    steps = [("shared system prompt" if i == 0 else "", device, user,
+              system + _text(rng, 2 + i % 2), n_new, mark) for i, user in enumerate(users)]
+    steps.append((f"edit {users[-1]}'s question", device, users[-1], _text(rng, 3), n_new,
+                  {"rewind": len(system)}))
+    return steps
+
+
 def scenario(seed=0):
-    """``[(label, device, session, tokens, n_new)]``; an action has session ``None`` and names
-    itself in ``label``: ``"power cut"`` or ``"move <session>"`` (to device B)."""
+    """``[(label, device, session, tokens, n_new[, options])]`` (``options``: the keyword
+    arguments of :meth:`~ringkv.host.scheduler.Scheduler.request`); an action has session
+    ``None`` and names itself in ``label``: ``"power cut"`` or ``"move <session>"`` (to
+    device B)."""
     rng = random.Random(seed)
     return [
         ("three interleaved sessions", "A", "alice", [BOS] + _text(rng, 6), 6),
@@ -70,11 +99,12 @@ def scenario(seed=0):
         ("", "B", "carol", _text(rng, 12), 8),
         ("", "B", "alice", _text(rng, 2), 4),
         ("resume the long one", "B", "carol", _text(rng, 3), 8),
-    ]
+    ] + _shared_prompt_steps(rng)
 
 
 def short_scenario(seed=1):
-    """The shorter end-to-end run of ``make test``: every path, a power cut and a move."""
+    """The shorter end-to-end run of ``make test``: every path, a power cut, a move, a shared
+    system prompt and an edit."""
     rng = random.Random(seed)
     return [
         ("two sessions", "A", "alice", [BOS] + _text(rng, 3), 3),
@@ -86,10 +116,37 @@ def short_scenario(seed=1):
         ("resume after the power cycle", "A", "carol", _text(rng, 1), 2),
         ("move carol", "B", None, None, None),
         ("resume on device B", "B", "carol", _text(rng, 1), 2),
-    ]
+    ] + _shared_prompt_steps(rng, users=("dave", "erin"), n_new=2)
 
 
 SCENARIO = scenario()
+
+
+def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16):
+    """The scenario with the software device in the FPGA's place (golden models: the
+    fixed-point core's model as the rings, a store of ``regions`` records): the same scheduler;
+    a power cut keeps the store, a move starts a device whose store holds only the moved
+    session's record. Returns the scheduler and the generated tokens per request."""
+    from ringkv.host.scheduler import SoftwareDevice
+
+    def device():
+        return SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes),
+                              capacity=regions)
+
+    dev = device()
+    sched = Scheduler(model, dev, chunk=chunk)
+    outs = []
+    for label, _, sid, tokens, n_new, *opts in steps:
+        if sid is None:
+            sched.resident = None
+            if label.startswith("move"):
+                key = sched.sessions[label.split()[1]].key
+                moved = device()
+                moved.records[key] = dev.records[key]
+                dev = sched.device = moved
+            continue
+        outs.append(sched.request(sid, tokens, n_new, **(opts[0] if opts else {})))
+    return sched, outs
 
 
 def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None,
@@ -120,9 +177,12 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
 
     model = (Model.trained(config) if weights_path(config).exists()
              else Model(config, hidden=64, ffn=128, seed=seed))
+    steps = [tuple(s) + ({},) * (6 - len(s)) for s in steps]
     plan = [s for s in steps if s[2] is not None]
-    reference = plain_run(model, [(sid, toks, n) for _, _, sid, toks, n in plan],
+    reference = plain_run(model, [(sid, toks, n, opts) for _, _, sid, toks, n, opts in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
+    # what the software device decides for the same scenario (ringkv demo --software's device)
+    twin = [(e["path"], e["reused"]) for e in software_run(steps, config, model)[0].events]
 
     devices = {}
 
@@ -140,12 +200,13 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     say(f"device A up in {time.monotonic() - t1:.1f} s")
     sched = Scheduler(model, fpga, chunk=16)
     header = (f"{'#':>2} {'step':30} {'dev':3} {'session':7} {'path':8} {'tokens':>9} "
-              f"{'import B':>8} {'export B':>8} {'recomp':>6} {'cycles':>9} {'s':>5}")
+              f"{'reused':>6} {'computed':>8} {'recomp':>6} {'import B':>8} {'export B':>8} "
+              f"{'cycles':>9} {'s':>5}")
     say(header)
     say("-" * len(header))
     outputs, rows, failures = [], [], []
     step = 0
-    for label, devname, sid, tokens, n_new in steps:
+    for label, devname, sid, tokens, n_new, opts in steps:
         if sid is None:
             if label == "power cut":
                 dev, _ = devices.pop("A")
@@ -174,7 +235,7 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
             continue
         t = time.monotonic()
         before = dict(fpga.counters)
-        out = sched.request(sid, tokens, n_new)
+        out = sched.request(sid, tokens, n_new, **opts)
         e = sched.events[-1]
         cycles = fpga.counters["device_cycles"] - before["device_cycles"]
         outputs.append(out)
@@ -183,13 +244,27 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         ok = out == reference[len(outputs) - 1]
         if not ok:
             failures.append(step)
+        same = (e["path"], e["reused"]) == twin[len(outputs) - 1]
+        if not same:
+            failures.append(f"{step}: {e['path']} reusing {e['reused']}, the software device "
+                            f"{twin[len(outputs) - 1][0]} reusing {twin[len(outputs) - 1][1]}")
         say(f"{step:>2} {label:30} {devname:3} {sid:7} {e['path']:8} "
-            f"{e['before']:>4}->{e['after']:<4} {e['imported_bytes']:>8} "
-            f"{e['exported_bytes']:>8} {e['recomputed']:>6} {cycles:>9} "
+            f"{e['before']:>4}->{e['after']:<4} {e['reused']:>6} {e['prefilled']:>8} "
+            f"{e['recomputed']:>6} {e['imported_bytes']:>8} {e['exported_bytes']:>8} "
+            f"{cycles:>9} "
             f"{time.monotonic() - t:>5.1f}" + ("" if ok else "  MISMATCH")
+            + ("" if same else "  OTHER DECISION")
             + f"  {show_text(out)!r}")
+        notes = []
+        if e["rewind"] is not None:
+            notes.append(f"stream cut to {e['rewind']} tokens before feeding the edited "
+                         f"question")
+        if e["checkpoints"]:
+            notes.append("checkpoint stored at " + ", ".join(map(str, e["checkpoints"])))
         if e["reason"]:
-            say(f"   (miss: {e['reason']})")
+            notes.append(f"miss: {e['reason']}")
+        if notes:
+            say("   (" + "; ".join(notes) + ")")
     for dev, _ in devices.values():
         dev.stop()
 
@@ -202,12 +277,17 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         f"is {snap.sectors_per_region * 512} B of storage whatever the length "
         f"(header + up to {config.max_tokens} tokens + {snap.kv_bytes_max} B of K/V)")
     paths = [e["path"] for e, _ in rows]
-    needed = {"first", "hit", "miss"}
+    needed = {"first", "hit", "miss", "prefix"}
     if not needed <= set(paths):
         failures.append(f"paths {sorted(set(paths))} lack {sorted(needed - set(paths))}")
     if failures:
         say(f"FAILED: {failures}")
         return 1
+    shared = sum(e["reused"] for e, _ in rows if e["path"] == "prefix")
+    say(f"  tokens imported as a stored prefix (shared prompt, edit): {shared}; prefilled in "
+        f"all {sum(e['prefilled'] for e, _ in rows)}")
+    say("every decision (path, tokens reused) the same as the software device's for this "
+        "scenario")
     say(f"all {sum(map(len, outputs))} generated tokens identical to the software-only run "
         f"({time.monotonic() - t0:.0f} s)")
     shutil.rmtree(workdir, ignore_errors=True)

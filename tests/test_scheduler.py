@@ -47,8 +47,11 @@ def test_interleaved_sessions_equal_plain_run(model, export_after_inference):
 
 
 def test_paths_resume_and_eviction(model):
+    """Seed 001's paths: a session keeps one turn snapshot (``keep_turns=1``), so a store of
+    two holds both sessions; with ``keep_turns=2`` the earlier turn takes the place of the
+    other session's, which then recomputes (no prefix of it is stored either)."""
     dev = SoftwareDevice(SMALL, capacity=1)
-    sched = Scheduler(model, dev, chunk=4)
+    sched = Scheduler(model, dev, chunk=4, keep_turns=1)
     reqs = [("a", [BOS, 1, 2, 3], 3), ("a", [4, 5], 2), ("b", [BOS, 9, 9], 2), ("a", [6], 2),
             ("b", [7], 2)]
     outs = [sched.request(*r) for r in reqs]
@@ -59,9 +62,12 @@ def test_paths_resume_and_eviction(model):
     assert outs == plain_run(model, reqs, lambda: Float64Backend(SMALL), chunk=4)
     # with room for both: the same script resumes by import
     dev2 = SoftwareDevice(SMALL, capacity=2)
-    sched2 = Scheduler(model, dev2, chunk=4)
+    sched2 = Scheduler(model, dev2, chunk=4, keep_turns=1)
     assert [sched2.request(*r) for r in reqs] == outs
     assert [e["path"] for e in sched2.events] == ["first", "continue", "first", "hit", "hit"]
+    sched3 = Scheduler(model, SoftwareDevice(SMALL, capacity=2), chunk=4, keep_turns=2)
+    assert [sched3.request(*r) for r in reqs] == outs
+    assert [e["path"] for e in sched3.events] == ["first", "continue", "first", "hit", "miss"]
 
 
 def test_long_conversation_beyond_window(model):

@@ -10,7 +10,9 @@ from ringkv.sim.system_demo import run_system_demo, short_scenario
 def test_short_end_to_end_scenario(tmp_path, capsys):
     assert run_system_demo(workdir=tmp_path, steps=short_scenario(), verbose=True) == 0
     out = capsys.readouterr().out
-    for path in (" first ", " hit ", " miss ", "power cut", "recovery found 1 record"):
+    for path in (" first ", " hit ", " miss ", " prefix ", "power cut", "recovery found 1 record",
+                 "checkpoint stored at 59", "stream cut to 59 tokens",
+                 "every decision (path, tokens reused) the same as the software device's"):
         assert path in out, out
     assert "identical to the software-only run" in out
 
