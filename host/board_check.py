@@ -98,7 +98,8 @@ def describe_storage(info: dict) -> str:
     if info["sectors"]:
         size = f"{_size(info['sectors'] * SECTOR)} ({info['sectors']} sectors)"
     else:
-        size = "size unknown (SPI mode does not read the CSD)"
+        size = ("size unknown (SPI mode does not read the CSD)" if kind is StorageKind.SD_SPI
+                else "size unknown (the CSD was not read)")
     state = "initialised" if info["initialised"] else "NOT initialised"
     if info["high_speed"]:
         state += ", high speed"
@@ -264,9 +265,9 @@ class BoardCheck:
         try:
             st = self.dev.wait_ready(timeout=self.recovery_timeout)
         except (DeviceNotReady, TimeoutError) as e:
-            card = describe_storage(self.dev.storage_info())
-            raise _Fail(f"the device's recovery scan did not end ready ({e}); {card}",
-                        self._storage_hint(sinfo)) from None
+            sinfo = self.dev.storage_info()
+            raise _Fail(f"the device's recovery scan did not end ready ({e}); "
+                        f"{describe_storage(sinfo)}", self._storage_hint(sinfo)) from None
         sinfo = self.dev.storage_info()     # after the scan: the card has been initialised
         card = describe_storage(sinfo)
         if sinfo["kind"] is not StorageKind.NONE and not sinfo["initialised"]:

@@ -91,7 +91,7 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     # STORAGE_INFO in the storage step: the bitstream's SD mode and clock, the card model's
     # type (OCR) and capacity (its CSD: the image rounded up to 1024 sectors)
     card = 1024 * -(-TOP["regions"] * RecordLayout(CFG).sectors_per_region // 1024)
-    assert (f"SD card, native 4-bit bus at 20 MHz: SDHC/SDXC, {card * 512 / 2**20:.1f} MiB "
+    assert (f"SD card, native 4-bit bus at 20 MHz: SDHC/SDXC, {card // 2:.1f} KiB "
             f"({card} sectors), initialised;") in first, first
     assert "region 0 holds no record" in first, first
     assert "region 1 holds no record (kept: region 0: a valid record)" in second, second
