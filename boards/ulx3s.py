@@ -40,6 +40,7 @@ from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth.lib import wiring
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.protocol import StorageKind
 from ringkv.hw.sdnative import SDNativeController
 from ringkv.hw.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
@@ -135,7 +136,10 @@ class ULX3STop(Elaboratable):
         else:
             self.sd_half = max(1, round(self.sys_hz / (2 * sd_mhz * 1e6)))
         self.sd_init_half = max(self.sd_half, round(self.sys_hz / (2 * 400e3) + 0.5))
-        self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs)
+        kind = StorageKind.SD_NATIVE if storage == "sd4" else StorageKind.SD_SPI
+        self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs,
+                             storage_kind=kind,
+                             sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)))
 
     def _clock_source(self, m, platform, clk):
         """Drive ``clk`` at ``sys_hz``; return the lock signal. The one place where the
@@ -207,7 +211,9 @@ class ULX3STop(Elaboratable):
                          pins.cmd.o.eq(sd.sd.cmd.o), pins.cmd.oe.eq(sd.sd.cmd.oe),
                          sd.sd.cmd.i.eq(pins.cmd.i),
                          pins.dat.o.eq(sd.sd.dat.o), pins.dat.oe.eq(sd.sd.dat.oe),
-                         sd.sd.dat.i.eq(pins.dat.i)]
+                         sd.sd.dat.i.eq(pins.dat.i),
+                         top.storage_info.high_speed.eq(sd.high_speed),
+                         top.storage_info.sectors.eq(sd.sectors)]
         else:
             m.submodules.sd = sd = SDSPIController(init_half_period=self.sd_init_half,
                                                    half_period=self.sd_half)
@@ -216,6 +222,9 @@ class ULX3STop(Elaboratable):
                          sd_pins.cs.o.eq(~sd.spi.cs_n), sd_pins.cs.oe.eq(1),
                          sd.spi.miso.eq(sd_pins.cipo.i)]
         wiring.connect(m, top.storage, sd.storage)
+        # STORAGE_INFO: the controller's state (SPI mode: no high speed, capacity unknown)
+        m.d.comb += [top.storage_info.ready.eq(sd.ready),
+                     top.storage_info.card_type.eq(sd.card_type)]
 
         beat = Signal(26)
         m.d.sync += beat.eq(beat + 1)

@@ -10,11 +10,12 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    frame errors (CRC, timeout), no rejected frames, no retries.
 2. **identity**: ``VERSION`` (protocol and gateware version, the device's parameters) and
    ``CONFIG_DIGEST`` against the host's configuration (a difference names the field).
-3. **storage**: the device's own recovery scan at power-on has ended (``STORAGE_STATUS``:
-   ready, regions scanned, records found, regions freed, its clocks), and the card answers
-   ``SECTOR_READ`` of the first and of the last sector the device's regions use
-   (initialised, and large enough for every region). The gateware reports neither the card
-   type nor its size over the link (LED 2 shows SDHC/SDXC).
+3. **storage**: ``STORAGE_INFO`` (the SD mode, bus width and clock of the bitstream; the card
+   initialised, its type, SDSC or SDHC/SDXC, from its OCR, and its capacity from its CSD, which
+   SPI mode does not read; the last storage error), the device's own recovery scan at power-on
+   has ended (``STORAGE_STATUS``: ready, regions scanned, records found, regions freed, its
+   clocks), the card is large enough for every region, and it answers ``SECTOR_READ`` of the
+   first and of the last sector the device's regions use.
 4. **scratch region**: the directory is cleared (a host rebuilds it from storage anyway) and
    region headers are read from region 0 on; the first region without a record is the scratch
    region (with ``--force``: region 0, whatever it holds). The allocator is steered to it: a
@@ -54,8 +55,10 @@ from ringkv.defs.protocol import (
     RING_ELEMENTS,
     SNAPSHOT_RESPONSE,
     SYNC,
+    CardType,
     Op,
     Status,
+    StorageKind,
 )
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 
@@ -65,12 +68,44 @@ from .golden_hash import sequence_hash
 from .link import DeviceError, Link, LinkError
 from .record import RecordError, decode_header, encode_record
 
-__all__ = ["BoardCheck", "StepResult", "main", "PING_SIZES"]
+__all__ = ["BoardCheck", "StepResult", "main", "PING_SIZES", "describe_storage"]
 
 #: Default PING payload sizes of the link step (bytes).
 PING_SIZES = (0, 1, 16, 255, 1024, 4096)
 #: The placeholder key that steers the allocator past records (never a real prefix: count 1).
 _PLACEHOLDER = (1, 0x5C7A_7C4B_0A4D_C4EC)
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def describe_storage(info: dict) -> str:
+    """One line for a :meth:`~ringkv.host.fpga_device.FpgaDevice.storage_info` record:
+    ``SD card, native 4-bit bus at 20 MHz: SDHC/SDXC, 1.0 GiB (2097152 sectors), initialised``.
+    """
+    kind = info["kind"]
+    if kind is StorageKind.NONE:
+        return "no SD controller in this build (a simulation's sector model)"
+    mode = ("native 4-bit bus" if kind is StorageKind.SD_NATIVE
+            else f"SPI mode ({info['bus_width']}-bit)")
+    clock = info["sd_clock_hz"] / 1e6
+    card = {CardType.UNKNOWN: "card type unknown (no card answered)",
+            CardType.SDSC: "SDSC", CardType.SDHC: "SDHC/SDXC"}[info["card_type"]]
+    if info["sectors"]:
+        size = f"{_size(info['sectors'] * SECTOR)} ({info['sectors']} sectors)"
+    else:
+        size = ("size unknown (SPI mode does not read the CSD)" if kind is StorageKind.SD_SPI
+                else "size unknown (the CSD was not read)")
+    state = "initialised" if info["initialised"] else "NOT initialised"
+    if info["high_speed"]:
+        state += ", high speed"
+    errors = (f"; {info['errors']} storage errors, the last {info['last_error'].name}"
+              if info["errors"] else "")
+    return f"SD card, {mode} at {clock:g} MHz: {card}, {size}, {state}{errors}"
 
 
 @dataclasses.dataclass
@@ -224,28 +259,45 @@ class BoardCheck:
     def step_storage(self) -> str:
         info = self.info
         try:
+            sinfo = self.dev.storage_info()
+        except RuntimeError as e:
+            raise _Fail(f"STORAGE_INFO failed ({e})", _HINTS["storage"]) from None
+        try:
             st = self.dev.wait_ready(timeout=self.recovery_timeout)
         except (DeviceNotReady, TimeoutError) as e:
-            raise _Fail(f"the device's recovery scan did not end ready ({e})",
-                        _HINTS["storage"]) from None
+            sinfo = self.dev.storage_info()
+            raise _Fail(f"the device's recovery scan did not end ready ({e}); "
+                        f"{describe_storage(sinfo)}", self._storage_hint(sinfo)) from None
+        sinfo = self.dev.storage_info()     # after the scan: the card has been initialised
+        card = describe_storage(sinfo)
+        if sinfo["kind"] is not StorageKind.NONE and not sinfo["initialised"]:
+            raise _Fail(f"the card is not initialised; {card}", self._storage_hint(sinfo))
         recovery = (f"recovery scan ready: {st['scanned']}/{st['regions']} regions, "
                     f"{st['live']} records, {st['freed']} regions free, "
                     f"{st['cycles']} clocks")
         last = info["base_lba"] + info["regions"] * info["sectors_per_region"] - 1
+        need = _size((last + 1) * SECTOR)
+        if sinfo["sectors"] and sinfo["sectors"] <= last:
+            raise _Fail(f"the card holds {sinfo['sectors']} sectors, the {info['regions']} "
+                        f"regions need {last + 1} ({need}); {card}", _HINTS["storage"])
         for lba in (info["base_lba"], last):
             try:
                 data = self.dev._call(Op.SECTOR_READ, lba=lba)
             except RuntimeError as e:
-                raise _Fail(f"SECTOR_READ of sector {lba} failed ({e})",
+                raise _Fail(f"SECTOR_READ of sector {lba} failed ({e}); {card}",
                             _HINTS["storage"]) from None
             if len(data) != SECTOR:
                 raise _Fail(f"SECTOR_READ of sector {lba} gave {len(data)} B",
                             _HINTS["storage"])
-        size = (last + 1) * SECTOR
-        size = f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 2**10:.1f} KiB"
-        return (f"{recovery}; sectors {info['base_lba']} and {last} readable (the "
-                f"{info['regions']} regions need {size}); card type and size are not "
-                f"reported by this gateware (LED 2 lit: SDHC/SDXC)")
+        return (f"{card}; {recovery}; sectors {info['base_lba']} and {last} readable (the "
+                f"{info['regions']} regions need {need})")
+
+    @staticmethod
+    def _storage_hint(sinfo) -> str:
+        if sinfo["kind"] is StorageKind.SD_NATIVE and sinfo["card_type"] is CardType.SDSC:
+            return ("an SDSC card (2 GB or less): native mode supports SDHC/SDXC only; use "
+                    "an SDHC/SDXC card, or build the bitstream with --storage spi")
+        return _HINTS["storage"]
 
     def _holds_record(self, region) -> tuple[bool, str]:
         lba = self.info["base_lba"] + region * self.info["sectors_per_region"]

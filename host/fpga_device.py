@@ -29,9 +29,13 @@ from ringkv.defs.protocol import (
     RING_ELEMENTS,
     RING_META,
     SNAPSHOT_RESPONSE,
+    STORAGE_INFO,
+    CardType,
     Op,
     RecoveryState,
     Status,
+    StorageError,
+    StorageKind,
     max_attn_tokens,
 )
 from ringkv.defs.record import (
@@ -310,6 +314,20 @@ class FpgaDevice(Device):
         storage error, regions scanned of all, live records, regions freed, next commit
         sequence, clocks of the scan)."""
         return RECOVERY_STATUS.unpack(self._call(Op.STORAGE_STATUS))
+
+    def storage_info(self) -> dict:
+        """``STORAGE_INFO``: the :data:`~ringkv.defs.protocol.STORAGE_INFO` record with its
+        codes decoded: ``kind`` (:class:`~ringkv.defs.protocol.StorageKind`), ``card_type``
+        (:class:`~ringkv.defs.protocol.CardType`), ``last_error``
+        (:class:`~ringkv.defs.protocol.StorageError`), ``initialised`` and ``high_speed``
+        as bools; ``sectors`` 0 means unknown (SPI mode does not read the card's CSD)."""
+        r = STORAGE_INFO.unpack(self._call(Op.STORAGE_INFO))
+        r["kind"] = StorageKind(r["kind"])
+        r["card_type"] = CardType(r["card_type"])
+        r["last_error"] = StorageError(r["last_error"])
+        r["initialised"] = bool(r["initialised"])
+        r["high_speed"] = bool(r["high_speed"])
+        return r
 
     def wait_ready(self, timeout: float | None = None, progress=None, poll: float = 0.02
                    ) -> dict:

@@ -88,7 +88,7 @@ class AttentionCore(wiring.Component):
     Ring port (only while ``busy`` is low), byte-addressed: ``ring_addr`` (32 bits,
     ``(((ring*2 + kind)*W + slot)*d + dim)*EB + byte``, ``EB = EW/8`` bytes per element,
     little-endian, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V), ``ring_re``
-    (``ring_rdata``, 8 bits, valid one clock later; 0 outside the rings or while busy),
+    (``ring_rdata``, 8 bits, valid two clocks later; 0 outside the rings or while busy),
     ``ring_we`` + ``ring_wdata`` (one byte; ignored outside the rings or while busy). Meta port
     (per ring): ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time
     (0 for a bad ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
@@ -406,7 +406,7 @@ class AttentionCore(wiring.Component):
 
             # K/V bank: read address and writes (load, ring port). The read port is always
             # enabled: a read nobody asked for is never used (the pipeline follows the tags,
-            # ring_rdata shows a word only the clock after ring_re), and a clock enable would
+            # ring_rdata shows a word only two clocks after ring_re), and a clock enable would
             # fan out from the FSM to every DP16KD.
             with m.If(busy):
                 m.d.comb += kv_rd.addr.eq(word_issue)
@@ -696,10 +696,17 @@ class AttentionCore(wiring.Component):
             (wr.en != 0) & (rd.addr == wr.addr) for rd, wr in bank_ports]).any())
         self._collision_used = collision_used
 
-        # ring port read data: the addressed lane's word, the addressed byte
-        rd_word = Signal(EW * M)
-        m.d.comb += rd_word.eq(Array(rd_words)[dma_rd_lane])
-        m.d.comb += self.ring_rdata.eq(Mux(dma_rd_ok, rd_word.word_select(dma_rd_b, 8), 0))
+        # ring port read data, two clocks after ring_re: the addressed byte of every lane's
+        # word is registered next to that lane's banks (the banks are spread over the chip and
+        # have no output register: a bank -> byte -> lane -> DMA path in one clock was the
+        # board build's critical path), then the addressed lane's byte is selected
+        lane_bytes = [Signal(8, name=f"lane{lane}_rbyte") for lane in range(P)]
+        for lane in range(P):
+            m.d.sync += lane_bytes[lane].eq(rd_words[lane].word_select(dma_rd_b, 8))
+        rd_lane_q = Signal(range(P))
+        rd_ok_q = Signal()
+        m.d.sync += [rd_lane_q.eq(dma_rd_lane), rd_ok_q.eq(dma_rd_ok)]
+        m.d.comb += self.ring_rdata.eq(Mux(rd_ok_q, Array(lane_bytes)[rd_lane_q], 0))
 
         # the ring's new head and count are stored one clock after the token's last beat
         # (from registers: the enables of the 8-way metadata registers stay off the load's

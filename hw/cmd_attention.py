@@ -8,7 +8,7 @@ A :class:`~ringkv.hw.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`.
 * ``RING_CLEAR`` empties one layer's rings or all; ``SESSION_BEGIN`` empties the token memory
   and every ring (a new resident session).
 * ``RING_READ`` reads bytes of the byte-addressed ring port or per-ring metadata (count u32,
-  head u16): 3 clocks per item.
+  head u16): 4 clocks per item (the ring port's read latency is two clocks).
 """
 
 from amaranth import Cat, Mux, Signal
@@ -157,7 +157,7 @@ class AttentionUnit(CommandUnit):
             with m.If((a_done == Hkv) & (a_sent == d.rlen) & ~a_ofull):
                 m.next = "IDLE"
 
-        # ---- RING_READ: 3 clocks per item (a byte of the byte-addressed ring port, or the
+        # ---- RING_READ: 4 clocks per item (a byte of the byte-addressed ring port, or the
         # metadata of a ring) ----
         tok_i, rr_pos, rr_word = d.tok_i, self.rr_pos, self.rr_word
         with m.State("RR_ISSUE"):
@@ -165,6 +165,9 @@ class AttentionUnit(CommandUnit):
             m.d.comb += [d.top_ring_addr.eq(tok_i), d.top_ring_re.eq(what == RING_ELEMENTS),
                          d.top_meta_ring.eq(tok_i)]
             m.d.sync += rr_pos.eq(0)
+            m.next = "RR_WAIT"
+        with m.State("RR_WAIT"):            # ring data: two clocks after ring_re
+            m.d.comb += d.top_meta_ring.eq(tok_i)
             m.next = "RR_CAP"
         with m.State("RR_CAP"):
             what = arg(Op.RING_READ, "what")

@@ -1,15 +1,23 @@
-"""Dispatcher unit: raw storage access (SECTOR_READ).
+"""Dispatcher unit: raw storage access (SECTOR_READ) and the medium's description
+(STORAGE_INFO).
 
 A :class:`~ringkv.hw.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. The top's
 storage port belongs to the DMA except while a ``SECTOR_READ`` runs: the sector is read into a
 512-byte buffer (at the storage port's pace), then sent at 2 clocks per byte. A storage error or
 a short sector answers ``STORAGE_ERROR``.
+
+``STORAGE_INFO`` answers at once (no storage command) with the build's storage parameters
+(``storage_kind``, the bus width it implies, ``sd_clock_hz``), the controller's state on the
+top's ``storage_info`` port (initialised, card type, high speed, capacity) and the storage
+port's error record: every status with an error that passes the port (the DMA's transfers,
+the recovery scan's, ``SECTOR_READ``'s) sets ``last_error`` and counts in ``errors``
+(saturating).
 """
 
 from amaranth import Mux, Signal
 from amaranth.lib import memory
 
-from ringkv.defs.protocol import Op
+from ringkv.defs.protocol import Op, StorageKind
 
 from .dispatch import CommandUnit
 from .protocol import Status
@@ -19,7 +27,7 @@ __all__ = ["StorageUnit"]
 
 
 class StorageUnit(CommandUnit):
-    OPS = (Op.SECTOR_READ,)
+    OPS = (Op.SECTOR_READ, Op.STORAGE_INFO)
     BODIES = {"SECTOR": "SR_ISSUE"}
 
     def signals(self, d):
@@ -49,6 +57,23 @@ class StorageUnit(CommandUnit):
         self.sec_wr = sector.write_port()
         self.sec_rd = sector.read_port(transparent_for=())
         self.sec_err = Signal()
+        # the storage port's error record (STORAGE_INFO)
+        self.last_error = Signal(StorageError)
+        self.errors = Signal(32)
+        error = st.status.payload.error
+        with m.If(st.status.valid & st.status.ready & (error != StorageError.OK)):
+            m.d.sync += [self.last_error.eq(error),
+                         self.errors.eq(self.errors + (self.errors != 0xFFFF_FFFF))]
+
+    def responses(self, d):
+        top = d.top
+        info = top.storage_info
+        width = {StorageKind.NONE: 0, StorageKind.SD_SPI: 1, StorageKind.SD_NATIVE: 4}
+        return {Op.STORAGE_INFO: dict(
+            kind=top.storage_kind.value, card_type=info.card_type.as_value(),
+            initialised=info.ready, bus_width=width[top.storage_kind],
+            high_speed=info.high_speed, last_error=self.last_error.as_value(),
+            errors=self.errors, sd_clock_hz=top.sd_clock_hz, sectors=info.sectors)}
 
     def dispatch(self, d):
         m, top = d.m, d.top
@@ -61,6 +86,8 @@ class StorageUnit(CommandUnit):
                 m.d.sync += [self.top_lba.eq(top.base_lba + lba), d.idx.eq(0),
                              self.sec_err.eq(0)]
                 m.next = "S_CMD"
+        with m.Case(Op.STORAGE_INFO.value):
+            d.ok_fixed(Op.STORAGE_INFO)
 
     def states(self, d):
         m, enc, idx, st = d.m, d.enc, d.idx, d.top.storage

@@ -36,7 +36,10 @@ innermost, so a record's bytes of one element are consecutive and little-endian 
 format's order) and both directions move one byte per clock whatever ``EB``.
 
 Throughput: one byte per clock on the storage port's data streams (its peak) in every data phase,
-with a 4-entry FIFO absorbing the one-clock read latency of the ring and token ports. Overhead per
+with a 4-entry FIFO behind a two-stage read pipeline (the ring port's read latency is two
+clocks, the token port's one; the token byte waits a clock in a register). The payload CRC
+runs one clock behind its bytes (a register between the byte and the CRC: the board build's
+critical path ran from the attention core's banks through the byte mux into the CRC). Overhead per
 transfer: three storage commands (tokens, KV, header), ``2 * layers * kv_heads`` clocks of
 metadata reads and a few clocks per state change; see ``docs/BENCHMARKS.md`` for exact counts.
 Backpressure: ``cmd`` is accepted only when idle; ``resp`` holds until taken; every storage
@@ -65,8 +68,8 @@ from .enums import shaped
 from .storage import StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenReadSignature
 
-__all__ = ["RingPortSignature", "RING_PORT_MEMBERS", "connect_ring", "DmaOp", "DmaCommand",
-           "DmaResponse", "DmaEngine", "RecordStatus"]
+__all__ = ["RingPortSignature", "RING_PORT_MEMBERS", "RING_READ_LATENCY", "connect_ring", "DmaOp",
+           "DmaCommand", "DmaResponse", "DmaEngine", "RecordStatus"]
 
 #: :class:`ringkv.defs.record.RecordStatus` as a 4-bit shape (export, import, verify results).
 RecordStatus = shaped(record_defs.RecordStatus, RECORD_STATUS_BITS, module=__name__)
@@ -87,7 +90,8 @@ class RingPortSignature(wiring.Signature):
     =============== ===== =====================================================================
     ``ring_addr``   Out   32 bits: ``element * EB + byte`` with ``element = ((ring*2 + kind)*W +
                           slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V
-    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the byte one clock later
+    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the byte two clocks later
+                          (:data:`RING_READ_LATENCY`)
     ``ring_rdata``  In    8 bits, read data (one byte of an element)
     ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``
     ``ring_wdata``  Out   8 bits, write data (one byte of an element)
@@ -140,6 +144,10 @@ class RingPortSignature(wiring.Signature):
     def __repr__(self):
         return "RingPortSignature({}, {}, {}, {}, elem_bytes={})".format(*self._params)
 
+
+#: Clocks from ``ring_re`` to its byte on ``ring_rdata`` (the attention core registers the
+#: addressed byte of each lane's bank word, then selects the lane).
+RING_READ_LATENCY = 2
 
 RING_PORT_MEMBERS = ("ring_addr", "ring_re", "ring_rdata", "ring_we", "ring_wdata", "meta_ring",
                      "meta_count", "meta_head", "meta_we", "meta_wcount", "meta_whead")
@@ -360,7 +368,8 @@ class DmaEngine(wiring.Component):
                     with m.Case(off):
                         m.d.comb += hdr_byte.eq(byte)
 
-        # --- export datapath: issue -> one-clock read stage -> FIFO -> storage.wdata ---------
+        # --- export datapath: issue -> stage 1 (token memory data; the ring's bank read) ->
+        # stage 2 (ring byte; token and constant bytes registered) -> FIFO -> storage.wdata --
         wfifo_rst = Signal()
         wfifo = fifo.SyncFIFO(width=8, depth=4)
         m.submodules.wfifo = ResetInserter(wfifo_rst)(wfifo)
@@ -371,18 +380,23 @@ class DmaEngine(wiring.Component):
         b_crc = Signal()
         tok_word = Signal(8 * TB)
         m.d.comb += tok_word.eq(self.tokens.data)
+        b2_valid, b2_ring, b2_crc, b2_byte = Signal(), Signal(), Signal(), Signal(8)
+        m.d.sync += [b2_valid.eq(b_valid), b2_ring.eq(b_src == 2), b2_crc.eq(b_crc),
+                     b2_byte.eq(Mux(b_src == 1, tok_word.word_select(b_sel, 8), b_const))]
         b_data = Signal(8)
-        with m.Switch(b_src):
-            with m.Case(0):
-                m.d.comb += b_data.eq(b_const)
-            with m.Case(1):
-                m.d.comb += b_data.eq(tok_word.word_select(b_sel, 8))
-            with m.Default():
-                m.d.comb += b_data.eq(self.ring.ring_rdata)
-        m.d.comb += [wfifo.w_en.eq(b_valid), wfifo.w_data.eq(b_data),
+        m.d.comb += b_data.eq(Mux(b2_ring, self.ring.ring_rdata, b2_byte))
+        m.d.comb += [wfifo.w_en.eq(b2_valid), wfifo.w_data.eq(b_data),
                      st.wdata.valid.eq(wfifo.r_rdy), st.wdata.payload.eq(wfifo.r_data),
                      wfifo.r_en.eq(st.wdata.ready)]
         m.d.sync += b_valid.eq(0)
+
+        # payload CRC, one clock behind its bytes (export: the FIFO's input; import: the
+        # storage's read data): nothing reads it until the segment's status has come
+        crc_v, crc_d = Signal(), Signal(8)
+        pcrc_v, pcrc_d = Signal(), Signal(8)
+        m.d.comb += [crc_v.eq(b2_valid & b2_crc), crc_d.eq(b_data)]
+        m.d.sync += [pcrc_v.eq(crc_v), pcrc_d.eq(crc_d)]
+        m.d.comb += [pcrc.valid.eq(pcrc_v), pcrc.data.eq(pcrc_d)]
 
         # token compare pipeline (import)
         cmp_valid = Signal()
@@ -507,7 +521,7 @@ class DmaEngine(wiring.Component):
             with m.State("SEG_DATA"):
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
                 with m.If(exporting):
-                    room = (wfifo.level + b_valid) < 4
+                    room = (wfifo.level + b_valid + b2_valid) < 4
                     with m.If((total_left != 0) & room):
                         m.d.sync += [total_left.eq(total_left - 1), b_valid.eq(1)]
                         with m.If(seg == _Seg.HDR):
@@ -527,7 +541,6 @@ class DmaEngine(wiring.Component):
                             advance()
                         with m.Else():
                             m.d.sync += [b_src.eq(0), b_const.eq(0), b_crc.eq(0)]
-                    m.d.comb += [pcrc.valid.eq(b_valid & b_crc), pcrc.data.eq(b_data)]
                 with m.Else():
                     m.d.comb += st.rdata.ready.eq(total_left != 0)
                     with m.If(st.rdata.valid & (total_left != 0)):
@@ -538,7 +551,7 @@ class DmaEngine(wiring.Component):
                             advance()
                         with m.Elif(pay_left != 0):
                             m.d.sync += pay_left.eq(pay_left - 1)
-                            m.d.comb += [pcrc.valid.eq(1), pcrc.data.eq(rbyte)]
+                            m.d.comb += [crc_v.eq(1), crc_d.eq(rbyte)]
                             with m.If(seg == _Seg.TOK):
                                 with m.If(importing):
                                     m.d.comb += self.tokens.en.eq(1)
@@ -548,12 +561,12 @@ class DmaEngine(wiring.Component):
                                 m.d.comb += self.ring.ring_we.eq(1)
                                 m.d.sync += kv_started.eq(1)
                             advance()
-                data_done = (total_left == 0) & ~b_valid & (wfifo.level == 0)
+                data_done = (total_left == 0) & ~b_valid & ~b2_valid & (wfifo.level == 0)
                 with m.If(st.status.valid):
                     with m.If((st.status.payload.error != StorageError.OK) | ~data_done):
                         m.d.sync += status.eq(RecordStatus.STORAGE)
                         m.d.comb += wfifo_rst.eq(1)
-                        m.d.sync += b_valid.eq(0)
+                        m.d.sync += [b_valid.eq(0), b2_valid.eq(0)]
                         m.next = "FAIL"
                     with m.Else():
                         m.next = "SEG_NEXT"

@@ -63,7 +63,10 @@ Latency of a read: 8 + 48 clocks (command) + N_AC + 1 (start bit) + 2 (first byt
 Ports: ``storage`` (In :class:`StoragePortSignature`), ``sd`` (:class:`SDBusSignature`: ``clk``
 out, ``cmd.o/oe/i``, ``dat.o/oe/i`` 4 bits), ``ready`` (card initialised), ``sdhc`` (the card
 is SDHC/SDXC; always with ``ready``: only those are supported), ``high_speed`` (high speed
-granted and used), ``sectors`` (capacity in 512-byte sectors, from the CSD).
+granted and used), ``sectors`` (capacity in 512-byte sectors, from the CSD), ``card_type``
+(:class:`~ringkv.hw.storage.CardType` from the OCR's CCS bit in the card's ready answer to
+``ACMD41``: an SDSC card is reported as such although it is not initialised; ``UNKNOWN``
+from the start of each initialisation until that answer).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -71,7 +74,14 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
-from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature, check_int
+from .storage import (
+    SECTOR_BYTES,
+    CardType,
+    StorageError,
+    StorageOp,
+    StoragePortSignature,
+    check_int,
+)
 
 __all__ = ["SDBusSignature", "SDNativeController"]
 
@@ -152,6 +162,7 @@ class SDNativeController(wiring.Component):
             "sdhc": Out(1),
             "high_speed": Out(1),
             "sectors": Out(33),
+            "card_type": Out(CardType),
         })
 
     @property
@@ -505,7 +516,8 @@ class SDNativeController(wiring.Component):
             # ---- initialisation ----------------------------------------------------------------
             with m.State("POWERUP"):
                 m.d.sync += [fast.eq(0), self.ready.eq(0), self.sdhc.eq(0),
-                             self.high_speed.eq(0), wait.eq(0)]
+                             self.high_speed.eq(0), wait.eq(0),
+                             self.card_type.eq(CardType.UNKNOWN)]
                 m.next = "CLOCKS"
             with m.State("CLOCKS"):
                 # >= 74 clocks with CMD high
@@ -561,6 +573,8 @@ class SDNativeController(wiring.Component):
                             send_cmd(41, 0x40FF_8000, _Resp.R3, _After.ACMD41)
                     with m.Case(_After.ACMD41):
                         with m.If(resp_arg[31]):
+                            m.d.sync += self.card_type.eq(Mux(resp_arg[30], CardType.SDHC,
+                                                              CardType.SDSC))
                             with m.If(resp_arg[30]):
                                 send_cmd(2, 0, _Resp.R2, _After.CMD2)
                             with m.Else():

@@ -28,7 +28,10 @@ Backpressure: ``rdata`` may stall (the SPI clock pauses between bytes); ``wdata`
 (same). Latency of a read: command (7 bytes) + card latency to the data token.
 
 Ports: ``storage`` (In :class:`StoragePortSignature`), ``spi`` (``sclk``, ``mosi``, ``cs_n`` out;
-``miso`` in; mode 0), ``ready`` (card initialised), ``sdhc`` (block-addressed card).
+``miso`` in; mode 0), ``ready`` (card initialised), ``sdhc`` (block-addressed card),
+``card_type`` (:class:`~ringkv.hw.storage.CardType`: SDHC/SDXC or SDSC from ``sdhc`` once
+initialised, else ``UNKNOWN``). The controller does not read the CSD: the capacity is
+unknown in SPI mode (``STORAGE_INFO`` reports 0 sectors).
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -36,7 +39,14 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
-from .storage import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature, check_int
+from .storage import (
+    SECTOR_BYTES,
+    CardType,
+    StorageError,
+    StorageOp,
+    StoragePortSignature,
+    check_int,
+)
 
 __all__ = ["SPISignature", "SDSPIController"]
 
@@ -86,6 +96,7 @@ class SDSPIController(wiring.Component):
             "spi": Out(SPISignature()),
             "ready": Out(1),
             "sdhc": Out(1),
+            "card_type": Out(CardType),
         })
 
     @property
@@ -100,6 +111,8 @@ class SDSPIController(wiring.Component):
         m = Module()
         st = self.storage
         spi = self.spi
+        m.d.comb += self.card_type.eq(Mux(self.ready, Mux(self.sdhc, CardType.SDHC,
+                                                          CardType.SDSC), CardType.UNKNOWN))
 
         # ---- SPI byte engine (mode 0) ------------------------------------------------------
         fast = Signal()

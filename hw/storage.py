@@ -27,10 +27,13 @@ chosen to match the SD card's byte-serial bus and the DMA's element-wide ring po
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs import protocol
 from ringkv.defs.record import SECTOR
 
+from .enums import shaped
+
 __all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
-           "StoragePortSignature", "check_int"]
+           "StoragePortSignature", "StorageInfoSignature", "CardType", "check_int"]
 
 #: Bytes per sector (the record format's sector, :data:`ringkv.defs.record.SECTOR`).
 SECTOR_BYTES = SECTOR
@@ -41,13 +44,12 @@ class StorageOp(enum.Enum, shape=1):
     WRITE = 1
 
 
-class StorageError(enum.Enum, shape=3):
-    OK = 0
-    TIMEOUT = 1      #: no response, no data token, or busy for too long (card gone or hung)
-    CRC = 2          #: CRC7 rejected by the card, or CRC16 of read data wrong, or write CRC error
-    CARD = 3         #: the card answered with an error (R1 error bits, error token, write error)
-    RANGE = 4        #: count 0, or sectors outside the medium
-    NOT_READY = 5    #: initialisation failed (no card, unusable card)
+#: :class:`ringkv.defs.protocol.StorageError` as a 3-bit shape: OK, TIMEOUT (no response, no
+#: data token, or busy for too long: card gone or hung), CRC (CRC7 rejected by the card, CRC16
+#: of read data wrong, or write CRC error), CARD (the card answered with an error: R1 error
+#: bits, error token, write error), RANGE (count 0, or sectors outside the medium), NOT_READY
+#: (initialisation failed: no card, unusable card).
+StorageError = shaped(protocol.StorageError, 3, module=__name__)
 
 
 StorageCommand = data.StructLayout({"op": StorageOp, "lba": 32, "count": 16})
@@ -77,6 +79,34 @@ class StoragePortSignature(wiring.Signature):
 
     def __repr__(self):
         return "StoragePortSignature()"
+
+
+#: :class:`ringkv.defs.protocol.CardType` as a 2-bit shape (the controllers' ``card_type``).
+CardType = shaped(protocol.CardType, 2, module=__name__)
+
+
+class StorageInfoSignature(wiring.Signature):
+    """What a storage controller knows about its medium, controller side (``.flip()`` for the
+    top that reports it: ``STORAGE_INFO``).
+
+    Members (all Out): ``ready`` (the card is initialised), ``card_type`` (:class:`CardType`,
+    from the card's last answer to ``ACMD41``/``CMD58``: the OCR's CCS bit), ``high_speed``
+    (the card runs in high-speed mode), ``sectors`` (33 bits: capacity in 512-byte sectors
+    from the CSD, 0 when unknown).
+    """
+
+    def __init__(self):
+        super().__init__({"ready": Out(1), "card_type": Out(CardType), "high_speed": Out(1),
+                          "sectors": Out(33)})
+
+    def __eq__(self, other):
+        return type(other) is StorageInfoSignature
+
+    def __hash__(self):
+        return hash(StorageInfoSignature)
+
+    def __repr__(self):
+        return "StorageInfoSignature()"
 
 
 def check_int(name: str, value, minimum: int) -> None:

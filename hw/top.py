@@ -25,7 +25,7 @@ from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
-from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, REQUESTS, Op, attn_in_bytes
+from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, REQUESTS, Op, StorageKind, attn_in_bytes
 from ringkv.defs.record import RecordLayout
 
 from .attention import AttentionCore
@@ -42,7 +42,7 @@ from .dispatch import Dispatcher
 from .dma import DmaEngine
 from .framing import FrameDecoder, FrameEncoder
 from .hash_engine import HashEngine
-from .storage import StoragePortSignature
+from .storage import StorageInfoSignature, StoragePortSignature
 from .token_memory import TokenMemory
 
 __all__ = ["RingKVTop", "UNITS"]
@@ -81,11 +81,18 @@ class RingKVTop(wiring.Component):
         Frame decoder idle timeout in clocks.
     base_lba : int
         First sector of region 0.
+    storage_kind : StorageKind
+        What serves the storage port (:class:`~ringkv.defs.protocol.StorageKind`; ``NONE``:
+        no SD controller, a simulation's sector model), and ``sd_clock_hz`` its SD clock in
+        data transfers: the build's parameters, reported by ``STORAGE_INFO``.
 
     Ports
     -----
     ``rx`` (In stream of bytes from the link), ``tx`` (Out stream of bytes to the link),
-    ``storage`` (:class:`~ringkv.hw.storage.StoragePortSignature`, initiator side).
+    ``storage`` (:class:`~ringkv.hw.storage.StoragePortSignature`, initiator side),
+    ``storage_info`` (:class:`~ringkv.hw.storage.StorageInfoSignature`, flipped: the SD
+    controller's ready, card type, high speed and capacity, for ``STORAGE_INFO``; all 0 when
+    nothing drives them).
 
     Behaviour
     ---------
@@ -120,7 +127,8 @@ class RingKVTop(wiring.Component):
     def __init__(self, config: RingKVConfig, *, regions: int = 64, links: int | None = None,
                  buckets: int | None = None, lanes: int = 4, macs: int = 8,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
-                 base_lba: int = 0):
+                 base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
+                 sd_clock_hz: int = 0):
         if not isinstance(config, RingKVConfig):
             raise TypeError(f"config must be a RingKVConfig, not {config!r}")
         if not _pow2(regions) or not 2 <= regions <= 1 << 15:
@@ -147,6 +155,12 @@ class RingKVTop(wiring.Component):
         if max_payload < need:
             raise ValueError(f"max_payload must be at least {need} bytes (one attention token "
                              f"of this config), not {max_payload!r}")
+        if not isinstance(storage_kind, StorageKind):
+            raise TypeError(f"storage_kind must be a StorageKind, not {storage_kind!r}")
+        if (isinstance(sd_clock_hz, bool) or not isinstance(sd_clock_hz, int)
+                or not 0 <= sd_clock_hz < 1 << 32):
+            raise ValueError(f"sd_clock_hz must be an integer in 0..2**32-1, not "
+                             f"{sd_clock_hz!r}")
         handled = [o for unit in UNITS for o in unit.OPS]
         if sorted(handled, key=lambda o: o.value) != sorted(REQUESTS, key=lambda o: o.value):
             raise AssertionError(f"command units {sorted(o.name for o in handled)} do not "
@@ -155,6 +169,7 @@ class RingKVTop(wiring.Component):
         self._config = config
         self._regions, self._links, self._buckets = regions, links, buckets
         self._max_payload, self._base_lba = max_payload, base_lba
+        self._storage_kind, self._sd_clock_hz = storage_kind, sd_clock_hz
         self._layout = RecordLayout(config)
         # children built here so that their parameter checks run at construction
         self.decoder = FrameDecoder(max_payload=max_payload, timeout=timeout)
@@ -173,6 +188,7 @@ class RingKVTop(wiring.Component):
             "rx": In(stream.Signature(8)),
             "tx": Out(stream.Signature(8)),
             "storage": Out(StoragePortSignature()),
+            "storage_info": In(StorageInfoSignature()),
         })
         #: High while the recovery scan runs (not a port: a simulation observation point;
         #: the link's STORAGE_STATUS reports the same).
@@ -185,6 +201,8 @@ class RingKVTop(wiring.Component):
     max_payload = property(lambda self: self._max_payload)
     base_lba = property(lambda self: self._base_lba)
     record_layout = property(lambda self: self._layout)
+    storage_kind = property(lambda self: self._storage_kind)
+    sd_clock_hz = property(lambda self: self._sd_clock_hz)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):

@@ -92,6 +92,7 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
                 ctx.set(core.ring_re, 1)
                 await ctx.tick()
                 ctx.set(core.ring_re, 0)
+                await ctx.tick()                # ring data: two clocks after ring_re
                 res["reads"].append(ctx.get(core.ring_rdata))
             elif op[0] == "meta_write":
                 ctx.set(core.meta_ring, op[1])

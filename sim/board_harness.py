@@ -337,7 +337,8 @@ def build_board(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False,
 def serve_board(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0,
                 once: bool = False, prebuilt: bool = False, cut_after: int | None = None,
                 test_module: str = "ringkv.sim.cocotb_board", testcase=None,
-                extra_env: dict | None = None, gate: bool = False, **top_kwargs):
+                extra_env: dict | None = None, gate: bool = False, card: dict | None = None,
+                **top_kwargs):
     """Build if needed, then run the simulated board until killed (or one connection).
 
     ``test_module`` other than the server runs a cocotb test module on the same build (the
@@ -352,6 +353,7 @@ def serve_board(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0,
     runner = get_runner("verilator")
     env = {"RINGKV_BOARD": json.dumps({**info, "image": str(Path(image).resolve()),
                                        "port": port, "once": once, "cut_after": cut_after,
+                                       "card": card or {},
                                        "config": config.__dict__}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
            **(extra_env or {})}
@@ -362,9 +364,14 @@ def serve_board(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0,
 
 class BoardDevice(SimDevice):
     """The simulated board in a child process: ``url``, ``stop()``, ``kill()`` (power cut),
-    ``wait_power_cut()`` as :class:`~ringkv.sim.harness.SimDevice`."""
+    ``wait_power_cut()`` as :class:`~ringkv.sim.harness.SimDevice`. ``card``: keyword
+    arguments of the SD card model (``{"sdhc": False}``: an SDSC card)."""
 
     MODULE = "ringkv.sim.board_harness"
+
+    def __init__(self, image, *, card: dict | None = None, **kwargs):
+        args = ["--card", json.dumps(card)] if card else []
+        super().__init__(image, server_args=args, **kwargs)
 
 
 class GateBoardDevice(SimDevice):
@@ -392,6 +399,9 @@ def main(argv=None, *, gate: bool = False):
                         help="use the existing Verilator build without re-elaborating")
     parser.add_argument("--cut-after", type=int, default=None, metavar="BYTES",
                         help="power cut after BYTES of data written to the card")
+    parser.add_argument("--card", default="{}",
+                        help='the SD card model\'s keyword arguments as JSON ({"sdhc": false}: '
+                             'an SDSC card)')
     args = parser.parse_args(argv)
     if args.config in (None, "default"):
         config = DEFAULT_CONFIG
@@ -405,7 +415,7 @@ def main(argv=None, *, gate: bool = False):
           + f" (config digest {config.digest().hex()[:16]}) ...", file=sys.stderr, flush=True)
     serve_board(args.image, config=config, port=args.port, once=args.once,
                 prebuilt=args.prebuilt, cut_after=args.cut_after, gate=args.gate,
-                **json.loads(args.top))
+                card=json.loads(args.card), **json.loads(args.top))
     return 0
 
 

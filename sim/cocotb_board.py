@@ -2,7 +2,7 @@
 
 Started by :func:`ringkv.sim.board_harness.serve_board` (``ringkv sim --board``), never by
 pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors, port,
-``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``).
+``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``, ``card``).
 
 * ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`).
 * :class:`UartLine` is the host's side of the serial line, like the FT231X: it sends the
@@ -18,7 +18,8 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
 * The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`: ``"sd4"`` (the
   bitstream's default, native 4-bit: :class:`CocotbSD4Pads` with the strict 4-bit card model
   on the split ``BB`` pads) or ``"spi"`` (:class:`~ringkv.sim.sdcard_model.SDCardSPI`).
-  Each adapter takes ``(dut, image, cut_after)`` and returns an object with an
+  Each adapter takes ``(dut, image, cut_after, card)`` (``card``: the card model's keyword
+  arguments, ``--card``) and returns an object with an
   ``async run()`` that serves the card until a :class:`~ringkv.sim.sector_model.PowerCut`
   (then the process exits with :data:`~ringkv.sim.cocotb_server.POWER_CUT_EXIT`, as the
   byte-level server does) or a protocol violation (exit status 1).
@@ -191,7 +192,7 @@ class _DrivenCS:
             watch.cancel()
 
 
-def _spi_card(dut, image, cut_after):
+def _spi_card(dut, image, cut_after, card=None):
     """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
     (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``, a ``BB``;
     :class:`_DrivenCS`). The gate-level build does not split its pads
@@ -203,16 +204,17 @@ def _spi_card(dut, image, cut_after):
                            sd__mosi=dut.sd_card_spi_0__copi__io,
                            sd__miso=dut.sd_card_spi_0__cipo__io,
                            sd__cs_n=getattr(dut, f"{cs}__fpga_o" if split else cs))
-    card = CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after))
+    card = CocotbSDCard(pins, "sd", SDCardSPI(image, cut_after=cut_after, **(card or {})))
     if not split:
         return card
     return _DrivenCS(card, getattr(dut, cs), getattr(dut, f"{cs}__fpga_oe"))
 
 
-def _sd4_card(dut, image, cut_after):
+def _sd4_card(dut, image, cut_after, card=None):
     """The native-mode card (:class:`~ringkv.sim.sd4_model.SDCard4`, default timing, high
     speed supported) on ``sd_card_native_0`` (:class:`CocotbSD4Pads`)."""
-    return CocotbSD4Pads(dut, "sd_card_native_0", SDCard4(image, cut_after=cut_after))
+    return CocotbSD4Pads(dut, "sd_card_native_0",
+                         SDCard4(image, cut_after=cut_after, **(card or {})))
 
 
 #: Card models by the board top's storage kind (``ULX3STop.storage``; ``"spi"`` when absent).
@@ -237,7 +239,8 @@ def start_board(dut, params: dict, on_bytes=None):
     line = UartLine(getattr(dut, PINS["rx"]), getattr(dut, PINS["tx"]), params["baud"],
                     on_bytes)
     image = SectorImage(params["image"], params["sectors"])
-    card = SD_ADAPTERS[params.get("storage", "spi")](dut, image, params.get("cut_after"))
+    card = SD_ADAPTERS[params.get("storage", "spi")](dut, image, params.get("cut_after"),
+                                                     params.get("card"))
     cocotb.start_soon(_serve_card(card))
     cocotb.start_soon(line.run())
     return line, image, card

@@ -103,7 +103,7 @@ class SimDevice:
 
     def __init__(self, image, *, config: RingKVConfig = DEFAULT_CONFIG, log=None,
                  startup_timeout: float = 900.0, prebuilt: bool = False,
-                 cut_after: int | None = None, **top_kwargs):
+                 cut_after: int | None = None, server_args=(), **top_kwargs):
         self.image = Path(image)
         self.config = config
         cmd = [sys.executable, "-m", self.MODULE, "--image", str(self.image),
@@ -112,6 +112,7 @@ class SimDevice:
             cmd.append("--prebuilt")
         if cut_after is not None:
             cmd += ["--cut-after", str(cut_after)]
+        cmd += list(server_args)            # the server module's own options
         self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      start_new_session=True)

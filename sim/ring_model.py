@@ -5,7 +5,7 @@ test harness built around it.
 block RAM of ``ring_bytes = layers * kv_heads * 2 * window * head_dim * EB`` bytes (``EB``
 bytes per element from the configuration's numerics, byte address ``element * EB + byte``,
 little-endian) plus per-layer (count, head) registers, with the attention core's timing (ring
-data one clock after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
+data two clocks after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
 kv_head``). A test access port ``tap`` lets a testbench load and read the rings byte by byte in
 the same address space (sync read, one clock; :func:`ringkv.host.record.ring_image` gives the
 bytes of element arrays).
@@ -59,7 +59,10 @@ class RingMemoryModel(wiring.Component):
         with m.Else():
             m.d.comb += [wp.addr.eq(self.tap.addr), wp.data.eq(self.tap.wdata),
                          wp.en.eq(self.tap.we)]
-        m.d.comb += [rp.addr.eq(r.ring_addr), rp.en.eq(r.ring_re), r.ring_rdata.eq(rp.data),
+        # ring data two clocks after ring_re (RING_READ_LATENCY), as on the attention core
+        rdata_q = Signal(8)
+        m.d.sync += rdata_q.eq(rp.data)
+        m.d.comb += [rp.addr.eq(r.ring_addr), rp.en.eq(r.ring_re), r.ring_rdata.eq(rdata_q),
                      tp.addr.eq(self.tap.addr), self.tap.rdata.eq(tp.data)]
         rings = c.layers * c.kv_heads
         counts = [Signal(32, name=f"count{i}") for i in range(rings)]

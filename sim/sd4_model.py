@@ -33,8 +33,11 @@ tran, data, rcv, prg) and is strict where a sloppy host would get away on some c
 * ``sdhc=False`` makes an SDSC card (``ACMD41`` answers CCS = 0), ``v2=False`` a v1 card (no
   answer to ``CMD8``).
 
-The CSD is version 2.0 with ``C_SIZE`` from the image size (rounded up to 1024 sectors, the
-CSD's unit); a read or write beyond the image gets ``OUT_OF_RANGE`` in its response.
+The CSD (``csd_version``, by default 2.0 for an SDHC card and 1.0 for an SDSC card, as real
+cards have it) gives the capacity from the image size: version 2.0 ``C_SIZE`` in units of 1024
+sectors, version 1.0 ``C_SIZE`` with ``C_SIZE_MULT`` = 7 and ``READ_BL_LEN`` = 9 (units of 512
+sectors), both rounded up (:attr:`SDCard4.sectors`, :func:`csd_sectors` decodes either); a
+read or write beyond the image gets ``OUT_OF_RANGE`` in its response.
 
 Written blocks go to the :class:`~ringkv.sim.sector_model.SectorImage` at once (a power cut after
 ``cut_after`` data bytes raises :class:`~ringkv.sim.sector_model.PowerCut`, leaving the block
@@ -56,7 +59,7 @@ from amaranth.lib.crc import catalog
 from .sector_model import PowerCut, SectorImage
 
 __all__ = ["SDCard4", "amaranth_sd4_card", "CocotbSD4Card", "crc7", "crc16_lines",
-           "R1_ERRORS"]
+           "R1_ERRORS", "csd_sectors"]
 
 _CRC7 = catalog.CRC7_MMC()
 _CRC16 = catalog.CRC16_XMODEM()
@@ -73,6 +76,18 @@ R1_ERRORS = 0xFDF80008
 _CLEAR_ON_READ = 0xFDF80008
 _STATES = {"idle": 0, "ready": 1, "ident": 2, "stby": 3, "tran": 4, "data": 5, "rcv": 6,
            "prg": 7}
+
+
+def csd_sectors(csd: int) -> int:
+    """Capacity in 512-byte sectors of a 128-bit CSD register, version 1.0 or 2.0 (SD Physical
+    Layer Simplified Specification, 5.3.2 and 5.3.3)."""
+    version = csd >> 126
+    if version == 1:
+        return (((csd >> 48) & 0x3F_FFFF) + 1) * 1024
+    if version == 0:
+        c_size, mult, bl_len = (csd >> 62) & 0xFFF, (csd >> 47) & 7, (csd >> 80) & 0xF
+        return ((c_size + 1) << (mult + 2 + bl_len)) // 512
+    raise ValueError(f"CSD structure version {version} is reserved")
 
 
 def crc7(value: int, bits: int) -> int:
@@ -118,8 +133,11 @@ class SDCard4:
     def __init__(self, image: SectorImage, *, high_speed=True, sdhc=True, v2=True, ncr=2,
                  nac=4, block_gap=2, init_polls=3, busy_clocks=8, rca=0x5A3C, cut_after=None,
                  dead=None, bad_read_crc=0, bad_resp_crc=0, bad_write_bus=0, write_error=0,
-                 fail_next=0, die_after=None):
+                 fail_next=0, die_after=None, csd_version=None):
         self.image = image
+        self.csd_version = csd_version if csd_version is not None else (2 if sdhc else 1)
+        if self.csd_version not in (1, 2):
+            raise ValueError(f"csd_version must be 1 or 2, not {csd_version!r}")
         self.high_speed_supported = high_speed
         self.sdhc, self.v2 = sdhc, v2
         self.ncr, self.nac, self.block_gap = ncr, nac, block_gap
@@ -131,7 +149,11 @@ class SDCard4:
         self.write_error, self.fail_next = write_error, fail_next
         self.bad_write_bus = bad_write_bus
         self.die_after = die_after
-        self.csize = (image.sectors + 1023) // 1024 - 1
+        unit = 1024 if self.csd_version == 2 else 512
+        self.csize = (image.sectors + unit - 1) // unit - 1
+        if self.csd_version == 1 and self.csize > 0xFFF:
+            raise ValueError(f"{image.sectors} sectors do not fit a version 1.0 CSD "
+                             f"(at most 2097152)")
         self.log = []              # (index, arg, app) of every command with a good CRC
         self.violations = []
         self.crc_errors = 0        # commands and written blocks with a bad CRC
@@ -164,7 +186,8 @@ class SDCard4:
 
     @property
     def sectors(self):
-        return (self.csize + 1) * 1024
+        """The capacity the CSD reports (the image size rounded up to the CSD's unit)."""
+        return (self.csize + 1) * (1024 if self.csd_version == 2 else 512)
 
     # --- one clock ----------------------------------------------------------------------------
     def clock(self, cmd_oe: int, cmd_o: int, dat_oe: int, dat_o: int):
@@ -372,6 +395,12 @@ class SDCard4:
 
     def _csd(self):
         speed = 0x5A if self.high_speed else 0x32
+        if self.csd_version == 1:
+            # CSD 1.0: TAAC, NSAC, READ_BL_LEN 9, C_SIZE, C_SIZE_MULT 7, ERASE_BLK_EN,
+            # SECTOR_SIZE, R2W_FACTOR, WRITE_BL_LEN 9
+            return ((0x26 << 112) | (speed << 96) | (0x5F5 << 84) | (9 << 80)
+                    | (self.csize << 62) | (7 << 47) | (1 << 46) | (0x7F << 39) | (2 << 26)
+                    | (9 << 22))
         csd = (1 << 126) | (0x0E << 112) | (speed << 96) | (0x5B5 << 84) | (9 << 80) \
             | (self.csize << 48) | (1 << 46) | (0x7F << 39) | (2 << 26) | (9 << 22)
         return csd

@@ -13,8 +13,10 @@ The storage port (``hw/storage.py``) is served from Python, at up to one byte pe
 Both take ``rng`` with ``idle`` (probability of a bubble before each read byte / status) and
 ``stall`` (probability of withholding ``ready`` on ``cmd``/``wdata``), a ``cut_after`` budget of
 written bytes after which the "power" fails (:class:`PowerCut` is raised: the sector being
-written is torn, holding the bytes received so far), and ``dead`` to make the medium stop
-answering (the server then reports ``TIMEOUT``, as the SD controller does).
+written is torn, holding the bytes received so far), ``dead`` to make the medium stop
+answering (the server then reports ``TIMEOUT``, as the SD controller does), and (Amaranth
+server) ``error_after``: after that many written bytes the target stops the data phase early and
+answers ``CARD`` at once (once; the storage contract's early error status).
 """
 
 import os
@@ -103,14 +105,17 @@ class _Budget:
 
 
 async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
-                        cut_after=None, dead=False, log=None):
+                        cut_after=None, dead=False, log=None, error_after=None):
     """Serve storage port ``port`` (the initiator's ``storage`` member) forever.
 
     Run it with ``sim.add_testbench(..., background=True)``. ``log`` (a list) receives
     ``(op, lba, count)`` of each command. ``dead`` (a bool, or a callable asked at each
     command: the card can go and come back) makes every command end in ``TIMEOUT``.
+    ``error_after``: the write data byte after which the target answers ``CARD`` at once
+    (the rest of that transfer's data is not taken; the sector being written is not stored).
     """
     budget = _Budget(cut_after)
+    error_budget = [error_after]
 
     def chance(p):
         return rng is not None and p > 0 and rng.random() < p
@@ -149,9 +154,13 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
                 await tick_until(ctx, port.rdata.ready)
                 ctx.set(port.rdata.valid, 0)
         else:
+            failed = False
             for s in range(count):
                 sector = bytearray()
                 for _ in range(SECTOR_BYTES):
+                    if error_budget[0] == 0:
+                        failed = True
+                        break
                     while chance(stall):
                         ctx.set(port.wdata.ready, 0)
                         await ctx.tick()
@@ -163,7 +172,15 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
                         raise PowerCut(f"power cut in sector {lba + s} after {len(sector)} "
                                        f"bytes")
                     sector.append(byte)
+                    if error_budget[0] is not None:
+                        error_budget[0] -= 1
+                if failed:
+                    break
                 image.write(lba + s, bytes(sector))
+            if failed:
+                error_budget[0] = None
+                await status(StorageError.CARD)
+                continue
         await status(StorageError.OK)
 
 

@@ -256,10 +256,11 @@ def test_ring_port_read_with_write_returns_zero():
         ctx.set(core.ring_re, 1)
         await ctx.tick()
         ctx.set(core.ring_we, 0)
-        got.append(ctx.get(core.ring_rdata))
         await ctx.tick()
         ctx.set(core.ring_re, 0)
-        got.append(ctx.get(core.ring_rdata))
+        got.append(ctx.get(core.ring_rdata))    # the colliding read, two clocks later
+        await ctx.tick()
+        got.append(ctx.get(core.ring_rdata))    # the read without a write
 
     sim = Simulator(core)
     sim.add_clock(1e-8)

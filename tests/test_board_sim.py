@@ -15,6 +15,7 @@ import pytest
 from conftest import requires_verilator
 
 from ringkv.defs.config import RingKVConfig
+from ringkv.defs.record import RecordLayout
 
 #: The board top's configuration in these tests: every block of the bitstream's top, small.
 CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
@@ -87,6 +88,11 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
         assert f"[PASS] {step}" in first, first
         assert f"[PASS] {step}" in second, second
     assert "board check: 7/7 steps passed" in first
+    # STORAGE_INFO in the storage step: the bitstream's SD mode and clock, the card model's
+    # type (OCR) and capacity (its CSD: the image rounded up to 1024 sectors)
+    card = 1024 * -(-TOP["regions"] * RecordLayout(CFG).sectors_per_region // 1024)
+    assert (f"SD card, native 4-bit bus at 20 MHz: SDHC/SDXC, {card // 2:.1f} KiB "
+            f"({card} sectors), initialised;") in first, first
     assert "region 0 holds no record" in first, first
     assert "region 1 holds no record (kept: region 0: a valid record)" in second, second
     assert "[FAIL] identity" in third and "window" in third, third
@@ -96,6 +102,24 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     infos = scan_image(CFG, lambda lba, n: data[lba * 512:(lba + n) * 512], TOP["regions"])
     assert [i.valid for i in infos] == [True, True, False, False], infos
     assert [i.count for i in infos[:2]] == [CFG.window + CFG.window // 4 + 1, 3]
+
+
+@requires_verilator
+def test_board_check_names_an_sdsc_card(board_build, tmp_path, capsys):
+    """An SDSC card (the card model with CCS = 0 in its OCR and a version 1.0 CSD) in the
+    native-mode board: its controller refuses it, the recovery scan fails, and the storage step
+    says so naming the card type (STORAGE_INFO) and what to do; exit status 1."""
+    from ringkv.cli import main
+    from ringkv.sim.board_harness import BoardDevice
+    with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True, card={"sdhc": False},
+                     log=tmp_path / "sim.log", **TOP) as dev:
+        assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
+                     "--ping-sizes", "0", "--timeout", "120"]) == 1
+    out = capsys.readouterr().out
+    assert "[PASS] identity" in out and "[FAIL] storage" in out, out
+    assert "native 4-bit bus at 20 MHz: SDSC" in out and "NOT initialised" in out, out
+    assert "storage errors, the last NOT_READY" in out, out
+    assert "native mode supports SDHC/SDXC only" in out and "--storage spi" in out, out
 
 
 @requires_verilator
@@ -111,7 +135,10 @@ def test_board_check_on_the_spi_variant(tmp_path, capsys):
                      log=tmp_path / "sim.log", **top) as dev:
         assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
                      "--ping-sizes", "0,16", "--timeout", "120"]) == 0
-    assert "board check: 7/7 steps passed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "board check: 7/7 steps passed" in out
+    assert ("SD card, SPI mode (1-bit) at 10 MHz: SDHC/SDXC, size unknown (SPI mode does not "
+            "read the CSD), initialised;") in out, out
 
 
 def test_board_check_without_a_device(capsys):

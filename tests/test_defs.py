@@ -16,6 +16,7 @@ from ringkv.defs.crc import CrcSpec
 from ringkv.hw import directory as hw_directory
 from ringkv.hw import dma as hw_dma
 from ringkv.hw import protocol as hw_protocol
+from ringkv.hw import storage as hw_storage
 from ringkv.hw.enums import shaped
 
 
@@ -48,6 +49,8 @@ def test_crc_reference_catches_a_wrong_parameter():
     (dir_defs.Op, hw_directory.Op, dir_defs.OP_BITS),
     (dir_defs.Status, hw_directory.Status, dir_defs.STATUS_BITS),
     (record.RecordStatus, hw_dma.RecordStatus, record.RECORD_STATUS_BITS),
+    (protocol.StorageError, hw_storage.StorageError, 3),
+    (protocol.CardType, hw_storage.CardType, 2),
 ])
 def test_gateware_enums_mirror_the_definitions(definition, hardware, bits):
     assert issubclass(hardware, hdl_enum.Enum)

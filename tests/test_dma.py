@@ -92,7 +92,7 @@ async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, rng=None, idle=0
 
 
 def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_after=None,
-             dead=False, log=None):
+             dead=False, log=None, error_after=None):
     """Run ``body(ctx, h, rng)`` against a harness whose storage is ``image``."""
     h = DmaHarness(config, regions)
     sim = Simulator(h)
@@ -103,7 +103,8 @@ def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_a
     async def server(ctx):
         try:
             await serve_storage(ctx, h.storage, image, rng=random.Random(seed + 1), idle=idle,
-                                stall=stall, cut_after=cut_after, dead=dead, log=log)
+                                stall=stall, cut_after=cut_after, dead=dead, log=log,
+                                error_after=error_after)
         except PowerCut as e:
             result["cut"] = str(e)
 
@@ -348,6 +349,36 @@ def test_storage_error_is_reported():
     a, b, (got, meta) = res["value"]
     assert a is RecordStatus.STORAGE and b is RecordStatus.STORAGE
     assert (got == rings).all() and meta == [(10, head)]
+
+
+@pytest.mark.parametrize("seed", [33, pytest.param(34, marks=pytest.mark.slow)])
+def test_early_error_mid_export_leaves_nothing_behind(seed):
+    """The storage answers an error in the middle of an export's data (the export datapath's
+    read pipeline and FIFO hold bytes then): STORAGE; the next export on a healthy medium is
+    bit-exact (no byte of the failed one left in the pipeline)."""
+    config = SMALL
+    rng = random.Random(seed)
+    image = new_image(config, 2, rng)
+    rings, count, head, tokens = random_session(config, rng, config.window + 3)
+    lay = RecordLayout(config)
+    tok_bytes = -(-count * lay.token_bytes // SECTOR) * SECTOR
+    error_after = tok_bytes + rng.randrange(1, 200)     # within the KV payload (256 B)
+
+    async def body(ctx, h, rng):
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        a = await dma_op(ctx, h, DmaOp.EXPORT, 0, hash=5, seq=1, rng=rng, idle=0.3)
+        b = await dma_op(ctx, h, DmaOp.EXPORT, 1, hash=6, seq=2, rng=rng, idle=0.3)
+        return a[0], b
+
+    res = simulate(config, 2, image, body, seed=seed, idle=0.3, stall=0.3,
+                   error_after=error_after)
+    a, b = res["value"]
+    assert a is RecordStatus.STORAGE
+    assert b == (RecordStatus.OK, count, 6, 2)
+    base = lay.region_lba(1) * SECTOR
+    for off, data in encode_record(config, tokens, rings, count=count, ring_head=head,
+                                   prefix_hash=6, commit_seq=2):
+        assert bytes(image[base + off * SECTOR:base + off * SECTOR + len(data)]) == data
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")

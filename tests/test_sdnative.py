@@ -7,8 +7,8 @@ import pytest
 from amaranth.sim import Simulator
 
 from ringkv.hw.sdnative import SDNativeController
-from ringkv.hw.storage import StorageError, StorageOp
-from ringkv.sim.sd4_model import SDCard4, amaranth_sd4_card
+from ringkv.hw.storage import CardType, StorageError, StorageOp
+from ringkv.sim.sd4_model import SDCard4, amaranth_sd4_card, csd_sectors
 from ringkv.sim.sector_model import PowerCut, SectorImage
 from ringkv.sim.streams import stream_put
 
@@ -131,12 +131,12 @@ def test_init_and_round_trip(kind):
         r.append(await do_read(ctx, dut, 5, 1, rng, 0.3))
         r.append(await do_read(ctx, dut, 9, 4, rng, 0.3))
         return r, ctx.get(dut.ready), ctx.get(dut.sdhc), ctx.get(dut.high_speed), \
-            ctx.get(dut.sectors)
+            ctx.get(dut.sectors), ctx.get(dut.card_type)
 
     hs = None if kind == "hs_off" else 1
-    (w1, w3, r1, r4), ready, sdhc, high_speed, sectors = simulate(
+    (w1, w3, r1, r4), ready, sdhc, high_speed, sectors, card_type = simulate(
         card, body, init_half_period=2, half_period=2, hs_half_period=hs)
-    assert (ready, sdhc, sectors) == (1, 1, 1024)
+    assert (ready, sdhc, sectors, card_type) == (1, 1, 1024, CardType.SDHC)
     assert high_speed == (kind == "hs")
     assert card.high_speed == (kind == "hs")
     assert w1 == (StorageError.OK, 512) and w3 == (StorageError.OK, 3 * 512)
@@ -151,15 +151,37 @@ def test_init_and_round_trip(kind):
     assert card.violations == [] and card.crc_errors == 0
 
 
+def test_card_model_csd_and_ocr():
+    """The card model's CSD: version 2.0 (SDHC, units of 1024 sectors) or 1.0 (SDSC, C_SIZE,
+    C_SIZE_MULT, READ_BL_LEN), the image size rounded up, decoded by the spec's formulas."""
+    for sdhc, version, sectors, expect in ((True, 2, 16, 1024), (True, 2, 5000, 5120),
+                                           (False, 1, 16, 512), (False, 1, 5000, 5120),
+                                           (False, 1, 2_097_152, 2_097_152),
+                                           (True, 1, 1000, 1024), (False, 2, 16, 1024)):
+        card = SDCard4(SectorImage(sectors=sectors), sdhc=sdhc, csd_version=version)
+        assert card.sectors == expect == csd_sectors(card._csd())
+        assert card._csd() >> 126 == version - 1
+    # by default the CSD version follows the card type, as on real cards
+    assert SDCard4(SectorImage(sectors=16)).csd_version == 2
+    assert SDCard4(SectorImage(sectors=16), sdhc=False).csd_version == 1
+    with pytest.raises(ValueError, match="do not fit a version 1.0 CSD"):
+        SDCard4(SectorImage(sectors=2_097_153), sdhc=False)
+    with pytest.raises(ValueError, match="csd_version must be 1 or 2"):
+        SDCard4(SectorImage(sectors=16), csd_version=3)
+
+
 @pytest.mark.parametrize("kind", ["v1", "sdsc"])
 def test_unsupported_cards_are_not_ready(kind):
     """An SD v1 card (no answer to CMD8) and an SDSC card (CCS = 0): NOT_READY, no hang."""
     card = SDCard4(SectorImage(sectors=16), v2=kind != "v1", sdhc=kind != "sdsc")
 
     async def body(ctx, dut):
-        return (await do_read(ctx, dut, 0, 1))[0], ctx.get(dut.ready)
+        return (await do_read(ctx, dut, 0, 1))[0], ctx.get(dut.ready), ctx.get(dut.card_type)
 
-    assert simulate(card, body) == (StorageError.NOT_READY, 0)
+    # the SDSC card is reported as such (its ACMD41 answer: CCS = 0); the v1 card never
+    # answers ACMD41 (it is refused at CMD8): unknown
+    assert simulate(card, body) == (StorageError.NOT_READY, 0,
+                                    CardType.SDSC if kind == "sdsc" else CardType.UNKNOWN)
     assert [c for c, _, _ in card.log][:2] == [0, 8]
     assert card.violations == []
 

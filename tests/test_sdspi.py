@@ -6,7 +6,7 @@ import pytest
 from amaranth.sim import Simulator
 
 from ringkv.hw.sdspi import SDSPIController
-from ringkv.hw.storage import StorageError, StorageOp
+from ringkv.hw.storage import CardType, StorageError, StorageOp
 from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
 from ringkv.sim.sector_model import SectorImage
 from ringkv.sim.streams import stream_put
@@ -108,10 +108,11 @@ def test_init_and_round_trip(kind):
         r.append(await do_write(ctx, dut, 10, three, rng, 0.2))
         r.append(await do_read(ctx, dut, 5, 1, rng, 0.2))
         r.append(await do_read(ctx, dut, 9, 3, rng, 0.2))
-        return r, ctx.get(dut.ready), ctx.get(dut.sdhc)
+        return r, ctx.get(dut.ready), ctx.get(dut.sdhc), ctx.get(dut.card_type)
 
-    (w1, w3, r1, r5), ready, sdhc = simulate(card, body)
+    (w1, w3, r1, r5), ready, sdhc, card_type = simulate(card, body)
     assert ready == 1 and sdhc == (kind == "sdhc")
+    assert card_type == (CardType.SDHC if kind == "sdhc" else CardType.SDSC)
     assert w1 == (StorageError.OK, 512) and w3 == (StorageError.OK, 1024)
     assert image.read(5, 1) == one and image.read(10, 2) == three
     assert r1 == (StorageError.OK, one)

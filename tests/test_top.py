@@ -17,8 +17,12 @@ from ringkv.defs.protocol import (
     RING_ELEMENTS,
     RING_META,
     SNAPSHOT_RESPONSE,
+    STORAGE_INFO,
+    CardType,
     Op,
     Status,
+    StorageError,
+    StorageKind,
     attn_out_bytes,
 )
 from ringkv.defs.record import RecordLayout, RecordStatus, elem_bytes, header_template
@@ -116,6 +120,58 @@ def test_parameter_checks():
     with pytest.raises(ValueError, match=r"^unknown numerics 'ringkv-fx7' \(known: ringkv-fx1, "
                                          r"ringkv-fx2\): no record layout for it$"):
         RingKVTop(RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx7"}))
+    with pytest.raises(TypeError, match=r"^storage_kind must be a StorageKind, not 2$"):
+        RingKVTop(CFG, storage_kind=2)
+    with pytest.raises(ValueError, match=r"^sd_clock_hz must be an integer in 0\.\.2\*\*32-1, "
+                                         r"not -1$"):
+        RingKVTop(CFG, sd_clock_hz=-1)
+
+
+def test_storage_info():
+    """STORAGE_INFO: the build's storage parameters, the controller's state as driven on the
+    top's ``storage_info`` port, and every failed storage operation counted with its error
+    (here a SECTOR_READ on a dead medium, twice); SECTOR_READ works again afterwards."""
+    top = make_top(storage_kind=StorageKind.SD_NATIVE, sd_clock_hz=20_000_000)
+    image = image_for(top)
+    dead = [False]
+    info = top.storage_info
+
+    async def get(ctx, link):
+        return STORAGE_INFO.unpack(await call(ctx, link, Op.STORAGE_INFO))
+
+    async def scenario(ctx, link):
+        r = await get(ctx, link)
+        assert r == dict(kind=StorageKind.SD_NATIVE.value, card_type=CardType.UNKNOWN.value,
+                         initialised=0, bus_width=4, high_speed=0, last_error=0, errors=0,
+                         sd_clock_hz=20_000_000, sectors=0)
+        ctx.set(info.ready, 1)
+        ctx.set(info.card_type, CardType.SDHC.value)
+        ctx.set(info.high_speed, 1)
+        ctx.set(info.sectors, (1 << 32) + 1024)       # a 2 TiB SDXC card: 33 bits
+        r = await get(ctx, link)
+        assert (r["card_type"], r["initialised"], r["high_speed"], r["sectors"]) == (
+            CardType.SDHC.value, 1, 1, (1 << 32) + 1024)
+        dead[0] = True
+        for _ in range(2):
+            await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=3),
+                       status=Status.STORAGE_ERROR)
+        dead[0] = False
+        assert len(await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=3))) == 512
+        ctx.set(info.card_type, CardType.SDSC.value)
+        r = await get(ctx, link)
+        assert (r["last_error"], r["errors"], r["card_type"]) == (
+            StorageError.TIMEOUT.value, 2, CardType.SDSC.value)
+
+    run_top(top, image, scenario, storage_dead=lambda: dead[0])
+    # without a controller (the default): kind NONE, bus width 0, no clock
+    top = make_top()
+
+    async def plain(ctx, link):
+        r = await get(ctx, link)
+        assert (r["kind"], r["bus_width"], r["sd_clock_hz"], r["sectors"]) == (
+            StorageKind.NONE.value, 0, 0, 0)
+
+    run_top(top, image_for(top), plain)
 
 
 def test_identity_and_tokens():

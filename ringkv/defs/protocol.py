@@ -40,7 +40,7 @@ __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "SYNC", "RESPONSE_FLAG",
            "RECOVERY_GATED", "RECOVERY_SCAN_GATED", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT",
            "FLAG_EXISTING",
            "RING_ELEMENTS", "RING_META", "META_BYTES", "attn_in_bytes", "attn_out_bytes",
-           "max_attn_tokens"]
+           "max_attn_tokens", "STORAGE_INFO", "StorageKind", "CardType", "StorageError"]
 
 #: First byte of every frame; the decoder hunts for it after an error.
 SYNC = 0xA5
@@ -105,6 +105,7 @@ class Op(enum.Enum):
     SECTOR_READ    = 0x50   # raw sector, for inspection and the host's deep check (fsck)
     STORAGE_REBUILD = 0x51  # re-run the device's recovery: rebuild the directory from headers
     STORAGE_STATUS = 0x52   # recovery state and figures (RECOVERY_STATUS)
+    STORAGE_INFO   = 0x53   # the storage medium: controller, card type and size (STORAGE_INFO)
 
 
 class Status(enum.Enum):
@@ -132,7 +133,7 @@ class Status(enum.Enum):
 IDEMPOTENT_OPS = frozenset({
     Op.PING, Op.VERSION, Op.CONFIG_DIGEST, Op.STATS, Op.TOKENS_WRITE, Op.TOKENS_READ,
     Op.HASH_QUERY, Op.DIR_LOOKUP, Op.DIR_READ, Op.QUERY, Op.QUERY_PREFIX, Op.ALLOC_STATUS,
-    Op.RING_READ, Op.SECTOR_READ, Op.STORAGE_STATUS,
+    Op.RING_READ, Op.SECTOR_READ, Op.STORAGE_STATUS, Op.STORAGE_INFO,
 })
 
 
@@ -241,6 +242,48 @@ RECOVERY_SCAN_GATED = frozenset({Op.DIR_LOOKUP, Op.DIR_INSERT, Op.DIR_DELETE, Op
                                  Op.DIR_EXPIRE, Op.DIR_READ, Op.DIR_CLEAR, Op.SECTOR_READ,
                                  Op.STORAGE_REBUILD})
 
+class StorageKind(enum.Enum):
+    """``kind`` of :data:`STORAGE_INFO`: what serves the device's storage port."""
+
+    NONE = 0       #: no SD controller in this build (a simulation's sector model)
+    SD_SPI = 1     #: an SD card in SPI mode (``hw/sdspi.py``)
+    SD_NATIVE = 2  #: an SD card in native mode, 4-bit bus (``hw/sdnative.py``)
+
+
+class CardType(enum.Enum):
+    """``card_type`` of :data:`STORAGE_INFO`, from the card's answer to ``ACMD41`` (the OCR's
+    CCS bit) and ``CMD8`` (a card that does not answer it is SD v1: SDSC)."""
+
+    UNKNOWN = 0    #: no card seen yet (or no SD controller)
+    SDSC = 1       #: standard capacity (byte addressed; CSD version 1)
+    SDHC = 2       #: high or extended capacity, SDHC/SDXC (block addressed; CSD version 2)
+
+
+class StorageError(enum.Enum):
+    """The storage port's error codes (``hw/storage.StorageError``), as the link reports them
+    (``error`` of :data:`RECOVERY_STATUS`, ``last_error`` of :data:`STORAGE_INFO`)."""
+
+    OK = 0
+    TIMEOUT = 1    #: no response, no data, or busy too long (card gone or hung)
+    CRC = 2        #: a CRC error on the bus (command, read data or written data)
+    CARD = 3       #: the card answered with an error
+    RANGE = 4      #: count 0, or sectors outside the medium
+    NOT_READY = 5  #: initialisation failed (no card, unusable card)
+
+
+#: The response of STORAGE_INFO: ``kind`` (:class:`StorageKind`), ``card_type``
+#: (:class:`CardType`), ``initialised`` (1 once the controller has initialised the card),
+#: ``bus_width`` (data lines: 1 for SPI, 4 for the native 4-bit bus, 0 without a controller),
+#: ``high_speed`` (1 once the card runs in high-speed mode), ``last_error`` (the storage
+#: port's error code of the last failed storage operation since reset,
+#: :class:`StorageError`; 0: none), ``errors`` (failed storage operations since reset),
+#: ``sd_clock_hz`` (the SD clock of data transfers, from the build's dividers; 0 without a
+#: controller), ``sectors`` (the card's capacity in 512-byte sectors, from its CSD; 0 when
+#: unknown: the SPI controller does not read the CSD).
+STORAGE_INFO = Layout((("kind", 1), ("card_type", 1), ("initialised", 1), ("bus_width", 1),
+                       ("high_speed", 1), ("last_error", 1), ("errors", 4),
+                       ("sd_clock_hz", 4), ("sectors", 8)))
+
 #: The response of QUERY and EXPORT.
 SNAPSHOT_RESPONSE = Layout((("record_status", 1), ("dir_status", 1), ("link", 2), ("region", 4),
                             ("count", 4), ("hash", 8), ("bytes", 4), ("cycles", 4),
@@ -284,6 +327,7 @@ REQUESTS = {
     Op.SECTOR_READ: Layout((("lba", 4),)),
     Op.STORAGE_REBUILD: _EMPTY,
     Op.STORAGE_STATUS: _EMPTY,
+    Op.STORAGE_INFO: _EMPTY,
 }
 
 #: Response layouts (the fixed part).
@@ -322,6 +366,7 @@ RESPONSES = {
     Op.SECTOR_READ: _EMPTY,
     Op.STORAGE_REBUILD: RECOVERY_STATUS,
     Op.STORAGE_STATUS: RECOVERY_STATUS,
+    Op.STORAGE_INFO: STORAGE_INFO,
 }
 
 #: What follows the fixed part, per op: ``(request tail, response tail)`` in words.

@@ -79,6 +79,7 @@ async def run(dut, p, ops, rng, idle, stall):
             dut.ring_we.value = 0
             dut.ring_re.value = 0
             if op[0] == "ring_read":
+                await RisingEdge(dut.clk)       # ring data: two clocks after ring_re
                 await ReadOnly()
                 res["reads"].append(int(dut.ring_rdata.value))
                 await RisingEdge(dut.clk)
