@@ -58,6 +58,7 @@ from ringkv.defs.record import (
     VERSION,
     RecordLayout,
     RecordStatus,
+    decode_fracs,
     elem_bytes,
     header_template,
     kv_bytes_of,
@@ -163,6 +164,9 @@ def _decode_fields(buf) -> Header:
     cfg = {name: _get(buf, name) for name in CONFIG_FIELDS[:-1]}
     off, size = HEADER_OFFSETS["numerics"]
     cfg["numerics"] = bytes(buf[off:off + size]).rstrip(b"\0").decode("ascii", "replace")
+    nx = NUMERICS_TABLE.get(cfg["numerics"])
+    if nx is not None and nx.per_layer:
+        cfg["qkv_fracs"] = decode_fracs(buf, cfg["layers"])
     return Header(
         magic=bytes(buf[0:8]), version=_get(buf, "version"),
         header_bytes=_get(buf, "header_bytes"), commit_seq=_get(buf, "commit_seq"),
@@ -213,7 +217,8 @@ def _config_diff_message(h: Header, config: RingKVConfig) -> str:
         return f"stored config fields are invalid ({e})"
     diffs = theirs.diff(config)
     if not diffs:
-        return "config digest differs (same fields: a different digest scheme or numerics scales)"
+        return ("config digest differs (same fields: a different digest scheme or numerics "
+                "scales)")
     return "; ".join(f"{d} (record != this device)" for d in diffs)
 
 
