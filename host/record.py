@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.numerics import NUMERICS_TABLE
 from ringkv.defs.record import (
     CONFIG_FIELDS,
@@ -658,9 +658,11 @@ def main(argv=None) -> int:
                         help="check instead of list; exit 1 if a region would be freed")
     parser.add_argument("--numerics", default=DEFAULT_CONFIG.numerics,
                         choices=sorted(NUMERICS_TABLE),
-                        help="the device's attention numerics (sets the record layout)")
+                        help="the device's attention numerics (sets the record layout; "
+                             "ringkv-fx1c: the board build's, TRAINED_CONFIG)")
     args = parser.parse_args(argv)
-    config = replace(DEFAULT_CONFIG, numerics=args.numerics)
+    config = (TRAINED_CONFIG if NUMERICS_TABLE[args.numerics].per_layer
+              else replace(DEFAULT_CONFIG, numerics=args.numerics))
     lay = RecordLayout(config)
     try:
         data = args.image.read_bytes()
