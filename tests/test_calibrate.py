@@ -52,6 +52,17 @@ def test_shipped_fractions_are_the_calibrations(config, trained):
     assert weights_path(config).stat().st_size < 2_000_000
 
 
+def test_with_numerics():
+    """The CLI's and simulators' --numerics: fx1c takes the shipped fractions of the shape."""
+    from ringkv.defs.config import with_numerics
+    assert with_numerics(DEFAULT_CONFIG, "ringkv-fx1c") == TRAINED_CONFIG
+    assert with_numerics(DEMO_CONFIG, "ringkv-fx1c") == TRAINED_DEMO_CONFIG
+    assert with_numerics(TRAINED_CONFIG, "ringkv-fx1") == DEFAULT_CONFIG
+    assert with_numerics(TRAINED_CONFIG, None) is TRAINED_CONFIG
+    with pytest.raises(ValueError, match="none ship for this shape"):
+        with_numerics(dataclasses.replace(DEMO_CONFIG, window=64), "ringkv-fx1c")
+
+
 def test_write_fracs_keeps_everything_else(tmp_path):
     path = tmp_path / "w.npz"
     shutil.copy(weights_path(DEMO_CONFIG), path)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from .numerics import NUMERICS_TABLE, layer_score_consts
 
 __all__ = ["RingKVConfig", "DEFAULT_CONFIG", "DEMO_CONFIG", "TRAINED_FRACS", "TRAINED_CONFIG",
-           "TRAINED_DEMO_FRACS", "TRAINED_DEMO_CONFIG"]
+           "TRAINED_DEMO_FRACS", "TRAINED_DEMO_CONFIG", "with_numerics", "named_config"]
 
 
 @dataclass(frozen=True)
@@ -100,3 +100,35 @@ TRAINED_DEMO_FRACS = ((4, 4, 6), (4, 4, 6))
 TRAINED_DEMO_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, window=32,
                                    max_tokens=1024, numerics="ringkv-fx1c",
                                    qkv_fracs=TRAINED_DEMO_FRACS)
+
+
+def with_numerics(config: RingKVConfig, numerics: str | None) -> RingKVConfig:
+    """``config`` in ``numerics`` (``None``: as it is). ``ringkv-fx1c`` takes the shipped
+    trained model's fractions for ``config``'s shape (:data:`TRAINED_CONFIG`,
+    :data:`TRAINED_DEMO_CONFIG`); a shape without them is a ``ValueError``. A numerics with
+    fixed scales drops the fractions."""
+    from dataclasses import replace
+    if numerics is None:
+        return config
+    nx = NUMERICS_TABLE.get(numerics)
+    if nx is None or not nx.per_layer:
+        return replace(config, numerics=numerics, qkv_fracs=())
+    shape = [f.name for f in fields(config) if f.name not in ("numerics", "qkv_fracs")]
+    for trained in (TRAINED_CONFIG, TRAINED_DEMO_CONFIG):
+        if all(getattr(config, k) == getattr(trained, k) for k in shape):
+            return trained
+    raise ValueError(f"{numerics} needs calibrated fractions: none ship for this shape "
+                     f"(layers={config.layers}, d={config.head_dim}, W={config.window}); "
+                     f"give the configuration as JSON with qkv_fracs")
+
+
+def named_config(name: str | None, numerics: str | None = None) -> RingKVConfig:
+    """The device configuration a command line names: ``"board"``/``"default"`` (or ``None``)
+    the default shape, ``"demo"`` the demo shape, in ``numerics`` (default ``ringkv-fx1c``
+    with the shipped trained model's fractions: :data:`TRAINED_CONFIG`, the board build's, and
+    :data:`TRAINED_DEMO_CONFIG`); anything else is the fields as JSON, as given (``numerics``
+    overrides theirs)."""
+    if name in (None, "board", "default", "demo"):
+        base = DEMO_CONFIG if name == "demo" else DEFAULT_CONFIG
+        return with_numerics(base, numerics or "ringkv-fx1c")
+    return with_numerics(RingKVConfig(**json.loads(name)), numerics)
