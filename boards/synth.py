@@ -71,14 +71,17 @@ def _run(cmd, cwd, what):
         raise RuntimeError(f"{what} failed in {cwd} (exit {proc.returncode}):\n{tail}")
 
 
-def synth_board_cells(top, workdir, *, board: str = "ULX3S_85F_Platform") -> dict:
+def synth_board_cells(top, workdir, *, board: str = "ULX3S_85F_Platform",
+                      through_ram: bool = False) -> dict:
     """Yosys only (no nextpnr) on the board build's own script for ``top``, hierarchy kept
     (``synth_ecp5 -noflatten``): ``{"total": {cell: count}, "modules": {module: {cell:
     count}}, "yosys_cpu_s": seconds}`` of the technology cells (``DP16KD``, ``MULT18X18D``,
     ``TRELLIS_FF``, LUT4 as ``LUT4``), each module counted once per instance. A few minutes,
     against most of an hour for the placed and routed build: for budgets (block RAM per
     block), not for timing. Skipped when ``workdir`` already holds the result of the same
-    design (same RTLIL and script)."""
+    design (same RTLIL and script). ``through_ram``: stop after the block RAM mapping
+    (``-run begin:map_gates``: the memories and multipliers are mapped, logic is not; a
+    fraction of the time, for block RAM and DSP budgets only)."""
     import re
 
     import amaranth_boards.ulx3s as ulx3s
@@ -93,7 +96,8 @@ def synth_board_cells(top, workdir, *, board: str = "ULX3S_85F_Platform") -> dic
               for f in (f"{name}.il", "synth_only.ys", "stat.txt")}
     plan.extract(str(workdir))
     ys = (workdir / f"{name}.ys").read_text()
-    ys, n = re.subn(r"^\s*(synth_ecp5\b.*)$", r"\1 -noflatten", ys, count=1, flags=re.M)
+    stop = " -run begin:map_gates" if through_ram else ""
+    ys, n = re.subn(r"^\s*(synth_ecp5\b.*)$", rf"\1 -noflatten{stop}", ys, count=1, flags=re.M)
     if n != 1:
         raise RuntimeError("the board's yosys script has no synth_ecp5 line")
     ys = re.sub(r"^write_json\b.*$", "", ys, flags=re.M) + f"\ntee -o stat.txt stat -top {name}\n"
