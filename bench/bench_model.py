@@ -261,6 +261,7 @@ def rtl_slice(model, tokens, workdir: Path, prefill=RTL_PREFILL, decode=RTL_DECO
                    log=workdir / "sim.log", **top) as sim:
         dev = FpgaDevice(Link(sim.url, timeout=600), config)
         dev.check_config()
+        dev.wait_ready()                 # the device's own power-on recovery scan first
         dev.rebuild()
         dev.reset()
         dev.write_tokens(toks[:prefill])
