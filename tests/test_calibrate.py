@@ -1,12 +1,12 @@
 """ringkv-fx1c's calibration: the rule, its reproducibility on the shipped trained models, the
-fractions stored with the weights, and the trained model run in fx1c (golden and Verilator)."""
+fractions stored with the weights, and the trained model run in fx1c (golden; the Verilator
+slice is the bench's ``model.rtl_identical``)."""
 
 import dataclasses
 import shutil
 
 import numpy as np
 import pytest
-from conftest import requires_verilator
 
 from ringkv.defs.config import (
     DEFAULT_CONFIG,
@@ -90,19 +90,3 @@ def test_fx1c_follows_float64_on_the_trained_model():
     fx1 = dataclasses.replace(DEMO_CONFIG, numerics="ringkv-fx1")
     outs = [FixedBackend(c).prefill(0, q, kv[0], kv[1] / 4) for c in (TRAINED_DEMO_CONFIG, fx1)]
     assert not np.array_equal(*outs)
-
-
-@pytest.mark.slow
-@requires_verilator
-def test_fx1c_slice_on_the_verilator_top(tmp_path):
-    """A slice of the evaluation on the Verilator top built in fx1c (demo shape, the trained
-    demo model): chunked prefill, decode steps, export, rings cleared, verified import, more
-    decode steps; every logit equal to the golden FixedBackend's bit for bit (the bench runs
-    the same at the default shape: ``model.rtl_identical``)."""
-    from bench.bench_model import rtl_slice
-    from ringkv.host import corpus
-    model = Model.trained(DEMO_CONFIG)
-    _, held = corpus.split()
-    tokens = [BOS] + list(held[3].encode()[:200])
-    r = rtl_slice(model, tokens, tmp_path, prefill=48, decode=24, config=TRAINED_DEMO_CONFIG)
-    assert r["identical"] and r["rows"] == 96, r
