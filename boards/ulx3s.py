@@ -1,6 +1,9 @@
 """RingKV on the ULX3S (LFE5U-85F): PLL, USB UART, SD card (native 4-bit or SPI), the whole top.
 
-``ULX3STop`` wraps :class:`ringkv.hw.top.RingKVTop` for the board:
+``ULX3STop`` wraps :class:`ringkv.hw.top.RingKVTop` for the board, by default in
+:data:`~ringkv.defs.config.TRAINED_CONFIG` (the default shape with ``ringkv-fx1c``: int8 K/V
+with the shipped trained model's calibrated per-layer scales, the numerics that meets the
+accuracy targets and fits the block RAM; ``docs/BENCHMARKS.md``):
 
 * the 25 MHz oscillator drives an ECP5 ``EHXPLLL`` to the system clock (``sys_mhz``, default
   40 MHz; parameters from :func:`pll_params`, the same search as Trellis' ``ecppll``); the
@@ -39,7 +42,7 @@ from amaranth import *
 from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth.lib import wiring
 
-from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.protocol import StorageKind
 from ringkv.hw.sdnative import SDNativeController
 from ringkv.hw.sdspi import SDSPIController
@@ -114,7 +117,7 @@ def _stretch(m, event, cycles: int):
 class ULX3STop(Elaboratable):
     """The board top level; see the module docstring."""
 
-    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, sys_mhz: float = 40.0,
+    def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = 40.0,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
                  clock: str = "pll"):

@@ -37,13 +37,12 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 
 import numpy as np
 
-from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
+from ringkv.defs.config import RingKVConfig, named_config
 from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import (
     FLAG_EXISTING,
@@ -460,13 +459,7 @@ _HINTS = {
 
 
 def _config(name: str, numerics: str | None) -> RingKVConfig:
-    if name in (None, "default"):
-        config = DEFAULT_CONFIG
-    elif name == "demo":
-        config = DEMO_CONFIG
-    else:
-        config = RingKVConfig(**json.loads(name))
-    return dataclasses.replace(config, numerics=numerics) if numerics else config
+    return named_config(name, numerics)
 
 
 def main(argv=None) -> int:
@@ -475,9 +468,11 @@ def main(argv=None) -> int:
     parser.add_argument("--link", required=True,
                         help="/dev/ttyUSB0 (the board) or socket://HOST:PORT (ringkv sim)")
     parser.add_argument("--config", default="default",
-                        help="the device's configuration: 'default' (the board build's), "
-                             "'demo' or RingKVConfig fields as JSON")
-    parser.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2"], default=None)
+                        help="the device's configuration: 'default' (the board build's: the "
+                             "default shape in ringkv-fx1c with the trained model's scales), "
+                             "'demo' (likewise) or RingKVConfig fields as JSON")
+    parser.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2", "ringkv-fx1c"],
+                        default=None, help="the device's numerics, if not the configuration's")
     parser.add_argument("--baud", type=int, default=3_000_000)
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
     parser.add_argument("--force", action="store_true",

@@ -9,7 +9,8 @@ bytes moved.
 
 Attention runs in the fixed-point numerics of the core, the configuration's ``numerics``
 (``ringkv-fx1``: q/k/v int8, ``ringkv-fx2``: q/k/v int16; see :mod:`ringkv.host.golden_fixed`):
-q/k/v are quantized here with that numerics, outputs (int16 in both) dequantized with it.
+q/k/v are quantized here with that numerics (``ringkv-fx1c``: with the layer's fractions from
+``config.qkv_fracs``), outputs (int16 in all) dequantized with it.
 """
 
 import numpy as np
@@ -43,6 +44,8 @@ from ringkv.defs.record import (
     RecordKind,
     RecordLayout,
     RecordStatus,
+    encode_fracs,
+    put_field,
     ring_elements,
     token_bytes,
 )
@@ -111,6 +114,7 @@ class FpgaDevice(Device):
             raise TypeError(f"config must be a RingKVConfig, not {config!r}")
         self.link, self.config, self.max_payload = link, config, max_payload
         self.numerics = numerics_of(config.numerics)
+        self._fracs = self.numerics.layer_fracs(config.layers, config.qkv_fracs)
         self.attention = self
         self._tb = token_bytes(config)
         self._attn_chunk = max_attn_tokens(config, max_payload)
@@ -147,6 +151,9 @@ class FpgaDevice(Device):
             return
         buf = bytearray(SECTOR)
         buf[80:116] = r["fields"]
+        # the device reports the fields of 80..116, not a per-layer numerics' fractions: the
+        # host's are assumed, so a difference in them shows as a digest-only difference
+        put_field(buf, "qkv_fracs", encode_fracs(self.config))
         fields = _decode_fields(buf).config_fields
         try:
             theirs = RingKVConfig(**fields)
@@ -154,7 +161,10 @@ class FpgaDevice(Device):
             raise ConfigMismatch([f"device reports invalid fields ({e})"]) from None
         diffs = theirs.diff(self.config)
         raise ConfigMismatch([f"{d} (device != host)" for d in diffs]
-                             or ["config digest (same fields: another digest scheme)"])
+                             or ["config digest (same fields: another digest scheme, or other "
+                                 f"per-layer qkv_fracs than the host's {self.config.qkv_fracs})"
+                                 if self.config.qkv_fracs else
+                                 "config digest (same fields: another digest scheme)"])
 
     def stats(self) -> dict:
         out = dict(self.counters)
@@ -447,14 +457,22 @@ class FpgaDevice(Device):
         return np.concatenate(out)
 
     def prefill(self, layer, q, k, v):
-        nx = self.numerics
-        qi, ki, vi = (quantize(np.asarray(x), nx) for x in (q, k, v))
-        return dequantize_out(self._attend(Op.ATTN_PREFILL, layer, qi, ki, vi), nx)
+        nx, fr = self.numerics, self._layer_fracs(layer)
+        qi, ki, vi = (quantize(np.asarray(x), nx, f) for x, f in zip((q, k, v), fr))
+        return dequantize_out(self._attend(Op.ATTN_PREFILL, layer, qi, ki, vi), nx, fr[2])
 
     def decode(self, layer, q, k, v):
-        nx = self.numerics
-        qi, ki, vi = (quantize(np.asarray(x), nx)[None] for x in (q, k, v))
-        return dequantize_out(self._attend(Op.ATTN_DECODE, layer, qi, ki, vi), nx)[0]
+        nx, fr = self.numerics, self._layer_fracs(layer)
+        qi, ki, vi = (quantize(np.asarray(x), nx, f)[None] for x, f in zip((q, k, v), fr))
+        return dequantize_out(self._attend(Op.ATTN_DECODE, layer, qi, ki, vi), nx,
+                              fr[2])[0]
+
+    def _layer_fracs(self, layer):
+        """The layer's ``(Fq, Fk, Fv)``; a bad layer index goes to the device as it is (its
+        answer is the error), with the numerics' base fractions."""
+        if 0 <= layer < len(self._fracs):
+            return self._fracs[layer]
+        return (self.numerics.qkv_frac,) * 3
 
     def snapshot(self):
         """The rings (signed q/k/v integers of the numerics: int8 values for ``ringkv-fx1``,

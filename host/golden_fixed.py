@@ -4,7 +4,7 @@ The numerics table (:class:`~ringkv.defs.numerics.Numerics`, ``FX1``, ``FX2``, t
 the shift constants) is :mod:`ringkv.defs.numerics`, shared with the gateware; this module is
 the datapath those constants drive, integer for integer.
 
-Two numerics, chosen per device (``RingKVConfig.numerics``, ``AttentionCore(numerics=...)``);
+Three numerics, chosen per device (``RingKVConfig.numerics``, ``AttentionCore(numerics=...)``);
 they differ only in the width and scale of q, k, v and of the output (:class:`Numerics`):
 
 * ``ringkv-fx1`` (the default, SPEC's int8 K/V): q, k, v int8 with real = x / 32, output
@@ -13,6 +13,12 @@ they differ only in the width and scale of q, k, v and of the output (:class:`Nu
   -16 .. 16), output int16 with real = o / 2048 (the range of v, so a convex combination of
   v never saturates). Twice the ring memory, record and link bytes per element; the same
   multipliers (16 x 16 and 17 x 16 still fit one MULT18X18D).
+* ``ringkv-fx1c`` (int8 with calibrated per-layer scales): fx1's datapath, with layer ``l``'s
+  q, k, v in units ``2**-Fq``, ``2**-Fk``, ``2**-Fv`` (``RingKVConfig.qkv_fracs[l]``, passed as
+  ``qkv_fracs``). The only change in the core is the score constant, per layer:
+  ``CS_l = round(scale*log2(e)*2**(16 + 10 - Fq - Fk))`` (``DSH`` stays 0), so ``s`` is in
+  the same base-2 log units; the output is in units ``2**-(Fv + 8)``. fx1 is the case
+  ``(5, 5, 5)`` everywhere.
 
 Every quantity is an integer; with ``EW`` the element width (8 or 16) and ``F`` the q/k/v
 fraction bits (5 or 11):
@@ -68,6 +74,7 @@ from ringkv.defs.numerics import (
     EXP_TABLE,
     FX1,
     P_FRAC,
+    layer_score_consts,
     numerics_of,
     score_const,
 )
@@ -85,17 +92,22 @@ OUT_FRAC = FX1.out_frac     # output: int16 with real = o * 2**-13
 ACC_SHIFT_BITS = FX1.acc_shift_bits
 
 
-def quantize(x, numerics=None):
+def quantize(x, numerics=None, frac=None):
     """float array -> q/k/v integers with real = x * 2**-F (round half even, clipped to the
-    element width)."""
+    element width); ``F`` is ``frac`` when given (a layer's fraction of ``ringkv-fx1c``), else
+    the numerics' own."""
     nx = numerics_of(numerics)
-    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * (1 << nx.qkv_frac)),
+    f = nx.qkv_frac if frac is None else frac
+    return np.clip(np.rint(np.asarray(x, dtype=np.float64) * (1 << f)),
                    nx.qkv_min, nx.qkv_max).astype(np.int64)
 
 
-def dequantize_out(o, numerics=None):
-    """int16 output -> float64 in the real units of v."""
-    return np.asarray(o, dtype=np.float64) / (1 << numerics_of(numerics).out_frac)
+def dequantize_out(o, numerics=None, v_frac=None):
+    """int16 output -> float64 in the real units of v (whose fraction is ``v_frac`` when given,
+    else the numerics' own)."""
+    nx = numerics_of(numerics)
+    f = nx.out_frac if v_frac is None else nx.out_frac_of(v_frac)
+    return np.asarray(o, dtype=np.float64) / (1 << f)
 
 
 def exp2_fx(y):
@@ -178,6 +190,7 @@ class FixedRingCore:
     """The whole core, bit-exact: rings, metadata, commands and the ring access port.
 
     Rings are q/k/v integer arrays ``[layer, kv_head, kind, slot, dim]`` (kind 0 = K, 1 = V);
+    ``qkv_fracs`` are a per-layer numerics' fractions (their score constants: ``cs_layers``);
     the ring access port is byte-addressed (``elem_bytes`` per element, little-endian); metadata is
     per ring (``ring = layer * kv_heads + kv_head``): count ``n`` (32 bits, never wraps at W)
     and head (slot of the newest token, ``W - 1`` when empty).
@@ -186,12 +199,14 @@ class FixedRingCore:
     ERR_NONE, ERR_RANGE, ERR_COUNT, ERR_OP = 0, 1, 2, 3
 
     def __init__(self, layers, q_heads, kv_heads, head_dim, window, lanes, scale=None,
-                 numerics=None):
+                 numerics=None, qkv_fracs=()):
         self.numerics = numerics_of(numerics)
         self.layers, self.q_heads, self.kv_heads = layers, q_heads, kv_heads
         self.head_dim, self.window, self.lanes = head_dim, window, lanes
         self.group = q_heads // kv_heads
         self.cs = score_const(head_dim, scale)
+        self.qkv_fracs = self.numerics.layer_fracs(layers, qkv_fracs)
+        self.cs_layers = layer_score_consts(self.numerics, head_dim, layers, qkv_fracs, scale)
         self.rings = np.zeros((layers, kv_heads, 2, window, head_dim), dtype=np.int64)
         self.count = np.zeros(layers * kv_heads, dtype=np.int64)
         self.head = np.full(layers * kv_heads, window - 1, dtype=np.int64)
@@ -226,8 +241,8 @@ class FixedRingCore:
             self.count[ring] = (int(self.count[ring]) + 1) & 0xFFFFFFFF
             valid = min(int(self.count[ring]), self.window)
             out.append(attend_fx(q[t], self.rings[layer, kv_head, 0],
-                                 self.rings[layer, kv_head, 1], valid, self.lanes, self.cs,
-                                 self.numerics))
+                                 self.rings[layer, kv_head, 1], valid, self.lanes,
+                                 self.cs_layers[layer], self.numerics))
         return np.array(out, dtype=np.int64).reshape(len(k), self.group, self.head_dim)
 
     def clear(self, layer=None):

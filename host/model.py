@@ -47,7 +47,7 @@ VOCAB = 257
 #: The trained weights shipped with the package (``tools/train.py``, ``make train``).
 WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
 #: Keys of a weights file that are not weights.
-_META_KEYS = ("hidden", "ffn", "meta", "ref_tokens", "ref_logits")
+_META_KEYS = ("hidden", "ffn", "meta", "ref_tokens", "ref_logits", "qkv_fracs")
 
 
 def weights_path(config: RingKVConfig = DEFAULT_CONFIG) -> Path:
@@ -173,18 +173,21 @@ class Float64Backend:
 
 class FixedBackend:
     """The FPGA core's bit-exact model in ``config.numerics``: ``ringkv-fx1`` int8 q/k/v
-    (scale 2**-5), int16 output (2**-13); ``ringkv-fx2`` int16 q/k/v and output (2**-11)."""
+    (scale 2**-5), int16 output (2**-13); ``ringkv-fx2`` int16 q/k/v and output (2**-11);
+    ``ringkv-fx1c`` int8 q/k/v with layer ``l``'s scales ``config.qkv_fracs[l]``, output
+    2**-(Fv + 8)."""
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, lanes: int = 4):
         self.config = config
         self.numerics = numerics_of(config.numerics)
+        self.fracs = self.numerics.layer_fracs(config.layers, config.qkv_fracs)
         self.lanes = lanes
         self.reset()
 
     def reset(self):
         c = self.config
         self.core = FixedRingCore(c.layers, c.q_heads, c.kv_heads, c.head_dim, c.window,
-                                  self.lanes, numerics=self.numerics)
+                                  self.lanes, numerics=self.numerics, qkv_fracs=c.qkv_fracs)
         self._n = 0
 
     @property
@@ -194,11 +197,12 @@ class FixedBackend:
     def prefill(self, layer, q, k, v):
         c, nx = self.config, self.numerics
         g = c.group
-        qi, ki, vi = (quantize(np.asarray(x), nx) for x in (q, k, v))
+        fr = self.fracs[layer]
+        qi, ki, vi = (quantize(np.asarray(x), nx, f) for x, f in zip((q, k, v), fr))
         out = np.empty(np.shape(q))
         for h in range(c.kv_heads):
             o = self.core.attend(layer, h, qi[:, h * g:(h + 1) * g], ki[:, h], vi[:, h])
-            out[:, h * g:(h + 1) * g] = dequantize_out(o, nx)
+            out[:, h * g:(h + 1) * g] = dequantize_out(o, nx, fr[2])
         return out
 
     def decode(self, layer, q, k, v):
@@ -225,6 +229,9 @@ class Model:
         self.config, self.hidden, self.ffn = config, hidden, ffn
         self.w = weights if weights is not None else self._init(seed)
         self.meta: dict = {}
+        #: per-layer ``(Fq, Fk, Fv)`` for ``ringkv-fx1c`` stored with trained weights
+        #: (:mod:`ringkv.host.calibrate`); ``None`` when the weights carry none
+        self.qkv_fracs: tuple | None = None
 
     def _init(self, seed):
         c, h, f = self.config, self.hidden, self.ffn
@@ -259,6 +266,8 @@ class Model:
             w = {k: np.asarray(z[k], dtype=np.float64) for k in z.files if k not in _META_KEYS}
             model = cls(config, hidden=int(z["hidden"]), ffn=int(z["ffn"]), weights=w)
             model.meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+            if "qkv_fracs" in z.files:
+                model.qkv_fracs = tuple(tuple(int(f) for f in t) for t in z["qkv_fracs"])
         shapes = {"wq": (model.hidden, config.q_heads * config.head_dim),
                   "wk": (model.hidden, config.kv_heads * config.head_dim)}
         for name, shape in shapes.items():

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.numerics import NUMERICS_TABLE
 from ringkv.defs.record import (
     CONFIG_FIELDS,
@@ -60,6 +60,7 @@ from ringkv.defs.record import (
     RecordKind,
     RecordLayout,
     RecordStatus,
+    decode_fracs,
     elem_bytes,
     header_template,
     kv_bytes_of,
@@ -178,6 +179,9 @@ def _decode_fields(buf) -> Header:
     cfg = {name: _get(buf, name) for name in CONFIG_FIELDS[:-1]}
     off, size = HEADER_OFFSETS["numerics"]
     cfg["numerics"] = bytes(buf[off:off + size]).rstrip(b"\0").decode("ascii", "replace")
+    nx = NUMERICS_TABLE.get(cfg["numerics"])
+    if nx is not None and nx.per_layer:
+        cfg["qkv_fracs"] = decode_fracs(buf, cfg["layers"])
     return Header(
         magic=bytes(buf[0:8]), version=_get(buf, "version"),
         header_bytes=_get(buf, "header_bytes"), commit_seq=_get(buf, "commit_seq"),
@@ -229,7 +233,8 @@ def _config_diff_message(h: Header, config: RingKVConfig) -> str:
         return f"stored config fields are invalid ({e})"
     diffs = theirs.diff(config)
     if not diffs:
-        return "config digest differs (same fields: a different digest scheme or numerics scales)"
+        return ("config digest differs (same fields: a different digest scheme or numerics "
+                "scales)")
     return "; ".join(f"{d} (record != this device)" for d in diffs)
 
 
@@ -676,9 +681,11 @@ def main(argv=None) -> int:
                         help="check instead of list; exit 1 if a region would be freed")
     parser.add_argument("--numerics", default=DEFAULT_CONFIG.numerics,
                         choices=sorted(NUMERICS_TABLE),
-                        help="the device's attention numerics (sets the record layout)")
+                        help="the device's attention numerics (sets the record layout; "
+                             "ringkv-fx1c: the board build's, TRAINED_CONFIG)")
     args = parser.parse_args(argv)
-    config = replace(DEFAULT_CONFIG, numerics=args.numerics)
+    config = (TRAINED_CONFIG if NUMERICS_TABLE[args.numerics].per_layer
+              else replace(DEFAULT_CONFIG, numerics=args.numerics))
     lay = RecordLayout(config)
     try:
         data = args.image.read_bytes()

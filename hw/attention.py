@@ -2,8 +2,8 @@
 
 See ``docs/blocks/attention.md`` for the interface tables and measured figures, and
 :mod:`ringkv.defs.numerics` (the table) and ``host/golden_fixed.py`` (the bit-exact model) for
-the numerics (``ringkv-fx1`` int8, ``ringkv-fx2`` int16 q/k/v) that this core reproduces bit
-for bit.
+the numerics (``ringkv-fx1`` int8, ``ringkv-fx2`` int16 q/k/v, ``ringkv-fx1c`` int8 with
+per-layer scales) that this core reproduces bit for bit.
 """
 
 import math
@@ -12,7 +12,13 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ringkv.defs.numerics import CS_SHIFT, EXP_TABLE, numerics_of, score_const
+from ringkv.defs.numerics import (
+    CS_SHIFT,
+    EXP_TABLE,
+    layer_score_consts,
+    numerics_of,
+    score_const,
+)
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
 
@@ -70,8 +76,15 @@ class AttentionCore(wiring.Component):
     scale:
         Softmax scale (default ``1/sqrt(d)``), folded into the score constant ``CS``.
     numerics:
-        ``"ringkv-fx1"`` (default: q, k, v int8, ``EW = 8``) or ``"ringkv-fx2"`` (q, k, v int16,
-        ``EW = 16``, for accuracy; twice the ring memory); see :mod:`ringkv.defs.numerics`.
+        ``"ringkv-fx1"`` (default: q, k, v int8, ``EW = 8``), ``"ringkv-fx2"`` (q, k, v int16,
+        ``EW = 16``, for accuracy; twice the ring memory) or ``"ringkv-fx1c"`` (int8 with
+        per-layer scales); see :mod:`ringkv.defs.numerics`.
+    qkv_fracs:
+        ``ringkv-fx1c``'s ``(Fq, Fk, Fv)`` per layer (``RingKVConfig.qkv_fracs``); empty for
+        the others. Only ``Fq + Fk`` reaches the core, as layer ``l``'s score constant
+        ``CS_l`` (:func:`~ringkv.defs.numerics.layer_score_consts`): when the constants differ,
+        a register loaded from an ``L``-entry table by the command's layer feeds the score
+        multipliers in the constant's place (no extra clock, no extra multiplier).
 
     Interfaces
     ----------
@@ -110,7 +123,7 @@ class AttentionCore(wiring.Component):
     """
 
     def __init__(self, *, layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4,
-                 macs=8, scale=None, numerics=None):
+                 macs=8, scale=None, numerics=None, qkv_fracs=()):
         for name, value in (("layers", layers), ("q_heads", q_heads), ("kv_heads", kv_heads)):
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
                 raise ValueError(f"{name} must be an integer in 1..256, not {value!r}")
@@ -132,6 +145,7 @@ class AttentionCore(wiring.Component):
         if not 1 <= cs < (1 << 17):
             raise ValueError(f"scale {scale!r} gives a score constant {cs} outside 1..2**17-1")
         nx = numerics_of(numerics)
+        cs_layers = layer_score_consts(nx, head_dim, layers, qkv_fracs, scale)
         if layers * kv_heads * 2 * window * head_dim * nx.elem_bytes > (1 << 32):
             raise ValueError("the rings exceed the 32-bit ring_addr space")
 
@@ -140,6 +154,8 @@ class AttentionCore(wiring.Component):
         self._G = q_heads // kv_heads
         self._scale = scale
         self._cs = cs
+        self._cs_layers = cs_layers
+        self._qkv_fracs = nx.layer_fracs(layers, qkv_fracs) if nx.per_layer else ()
         self._nx = nx
         EW = nx.elem_bits
 
@@ -168,7 +184,9 @@ class AttentionCore(wiring.Component):
     group = property(lambda self: self._G)
     scale = property(lambda self: self._scale)
     score_const = property(lambda self: self._cs)
+    score_consts = property(lambda self: self._cs_layers)
     numerics = property(lambda self: self._nx)
+    qkv_fracs = property(lambda self: self._qkv_fracs)
 
     def ideal_cycles(self):
         """The MAC-bound ideal of one decode step with a full ring: ``G·2·W·d/(P·M)``."""
@@ -192,7 +210,7 @@ class AttentionCore(wiring.Component):
         PW = 2 * EW + 1                             # q*k product, signed
         dot_max = d * (1 << (2 * EW - 2))
         DSH = nx.dot_shift                          # the score uses dot >> DSH
-        s_max = ((dot_max >> DSH) * self._cs >> CS_SHIFT) + 1
+        s_max = ((dot_max >> DSH) * max(self._cs_layers) >> CS_SHIFT) + 1
         SW = _bits(s_max) + 1                       # score, signed
         YW = _bits(2 * s_max)                       # m - s, unsigned
         LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
@@ -220,6 +238,14 @@ class AttentionCore(wiring.Component):
         #   each (routing, not logic, dominates the paths on this device).
         # The extra stages add a fixed number of clocks per token and per query head (see the
         # docstring), never a clock inside the MAC loop.
+
+        # ---- the score constant: one for every layer, or the command's layer's (a register
+        # loaded with the command, so the multipliers keep registered operands) ----
+        if len(set(self._cs_layers)) > 1:
+            cs_op = Signal(range(max(self._cs_layers) + 1))
+            cs_table = Array(Const(c, cs_op.shape()) for c in self._cs_layers)
+        else:
+            cs_op, cs_table = self._cs_layers[0], None
 
         # ---- metadata per ring ----
         ring_count = Array(Signal(32, name=f"ring_count{r}") for r in range(R))
@@ -496,17 +522,24 @@ class AttentionCore(wiring.Component):
             # then added. The shift by DSH (0 for fx1) is wiring.
             sc_tag = Signal(tag_layout, name=f"lane{lane}_sctag")
             m.d.sync += sc_tag.eq(dot_tag)
+            if cs_table is not None:
+                # the lane's own copy of the layer's constant (one clock after the command's
+                # latch, long before its first score), so the constant's net stays local
+                cs_lane = Signal.like(cs_op, name=f"lane{lane}_cs")
+                m.d.sync += cs_lane.eq(cs_op)
+            else:
+                cs_lane = cs_op
             dot_s = dot_final[DSH:].as_signed() if DSH else dot_final
             DSW = DW - DSH
             if DSW > 17:
                 sc_lo = Signal(unsigned(17 + 17), name=f"lane{lane}_sclo")
                 sc_hi = Signal(signed(DSW - 17 + 18), name=f"lane{lane}_schi")
-                m.d.sync += [sc_lo.eq(dot_s[:17] * self._cs),
-                             sc_hi.eq(dot_s[17:].as_signed() * self._cs)]
+                m.d.sync += [sc_lo.eq(dot_s[:17] * cs_lane),
+                             sc_hi.eq(dot_s[17:].as_signed() * cs_lane)]
                 sc_prod = (sc_hi << 17) + sc_lo
             else:
                 sc_prod = Signal(signed(DSW + 18), name=f"lane{lane}_scp")
-                m.d.sync += sc_prod.eq(dot_s * self._cs)
+                m.d.sync += sc_prod.eq(dot_s * cs_lane)
             s_val = Signal(signed(SW), name=f"lane{lane}_s")
             s_tag = Signal(tag_layout, name=f"lane{lane}_stag")
             m.d.sync += [s_val.eq(sc_prod >> CS_SHIFT), s_tag.eq(sc_tag)]
@@ -739,6 +772,8 @@ class AttentionCore(wiring.Component):
                         m.d.sync += cmd_err.eq(AttnErr.COUNT)
                         m.next = "STATUS"
                     with m.Else():
+                        if cs_table is not None:
+                            m.d.sync += cs_op.eq(cs_table[p.layer[:max(1, _bits(L - 1))]])
                         m.d.sync += [cmd_err.eq(AttnErr.NONE),
                                      ring.eq(p.layer[:8] * Hkv + p.kv_head),
                                      load_c.eq(0), load_vec.eq(0), load_is_kv.eq(0),

@@ -183,7 +183,8 @@ class RingKVTop(wiring.Component):
         self.attention = AttentionCore(layers=config.layers, q_heads=config.q_heads,
                                        kv_heads=config.kv_heads, head_dim=config.head_dim,
                                        window=config.window, lanes=lanes, macs=macs,
-                                       numerics=config.numerics)
+                                       numerics=config.numerics,
+                                       qkv_fracs=config.qkv_fracs)
         super().__init__({
             "rx": In(stream.Signature(8)),
             "tx": Out(stream.Signature(8)),

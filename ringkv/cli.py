@@ -108,20 +108,19 @@ def _resolve(reqs):
 
 
 def run_demo(args) -> int:
-    import dataclasses
 
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.host.model import show_text
     from ringkv.host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
-    config = dataclasses.replace(DEFAULT_CONFIG, numerics=getattr(args, "numerics",
-                                                                  "ringkv-fx1"))
-    model = _model(args, config)
+    model = _model(args, DEFAULT_CONFIG)
+    config = _device_config(DEFAULT_CONFIG, getattr(args, "numerics", None), model)
     device = SoftwareDevice(config, attention=_backend(args.backend, config),
                             capacity=args.capacity, image=args.image)
     sched = Scheduler(model, device, chunk=args.chunk)
     reqs = _resolve(demo_script(args.seed))
     print(f"RingKV demo (software device, {args.backend} attention): layers={config.layers} "
           f"Hq={config.q_heads} Hkv={config.kv_heads} d={config.head_dim} W={config.window}, "
+          f"numerics {_numerics_name(config)}, "
           f"store capacity {args.capacity} records; model {_model_name(model)}\n")
     header = (f"{'#':>2} {'step':24} {'session':7} {'path':8} {'tokens':>11} {'reused':>6} "
               f"{'computed':>8} {'recomp':>6} {'import B':>8} {'export B':>8} {'ms':>6}  "
@@ -176,12 +175,45 @@ def run_demo(args) -> int:
     return 0
 
 
-def _config(name, numerics="ringkv-fx1"):
+#: ``--numerics`` choices; the default (None) is ringkv-fx1c with the weights' calibrated scales
+#: when the weights carry them (the shipped trained ones do), else ringkv-fx1
+NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
+
+
+def _base_config(name):
+    from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
+    return {"default": DEFAULT_CONFIG, "demo": DEMO_CONFIG}[name]
+
+
+def _device_config(base, numerics, model=None):
+    """The device configuration: ``base``'s shape in ``numerics``; ``ringkv-fx1c`` takes its
+    per-layer scales from ``model``'s weights (``None``: fx1c when they carry them, else fx1)."""
     import dataclasses
 
-    from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
-    return dataclasses.replace({"default": DEFAULT_CONFIG, "demo": DEMO_CONFIG}[name],
-                               numerics=numerics)
+    from ringkv.host.calibrate import calibrated_config
+    fracs = getattr(model, "qkv_fracs", None)
+    if numerics is None:
+        numerics = "ringkv-fx1c" if fracs else "ringkv-fx1"
+    if numerics == "ringkv-fx1c":
+        if not fracs:
+            raise SystemExit("ringkv: ringkv-fx1c needs weights with calibrated q/k/v scales "
+                             "(the shipped trained ones, or python -m ringkv.host.calibrate "
+                             "FILE --write); use --numerics ringkv-fx1 with these")
+        return calibrated_config(base, fracs)
+    return dataclasses.replace(base, numerics=numerics, qkv_fracs=())
+
+
+def _numerics_name(config) -> str:
+    if not config.qkv_fracs:
+        return config.numerics
+    return (f"{config.numerics} (Fq,Fk,Fv) per layer "
+            + " ".join("(" + ",".join(map(str, t)) + ")" for t in config.qkv_fracs))
+
+
+def _trained_or_none(config):
+    """The shipped trained model of ``config``'s shape, or ``None`` when there is none."""
+    from ringkv.host.model import Model, weights_path
+    return Model.trained(config) if weights_path(config).exists() else None
 
 
 def _wait_device(device, where):
@@ -201,7 +233,8 @@ def run_fsck_link(args) -> int:
     from ringkv.host.fpga_device import DeviceNotReady, FpgaDevice
     from ringkv.host.link import Link
     from ringkv.host.record import fsck_report
-    config = _config(args.config, args.numerics)
+    config = _device_config(_base_config(args.config), args.numerics,
+                            _trained_or_none(_base_config(args.config)))
     device = FpgaDevice(Link(args.link, timeout=args.timeout), config)
     device.check_config()
     try:
@@ -222,7 +255,8 @@ def run_chat(args) -> int:
 
     from ringkv.host.model import BOS, encode_text, show_text
     from ringkv.host.scheduler import Scheduler, Session, SoftwareDevice
-    config = _config(args.config, args.numerics)
+    model = _model(args, _base_config(args.config))
+    config = _device_config(_base_config(args.config), args.numerics, model)
     if args.link:
         from ringkv.host.fpga_device import FpgaDevice
         from ringkv.host.link import Link
@@ -238,7 +272,6 @@ def run_chat(args) -> int:
         device = SoftwareDevice(config, attention=_backend(args.backend, config),
                                 capacity=args.capacity, image=args.image)
         where = "software device"
-    model = _model(args, config)
     # the host's side of each conversation (its tokens) beside the device's image, so that a
     # chat started again on the same image resumes its sessions where they stopped
     state = Path(args.image + ".sessions.json") if args.image else None
@@ -251,7 +284,8 @@ def run_chat(args) -> int:
     sched = Scheduler(model, device, chunk=args.chunk, sessions=sessions)
     sid = "default"
     last = {}       # session -> (stream position its last message started at, its tokens)
-    print(f"ringkv chat ({where}; model {_model_name(model)}). '/session NAME' switches, "
+    print(f"ringkv chat ({where}, {_numerics_name(config)}; model {_model_name(model)}). "
+          f"'/session NAME' switches, "
           f"'/retry' answers the last message again, '/edit TEXT' replaces it, '/quit' ends."
           + (f" Resumed sessions: {', '.join(sorted(sessions))}." if sessions else ""))
     for line in sys.stdin:
@@ -309,8 +343,10 @@ def main(argv=None) -> int:
     p.add_argument("--software", action="store_true",
                    help="run the scenario on the software device instead")
     p.add_argument("--workdir", help="keep images and simulator logs here")
-    p.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2"], default="ringkv-fx1",
-                   help="the simulated device's attention numerics (int8 or int16 K/V)")
+    p.add_argument("--numerics", choices=NUMERICS_CHOICES, default=None,
+                   help="the simulated device's attention numerics (default: ringkv-fx1c, int8 "
+                        "K/V with the trained weights' calibrated scales; ringkv-fx1 with "
+                        "random weights)")
     p.add_argument("--board", choices=["ulx3s-85f"], default=None,
                    help="run against the pin-level simulation of this board's top")
     p.set_defaults(capacity=6)      # room for kept turns and a shared checkpoint; still evicts
@@ -319,8 +355,10 @@ def main(argv=None) -> int:
     p.add_argument("--link", help="socket://HOST:PORT (ringkv sim) or /dev/ttyUSB0 (board)")
     p.add_argument("--config", choices=["default", "demo"], default="default",
                    help="the device configuration (must match the device's)")
-    p.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2"], default="ringkv-fx1",
-                   help="the device's attention numerics (must match the device's)")
+    p.add_argument("--numerics", choices=NUMERICS_CHOICES, default=None,
+                   help="the device's attention numerics, must match the device's (default: "
+                        "ringkv-fx1c with the trained weights' scales, as the board build; "
+                        "ringkv-fx1 with random weights)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--tokens", type=int, default=32, help="tokens to generate per line")
     sub.add_parser("sim", help="run the simulated device behind a TCP socket",
@@ -347,7 +385,10 @@ def main(argv=None) -> int:
     p.add_argument("--config", default="default", choices=["default", "demo"],
                    help="the device's configuration "
                    "(with --link): default or demo")
-    p.add_argument("--numerics", default="ringkv-fx1", choices=["ringkv-fx1", "ringkv-fx2"])
+    p.add_argument("--numerics", default=None, choices=NUMERICS_CHOICES,
+                   help="the device's numerics (an image: default ringkv-fx1, ringkv-fx1c is "
+                        "the board's; --link: default ringkv-fx1c with the trained weights' "
+                        "scales, as the board build)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -355,12 +396,12 @@ def main(argv=None) -> int:
     if args.cmd == "demo":
         if args.software:
             return run_demo(args)
-        import dataclasses
 
         from ringkv.defs.config import DEMO_CONFIG
         from ringkv.sim.system_demo import run_system_demo
-        return run_system_demo(workdir=args.workdir, config=dataclasses.replace(
-            DEMO_CONFIG, numerics=args.numerics), board=args.board)
+        model = None if args.random else _trained_or_none(DEMO_CONFIG)
+        return run_system_demo(workdir=args.workdir, board=args.board,
+                               config=_device_config(DEMO_CONFIG, args.numerics, model))
     if args.cmd == "chat":
         return run_chat(args)
     if args.cmd == "sim":
@@ -394,7 +435,7 @@ def main(argv=None) -> int:
         if args.image is None:
             parser.error("storage needs an IMAGE (or fsck --link URL)")
         fsck = ["--fsck"] if args.action == "fsck" else []
-        if args.numerics != "ringkv-fx1":
+        if args.numerics not in (None, "ringkv-fx1"):
             fsck += ["--numerics", args.numerics]
         return _need("ringkv.host.record", "the record scanner").main(
             [args.image, *args.rest, *fsck])

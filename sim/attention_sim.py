@@ -213,4 +213,5 @@ def core_params(core):
             "model": {"layers": core.layers, "q_heads": core.q_heads,
                       "kv_heads": core.kv_heads, "head_dim": core.head_dim,
                       "window": core.window, "lanes": core.lanes, "scale": core.scale,
-                      "numerics": core.numerics.name}}
+                      "numerics": core.numerics.name,
+                      "qkv_fracs": [list(t) for t in core.qkv_fracs]}}

@@ -29,7 +29,6 @@ a power cut (the image keeps every completed sector). Builds are cached in
 """
 
 import argparse
-import dataclasses
 import fcntl
 import json
 import os
@@ -37,7 +36,7 @@ import re
 import sys
 from pathlib import Path
 
-from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
+from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig, named_config
 
 from .cocotb_run import BUILD_ROOT
 from .harness import SimDevice
@@ -52,7 +51,7 @@ BOARD_TOP = "ringkv_ulx3s"
 BOARDS = ("ulx3s-85f",)
 
 
-def board_top(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False, **top_kwargs):
+def board_top(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False, **top_kwargs):
     """``ULX3STop`` with the simulation clock seam, as the bitstream's top otherwise (its
     default SD mode included: native 4-bit, ``storage="sd4"``).
 
@@ -274,7 +273,7 @@ def _build_dir(config, top_kwargs, gate=False) -> Path:
     return BUILD_ROOT / ("gate" if gate else "board") / _key(config, top_kwargs)
 
 
-def build_board(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False,
+def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
                 **top_kwargs) -> tuple[Path, dict]:
     """Verilate the board top (skipped when its Verilog is unchanged); return (dir, info).
 
@@ -334,7 +333,7 @@ def build_board(config: RingKVConfig = DEFAULT_CONFIG, *, gate: bool = False,
     return build_dir, info
 
 
-def serve_board(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0,
+def serve_board(image, *, config: RingKVConfig = TRAINED_CONFIG, port: int = 0,
                 once: bool = False, prebuilt: bool = False, cut_after: int | None = None,
                 test_module: str = "ringkv.sim.cocotb_board", testcase=None,
                 extra_env: dict | None = None, gate: bool = False, card: dict | None = None,
@@ -389,8 +388,11 @@ def main(argv=None, *, gate: bool = False):
     parser.add_argument("--image", default="ringkv.img", help="SD card image file (created)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
     parser.add_argument("--config", default=None,
-                        help="'default' (the board's), 'demo' or RingKVConfig fields as JSON")
-    parser.add_argument("--numerics", default=None, choices=["ringkv-fx1", "ringkv-fx2"])
+                        help="'default' (the board build's: the default shape in ringkv-fx1c "
+                             "with the trained model's scales, TRAINED_CONFIG), 'demo' (the "
+                             "demo shape, likewise) or RingKVConfig fields as JSON")
+    parser.add_argument("--numerics", default=None,
+                        choices=["ringkv-fx1", "ringkv-fx2", "ringkv-fx1c"])
     parser.add_argument("--top", default="{}",
                         help="ULX3STop keyword arguments as JSON (default: the bitstream's, "
                              "regions 4096)")
@@ -403,14 +405,7 @@ def main(argv=None, *, gate: bool = False):
                         help='the SD card model\'s keyword arguments as JSON ({"sdhc": false}: '
                              'an SDSC card)')
     args = parser.parse_args(argv)
-    if args.config in (None, "default"):
-        config = DEFAULT_CONFIG
-    elif args.config == "demo":
-        config = DEMO_CONFIG
-    else:
-        config = RingKVConfig(**json.loads(args.config))
-    if args.numerics is not None:
-        config = dataclasses.replace(config, numerics=args.numerics)
+    config = named_config(args.config, args.numerics)
     print(f"building the pin-level {args.board} top" + (" (gate level)" if args.gate else "")
           + f" (config digest {config.digest().hex()[:16]}) ...", file=sys.stderr, flush=True)
     serve_board(args.image, config=config, port=args.port, once=args.once,

@@ -11,7 +11,6 @@ image keeps what was written, sector by sector).
 """
 
 import argparse
-import dataclasses
 import fcntl
 import json
 import os
@@ -20,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig, named_config
 
 from .cocotb_run import BUILD_ROOT
 from .toolchain import setup_environ
@@ -171,8 +170,11 @@ def main(argv=None):
     parser.add_argument("--image", default="ringkv.img", help="storage image file (created)")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
     parser.add_argument("--config", default=None,
-                        help="'default', 'demo' or RingKVConfig fields as JSON")
-    parser.add_argument("--numerics", default=None, choices=["ringkv-fx1", "ringkv-fx2"],
+                        help="'default' (the board build's: the default shape in ringkv-fx1c "
+                             "with the trained model's scales, TRAINED_CONFIG), 'demo' (the "
+                             "demo shape, likewise) or RingKVConfig fields as JSON")
+    parser.add_argument("--numerics", default=None,
+                        choices=["ringkv-fx1", "ringkv-fx2", "ringkv-fx1c"],
                         help="override the configuration's attention numerics")
     parser.add_argument("--top", default="{}", help="RingKVTop keyword arguments as JSON")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
@@ -182,14 +184,7 @@ def main(argv=None):
                         help="power cut after BYTES written to storage (the sector being "
                              "written is torn); the simulator then exits")
     args = parser.parse_args(argv)
-    if args.config in (None, "default"):
-        config = DEFAULT_CONFIG
-    elif args.config == "demo":
-        config = DEMO_CONFIG
-    else:
-        config = RingKVConfig(**json.loads(args.config))
-    if args.numerics is not None:
-        config = dataclasses.replace(config, numerics=args.numerics)
+    config = named_config(args.config, args.numerics)
     print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
           file=sys.stderr, flush=True)
     serve(args.image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,

@@ -47,6 +47,9 @@ def cores():
         "attention_fx1": lambda: AttentionCore(layers=2, window=32, head_dim=16),
         "attention_fx2": lambda: AttentionCore(layers=2, window=32, head_dim=16,
                                                numerics="ringkv-fx2"),
+        "attention_fx1c": lambda: AttentionCore(layers=2, window=32, head_dim=16,
+                                                numerics="ringkv-fx1c",
+                                                qkv_fracs=((4, 4, 6), (5, 5, 5))),
         "top_demo": lambda: RingKVTop(DEMO_CONFIG, regions=16),
         "top_demo_fx2": lambda: RingKVTop(replace(DEMO_CONFIG, numerics="ringkv-fx2"), regions=16),
     }

@@ -44,8 +44,16 @@ def attend(rng, layer, kvh, C, G, d, numerics=FX1):
     (dict(head_dim=8, macs=16), "macs must be a power of two no larger than head_dim (8), not 16"),
     (dict(scale=-1.0), "scale must be a positive number or None, not -1.0"),
     (dict(scale=1e-9), "scale 1e-09 gives a score constant 0 outside 1..2**17-1"),
-    (dict(numerics="ringkv-fx9"), "unknown numerics 'ringkv-fx9'; known: ringkv-fx1, ringkv-fx2"),
-    (dict(numerics=8), "unknown numerics 8; known: ringkv-fx1, ringkv-fx2"),
+    (dict(numerics="ringkv-fx9"),
+     "unknown numerics 'ringkv-fx9'; known: ringkv-fx1, ringkv-fx1c, ringkv-fx2"),
+    (dict(numerics=8), "unknown numerics 8; known: ringkv-fx1, ringkv-fx1c, ringkv-fx2"),
+    (dict(layers=1, qkv_fracs=((5, 5, 5),)),
+     "ringkv-fx1 has fixed scales (2**-5); qkv_fracs must be empty, not ((5, 5, 5),)"),
+    (dict(layers=1, numerics="ringkv-fx1c"),
+     "ringkv-fx1c needs qkv_fracs: one (Fq, Fk, Fv) per layer (1), not ()"),
+    (dict(layers=1, numerics="ringkv-fx1c", qkv_fracs=((3, 3, 5),)),
+     "layer 0: q/k fractions 3 + 3 with d=64, scale None give a score constant 189097 outside "
+     "1..131071"),
 ])
 def test_parameter_errors(kwargs, message):
     with pytest.raises(ValueError) as info:
@@ -129,6 +137,8 @@ def test_chunked_prefill_below_at_above_window(window, lanes, macs):
     (dict(SMALL, window=8, lanes=4, macs=2, numerics="ringkv-fx2"), 4),
     (dict(layers=1, q_heads=3, kv_heads=1, head_dim=4, window=4, lanes=1, macs=4,
           numerics="ringkv-fx2"), 5),
+    (dict(SMALL, window=8, lanes=2, macs=4, numerics="ringkv-fx1c",
+          qkv_fracs=((4, 5, 6), (7, 8, 3))), 6),
 ])
 def test_random_scripts_with_backpressure(config, seed):
     """Random scripts (errors, clears, ring/meta port traffic included) with idle cycles on
@@ -155,6 +165,37 @@ def test_rejected_commands_change_nothing():
     got, _ = check(core, ops)
     assert [s[1] for s in got["status"]] == [0, 1, 1, 2, 3, 1, 0]
     assert got["reads"] == [0, (3, 2), (0, 0)]
+
+
+#: ringkv-fx1c at d = 8: layer 0 at the largest score constant that fits (Fq + Fk = 9, the most
+#: negative shift), layer 1 far finer (Fq + Fk = 15), layer 2 at fx1's scales
+FX1C_LIMITS = dict(layers=3, q_heads=4, kv_heads=2, head_dim=8, window=4, lanes=2, macs=4,
+                   numerics="ringkv-fx1c", qkv_fracs=((5, 4, 7), (7, 8, 0), (5, 5, 5)))
+
+
+def test_fx1c_score_constant_per_layer_at_the_limits():
+    """Per-layer score constants: every layer with q and k saturated at +127 / -128 (the
+    largest scores of either sign through the largest constant), interleaved across layers
+    so the constant register is reloaded each command, with backpressure; then the rings'
+    contents are equal to the golden's (only the score constant is per layer)."""
+    core = AttentionCore(**FX1C_LIMITS)
+    assert core.score_consts == (66856, 1045, 33428)
+    lo, hi = core.numerics.qkv_min, core.numerics.qkv_max
+    rng = np.random.default_rng(7)
+    ops = []
+    for step in range(4):
+        for layer in (0, 1, 2, 0):
+            C = 1 + (step + layer) % 3
+            q = np.full((C, 2, 8), hi if step % 2 else lo)
+            k = np.full((C, 8), (hi, lo)[(step + layer) % 2])
+            k[0] = rng.integers(lo, hi + 1, 8)           # one key apart from the rest
+            v = rng.choice([lo, hi, 0], (C, 8))
+            ops.append(("cmd", 0, layer, step % 2, C, q, k, v))
+    ops += [("ring_read", a) for a in range(0, 3 * 2 * 2 * 4 * 8, 7)]
+    got, want = check(core, ops, idle=0.2, stall=0.5, rng_seed=7)
+    assert len(got["outputs"]) == 16
+    # the limits reach the output range: saturated scores give one-hot weights
+    assert max(int(np.abs(o).max()) for o in got["outputs"]) >= 127 << 8
 
 
 @pytest.mark.parametrize("numerics", [FX1, FX2])
@@ -190,6 +231,7 @@ def test_ring_port_export_import(numerics):
     (dict(layers=2, q_heads=4, kv_heads=1, head_dim=8, window=4, lanes=1, macs=8), 12),
     (dict(layers=1, q_heads=2, kv_heads=2, head_dim=4, window=1, lanes=1, macs=2), 13),
     (dict(SMALL, window=8, lanes=2, macs=4, numerics="ringkv-fx2"), 14),
+    (FX1C_LIMITS, 15),
 ])
 @requires_verilator
 def test_cocotb_random_scripts(config, seed):
@@ -197,7 +239,10 @@ def test_cocotb_random_scripts(config, seed):
     core = AttentionCore(**config)
     params = dict(core_params(core), seed=seed, steps=14,
                   pressure=[(0.0, 0.0), (0.3, 0.5), (0.6, 0.2)])
-    name = "attn_" + "_".join(f"{k[0]}{v}" for k, v in sorted(config.items()))
+    name = "attn_" + "_".join(f"{k[0]}{v}" for k, v in sorted(config.items())
+                              if k != "qkv_fracs")
+    if core.qkv_fracs:
+        name += "_f" + "".join(f"{f:x}" for t in core.qkv_fracs for f in t)
     run_cocotb(core, toplevel="attention_core", test_module="cocotb_attention", params=params,
                build_name=name)
 

@@ -34,6 +34,9 @@ TINY = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, window=4, token
 # numerics ringkv-fx2: int16 K/V, two bytes per element on the ring port and in the record
 SMALL2 = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx2"})
 TINY2 = RingKVConfig(**{**TINY.__dict__, "numerics": "ringkv-fx2"})
+# numerics ringkv-fx1c: fx1's bytes, per-layer fractions in the digest and the header
+SMALLC = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx1c",
+                         "qkv_fracs": ((5, 4, 6), (4, 6, 3))})
 
 
 def rand_rings(config, rng):
@@ -421,11 +424,12 @@ def test_power_cut_keeps_previous_snapshot(seed):
     assert inserts == [(30, 11, 0, 1)] and frees == [1, 2]
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL2])
+@pytest.mark.parametrize("config", [SMALL, SMALL2, SMALLC])
 def test_with_attention_core(config):
     """The DMA against the real attention core's ring port (hw/attention.py, in the config's
-    numerics: one byte per element for fx1, two for fx2): import a golden record into the core's
-    rings, export it again: the new record is the golden encoding."""
+    numerics: one byte per element for fx1 and fx1c, two for fx2): import a golden record into
+    the core's rings, export it again: the new record is the golden encoding (for fx1c, with the
+    fractions in its header); a record of the same shape in fx1 is foreign."""
     from amaranth import Module
     from amaranth.lib import wiring
 
@@ -443,7 +447,7 @@ def test_with_attention_core(config):
             self.core = AttentionCore(layers=config.layers, q_heads=config.q_heads,
                                       kv_heads=config.kv_heads, head_dim=config.head_dim,
                                       window=config.window, lanes=2, macs=2,
-                                      numerics=config.numerics)
+                                      numerics=config.numerics, qkv_fracs=config.qkv_fracs)
             self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
             sig = self.dma.signature.members
             super().__init__({"cmd": sig["cmd"], "resp": sig["resp"],
@@ -482,6 +486,10 @@ def test_with_attention_core(config):
         out["imp"] = await dma_op(ctx, top, DmaOp.IMPORT, 0, count=count, hash=0x77)
         out["meta"] = [(ctx.get(top.core.meta_count), ctx.get(top.core.meta_head))]
         out["exp"] = await dma_op(ctx, top, DmaOp.EXPORT, 1, hash=0x77, seq=2)
+        if config is SMALLC:    # region 0 now holds an fx1 record of the same shape
+            write_golden(config, image, 0, random.Random(51), 21, hash=0x78, seq=3,
+                         other=SMALL)
+            out["foreign"] = await dma_op(ctx, top, DmaOp.IMPORT, 0, count=21, hash=0x78)
 
     sim.add_testbench(server, background=True)
     sim.add_testbench(bench)
@@ -492,3 +500,7 @@ def test_with_attention_core(config):
     for off, data in encode_record(config, tokens, rings, count=count, ring_head=head,
                                    prefix_hash=0x77, commit_seq=2):
         assert image.read(lay.region_lba(1) + off, len(data) // SECTOR) == data
+    if config is SMALLC:
+        # the gateware wrote the fractions into its header (the template's constant bytes)
+        assert image.read(lay.region_lba(1), 1)[116:123] == bytes([5, 4, 6, 4, 6, 3, 0])
+        assert out["foreign"][0] == RecordStatus.FOREIGN_CONFIG

@@ -45,10 +45,79 @@ def test_numerics_table():
             nm.FX1.beta_shift) == (1, 13, 0, 10, 6)
     assert (nm.FX2.elem_bytes, nm.FX2.out_frac, nm.FX2.dot_shift, nm.FX2.acc_shift_bits,
             nm.FX2.beta_shift) == (2, 11, 12, 2, 14)
-    with pytest.raises(ValueError, match="unknown numerics 'fx3'; known: ringkv-fx1, ringkv-fx2"):
+    with pytest.raises(ValueError, match="unknown numerics 'fx3'; known: ringkv-fx1, "
+                       "ringkv-fx1c, ringkv-fx2"):
         nm.numerics_of("fx3")
     with pytest.raises(ValueError, match="unknown numerics"):
         gf.quantize([1.0], "ringkv-fx3")
+
+
+def test_per_layer_fractions():
+    """ringkv-fx1c: fx1's element format; a layer's q/k fractions move only its score constant
+    (fx1's CS when Fq + Fk = 10), v's only the host's output scale; bad fractions are refused."""
+    from ringkv.defs.config import RingKVConfig
+    c1 = nm.FX1C
+    assert (c1.elem_bits, c1.dot_shift, c1.acc_shift_bits, c1.beta_shift) == (8, 0, 10, 6)
+    assert nm.FX1.layer_fracs(2) == ((5, 5, 5),) * 2 and nm.FX2.layer_fracs(1) == ((11,) * 3,)
+    fr = ((4, 4, 6), (5, 5, 5), (4, 3, 2), (6, 5, 7))
+    cs = nm.layer_score_consts(c1, 64, 4, fr)
+    base = nm.score_const(64)
+    # round(scale * log2(e) * 2**(16 + 10 - Fq - Fk)), not a multiple of the rounded CS
+    assert cs == (47274, base, 94548, 5909) and base == 11819
+    assert nm.layer_score_consts(nm.FX1, 64, 3) == (base,) * 3
+    assert c1.out_frac_of(6) == 14 and nm.FX1.out_frac_of(5) == nm.FX1.out_frac
+    assert gf.quantize([1.0, -9.0], c1, 4).tolist() == [16, -128]
+    assert gf.dequantize_out([1 << 14], c1, 6).tolist() == [1.0]
+    for bad, match in ((((4, 4, 6),), "one .Fq, Fk, Fv. per layer .2."),
+                       (((4, 4), (4, 4)), "one .Fq, Fk, Fv. per layer"),
+                       (((4, 4, 16), (4, 4, 4)), "integers 0..15, not 16"),
+                       (((4, 4, 6), (3, 3, 5)), "layer 1: q/k fractions 3 \\+ 3 with d=64")):
+        with pytest.raises(ValueError, match=match):
+            nm.layer_score_consts(c1, 64, 2, bad)
+        with pytest.raises(ValueError, match=match):
+            RingKVConfig(layers=2, numerics="ringkv-fx1c", qkv_fracs=bad)
+    with pytest.raises(ValueError, match="ringkv-fx1 has fixed scales"):
+        RingKVConfig(layers=1, qkv_fracs=((5, 5, 5),))
+    with pytest.raises(ValueError, match="needs qkv_fracs"):
+        RingKVConfig(numerics="ringkv-fx1c")
+    # lists (a JSON round trip) are the same configuration
+    a = RingKVConfig(layers=1, numerics="ringkv-fx1c", qkv_fracs=[[4, 4, 6]])
+    assert a == RingKVConfig(layers=1, numerics="ringkv-fx1c", qkv_fracs=((4, 4, 6),))
+    assert a.digest() != RingKVConfig(layers=1, numerics="ringkv-fx1c",
+                                      qkv_fracs=((4, 4, 5),)).digest()
+
+
+def test_fx1c_core_is_fx1_at_fx1_fractions_and_follows_its_scales():
+    """The golden core in fx1c: bit for bit fx1 where every fraction is 5; with coarser q/k
+    and finer v on a layer (values beyond fx1's range), close to float64."""
+    rng = np.random.default_rng(3)
+    L, Hq, Hkv, d, W, P = 2, 4, 2, 16, 16, 4
+    a = gf.FixedRingCore(L, Hq, Hkv, d, W, P, numerics="ringkv-fx1")
+    b = gf.FixedRingCore(L, Hq, Hkv, d, W, P, numerics="ringkv-fx1c",
+                         qkv_fracs=((5, 5, 5), (5, 5, 5)))
+    fr = ((4, 4, 7), (5, 5, 5))
+    c = gf.FixedRingCore(L, Hq, Hkv, d, W, P, numerics="ringkv-fx1c", qkv_fracs=fr)
+    assert c.cs_layers == (nm.score_const(d, shift=2), nm.score_const(d))
+    worst = 0.0
+    for _ in range(3):
+        n = int(rng.integers(1, 12))
+        q = rng.integers(-128, 128, (n, 2, d))
+        k, v = rng.integers(-128, 128, (2, n, d))
+        for layer in range(L):
+            assert np.array_equal(a.attend(layer, 1, q, k, v), b.attend(layer, 1, q, k, v))
+        qf = rng.standard_normal((n, 2, d)) * 3
+        kf = rng.standard_normal((n, d)) * 3
+        vf = rng.standard_normal((n, d)) * 0.25
+        o = gf.dequantize_out(c.attend(0, 0, gf.quantize(qf, c.numerics, 4),
+                                       gf.quantize(kf, c.numerics, 4),
+                                       gf.quantize(vf, c.numerics, 7)), c.numerics, 7)
+        valid = min(int(c.count[0]), W)
+        ring_k = c.rings[0, 0, 0] / 16.0
+        ring_v = c.rings[0, 0, 1] / 128.0
+        ref = gf.attend_float(gf.quantize(qf[-1], c.numerics, 4) / 16.0, ring_k, ring_v, valid,
+                              P)
+        worst = max(worst, gf.nrmse(o[-1], ref))
+    assert worst < 0.01, worst
 
 
 @pytest.mark.parametrize("window,lanes,valid", [(8, 1, 8), (8, 4, 3), (8, 8, 1), (16, 4, 16),

@@ -241,11 +241,45 @@ def test_layout_fx2_doubles_kv():
     assert h.config_fields["numerics"] == "ringkv-fx2"
 
 
+SMALL_C = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx1c",
+                          "qkv_fracs": ((5, 4, 6), (4, 5, 3))})
+
+
+def test_fx1c_header_carries_the_fractions():
+    """ringkv-fx1c: fx1's layout; the fractions in the digest and in the header's qkv_fracs
+    field (the fixed-scale numerics keep their digests and an all-zero field); a record of other
+    fractions is foreign, and the message names them."""
+    from ringkv.defs.record import HEADER_OFFSETS, decode_fracs, encode_fracs
+    assert RecordLayout(SMALL_C).sectors_per_region == RecordLayout(SMALL).sectors_per_region
+    assert SMALL.canonical() == (b'{"head_dim":8,"kv_heads":1,"layers":2,"max_tokens":300,'
+                                 b'"numerics":"ringkv-fx1","q_heads":2,"token_width":16,'
+                                 b'"window":8}')
+    assert DEFAULT_CONFIG.digest().hex()[:16] == "e08e9bb33e8e665f"  # as before qkv_fracs
+    off, size = HEADER_OFFSETS["qkv_fracs"]
+    assert (off, size) == (116, 192) and off + size <= 508
+    assert header_template(SMALL)[off:off + size] == bytes(size)
+    t = header_template(SMALL_C)
+    assert t[off:off + 7] == bytes([5, 4, 6, 4, 5, 3, 0]) == encode_fracs(SMALL_C) + b"\0"
+    assert decode_fracs(t, 2) == SMALL_C.qkv_fracs
+    tokens, rings, count, head = random_snapshot(SMALL_C, random.Random(1), count=11)
+    rec = encode_record(SMALL_C, tokens, rings, count=count, ring_head=head, prefix_hash=5,
+                        commit_seq=2)[-1][1]
+    h = decode_header(rec, SMALL_C)
+    assert h.config_fields["qkv_fracs"] == ((5, 4, 6), (4, 5, 3))
+    other = RingKVConfig(**{**SMALL_C.__dict__, "qkv_fracs": ((5, 4, 6), (4, 5, 4))})
+    assert other.digest() != SMALL_C.digest()
+    for config, match in ((other, r"qkv_fracs: \(\(5, 4, 6\), \(4, 5, 3\)\) != "),
+                          (SMALL, "numerics: 'ringkv-fx1c' != 'ringkv-fx1'")):
+        with pytest.raises(RecordError, match=match) as e:
+            decode_header(rec, config)
+        assert e.value.status == RecordStatus.FOREIGN_CONFIG
+
+
 def test_unknown_numerics_is_a_clear_error():
     from ringkv.defs.record import kv_bytes_of
     bad = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx9"})
-    msg = (r"^unknown numerics 'ringkv-fx9' \(known: ringkv-fx1, ringkv-fx2\): no record "
-           r"layout for it$")
+    msg = (r"^unknown numerics 'ringkv-fx9' \(known: ringkv-fx1, ringkv-fx1c, ringkv-fx2\): no "
+           r"record layout for it$")
     with pytest.raises(ValueError, match=msg):
         RecordLayout(bad)
     with pytest.raises(ValueError, match=msg):

@@ -23,7 +23,8 @@ leaves its last checkpoint) and at the end:
   :meth:`ringkv.host.model.Model.load` / :meth:`Model.trained`, with reference logits
   (``ref_tokens``, ``ref_logits``: this torch model's float64 forward of a held-out prefix
   longer than W, its last :data:`REF_ROWS` positions) that the tests reproduce with the numpy
-  model; compressed, under 2 MB;
+  model, and ``qkv_fracs``, ``ringkv-fx1c``'s per-layer q/k/v scales for these weights
+  (:func:`ringkv.host.calibrate.calibrate_fracs` on the training split); compressed, under 2 MB;
 * ``docs/train_<name>.png`` (the loss curve, matplotlib from the ``train`` extra) and
   ``docs/train_<name>.json`` (the log: every step's loss, the held-out evaluations, timings).
 
@@ -44,6 +45,7 @@ import torch.nn.functional as F
 
 from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
 from ringkv.host import corpus
+from ringkv.host.calibrate import calibrate_fracs, write_fracs
 from ringkv.host.model import BOS, VOCAB, Model, weights_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -355,6 +357,9 @@ def main(argv=None):
                 "check": {"float64_max_abs": d64, "float32_max_rel": d32}}
         tmp = out.with_name(out.stem + ".tmp.npz")
         save(tmp, net, w, meta, ref_tokens, ref_logits)
+        # ringkv-fx1c's per-layer q/k/v scales for these weights, on the training split
+        fracs = calibrate_fracs(Model.load(tmp, config), train_docs)
+        write_fracs(tmp, fracs)
         tmp.replace(out)
         log["check"] = meta["check"]
         (docs / f"train_{name}.json").write_text(json.dumps(log) + "\n")

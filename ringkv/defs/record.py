@@ -23,7 +23,8 @@ from .crc import CrcSpec
 from .numerics import NUMERICS_TABLE
 
 __all__ = [
-    "SECTOR", "MAGIC", "VERSION", "NUMERICS_BYTES", "HEADER_FIELDS", "HEADER_OFFSETS",
+    "SECTOR", "MAGIC", "VERSION", "NUMERICS_BYTES", "FRACS_LAYERS_MAX", "HEADER_FIELDS",
+    "HEADER_OFFSETS", "encode_fracs", "decode_fracs",
     "CONFIG_FIELDS", "CONST_RANGES", "RecordKind", "RecordStatus", "RECORD_STATUS_BITS",
     "RECORD_CRC",
     "SEQ_BITS", "SEQ_MOD", "seq_newer", "seq_next", "seq_newest", "elem_bytes", "token_bytes",
@@ -34,6 +35,8 @@ SECTOR = 512
 MAGIC = b"RINGKVSN"
 VERSION = 1
 NUMERICS_BYTES = 16
+#: A per-layer numerics' fractions take 3 bytes per layer in the header: at most this many layers.
+FRACS_LAYERS_MAX = 64
 
 #: ``(name, offset, size)`` of every header field; the rest of the header is zero.
 HEADER_FIELDS = (
@@ -58,11 +61,14 @@ HEADER_FIELDS = (
     ("kind", 94, 2),            # RecordKind; 0 in records written before kinds existed
     ("max_tokens", 96, 4),
     ("numerics", 100, NUMERICS_BYTES),
+    ("qkv_fracs", 116, 3 * FRACS_LAYERS_MAX),
     ("header_crc", 508, 4),
 )
 #: ``{name: (offset, size)}`` of every header field.
 HEADER_OFFSETS = {name: (off, size) for name, off, size in HEADER_FIELDS}
-#: Config fields stored in the header (besides the digest), in header order.
+#: Config fields stored in the header (besides the digest), in header order. ``qkv_fracs`` (a
+#: per-layer numerics' fractions, :func:`encode_fracs`) follows them, all zero for the others;
+#: the gateware compares only :data:`CONST_RANGES` (the digest covers the fractions).
 CONFIG_FIELDS = ("layers", "q_heads", "kv_heads", "head_dim", "window", "token_width",
                  "max_tokens", "numerics")
 #: Byte ranges the gateware compares against its own constant header bytes (the config fields
@@ -239,6 +245,22 @@ def put_field(buf, name, value):
 
 
 
+def encode_fracs(config: RingKVConfig) -> bytes:
+    """The ``qkv_fracs`` header field: ``Fq, Fk, Fv`` of layer 0, then of layer 1, ... one byte
+    each (empty for a numerics with fixed scales; the field is zero padded)."""
+    if len(config.qkv_fracs) > FRACS_LAYERS_MAX:
+        raise ValueError(f"a record header holds the fractions of at most {FRACS_LAYERS_MAX} "
+                         f"layers, not {len(config.qkv_fracs)}")
+    return bytes(f for t in config.qkv_fracs for f in t)
+
+
+def decode_fracs(buf, layers: int) -> tuple:
+    """The ``qkv_fracs`` of ``layers`` layers from a header ``buf`` (:func:`encode_fracs`)."""
+    off, size = HEADER_OFFSETS["qkv_fracs"]
+    raw = bytes(buf[off:off + min(size, 3 * layers)])
+    return tuple(tuple(raw[i:i + 3]) for i in range(0, len(raw) - len(raw) % 3, 3))
+
+
 def header_template(config: RingKVConfig = DEFAULT_CONFIG) -> bytes:
     """The header bytes that depend only on the configuration (variable fields zero, no CRC).
 
@@ -255,4 +277,5 @@ def header_template(config: RingKVConfig = DEFAULT_CONFIG) -> bytes:
     for name in CONFIG_FIELDS[:-1]:
         put_field(buf, name, getattr(config, name))
     put_field(buf, "numerics", numerics)
+    put_field(buf, "qkv_fracs", encode_fracs(config))
     return bytes(buf)
