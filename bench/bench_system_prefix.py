@@ -97,7 +97,7 @@ def run():
     fixed = out["fixed"]
     if fixed != QUERY_PREFIX_FIXED:
         raise AssertionError(f"measured constant {fixed} != golden {QUERY_PREFIX_FIXED}")
-    results = [{"name": "prefix.query_fixed_cycles", "value": fixed, "unit": "cycles",
+    results = [{"name": "system.prefix.query_fixed_cycles", "value": fixed, "unit": "cycles",
                 "params": {**base, "how": "n = 1 on an empty directory, minus its one key"}}]
     for load in LOADS:
         r, live = out[load]["response"], out[load]["live"]
@@ -106,7 +106,7 @@ def run():
                   "empty_buckets": out[load]["empty_buckets"], "cycles": r["cycles"],
                   "answer_count": r["count"], "links_compared": r["probes"],
                   "poisson_model": round(2 - math.exp(-load) + load, 3)}
-        name = "prefix.query_clk_per_token" + ("" if load == 0.75 else f".load{load}")
+        name = "system.prefix.query_clk_per_token" + ("" if load == 0.75 else f".load{load}")
         results.append({"name": name, "value": round(per_token, 4), "unit": "clk/token",
                         "params": params})
     return results
@@ -114,10 +114,10 @@ def run():
 
 def markdown(results) -> str:
     by = {r["name"]: r for r in results}
-    fixed = by["prefix.query_fixed_cycles"]
+    fixed = by["system.prefix.query_fixed_cycles"]
     rows = []
     for load in LOADS:
-        r = by["prefix.query_clk_per_token" + ("" if load == 0.75 else f".load{load}")]
+        r = by["system.prefix.query_clk_per_token" + ("" if load == 0.75 else f".load{load}")]
         p = r["params"]
         rows.append([load, p["live_links"], p["empty_buckets"], p["cycles"], p["answer_count"],
                      p["links_compared"], f"{r['value']:g}", p["poisson_model"]])

@@ -374,7 +374,8 @@ def test_power_cut_during_recovery_and_query_while_scanning(states, tmp_path, ca
         dev.link.close()
         from ringkv.cli import main
         capsys.readouterr()
-        assert main(["storage", "fsck", "--link", sim.url, "--config", "demo"]) == 0
+        assert main(["storage", "fsck", "--link", sim.url, "--config", "demo",
+                         "--numerics", "ringkv-fx1"]) == 0
         out = capsys.readouterr().out
         assert "device recovery: 2 regions, 1 live, 0 freed, next commit 2" in out, out
         assert "1 live, 0 to free" in out and out.rstrip().endswith("clean"), out

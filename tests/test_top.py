@@ -118,7 +118,7 @@ def test_parameter_checks():
                                          r"attention token of this config\), not 100$"):
         RingKVTop(CFG2, max_payload=100, lanes=2, macs=4)
     with pytest.raises(ValueError, match=r"^unknown numerics 'ringkv-fx7' \(known: ringkv-fx1, "
-                                         r"ringkv-fx2\): no record layout for it$"):
+                                         r"ringkv-fx1c, ringkv-fx2\): no record layout for it$"):
         RingKVTop(RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx7"}))
     with pytest.raises(TypeError, match=r"^storage_kind must be a StorageKind, not 2$"):
         RingKVTop(CFG, storage_kind=2)
