@@ -1,8 +1,19 @@
-"""The full top on the ULX3S-85F: bitstream build, Fmax, slack, utilisation, build time.
+"""The full top on the ULX3S-85F: bitstream build, Fmax, slack, utilisation, build time; and
+the gate-level simulation of the board top (``make gatesim``): simulator speed and the smoke
+scenario's wall time.
 
 The build takes 20-50 minutes here (single-threaded WASM tools). Set
 ``RINGKV_BENCH_BOARD_REPORT=1`` to read the figures of the last ``ringkv build`` (its
-``figures.json``, or nextpnr's ``report.json``) instead of building again.
+``figures.json``, or nextpnr's ``report.json``) instead of building again, or
+``RINGKV_BENCH_BOARD_KEEP=1`` to keep the build figures already in ``bench/results.json``
+(no build, no report needed: only the gate-level figures are measured again).
+
+The gate-level smoke (:func:`ringkv.sim.gatesim.smoke`, on its cached build) runs here unless
+``RINGKV_BENCH_GATESIM_REPORT=1``: then the figures of the last ``make gatesim`` are read
+(``build/gatesim-run/figures.json``, written by it). Its figures are ``board.gatesim_cycles_per_s``
+(board clock cycles the netlist simulated per second of wall time, the device's own cycle
+counter over the two simulator sessions) and ``board.gatesim_scenario_s`` (the scenario's wall
+time, both sessions, without the build).
 """
 
 import json
@@ -13,9 +24,36 @@ from bench.run import table
 TITLE = "Whole device on the ULX3S-85F (board build)"
 
 
+def _gatesim() -> list[dict]:
+    from ringkv.boards.build import _REPO
+    where = _REPO / "build" / "gatesim-run"
+    if os.environ.get("RINGKV_BENCH_GATESIM_REPORT"):
+        fig = json.loads((where / "figures.json").read_text())
+    else:
+        from ringkv.sim.gatesim import SMOKE_CONFIG, SMOKE_TOP, smoke
+        ok, fig = smoke(where)
+        fig = {"ok": ok, **fig, "config": SMOKE_CONFIG.__dict__, "top": SMOKE_TOP}
+    if not fig["ok"]:
+        raise RuntimeError(f"the gate-level smoke scenario failed: {fig}")
+    params = {k: fig[k] for k in ("config", "top", "cycles", "build_s", "when") if k in fig}
+    return [{"name": "board.gatesim_cycles_per_s", "value": fig["cycles_per_s"],
+             "unit": "cycles/s", "params": params},
+            {"name": "board.gatesim_scenario_s", "value": fig["scenario_s"], "unit": "s",
+             "params": params}]
+
+
 def run():
     from ringkv.boards.build import build, report_figures
     from ringkv.boards.ulx3s import ULX3STop
+    if os.environ.get("RINGKV_BENCH_BOARD_KEEP"):
+        from bench.run import RESULTS
+        kept = [{k: v for k, v in r.items() if k != "group"}
+                for r in json.loads(RESULTS.read_text()) if r.get("group") == "board"
+                and r["name"] in ("board.fmax", "board.slack_pct", "board.build_s")]
+        if not kept:
+            raise RuntimeError("RINGKV_BENCH_BOARD_KEEP: no board build figures in "
+                               f"{RESULTS} to keep")
+        return kept + _gatesim()
     if os.environ.get("RINGKV_BENCH_BOARD_REPORT"):
         from ringkv.boards.build import _REPO
         where = _REPO / "build" / "ulx3s-85f"
@@ -36,7 +74,7 @@ def run():
     if "build_s" in r:
         out.append({"name": "board.build_s", "value": r["build_s"], "unit": "s",
                     "params": {"phase_s": r["phase_s"]}})
-    return out
+    return out + _gatesim()
 
 
 def markdown(results):
@@ -64,4 +102,19 @@ def markdown(results):
                + ", ".join(f"{k} {v / 60:.1f}" for k, v in
                            by['board.build_s']['params']['phase_s'].items())
                + " min)" if "board.build_s" in by else "")
-            + ".\n\n" + table(["cell", "used", "available", "share"], rows))
+            + ".\n\n" + table(["cell", "used", "available", "share"], rows)
+            + _gatesim_markdown(by))
+
+
+def _gatesim_markdown(by) -> str:
+    if "board.gatesim_cycles_per_s" not in by:
+        return ""
+    r = by["board.gatesim_cycles_per_s"]
+    p = r["params"]
+    cfg = ", ".join(f"{k}={v}" for k, v in p["config"].items())
+    return (f"\n\n`make gatesim`: the `synth_ecp5` netlist of the ULX3S top ({cfg}; "
+            f"{p['top']}) on Verilator with yosys' ECP5 cell models, at its pins: the smoke "
+            f"scenario passed in **{by['board.gatesim_scenario_s']['value'] / 60:.1f} min** "
+            f"of wall time ({p['cycles']} board clock cycles, "
+            f"**{r['value']} cycles/s**; build {p.get('build_s', 0) / 60:.1f} min, cached "
+            f"after the first run).\n")

