@@ -10,7 +10,9 @@ The build takes 20-50 minutes here (single-threaded WASM tools). Set
 
 The gate-level smoke (:func:`ringkv.sim.gatesim.smoke`, on its cached build) runs here unless
 ``RINGKV_BENCH_GATESIM_REPORT=1``: then the figures of the last ``make gatesim`` are read
-(``build/gatesim-run/figures.json``, written by it). Its figures are ``board.gatesim_cycles_per_s``
+(``build/gatesim-run/figures.json``, written by it); ``RINGKV_BENCH_GATESIM_SKIP=1`` leaves the
+gate-level figures out of the group (the build figures alone; the table then says so). Its
+figures are ``board.gatesim_cycles_per_s``
 (board clock cycles the netlist simulated per second of wall time, the device's own cycle
 counter over the two simulator sessions) and ``board.gatesim_scenario_s`` (the scenario's wall
 time, both sessions, without the build).
@@ -27,6 +29,8 @@ TITLE = "Whole device on the ULX3S-85F (board build)"
 def _gatesim() -> list[dict]:
     from ringkv.boards.build import _REPO
     where = _REPO / "build" / "gatesim-run"
+    if os.environ.get("RINGKV_BENCH_GATESIM_SKIP"):
+        return []
     if os.environ.get("RINGKV_BENCH_GATESIM_REPORT"):
         fig = json.loads((where / "figures.json").read_text())
     else:
@@ -108,7 +112,9 @@ def markdown(results):
 
 def _gatesim_markdown(by) -> str:
     if "board.gatesim_cycles_per_s" not in by:
-        return ""
+        return ("\n\n`make gatesim` (the gate-level board top at its pins): no figure recorded "
+                "(`RINGKV_BENCH_GATESIM_SKIP`: the smoke scenario does not yet finish within "
+                "its link timeout); its status is in `docs/BOARD.md`.\n")
     r = by["board.gatesim_cycles_per_s"]
     p = r["params"]
     cfg = ", ".join(f"{k}={v}" for k, v in p["config"].items())

