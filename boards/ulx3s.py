@@ -67,6 +67,8 @@ SD_NATIVE = Resource(
 STORAGE_MODES = ("sd4", "spi")
 #: ``clock="sim"``: clocks from the first edge until the stand-in for the PLL's LOCK rises.
 SIM_LOCK_CYCLES = 16
+#: System clock cycles the reset is held after the PLL locks (also the stand-in's LOCK).
+POR_HOLD_CYCLES = 2**8
 #: The clock sources of :class:`ULX3STop`: the board's PLL, or the simulation seam.
 CLOCKS = ("pll", "sim")
 
@@ -182,8 +184,8 @@ class ULX3STop(Elaboratable):
         m.domains += cd_sync
         pll_clk = cd_sync.clk   # the PLL drives the domain's clock net directly
         locked = self._clock_source(m, platform, pll_clk)
-        # Reset held for 2**8 cycles after lock.
-        hold = Signal(8)
+        # Reset held for POR_HOLD_CYCLES after lock.
+        hold = Signal(range(POR_HOLD_CYCLES))
         m.domains.por = ClockDomain("por", reset_less=True)
         m.d.comb += [ClockSignal("por").eq(pll_clk), ResetSignal("sync").eq(~hold.all())]
         with m.If(~locked):

@@ -36,6 +36,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
 
+from ringkv.boards.ulx3s import POR_HOLD_CYCLES, SIM_LOCK_CYCLES
+
 from .cocotb_server import POWER_CUT_EXIT, _Socket
 from .sd4_model import SDCard4
 from .sdcard_model import CocotbSDCard, SDCardSPI
@@ -252,6 +254,13 @@ async def serve(dut):
     sock = _Socket(params["port"])
     line, image, _ = start_board(dut, params, on_bytes=sock.send)
     period_ps = round(10**12 / params["sys_hz"])
+    # The board is configured and out of reset before a host opens its port: the URL is
+    # printed once the PLL stand-in has locked and the power-on reset hold is over. (A byte
+    # that arrives while the reset is held is lost, as on the board; the RTL simulation runs
+    # past those 272 cycles before a host can connect, the gate-level one does not: the
+    # first request of every gate-level session was lost and the host waited out its
+    # timeout.)
+    await Timer((SIM_LOCK_CYCLES + POR_HOLD_CYCLES + 16) * period_ps, unit="ps")
     print(f"RINGKV-SIM listening on socket://127.0.0.1:{sock.port}", flush=True)
     connections = idle_rounds = 0
     while True:
