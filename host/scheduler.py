@@ -73,7 +73,8 @@ from .golden_hash import prefix_hashes, sequence_hash
 from .model import AttentionBackend, Float64Backend, Model
 
 __all__ = ["Device", "SoftwareDevice", "QueryResult", "Scheduler", "Session", "plain_run",
-           "snapshot_bytes", "path_summary", "PATHS", "CHECKPOINT_EVERY", "KEEP_TURNS"]
+           "snapshot_bytes", "path_summary", "event_notes", "PATHS", "CHECKPOINT_EVERY",
+           "KEEP_TURNS"]
 
 #: The scheduler's paths, in the order :func:`path_summary` lists them.
 PATHS = ("first", "continue", "hit", "prefix", "miss")
@@ -565,6 +566,20 @@ def plain_run(model: Model, requests, backend_factory=None, chunk: int = 64) -> 
         state[sid] = (backend, pos + len(inputs) + max(len(out) - 1, 0), out[-1:], stream)
         outs.append(out)
     return outs
+
+
+def event_notes(event) -> str | None:
+    """The demo tables' note under a request row: a rewind, the checkpoints stored and why
+    it missed (``event`` as one of :attr:`Scheduler.events`); ``None`` when there is none."""
+    notes = []
+    if event["rewind"] is not None:
+        notes.append(f"stream cut to {event['rewind']} tokens before feeding the edited "
+                     f"message")
+    if event["checkpoints"]:
+        notes.append("checkpoint stored at " + ", ".join(map(str, event["checkpoints"])))
+    if event["reason"]:
+        notes.append(f"miss: {event['reason']}")
+    return "   (" + "; ".join(notes) + ")" if notes else None
 
 
 def path_summary(events) -> list[str]:

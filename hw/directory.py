@@ -292,6 +292,19 @@ class CacheDirectory(wiring.Component):
         with m.Elif(lk_walk):
             m.d.comb += answer.status.eq(Status.MISS)
 
+        def walk_step(*also):
+            """One link of a bucket's list (LK_CMP, PR_CMP): compare it into ``lk_hit`` and
+            step to the next link (``link_raddr`` follows ``nxt.rdata``: ``chase``, below the
+            FSM), with the statements ``also``; returns whether the list ends here."""
+            hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
+                   & (meta.rdata.hash == cmd.hash))
+            # idx bounds the walk: a list never holds more than `links` links.
+            end = is_nil(nxt.rdata) | (idx == nl - 1)
+            m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
+                         lk_link.eq(cur), lk_region.eq(meta.rdata.region),
+                         chase.eq(~hit & ~end), *also]
+            return end
+
         def respond():
             """Offer ``answer`` (held steady: it depends on registers only) until taken."""
             m.d.comb += [self.o.valid.eq(1), self.o.payload.eq(answer)]
@@ -371,15 +384,7 @@ class CacheDirectory(wiring.Component):
                 with m.If(lk_hit):
                     respond()
                 with m.Else():
-                    # (link_raddr follows nxt.rdata: ``chase``, below the FSM.)
-                    hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
-                           & (meta.rdata.hash == cmd.hash))
-                    # idx bounds the walk: a list never holds more than `links` links.
-                    end = is_nil(nxt.rdata) | (idx == nl - 1)
-                    m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
-                                 lk_link.eq(cur), lk_region.eq(meta.rdata.region),
-                                 chase.eq(~hit & ~end)]
-                    with m.If(end):
+                    with m.If(walk_step()):
                         m.next = "RESP"
 
             with m.State("INS_CHECK"):
@@ -579,13 +584,7 @@ class CacheDirectory(wiring.Component):
                     record_hit()
                     next_key()
                 with m.Else():
-                    hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
-                           & (meta.rdata.hash == cmd.hash))
-                    end = is_nil(nxt.rdata) | (idx == nl - 1)
-                    m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
-                                 lk_link.eq(cur), lk_region.eq(meta.rdata.region),
-                                 chase.eq(~hit & ~end), resp.probes.eq(resp.probes + 1)]
-                    with m.If(end):
+                    with m.If(walk_step(resp.probes.eq(resp.probes + 1))):
                         m.next = "PR_NEXT"
 
             with m.State("RESP"):

@@ -111,7 +111,13 @@ def run_demo(args) -> int:
 
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.host.model import show_text
-    from ringkv.host.scheduler import Scheduler, SoftwareDevice, path_summary, plain_run
+    from ringkv.host.scheduler import (
+        Scheduler,
+        SoftwareDevice,
+        event_notes,
+        path_summary,
+        plain_run,
+    )
     model = _model(args, DEFAULT_CONFIG)
     config = _device_config(DEFAULT_CONFIG, getattr(args, "numerics", None), model)
     device = SoftwareDevice(config, attention=_backend(args.backend, config),
@@ -139,16 +145,9 @@ def run_demo(args) -> int:
               f"{e['reused']:>6} {e['prefilled']:>8} {e['recomputed']:>6} "
               f"{e['imported_bytes']:>8} {e['exported_bytes']:>8} {ms:>6.0f}  "
               f"{show_text(out)!r}")
-        notes = []
-        if e["rewind"] is not None:
-            notes.append(f"stream cut to {e['rewind']} tokens before feeding the edited "
-                         f"message")
-        if e["checkpoints"]:
-            notes.append("checkpoint stored at " + ", ".join(map(str, e["checkpoints"])))
-        if e["reason"]:
-            notes.append(f"miss: {e['reason']}")
-        if notes:
-            print("   (" + "; ".join(notes) + ")")
+        note = event_notes(e)
+        if note:
+            print(note)
     print("\nchecking every generated token against a plain run with no reuse at all ...")
     ref = plain_run(model, [(sid, toks, n, opts) for _, sid, toks, n, opts in reqs],
                     lambda: _backend(args.backend, config), chunk=args.chunk)

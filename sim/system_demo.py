@@ -48,7 +48,7 @@ from ringkv.defs.record import RecordLayout
 from ringkv.host.fpga_device import FpgaDevice
 from ringkv.host.link import Link
 from ringkv.host.model import BOS, FixedBackend, Model, encode_text, show_text, weights_path
-from ringkv.host.scheduler import Scheduler, path_summary, plain_run
+from ringkv.host.scheduler import Scheduler, event_notes, path_summary, plain_run
 
 __all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO", "software_run",
            "SYSTEM_PROMPT"]
@@ -255,16 +255,9 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
             f"{time.monotonic() - t:>5.1f}" + ("" if ok else "  MISMATCH")
             + ("" if same else "  OTHER DECISION")
             + f"  {show_text(out)!r}")
-        notes = []
-        if e["rewind"] is not None:
-            notes.append(f"stream cut to {e['rewind']} tokens before feeding the edited "
-                         f"question")
-        if e["checkpoints"]:
-            notes.append("checkpoint stored at " + ", ".join(map(str, e["checkpoints"])))
-        if e["reason"]:
-            notes.append(f"miss: {e['reason']}")
-        if notes:
-            say("   (" + "; ".join(notes) + ")")
+        note = event_notes(e)
+        if note:
+            say(note)
     for dev, _ in devices.values():
         dev.stop()
 

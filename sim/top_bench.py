@@ -4,7 +4,8 @@ Amaranth simulator:
 
 * :class:`SimByteLink` -- the host side of the byte link inside a testbench: ``await
   link.request(ctx, op, payload)`` sends an encoded request on ``rx`` (with optional random idle
-  cycles) and returns the decoded response :class:`~ringkv.host.protocol.Frame`; a background
+  cycles) and returns the decoded response :class:`~ringkv.host.protocol.Frame` (``await
+  link.call(ctx, op, payload, status)``: its payload, the status checked); a background
   process (:meth:`SimByteLink.tx_process`) drains ``tx`` (with optional random stalls) through
   the golden response decoder;
 * :func:`run_top` -- build a simulator of the top with the storage port served from a
@@ -13,9 +14,10 @@ Amaranth simulator:
   go through a running simulation in a background thread, so :class:`ringkv.host.link.Link` and
   :class:`ringkv.host.fpga_device.FpgaDevice` drive the simulated gateware unchanged.
 
-cocotb (Verilator): :class:`CocotbByteLink` (the same ``request`` as a cocotb coroutine, on the
-Verilog ports ``rx__*``/``tx__*``); the storage port is served by
-:class:`ringkv.sim.sector_model.CocotbStorageServer` with ``prefix="storage"``.
+cocotb (Verilator): :class:`CocotbByteLink` (the same ``request`` and ``call`` as cocotb
+coroutines, on the Verilog ports ``rx__*``/``tx__*``); the storage port is served by
+:class:`ringkv.sim.sector_model.CocotbStorageServer` with ``prefix="storage"``;
+:func:`cocotb_start_top` starts the clock, both, and the reset.
 """
 
 import threading
@@ -24,12 +26,14 @@ from collections import deque
 
 from amaranth.sim import Simulator
 
+from ringkv.defs.protocol import Status
 from ringkv.host.protocol import Decoder, Frame, encode_request
 
 from .sector_model import SectorImage, serve_storage
 from .streams import tick_until
 
-__all__ = ["SimByteLink", "run_top", "SimPort", "CocotbByteLink", "image_for"]
+__all__ = ["SimByteLink", "run_top", "SimPort", "CocotbByteLink", "cocotb_start_top",
+           "image_for"]
 
 
 def image_for(top, path=None) -> SectorImage:
@@ -95,6 +99,14 @@ class SimByteLink:
         if not isinstance(frame, Frame) or frame.op != op or frame.seq != seq:
             raise AssertionError(f"unexpected response {frame!r} to op {op:#x} seq {seq}")
         return frame
+
+    async def call(self, ctx, op, payload=b"", status=Status.OK, **kw) -> bytes:
+        """:meth:`request`, the response's status required to be ``status``; its payload."""
+        frame = await self.request(ctx, op, payload, **kw)
+        if Status(frame.status) != status:
+            raise AssertionError(f"{Status(frame.status)!r} (payload {frame.payload.hex()}) "
+                                 f"to op {op!r}, expected {status!r}")
+        return frame.payload
 
 
 def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=None,
@@ -297,3 +309,36 @@ class CocotbByteLink:
         if not isinstance(frame, Frame) or frame.op != op or frame.seq != seq:
             raise AssertionError(f"unexpected response {frame!r} to op {op:#x} seq {seq}")
         return frame
+
+    async def call(self, op, payload=b"", status=Status.OK, **kw) -> bytes:
+        """:meth:`request`, the response's status required to be ``status``; its payload."""
+        frame = await self.request(op, payload, **kw)
+        if Status(frame.status) != status:
+            raise AssertionError(f"{Status(frame.status)!r} (payload {frame.payload.hex()}) "
+                                 f"to op {op!r}, expected {status!r}")
+        return frame.payload
+
+
+async def cocotb_start_top(dut, image, *, rng=None, link_idle=0.0, link_stall=0.0,
+                           storage_idle=0.0, storage_stall=0.0, period_ns=10):
+    """Start a cocotb bench of the whole top: the clock, the storage server on ``image`` (a
+    :class:`~ringkv.sim.sector_model.SectorImage`) and the byte link, then 3 clocks of reset.
+    Returns the :class:`CocotbByteLink`. ``rng`` (a :class:`random.Random`) drives both
+    sides' random idle and stall cycles."""
+    import cocotb
+    from cocotb.clock import Clock
+    from cocotb.triggers import RisingEdge
+
+    from .sector_model import CocotbStorageServer
+
+    Clock(dut.clk, period_ns, unit="ns").start()
+    server = CocotbStorageServer(dut, "storage", dut.clk, image, rng=rng, idle=storage_idle,
+                                 stall=storage_stall)
+    link = CocotbByteLink(dut, dut.clk, rng=rng, idle=link_idle, stall=link_stall)
+    dut.rst.value = 1
+    for _ in range(3):
+        await RisingEdge(dut.clk)
+    dut.rst.value = 0
+    cocotb.start_soon(server.run())
+    cocotb.start_soon(link.tx_process())
+    return link

@@ -56,12 +56,6 @@ def req(op, **fields):
     return REQUESTS[op].pack(**fields)
 
 
-async def call(ctx, link, op, payload=b"", status=Status.OK):
-    frame = await link.request(ctx, op, payload)
-    assert Status(frame.status) == status, (op, Status(frame.status), frame.payload)
-    return frame.payload
-
-
 async def query_prefix_rtl(ctx, link, n):
     frame = await link.request(ctx, Op.QUERY_PREFIX, req(Op.QUERY_PREFIX, n=n))
     status = Status(frame.status)
@@ -119,8 +113,8 @@ def test_query_prefix_top_against_golden():
         checked.append((n, status, got.get("count"), got.get("probes")))
 
     async def insert(ctx, link, count, h):
-        now = RESPONSES[Op.ALLOC_STATUS].unpack(await call(ctx, link, Op.ALLOC_STATUS))["dir_now"]
-        r = DIR_RESPONSE.unpack(await call(ctx, link, Op.DIR_INSERT, req(
+        now = RESPONSES[Op.ALLOC_STATUS].unpack(await link.call(ctx, Op.ALLOC_STATUS))["dir_now"]
+        r = DIR_RESPONSE.unpack(await link.call(ctx, Op.DIR_INSERT, req(
             Op.DIR_INSERT, count=count, hash=h, region=0, flags=1)))
         want = g.command({"op": 1, "count": count, "hash": h, "now": now, "evict": 1})
         assert (r["link"], r["region"]) == (want["link"], want["region"])
@@ -134,7 +128,7 @@ def test_query_prefix_top_against_golden():
         # empty token memory
         for n in (0, 1):
             await check(ctx, link, n, [])
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=40)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=40)
                    + pack_tokens(CFG, tokens[:40]))
         memory = tokens[:40]
         await check(ctx, link, 40, memory)                       # nothing stored
@@ -150,7 +144,7 @@ def test_query_prefix_top_against_golden():
         await insert(ctx, link, 40, keys[40])                    # the whole sequence
         await check(ctx, link, 40, memory)
         # n = max_tokens
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=CFG.max_tokens)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=CFG.max_tokens)
                    + pack_tokens(CFG, tokens))
         memory = tokens
         await insert(ctx, link, CFG.max_tokens, keys[CFG.max_tokens])

@@ -50,12 +50,6 @@ def req(op, **fields):
     return REQUESTS[op].pack(**fields)
 
 
-async def call(ctx, link, op, payload=b"", status=Status.OK):
-    frame = await link.request(ctx, op, payload)
-    assert Status(frame.status) == status, (op, Status(frame.status), frame.payload)
-    return frame.payload
-
-
 def rand_qkv(rng, count, config=CFG):
     lim = 1 << (8 * elem_bytes(config) - 1)       # the full int8 / int16 range
     q = rng.integers(-lim, lim, size=(count, config.q_heads, config.head_dim))
@@ -75,7 +69,7 @@ def golden_attend(core, layer, q, k, v):
 
 
 async def attend(ctx, link, layer, q, k, v, op=Op.ATTN_PREFILL, config=CFG):
-    payload = await call(ctx, link, op, pack_attn(config, layer, q, k, v))
+    payload = await link.call(ctx, op, pack_attn(config, layer, q, k, v))
     assert len(payload) == attn_out_bytes(config, len(k))
     return unpack_attn(config, payload, len(k))
 
@@ -87,10 +81,10 @@ async def read_rings(ctx, link, config=CFG):
     elems = b""
     for addr in range(0, total, 512):
         n = min(512, total - addr)
-        elems += await call(ctx, link, Op.RING_READ,
+        elems += await link.call(ctx, Op.RING_READ,
                             req(Op.RING_READ, addr=addr, n=n, what=RING_ELEMENTS))
     rings = rings_from_image(c, elems, signed=True)
-    raw = await call(ctx, link, Op.RING_READ,
+    raw = await link.call(ctx, Op.RING_READ,
                      req(Op.RING_READ, addr=0, n=c.layers * c.kv_heads, what=RING_META))
     meta = [(int.from_bytes(raw[i:i + 4], "little"), int.from_bytes(raw[i + 4:i + 6], "little"))
             for i in range(0, len(raw), 6)]
@@ -137,7 +131,7 @@ def test_storage_info():
     info = top.storage_info
 
     async def get(ctx, link):
-        return STORAGE_INFO.unpack(await call(ctx, link, Op.STORAGE_INFO))
+        return STORAGE_INFO.unpack(await link.call(ctx, Op.STORAGE_INFO))
 
     async def scenario(ctx, link):
         r = await get(ctx, link)
@@ -153,10 +147,10 @@ def test_storage_info():
             CardType.SDHC.value, 1, 1, (1 << 32) + 1024)
         dead[0] = True
         for _ in range(2):
-            await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=3),
+            await link.call(ctx, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=3),
                        status=Status.STORAGE_ERROR)
         dead[0] = False
-        assert len(await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=3))) == 512
+        assert len(await link.call(ctx, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=3))) == 512
         ctx.set(info.card_type, CardType.SDSC.value)
         r = await get(ctx, link)
         assert (r["last_error"], r["errors"], r["card_type"]) == (
@@ -181,34 +175,34 @@ def test_identity_and_tokens():
     tokens = [rng.randrange(1 << 16) for _ in range(40)]
 
     async def scenario(ctx, link):
-        assert await call(ctx, link, Op.PING, b"hello") == b"hello"
-        assert await call(ctx, link, Op.PING) == b""
-        ver = RESPONSES[Op.VERSION].unpack(await call(ctx, link, Op.VERSION))
+        assert await link.call(ctx, Op.PING, b"hello") == b"hello"
+        assert await link.call(ctx, Op.PING) == b""
+        ver = RESPONSES[Op.VERSION].unpack(await link.call(ctx, Op.VERSION))
         assert ver["regions"] == REGIONS and ver["max_payload"] == 1024
         assert ver["sectors_per_region"] == RecordLayout(CFG).sectors_per_region
-        cd = RESPONSES[Op.CONFIG_DIGEST].unpack(await call(ctx, link, Op.CONFIG_DIGEST))
+        cd = RESPONSES[Op.CONFIG_DIGEST].unpack(await link.call(ctx, Op.CONFIG_DIGEST))
         assert cd["digest"] == CFG.digest()
         assert cd["fields"] == header_template(CFG)[80:116]
         # tokens: append in two parts, read back, hash every interesting prefix
-        r = await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=25)
+        r = await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=25)
                        + pack_tokens(CFG, tokens[:25]))
         assert RESPONSES[Op.TOKENS_APPEND].unpack(r)["count"] == 25
-        r = await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=15)
+        r = await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=15)
                        + pack_tokens(CFG, tokens[25:]))
         assert RESPONSES[Op.TOKENS_APPEND].unpack(r)["count"] == 40
-        got = await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=3, n=30))
+        got = await link.call(ctx, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=3, n=30))
         assert unpack_tokens(CFG, got) == tokens[3:33]
         for n in (0, 1, 17, 40):
-            r = await call(ctx, link, Op.HASH_QUERY, req(Op.HASH_QUERY, n=n))
+            r = await link.call(ctx, Op.HASH_QUERY, req(Op.HASH_QUERY, n=n))
             assert RESPONSES[Op.HASH_QUERY].unpack(r)["hash"] == sequence_hash(
                 tokens[:n], hash_seed(CFG))
         # TOKENS_WRITE replaces from an offset and sets the count
-        r = await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=10, n=2)
+        r = await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=10, n=2)
                        + pack_tokens(CFG, [7, 8]))
         assert RESPONSES[Op.TOKENS_WRITE].unpack(r)["count"] == 12
-        got = await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=0, n=12))
+        got = await link.call(ctx, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=0, n=12))
         assert unpack_tokens(CFG, got) == tokens[:10] + [7, 8]
-        st = RESPONSES[Op.STATS].unpack(await call(ctx, link, Op.STATS))
+        st = RESPONSES[Op.STATS].unpack(await link.call(ctx, Op.STATS))
         assert st["frames"] == 14 and st["frame_errors"] == 0 and st["cycles"] > 0
 
     run_top(top, image, scenario)
@@ -227,15 +221,15 @@ def test_export_query_hit_miss_corrupt():
     h12 = sequence_hash(tokens, hash_seed(CFG))
 
     async def scenario(ctx, link):
-        await call(ctx, link, Op.SESSION_BEGIN)
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=12)
+        await link.call(ctx, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=12)
                    + pack_tokens(CFG, tokens))
         for layer in range(CFG.layers):
             q, k, v = rand_qkv(rng, 12)
             out = await attend(ctx, link, layer, q, k, v)
             assert np.array_equal(out, golden_attend(golden, layer, q, k, v))
         # export: region 0 from FIFO A, commit sequence 1
-        r = SNAPSHOT_RESPONSE.unpack(await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=12)))
+        r = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=12)))
         assert (r["record_status"], r["region"], r["count"], r["hash"], r["seq"]) == (
             RecordStatus.OK.value, 0, 12, h12, 1)
         assert r["bytes"] == 12 * 2 + 2 * CFG.layers * CFG.kv_heads * CFG.window * CFG.head_dim
@@ -248,11 +242,11 @@ def test_export_query_hit_miss_corrupt():
         assert status is RecordStatus.OK and meta == (12, int(golden.head[0]))
         assert np.array_equal(rings & 0xFF, golden.rings & 0xFF)
         # a new session wipes the rings' metadata and the tokens; the query restores both
-        await call(ctx, link, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.SESSION_BEGIN)
         _, meta = await read_rings(ctx, link)
         assert meta == [(0, CFG.window - 1)] * (CFG.layers * CFG.kv_heads)
-        await call(ctx, link, Op.RING_CLEAR, req(Op.RING_CLEAR, layer=RING_CLEAR_ALL))
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=12)
+        await link.call(ctx, Op.RING_CLEAR, req(Op.RING_CLEAR, layer=RING_CLEAR_ALL))
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=12)
                    + pack_tokens(CFG, tokens))
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
         assert Status(frame.status) == Status.HIT
@@ -286,10 +280,10 @@ def test_export_query_hit_miss_corrupt():
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
         assert Status(frame.status) == Status.MISS
         assert SNAPSHOT_RESPONSE.unpack(frame.payload)["record_status"] == NO_RECORD
-        al = RESPONSES[Op.ALLOC_STATUS].unpack(await call(ctx, link, Op.ALLOC_STATUS))
+        al = RESPONSES[Op.ALLOC_STATUS].unpack(await link.call(ctx, Op.ALLOC_STATUS))
         assert (al["fifo_a"], al["fifo_b"], al["live"], al["commit_seq"]) == (
             REGIONS - 1, 1, 0, 2)
-        st = RESPONSES[Op.STATS].unpack(await call(ctx, link, Op.STATS))
+        st = RESPONSES[Op.STATS].unpack(await link.call(ctx, Op.STATS))
         assert (st["queries"], st["hits"], st["exports"]) == (4, 1, 1)
         assert st["dma_cycles"] > 0 and st["attn_cycles"] > 0 and st["dir_cycles"] > 0
 
@@ -305,22 +299,22 @@ def test_errors_change_nothing():
     tokens = [int(t) for t in rng.integers(0, 1 << 16, size=6)]
 
     async def state(ctx, link):
-        toks = await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=0, n=6))
+        toks = await link.call(ctx, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=0, n=6))
         rings = await read_rings(ctx, link)
-        alloc = await call(ctx, link, Op.ALLOC_STATUS)
+        alloc = await link.call(ctx, Op.ALLOC_STATUS)
         d = await link.request(ctx, Op.DIR_READ, req(Op.DIR_READ, link=0))
         return toks, rings[0].tobytes(), rings[1], alloc[:-4], d.status, d.payload
 
     async def scenario(ctx, link):
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=6)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=6)
                    + pack_tokens(CFG, tokens))
         q, k, v = rand_qkv(rng, 6)
         await attend(ctx, link, 1, q, k, v)
-        alloc = await call(ctx, link, Op.ALLOC_STATUS)
-        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=6), Status.BAD_ARG)   # layer 0: 0
-        assert await call(ctx, link, Op.ALLOC_STATUS) == alloc
+        alloc = await link.call(ctx, Op.ALLOC_STATUS)
+        await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=6), Status.BAD_ARG)   # layer 0: 0
+        assert await link.call(ctx, Op.ALLOC_STATUS) == alloc
         await attend(ctx, link, 0, q, k, v)
-        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=6))
+        await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=6))
         before = await state(ctx, link)
         # frame layer: bad CRC (answered with the op and seq received), unknown opcode
         frame = bytearray(encode_request(Op.TOKENS_APPEND, 77, req(Op.TOKENS_APPEND, n=1)
@@ -334,49 +328,49 @@ def test_errors_change_nothing():
         err = await link.receive(ctx)
         assert (err.op, err.seq, Status(err.status)) == (0x7E, 78, Status.UNKNOWN_OP)
         # ops of Op the gateware does not implement
-        await call(ctx, link, Op.IMPORT, req(Op.QUERY, n=6), Status.UNKNOWN_OP)
+        await link.call(ctx, Op.IMPORT, req(Op.QUERY, n=6), Status.UNKNOWN_OP)
         # lengths
-        await call(ctx, link, Op.VERSION, b"\0", Status.BAD_LENGTH)
-        await call(ctx, link, Op.QUERY, b"\1\0\0", Status.BAD_LENGTH)
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=2) + b"\1\2\3",
+        await link.call(ctx, Op.VERSION, b"\0", Status.BAD_LENGTH)
+        await link.call(ctx, Op.QUERY, b"\1\0\0", Status.BAD_LENGTH)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=2) + b"\1\2\3",
                    Status.BAD_LENGTH)
-        await call(ctx, link, Op.TOKENS_WRITE, b"\0\0", Status.BAD_LENGTH)
+        await link.call(ctx, Op.TOKENS_WRITE, b"\0\0", Status.BAD_LENGTH)
         q, k, v = rand_qkv(rng, 2)
-        await call(ctx, link, Op.ATTN_PREFILL, pack_attn(CFG, 0, q, k, v)[:-1],
+        await link.call(ctx, Op.ATTN_PREFILL, pack_attn(CFG, 0, q, k, v)[:-1],
                    Status.BAD_LENGTH)
-        await call(ctx, link, Op.DIR_CLEAR, b"\0\0", Status.BAD_LENGTH)
-        await call(ctx, link, Op.STORAGE_REBUILD, b"\0", Status.BAD_LENGTH)
+        await link.call(ctx, Op.DIR_CLEAR, b"\0\0", Status.BAD_LENGTH)
+        await link.call(ctx, Op.STORAGE_REBUILD, b"\0", Status.BAD_LENGTH)
         # arguments out of range
-        await call(ctx, link, Op.ATTN_PREFILL, pack_attn(CFG, CFG.layers, q, k, v),
+        await link.call(ctx, Op.ATTN_PREFILL, pack_attn(CFG, CFG.layers, q, k, v),
                    Status.BAD_ARG)
-        await call(ctx, link, Op.ATTN_DECODE, pack_attn(CFG, 0, q, k, v), Status.BAD_ARG)
-        await call(ctx, link, Op.ATTN_PREFILL, req(Op.ATTN_PREFILL, layer=0, count=0),
+        await link.call(ctx, Op.ATTN_DECODE, pack_attn(CFG, 0, q, k, v), Status.BAD_ARG)
+        await link.call(ctx, Op.ATTN_PREFILL, req(Op.ATTN_PREFILL, layer=0, count=0),
                    Status.BAD_ARG)
-        await call(ctx, link, Op.RING_CLEAR, req(Op.RING_CLEAR, layer=CFG.layers),
+        await link.call(ctx, Op.RING_CLEAR, req(Op.RING_CLEAR, layer=CFG.layers),
                    Status.BAD_ARG)
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=59)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=59)
                    + pack_tokens(CFG, [0] * 59), Status.BAD_ARG)
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=7, n=1)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=7, n=1)
                    + pack_tokens(CFG, [0]), Status.BAD_ARG)
-        await call(ctx, link, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=5, n=2), Status.BAD_ARG)
-        await call(ctx, link, Op.HASH_QUERY, req(Op.HASH_QUERY, n=7), Status.BAD_ARG)
-        await call(ctx, link, Op.QUERY, req(Op.QUERY, n=0), Status.BAD_ARG)
-        await call(ctx, link, Op.QUERY, req(Op.QUERY, n=7), Status.BAD_ARG)
-        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=5), Status.BAD_ARG)   # rings hold 6
-        await call(ctx, link, Op.DIR_INSERT, req(Op.DIR_INSERT, count=1, hash=1, region=REGIONS,
+        await link.call(ctx, Op.TOKENS_READ, req(Op.TOKENS_READ, offset=5, n=2), Status.BAD_ARG)
+        await link.call(ctx, Op.HASH_QUERY, req(Op.HASH_QUERY, n=7), Status.BAD_ARG)
+        await link.call(ctx, Op.QUERY, req(Op.QUERY, n=0), Status.BAD_ARG)
+        await link.call(ctx, Op.QUERY, req(Op.QUERY, n=7), Status.BAD_ARG)
+        await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=5), Status.BAD_ARG)   # rings hold 6
+        await link.call(ctx, Op.DIR_INSERT, req(Op.DIR_INSERT, count=1, hash=1, region=REGIONS,
                                                  flags=FLAG_EXISTING), Status.BAD_ARG)
-        await call(ctx, link, Op.DIR_DELETE, req(Op.DIR_DELETE, link=REGIONS), Status.BAD_ARG)
-        await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=0, n=5, what=RING_META),
+        await link.call(ctx, Op.DIR_DELETE, req(Op.DIR_DELETE, link=REGIONS), Status.BAD_ARG)
+        await link.call(ctx, Op.RING_READ, req(Op.RING_READ, addr=0, n=5, what=RING_META),
                    Status.BAD_ARG)
-        await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=0, n=1, what=2),
+        await link.call(ctx, Op.RING_READ, req(Op.RING_READ, addr=0, n=1, what=2),
                    Status.BAD_ARG)
         total = RecordLayout(CFG).sectors_per_region * REGIONS
-        await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=total), Status.BAD_ARG)
+        await link.call(ctx, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=total), Status.BAD_ARG)
         # directory-level refusals carry the directory's status
-        p = await call(ctx, link, Op.DIR_DELETE, req(Op.DIR_DELETE, link=3), Status.BAD_ARG)
+        p = await link.call(ctx, Op.DIR_DELETE, req(Op.DIR_DELETE, link=3), Status.BAD_ARG)
         assert DIR_RESPONSE.unpack(p)["dir_status"] == 5          # NOT_LIVE
         assert await state(ctx, link) == before
-        st = RESPONSES[Op.STATS].unpack(await call(ctx, link, Op.STATS))
+        st = RESPONSES[Op.STATS].unpack(await link.call(ctx, Op.STATS))
         assert st["frame_errors"] == 2 and st["rejected"] == 25
 
     run_top(top, image, scenario)
@@ -392,12 +386,12 @@ def test_fuzz_then_ping_and_snapshot():
     tokens = [int(t) for t in rng.integers(0, 1 << 16, size=5)]
 
     async def scenario(ctx, link):
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=5)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=5)
                    + pack_tokens(CFG, tokens))
         for layer in range(CFG.layers):
             q, k, v = rand_qkv(rng, 5)
             await attend(ctx, link, layer, q, k, v)
-        await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=5))
+        await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=5))
         junk = bytearray()
         for _ in range(40):
             kind = pyrng.randrange(4)
@@ -414,9 +408,9 @@ def test_fuzz_then_ping_and_snapshot():
         await link.send(ctx, bytes(junk))
         await ctx.tick().repeat(2000)           # longer than the decoder's timeout
         link.events.clear()
-        assert await call(ctx, link, Op.PING, b"alive") == b"alive"
-        await call(ctx, link, Op.SESSION_BEGIN)
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=5)
+        assert await link.call(ctx, Op.PING, b"alive") == b"alive"
+        await link.call(ctx, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=5)
                    + pack_tokens(CFG, tokens))
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=5))
         assert Status(frame.status) == Status.HIT
@@ -492,8 +486,8 @@ def test_export_evicts_lru_and_reexport_retires_old_record():
     sessions = [[int(t) for t in rng.integers(0, 1 << 16, size=6)] for _ in range(REGIONS + 1)]
 
     async def compute(ctx, link, tokens):
-        await call(ctx, link, Op.SESSION_BEGIN)
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=len(tokens))
+        await link.call(ctx, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=len(tokens))
                    + pack_tokens(CFG, tokens))
         q, k, v = rand_qkv(rng, len(tokens))
         for layer in range(CFG.layers):
@@ -501,17 +495,17 @@ def test_export_evicts_lru_and_reexport_retires_old_record():
 
     async def export(ctx, link, tokens):
         return SNAPSHOT_RESPONSE.unpack(
-            await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=len(tokens))))
+            await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=len(tokens))))
 
     async def query(ctx, link, tokens):
-        await call(ctx, link, Op.SESSION_BEGIN)
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=len(tokens))
+        await link.call(ctx, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=len(tokens))
                    + pack_tokens(CFG, tokens))
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=len(tokens)))
         return Status(frame.status), SNAPSHOT_RESPONSE.unpack(frame.payload)
 
     async def alloc(ctx, link):
-        a = RESPONSES[Op.ALLOC_STATUS].unpack(await call(ctx, link, Op.ALLOC_STATUS))
+        a = RESPONSES[Op.ALLOC_STATUS].unpack(await link.call(ctx, Op.ALLOC_STATUS))
         return a["fifo_a"], a["fifo_b"], a["live"]
 
     async def scenario(ctx, link):
@@ -576,8 +570,8 @@ def test_fx2_attention_export_query_ring_read():
         image.write(lay.region_lba(3) + off, data)
 
     async def scenario(ctx, link):
-        await call(ctx, link, Op.SESSION_BEGIN)
-        await call(ctx, link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=12)
+        await link.call(ctx, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=12)
                    + pack_tokens(CFG2, tokens))
         for layer in range(CFG2.layers):
             for _ in range(2):          # 6 tokens a frame: 4 + 6 * 128 bytes fit 1024
@@ -587,7 +581,7 @@ def test_fx2_attention_export_query_ring_read():
                 assert np.array_equal(out, golden_attend(golden, layer, q, k, v))
         got_rings, _ = await read_rings(ctx, link, CFG2)
         assert np.array_equal(got_rings, golden.rings)
-        r = SNAPSHOT_RESPONSE.unpack(await call(ctx, link, Op.EXPORT, req(Op.EXPORT, n=12)))
+        r = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.EXPORT, req(Op.EXPORT, n=12)))
         assert (r["record_status"], r["region"], r["count"], r["hash"], r["seq"]) == (
             RecordStatus.OK.value, 0, 12, h12, 1)
         assert r["bytes"] == 12 * 2 + 2 * 2 * CFG2.layers * CFG2.kv_heads * CFG2.window * 8
@@ -597,8 +591,8 @@ def test_fx2_attention_export_query_ring_read():
         assert status is RecordStatus.OK and meta == (12, int(golden.head[0]))
         assert np.array_equal(rings, golden.rings & 0xFFFF)
         # resume: a new session, then QUERY imports the int16 rings
-        await call(ctx, link, Op.SESSION_BEGIN)
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=12)
+        await link.call(ctx, Op.SESSION_BEGIN)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=12)
                    + pack_tokens(CFG2, tokens))
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
         assert Status(frame.status) == Status.HIT
@@ -609,18 +603,18 @@ def test_fx2_attention_export_query_ring_read():
         out = await attend(ctx, link, 1, q, k, v, op=Op.ATTN_DECODE, config=CFG2)
         assert np.array_equal(out, golden_attend(golden, 1, q, k, v))
         # RING_READ addresses bytes: the last byte is the high byte of the last element
-        last = await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=ring_bytes - 1, n=1,
+        last = await link.call(ctx, Op.RING_READ, req(Op.RING_READ, addr=ring_bytes - 1, n=1,
                                                        what=RING_ELEMENTS))
         assert last == bytes([(int(golden.rings[-1, -1, -1, -1, -1]) >> 8) & 0xFF])
-        await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=ring_bytes - 1, n=2,
+        await link.call(ctx, Op.RING_READ, req(Op.RING_READ, addr=ring_bytes - 1, n=2,
                                                 what=RING_ELEMENTS), Status.BAD_ARG)
         # an fx1-sized ATTN payload is the wrong length for this device
-        await call(ctx, link, Op.ATTN_DECODE, pack_attn(CFG, 0, q, k & 0x7F, v & 0x7F),
+        await link.call(ctx, Op.ATTN_DECODE, pack_attn(CFG, 0, q, k & 0x7F, v & 0x7F),
                    Status.BAD_LENGTH)
         # the fx1 record in region 3 is refused as foreign (and dropped)
-        await call(ctx, link, Op.DIR_INSERT, req(Op.DIR_INSERT, count=5, hash=h5, region=3,
+        await link.call(ctx, Op.DIR_INSERT, req(Op.DIR_INSERT, count=5, hash=h5, region=3,
                                                  flags=FLAG_EXISTING))
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=5)
+        await link.call(ctx, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=5)
                    + pack_tokens(CFG2, other))
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=5))
         assert Status(frame.status) == Status.MISS

@@ -13,7 +13,6 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from ringkv.defs.config import RingKVConfig
@@ -35,8 +34,8 @@ from ringkv.host.golden_prefix import prefix_keys, query_prefix
 from ringkv.host.ops import pack_attn, pack_tokens
 from ringkv.host.record import decode_header
 from ringkv.sim.cocotb_run import cocotb_params
-from ringkv.sim.sector_model import CocotbStorageServer, SectorImage
-from ringkv.sim.top_bench import CocotbByteLink
+from ringkv.sim.sector_model import SectorImage
+from ringkv.sim.top_bench import cocotb_start_top
 
 P = cocotb_params()
 CFG = RingKVConfig(**P["config"])
@@ -49,33 +48,20 @@ def req(op, **fields):
     return REQUESTS[op].pack(**fields)
 
 
-async def call(link, op, payload=b"", status=Status.OK):
-    frame = await link.request(op, payload)
-    assert Status(frame.status) == status, (op, Status(frame.status))
-    return frame.payload
-
-
 @cocotb.test(timeout_time=400, timeout_unit="ms")
 async def query_prefix_against_golden(dut):
-    Clock(dut.clk, 10, unit="ns").start()
     rng = random.Random(P["seed"])
     nrng = np.random.default_rng(P["seed"])
     lay = RecordLayout(CFG)
     image = SectorImage(None, REGIONS * lay.sectors_per_region)
-    server = CocotbStorageServer(dut, "storage", dut.clk, image, rng=rng, idle=0.1, stall=0.1)
-    link = CocotbByteLink(dut, dut.clk, rng=rng, idle=0.2, stall=0.5)
-    dut.rst.value = 1
-    for _ in range(3):
-        await RisingEdge(dut.clk)
-    dut.rst.value = 0
-    cocotb.start_soon(server.run())
-    cocotb.start_soon(link.tx_process())
+    link = await cocotb_start_top(dut, image, rng=rng, link_idle=0.2, link_stall=0.5,
+                                  storage_idle=0.1, storage_stall=0.1)
 
     # during the power-on scan: NOT_READY, like QUERY
     frame = await link.request(Op.QUERY_PREFIX, req(Op.QUERY_PREFIX, n=1))
     assert Status(frame.status) is Status.NOT_READY
     for _ in range(1000):
-        st = RECOVERY_STATUS.unpack(await call(link, Op.STORAGE_STATUS))
+        st = RECOVERY_STATUS.unpack(await link.call(Op.STORAGE_STATUS))
         if st["state"] != RecoveryState.SCANNING.value:
             break
         for _ in range(100):
@@ -95,15 +81,15 @@ async def query_prefix_against_golden(dut):
         seen.add(want_status)
 
     async def insert(count, h):
-        now = RESPONSES[Op.ALLOC_STATUS].unpack(await call(link, Op.ALLOC_STATUS))["dir_now"]
-        r = DIR_RESPONSE.unpack(await call(link, Op.DIR_INSERT, req(
+        now = RESPONSES[Op.ALLOC_STATUS].unpack(await link.call(Op.ALLOC_STATUS))["dir_now"]
+        r = DIR_RESPONSE.unpack(await link.call(Op.DIR_INSERT, req(
             Op.DIR_INSERT, count=count, hash=h, region=0, flags=1)))
         want = g.command({"op": 1, "count": count, "hash": h, "now": now, "evict": 1})
         assert (r["link"], r["region"], r["evicted"]) == (want["link"], want["region"],
                                                           want["evicted"])
 
     await check(1, [])                                   # empty token memory: BAD_ARG
-    await call(link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=CFG.max_tokens)
+    await link.call(Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=CFG.max_tokens)
                + pack_tokens(CFG, tokens))
     await check(CFG.max_tokens, tokens)                  # nothing stored
     for c in (1, 13, 30):
@@ -121,23 +107,23 @@ async def query_prefix_against_golden(dut):
     assert seen == {Status.HIT, Status.MISS, Status.BAD_ARG}
 
     # the real flow: a 6-token checkpoint, found and imported for a 20-token conversation
-    await call(link, Op.DIR_CLEAR)
-    await call(link, Op.SESSION_BEGIN)
-    await call(link, Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=6)
+    await link.call(Op.DIR_CLEAR)
+    await link.call(Op.SESSION_BEGIN)
+    await link.call(Op.TOKENS_APPEND, req(Op.TOKENS_APPEND, n=6)
                + pack_tokens(CFG, tokens[:6]))
     for layer in range(CFG.layers):
         q = nrng.integers(-LIM, LIM, size=(6, CFG.q_heads, CFG.head_dim))
         k = nrng.integers(-LIM, LIM, size=(6, CFG.kv_heads, CFG.head_dim))
-        await call(link, Op.ATTN_PREFILL, pack_attn(CFG, layer, q, k, k))
-    r = SNAPSHOT_RESPONSE.unpack(await call(link, Op.EXPORT, req(
+        await link.call(Op.ATTN_PREFILL, pack_attn(CFG, layer, q, k, k))
+    r = SNAPSHOT_RESPONSE.unpack(await link.call(Op.EXPORT, req(
         Op.EXPORT, n=6, kind=RecordKind.CHECKPOINT.value)))
     assert r["record_status"] == 0
     assert decode_header(image.read(lay.region_lba(r["region"]), 1), CFG).kind == 1
-    await call(link, Op.SESSION_BEGIN)
-    await call(link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=20)
+    await link.call(Op.SESSION_BEGIN)
+    await link.call(Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=20)
                + pack_tokens(CFG, tokens[:20]))
-    p = PREFIX_RESPONSE.unpack(await call(link, Op.QUERY_PREFIX, req(Op.QUERY_PREFIX, n=20),
+    p = PREFIX_RESPONSE.unpack(await link.call(Op.QUERY_PREFIX, req(Op.QUERY_PREFIX, n=20),
                                           Status.HIT))
     assert (p["count"], p["hash"], p["region"]) == (6, keys[6], r["region"])
-    q = SNAPSHOT_RESPONSE.unpack(await call(link, Op.QUERY, req(Op.QUERY, n=6), Status.HIT))
+    q = SNAPSHOT_RESPONSE.unpack(await link.call(Op.QUERY, req(Op.QUERY, n=6), Status.HIT))
     assert q["count"] == 6 and q["hash"] == keys[6]

@@ -8,7 +8,6 @@ import random
 
 import cocotb
 import numpy as np
-from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from ringkv.defs.config import RingKVConfig
@@ -27,8 +26,8 @@ from ringkv.host.golden_fixed import FixedRingCore
 from ringkv.host.golden_hash import sequence_hash
 from ringkv.host.ops import pack_attn, pack_tokens, unpack_attn
 from ringkv.sim.cocotb_run import cocotb_params
-from ringkv.sim.sector_model import CocotbStorageServer, SectorImage
-from ringkv.sim.top_bench import CocotbByteLink
+from ringkv.sim.sector_model import SectorImage
+from ringkv.sim.top_bench import cocotb_start_top
 
 P = cocotb_params()
 CFG = RingKVConfig(**P["config"])
@@ -36,44 +35,31 @@ REGIONS, LANES = P["regions"], P["lanes"]
 LIM = 1 << (8 * elem_bytes(CFG) - 1)       # q/k/v range: int8 (ringkv-fx1) or int16 (fx2)
 
 
-async def call(link, op, payload=b"", status=Status.OK):
-    frame = await link.request(op, payload)
-    assert Status(frame.status) == status, (op, Status(frame.status))
-    return frame.payload
-
-
 @cocotb.test(timeout_time=200, timeout_unit="ms")
 async def top_end_to_end(dut):
-    Clock(dut.clk, 10, unit="ns").start()
     rng = random.Random(P["seed"])
     nrng = np.random.default_rng(P["seed"])
     lay = RecordLayout(CFG)
     image = SectorImage(None, REGIONS * lay.sectors_per_region)
-    server = CocotbStorageServer(dut, "storage", dut.clk, image, rng=rng, idle=0.1, stall=0.1)
-    link = CocotbByteLink(dut, dut.clk, rng=rng, idle=0.1, stall=0.2)
-    dut.rst.value = 1
-    for _ in range(3):
-        await RisingEdge(dut.clk)
-    dut.rst.value = 0
-    cocotb.start_soon(server.run())
-    cocotb.start_soon(link.tx_process())
+    link = await cocotb_start_top(dut, image, rng=rng, link_idle=0.1, link_stall=0.2,
+                                  storage_idle=0.1, storage_stall=0.1)
 
-    assert await call(link, Op.PING, b"ringkv") == b"ringkv"
+    assert await link.call(Op.PING, b"ringkv") == b"ringkv"
     # the power-on recovery of the (empty) card: wait for it, as the host does
     for _ in range(1000):
-        st = RECOVERY_STATUS.unpack(await call(link, Op.STORAGE_STATUS))
+        st = RECOVERY_STATUS.unpack(await link.call(Op.STORAGE_STATUS))
         if st["state"] != RecoveryState.SCANNING.value:
             break
         for _ in range(100):
             await RisingEdge(dut.clk)
     assert (st["state"], st["scanned"], st["live"], st["freed"], st["next_seq"]) == (
         RecoveryState.READY.value, REGIONS, 0, 0, 1)
-    cd = RESPONSES[Op.CONFIG_DIGEST].unpack(await call(link, Op.CONFIG_DIGEST))
+    cd = RESPONSES[Op.CONFIG_DIGEST].unpack(await link.call(Op.CONFIG_DIGEST))
     assert cd["digest"] == CFG.digest()
     tokens = [rng.randrange(1 << CFG.token_width) for _ in range(10)]
-    await call(link, Op.TOKENS_APPEND, REQUESTS[Op.TOKENS_APPEND].pack(n=10)
+    await link.call(Op.TOKENS_APPEND, REQUESTS[Op.TOKENS_APPEND].pack(n=10)
                + pack_tokens(CFG, tokens))
-    h = RESPONSES[Op.HASH_QUERY].unpack(await call(link, Op.HASH_QUERY,
+    h = RESPONSES[Op.HASH_QUERY].unpack(await link.call(Op.HASH_QUERY,
                                                    REQUESTS[Op.HASH_QUERY].pack(n=10)))["hash"]
     assert h == sequence_hash(tokens, hash_seed(CFG))
     golden = FixedRingCore(CFG.layers, CFG.q_heads, CFG.kv_heads, CFG.head_dim, CFG.window,
@@ -83,23 +69,23 @@ async def top_end_to_end(dut):
         q = nrng.integers(-LIM, LIM, size=(10, CFG.q_heads, CFG.head_dim))
         k = nrng.integers(-LIM, LIM, size=(10, CFG.kv_heads, CFG.head_dim))
         v = nrng.integers(-LIM, LIM, size=(10, CFG.kv_heads, CFG.head_dim))
-        out = unpack_attn(CFG, await call(link, Op.ATTN_PREFILL, pack_attn(CFG, layer, q, k, v)),
+        out = unpack_attn(CFG, await link.call(Op.ATTN_PREFILL, pack_attn(CFG, layer, q, k, v)),
                           10)
         for kvh in range(CFG.kv_heads):
             want = golden.attend(layer, kvh, q[:, kvh * g:(kvh + 1) * g], k[:, kvh], v[:, kvh])
             assert np.array_equal(out[:, kvh * g:(kvh + 1) * g], want)
-    r = SNAPSHOT_RESPONSE.unpack(await call(link, Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=10)))
+    r = SNAPSHOT_RESPONSE.unpack(await link.call(Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=10)))
     assert r["record_status"] == 0 and r["hash"] == h
-    await call(link, Op.SESSION_BEGIN)
-    await call(link, Op.TOKENS_WRITE, REQUESTS[Op.TOKENS_WRITE].pack(offset=0, n=10)
+    await link.call(Op.SESSION_BEGIN)
+    await link.call(Op.TOKENS_WRITE, REQUESTS[Op.TOKENS_WRITE].pack(offset=0, n=10)
                + pack_tokens(CFG, tokens))
-    await call(link, Op.QUERY, REQUESTS[Op.QUERY].pack(n=10), Status.HIT)
+    await link.call(Op.QUERY, REQUESTS[Op.QUERY].pack(n=10), Status.HIT)
     # corrupt the stored KV: a MISS, never a wrong answer
     lba = lay.region_lba(r["region"]) + lay.kv_sector
     sector = bytearray(image.read(lba, 1))
     sector[0] ^= 0x01
     image.write(lba, bytes(sector))
-    await call(link, Op.QUERY, REQUESTS[Op.QUERY].pack(n=10), Status.MISS)
+    await link.call(Op.QUERY, REQUESTS[Op.QUERY].pack(n=10), Status.MISS)
     # bad CRC and an out-of-range layer
     from ringkv.host.protocol import encode_request
     frame = bytearray(encode_request(Op.PING, 200, b"x"))
@@ -109,5 +95,5 @@ async def top_end_to_end(dut):
     assert Status(err.status) == Status.BAD_CRC and err.seq == 200
     q = nrng.integers(-LIM, LIM, size=(1, CFG.q_heads, CFG.head_dim))
     k = nrng.integers(-LIM, LIM, size=(1, CFG.kv_heads, CFG.head_dim))
-    await call(link, Op.ATTN_DECODE, pack_attn(CFG, CFG.layers, q, k, k), Status.BAD_ARG)
-    assert await call(link, Op.PING, b"ok") == b"ok"
+    await link.call(Op.ATTN_DECODE, pack_attn(CFG, CFG.layers, q, k, k), Status.BAD_ARG)
+    assert await link.call(Op.PING, b"ok") == b"ok"
