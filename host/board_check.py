@@ -272,7 +272,7 @@ class BoardCheck:
         if sinfo["kind"] is not StorageKind.NONE and not sinfo["initialised"]:
             raise _Fail(f"the card is not initialised; {card}", self._storage_hint(sinfo))
         recovery = (f"recovery scan ready: {st['scanned']}/{st['regions']} regions, "
-                    f"{st['live']} records, {st['freed']} regions free, "
+                    f"{st['live']} records, {st['freed']} freed (torn, foreign or superseded), "
                     f"{st['cycles']} clocks")
         last = info["base_lba"] + info["regions"] * info["sectors_per_region"] - 1
         need = _size((last + 1) * SECTOR)
@@ -337,8 +337,7 @@ class BoardCheck:
     def step_attention(self) -> str:
         c = self.config
         lanes = self.info["lanes"]
-        golden = FixedRingCore(c.layers, c.q_heads, c.kv_heads, c.head_dim, c.window, lanes,
-                               numerics=c.numerics)
+        golden = FixedRingCore.for_config(c, lanes)
         nx = golden.numerics
         lo, hi = -(1 << (8 * nx.elem_bytes - 1)), 1 << (8 * nx.elem_bytes - 1)
         self.dev._call(Op.SESSION_BEGIN)

@@ -211,6 +211,14 @@ class FixedRingCore:
         self.count = np.zeros(layers * kv_heads, dtype=np.int64)
         self.head = np.full(layers * kv_heads, window - 1, dtype=np.int64)
 
+    @classmethod
+    def for_config(cls, config, lanes, numerics=None):
+        """The core of a device configuration (:class:`ringkv.defs.config.RingKVConfig`):
+        its shape, numerics (``numerics`` overrides it) and per-layer fractions."""
+        return cls(config.layers, config.q_heads, config.kv_heads, config.head_dim,
+                   config.window, lanes, numerics=numerics or config.numerics,
+                   qkv_fracs=config.qkv_fracs)
+
     # -- commands ---------------------------------------------------------------------------
     def check(self, op, layer, kv_head, count):
         """The status code the core gives command ``(op, layer, kv_head, count)``."""

@@ -186,8 +186,7 @@ class FixedBackend:
 
     def reset(self):
         c = self.config
-        self.core = FixedRingCore(c.layers, c.q_heads, c.kv_heads, c.head_dim, c.window,
-                                  self.lanes, numerics=self.numerics, qkv_fracs=c.qkv_fracs)
+        self.core = FixedRingCore.for_config(c, self.lanes)
         self._n = 0
 
     @property

@@ -56,12 +56,10 @@ def board_top(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False, **to
     """``ULX3STop`` with the simulation clock seam, as the bitstream's top otherwise (its
     default SD mode included: native 4-bit, ``storage="sd4"``).
 
-    ``gate``: the top of the gate-level build, whose SD mode defaults to ``storage="spi"``:
-    its pad model (``sim/ecp5_gate_sim.v``) does not split bidirectional pads for a card model
-    (:func:`expose_bidir_pads` works on the RTL's ``BB`` instances only)."""
+    ``gate``: the top of the gate-level build (the same top: its netlist's bidirectional pads
+    are split by :func:`expose_bidir_pads` as the RTL's are)."""
     from ringkv.boards.ulx3s import ULX3STop
-    if gate:
-        top_kwargs.setdefault("storage", "spi")
+    del gate
     return ULX3STop(config, clock="sim", **top_kwargs)
 
 
@@ -81,21 +79,25 @@ def board_verilog(top, path) -> Path:
 
 
 _MODULE = re.compile(r"^module (\\\S+ |\w+)\s*\((.*?)\);\n(.*?)^endmodule", re.S | re.M)
-_INSTANCE = re.compile(r"^  (\\\S+ |\w+)\s+(\\\S+ |\w+)\s*\(\n(.*?)^  \);", re.S | re.M)
+# an instance, with or without a parameter block (``KIND #(...) NAME (``: the netlist's pads)
+_INSTANCE = re.compile(r"^  (\\\S+ |\w+)\s+(?:#\(\n.*?^  \)\s+)?(\\\S+ |\w+)\s*\(\n(.*?)^  \);",
+                       re.S | re.M)
 _CONNECTION = re.compile(r"\.(\\\S+ |\w+)\s*\(([^()]*)\)")
 _INOUT = re.compile(r"^  inout (?:\[(\d+):0\] )?(\w+);$", re.M)
 
 
-def expose_bidir_pads(text: str, top: str = BOARD_TOP) -> str:
+def expose_bidir_pads(text: str, top: str = BOARD_TOP, pad: str = "BB") -> str:
     """The board top's Verilog with each bidirectional pin split in two sides for the two-state
-    pad model ``BB`` of ``sim/ecp5_io_sim.v`` (see its header).
+    pad model ``BB`` of ``sim/ecp5_io_sim.v`` (see its header), or, with ``pad=
+    "RINGKV_GATE_PAD"``, for the gate-level netlist's pads (``sim/ecp5_gate_sim.v``, the
+    netlist's ``TRELLIS_IO`` renamed, ``DIR="BIDIR"``).
 
-    Every ``inout`` pin ``P`` of ``top`` stays (no ``BB`` drives it: it is the line's external
+    Every ``inout`` pin ``P`` of ``top`` stays (no pad drives it: it is the line's external
     side, which the testbench drives: the card, else the pull-up), and two outputs of the same
-    width are added: ``P__fpga_oe`` (the FPGA drives bit k: its ``BB``'s ``T`` is 0) and
-    ``P__fpga_o`` (what it drives: the ``BB``'s ``I``), read by hierarchical reference from
-    the platform's own ``BB`` instances (found by walking the instance tree from ``top``).
-    Every bit of every ``inout`` pin must have exactly one ``BB``; anything else is an
+    width are added: ``P__fpga_oe`` (the FPGA drives bit k: its pad's ``T`` is 0) and
+    ``P__fpga_o`` (what it drives: the pad's ``I``), read by hierarchical reference from
+    the platform's own pad instances (found by walking the instance tree from ``top``).
+    Every bit of every ``inout`` pin must have exactly one pad; anything else is an
     error."""
     modules = {}
     for m in _MODULE.finditer(text):
@@ -112,15 +114,17 @@ def expose_bidir_pads(text: str, top: str = BOARD_TOP) -> str:
     def walk(module, path):
         for kind, inst, conns in modules[module][1]:
             here = path + [inst if inst.startswith("\\") else inst.strip()]
-            if kind == "BB":
+            if kind == pad:
                 net = re.fullmatch(r"(\w+)(?:\[(\d+)\])?", conns.get("B", ""))
                 if net is None or net.group(1) not in pads:
-                    raise ValueError(f"BB {'.'.join(here)}: pad {conns.get('B')!r} is not an "
-                                     f"inout pin of {top}")
+                    if pad == "BB":
+                        raise ValueError(f"BB {'.'.join(here)}: pad {conns.get('B')!r} is not "
+                                         f"an inout pin of {top}")
+                    continue        # a netlist's input or output pad (on an internal net)
                 bits = pads[net.group(1)]
                 k = int(net.group(2) or 0)
                 if bits[k] is not None:
-                    raise ValueError(f"pin {net.group(1)}[{k}] has two BB pads")
+                    raise ValueError(f"pin {net.group(1)}[{k}] has two {pad} pads")
                 bits[k] = ".".join(here)
             elif kind in modules:
                 walk(kind, here)
@@ -131,7 +135,7 @@ def expose_bidir_pads(text: str, top: str = BOARD_TOP) -> str:
     for name, bits in pads.items():
         if None in bits:
             raise ValueError(f"pin {name}: bits {[k for k, b in enumerate(bits) if b is None]} "
-                             f"have no BB pad")
+                             f"have no {pad} pad")
         for side in ("fpga_oe", "fpga_o"):
             if re.search(rf"\b{name}__{side}\b", text):
                 raise ValueError(f"{name}__{side} already names a signal in the board Verilog")
@@ -170,9 +174,10 @@ def gate_netlist(top, build_dir: Path) -> Path:
     """The board build's own yosys script (the platform's, with ``AFTER_READ``) up to
     ``synth_ecp5``, its netlist written as Verilog for simulation (cached by the RTLIL).
 
-    The netlist's ``TRELLIS_IO`` pads are renamed ``RINGKV_GATE_PAD`` (``GATE_PAD_MODEL``);
-    every other cell is simulated by yosys' ``cells_sim.v``, except ``MULT18X18D``, which has
-    none there (only a blackbox in ``cells_bb.v``): :func:`mult18x18d_model` adds one."""
+    The netlist's ``TRELLIS_IO`` pads are renamed ``RINGKV_GATE_PAD`` (``GATE_PAD_MODEL``),
+    its bidirectional pins split in two sides (:func:`expose_bidir_pads`); every other cell is
+    simulated by yosys' ``cells_sim.v``, except ``MULT18X18D``, which has none there (only a
+    blackbox in ``cells_bb.v``): :func:`mult18x18d_model` adds one."""
     import re
     import subprocess
 
@@ -194,7 +199,8 @@ def gate_netlist(top, build_dir: Path) -> Path:
                     "write_verilog -noattr gate.v", script)
     key = build_dir / "gate.key"
     netlist = build_dir / f"{BOARD_TOP}_gate.v"
-    if netlist.exists() and key.exists() and key.read_text() == il + script:
+    stamp = il + script + GATE_PAD_MODEL.read_text()    # the pads' post-processing too
+    if netlist.exists() and key.exists() and key.read_text() == stamp:
         return netlist
     (build_dir / f"{BOARD_TOP}.il").write_text(il)
     (build_dir / "gate.ys").write_text(script)
@@ -202,10 +208,11 @@ def gate_netlist(top, build_dir: Path) -> Path:
                           cwd=build_dir, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"yosys failed in {build_dir}:\n{(proc.stdout + proc.stderr)[-3000:]}")
-    text = (build_dir / "gate.v").read_text()
-    netlist.write_text(re.sub(r"^(\s*)TRELLIS_IO ", r"\1RINGKV_GATE_PAD ", text, flags=re.M))
+    text = re.sub(r"^(\s*)TRELLIS_IO ", r"\1RINGKV_GATE_PAD ",
+                  (build_dir / "gate.v").read_text(), flags=re.M)
+    netlist.write_text(expose_bidir_pads(text, pad="RINGKV_GATE_PAD"))
     (build_dir / "gate.v").unlink()
-    key.write_text(il + script)
+    key.write_text(stamp)
     return netlist
 
 

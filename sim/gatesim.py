@@ -27,8 +27,9 @@ board top uses (4-, 9-, 18- and 36-bit block RAMs, an initialised ROM, transpare
 non-transparent read ports with many read/write collisions, signed and unsigned products):
 the ``synth_ecp5`` netlist on Verilator equals Amaranth's simulation of the same design cycle
 by cycle. Clock seam, UART line model, SD card model and socket bridge are those of the RTL
-pin-level simulation (:mod:`ringkv.sim.board_harness`); the gate-level top uses the SD card in
-SPI mode (its pad model does not split bidirectional pads for the 4-bit card model).
+pin-level simulation (:mod:`ringkv.sim.board_harness`), the bitstream's SD mode included
+(native 4-bit: the netlist's bidirectional CMD/DAT pads are split in two sides as the RTL's
+are, :func:`~ringkv.sim.board_harness.expose_bidir_pads`).
 
 What this shows: the synthesized logic, as yosys mapped it (memories with their
 read-during-write emulation, FF init values, carry chains, LUT functions, multipliers),
@@ -61,9 +62,12 @@ from .board_harness import main as board_main
 
 __all__ = ["smoke", "main", "SMOKE_CONFIG", "SMOKE_TOP"]
 
-#: The reduced configuration of ``make gatesim``: every block of the board top, small.
+#: The reduced configuration of ``make gatesim`` (and of the RTL board top's tests): every
+#: block of the board top, small, in the bitstream's numerics (``ringkv-fx1c``: per-layer
+#: q/k/v fractions, two different layers here).
 SMOKE_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8,
-                            max_tokens=64)
+                            max_tokens=64, numerics="ringkv-fx1c",
+                            qkv_fracs=((4, 5, 6), (5, 5, 4)))
 SMOKE_TOP = {"regions": 4, "lanes": 2, "macs": 4}
 
 

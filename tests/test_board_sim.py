@@ -14,12 +14,12 @@ import time
 import pytest
 from conftest import requires_verilator
 
-from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import RecordLayout
+from ringkv.sim.gatesim import SMOKE_CONFIG, SMOKE_TOP
 
-#: The board top's configuration in these tests: every block of the bitstream's top, small.
-CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
-TOP = {"regions": 4, "lanes": 2, "macs": 4}
+#: The board top's configuration in these tests: every block of the bitstream's top, small,
+#: in its numerics (ringkv-fx1c); the same as the gate-level smoke's.
+CFG, TOP = SMOKE_CONFIG, SMOKE_TOP
 
 
 @pytest.fixture(scope="module")
@@ -206,3 +206,72 @@ def test_expose_bidir_pads():
         expose_bidir_pads(_NETLIST.replace(".B(b[0])", ".B(c)"), "top")
     with pytest.raises(ValueError, match=r"^pin b: bits \[0\] have no BB pad$"):
         expose_bidir_pads(_NETLIST.replace("BB buf2", "OBZ buf2"), "top")
+
+
+_GATE_NETLIST = """module top(a, b, c, d);
+  inout a;
+  wire a;
+  inout [1:0] b;
+  input c;
+  output d;
+  RINGKV_GATE_PAD #(
+    .DIR("BIDIR")
+  ) \\pin_a.buf0  (
+    .B(a),
+    .I(\\x.y ),
+    .O(o0),
+    .T(1'h0)
+  );
+  RINGKV_GATE_PAD #(
+    .DIR("BIDIR")
+  ) \\pin_b.buf0  (
+    .B(b[0]),
+    .I(i0),
+    .O(o1),
+    .T(t0)
+  );
+  LUT4 #(
+    .INIT(16'h8000)
+  ) \\lut  (
+    .A(c),
+    .Z(z)
+  );
+  RINGKV_GATE_PAD #(
+    .DIR("BIDIR")
+  ) \\pin_b.buf1  (
+    .B(b[1]),
+    .I(i1),
+    .O(o2),
+    .T(t1)
+  );
+  RINGKV_GATE_PAD #(
+    .DIR("INPUT")
+  ) \\pin_c.buf0  (
+    .B(c),
+    .O(c1)
+  );
+  RINGKV_GATE_PAD #(
+    .DIR("OUTPUT")
+  ) \\pin_d.buf0  (
+    .B(\\pin_d.d__io ),
+    .I(z),
+    .T(1'h0)
+  );
+endmodule
+"""
+
+
+def test_expose_bidir_pads_of_the_gate_netlist():
+    """The gate-level netlist's pads (yosys' flat ``write_verilog``: parameter blocks, escaped
+    names; input and output pads on other nets are left alone): the same two ports per pin."""
+    from ringkv.sim.board_harness import expose_bidir_pads
+    out = expose_bidir_pads(_GATE_NETLIST, "top", pad="RINGKV_GATE_PAD")
+    assert out.startswith("module top(a, b, c, d, a__fpga_oe, a__fpga_o, b__fpga_oe, "
+                          "b__fpga_o);")
+    for line in ("  assign a__fpga_oe = ~\\pin_a.buf0 .T;", "  assign a__fpga_o = \\pin_a.buf0 .I;",
+                 "  assign b__fpga_oe[1] = ~\\pin_b.buf1 .T;",
+                 "  assign b__fpga_o[0] = \\pin_b.buf0 .I;"):
+        assert line in out.splitlines(), out
+    with pytest.raises(ValueError, match=r"^pin b: bits \[1\] have no RINGKV_GATE_PAD pad$"):
+        expose_bidir_pads(_GATE_NETLIST.replace(".B(b[1])", ".B(e)"), "top",
+                          pad="RINGKV_GATE_PAD")

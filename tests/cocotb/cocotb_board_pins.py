@@ -105,8 +105,7 @@ async def ping_version_attention_bad_crc(dut):
     assert got == want, f"VERSION: got {got.hex()} want {want.hex()}"
 
     rng = np.random.default_rng(5)
-    golden = FixedRingCore(config.layers, config.q_heads, config.kv_heads, config.head_dim,
-                           config.window, params["lanes"], numerics=config.numerics)
+    golden = FixedRingCore.for_config(config, params["lanes"])
     g = config.group
     for seq, layer in ((3, 0), (4, 1), (5, 0)):
         q = rng.integers(-128, 128, (1, config.q_heads, config.head_dim))
