@@ -6,7 +6,10 @@ The build takes 20-50 minutes here (single-threaded WASM tools). Set
 ``RINGKV_BENCH_BOARD_REPORT=1`` to read the figures of the last ``ringkv build`` (its
 ``figures.json``, or nextpnr's ``report.json``) instead of building again, or
 ``RINGKV_BENCH_BOARD_KEEP=1`` to keep the build figures already in ``bench/results.json``
-(no build, no report needed: only the gate-level figures are measured again).
+(no build, no report needed: only the gate-level figures are measured again); with
+``RINGKV_BENCH_BOARD_ADD_SEED=1`` as well, the last ``ringkv build`` (another placement seed of
+the same design) joins the seed sweep, ``board.slack_pct_min_seeds`` (the worst slack over the
+seeds built).
 
 The gate-level smoke (:func:`ringkv.sim.gatesim.smoke`, on its cached build) runs here unless
 ``RINGKV_BENCH_GATESIM_REPORT=1``: then the figures of the last ``make gatesim`` are read
@@ -46,18 +49,66 @@ def _gatesim() -> list[dict]:
              "params": params}]
 
 
+def _kept(names) -> list[dict]:
+    """The records ``names`` of the board group already in ``bench/results.json``."""
+    from bench.run import RESULTS
+    if not RESULTS.exists():
+        return []
+    return [{k: v for k, v in r.items() if k != "group"}
+            for r in json.loads(RESULTS.read_text())
+            if r.get("group") == "board" and r["name"] in names]
+
+
+def _design(params) -> str:
+    """What makes two builds the same design for the seed sweep: configuration, storage
+    mode, constraint and every cell count."""
+    return json.dumps({k: params.get(k) for k in ("config", "regions", "sd_mode",
+                                                   "constrained_mhz", "utilization")},
+                      sort_keys=True)
+
+
+def _seed_sweep(fmax_record, build=None) -> list[dict]:
+    """``board.slack_pct_min_seeds``: the worst slack over the placement seeds built for this
+    design (the kept sweep's seeds whose design equals ``fmax_record``'s, plus ``build``, the
+    figures of another seed's ``ringkv build``)."""
+    design = _design(fmax_record["params"])
+    seeds = {}
+    for r in _kept(("board.slack_pct_min_seeds",)):
+        if r["params"].get("design") == design:
+            seeds.update(r["params"]["by_seed"])
+    p = fmax_record["params"]
+    seeds[str(p.get("seed", 1))] = {"fmax_mhz": fmax_record["value"],
+                                    "slack_pct": round(100 * (1 - p["target_mhz"]
+                                                              / fmax_record["value"]), 2)}
+    if build is not None:
+        bp = {k: build.get(k) for k in ("config", "regions", "sd_mode", "constrained_mhz",
+                                         "utilization")}
+        if _design(bp) != design:
+            raise RuntimeError("RINGKV_BENCH_BOARD_ADD_SEED: the last build is another design "
+                               "than the recorded board.fmax (configuration, constraint or "
+                               "cell counts differ)")
+        seeds[str(build.get("seed", 1))] = {"fmax_mhz": build["fmax_mhz"],
+                                            "slack_pct": build["slack_pct"]}
+    seeds = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+    return [{"name": "board.slack_pct_min_seeds",
+             "value": min(v["slack_pct"] for v in seeds.values()), "unit": "%",
+             "params": {"by_seed": seeds, "design": design}}]
+
+
 def run():
     from ringkv.boards.build import build, report_figures
     from ringkv.boards.ulx3s import ULX3STop
     if os.environ.get("RINGKV_BENCH_BOARD_KEEP"):
         from bench.run import RESULTS
-        kept = [{k: v for k, v in r.items() if k != "group"}
-                for r in json.loads(RESULTS.read_text()) if r.get("group") == "board"
-                and r["name"] in ("board.fmax", "board.slack_pct", "board.build_s")]
+        kept = _kept(("board.fmax", "board.slack_pct", "board.build_s"))
         if not kept:
             raise RuntimeError("RINGKV_BENCH_BOARD_KEEP: no board build figures in "
                                f"{RESULTS} to keep")
-        return kept + _gatesim()
+        other = None
+        if os.environ.get("RINGKV_BENCH_BOARD_ADD_SEED"):
+            from ringkv.boards.build import _REPO
+            other = json.loads((_REPO / "build" / "ulx3s-85f" / "figures.json").read_text())
+        return kept + _seed_sweep(kept[0], other) + _gatesim()
     if os.environ.get("RINGKV_BENCH_BOARD_REPORT"):
         from ringkv.boards.build import _REPO
         where = _REPO / "build" / "ulx3s-85f"
@@ -78,7 +129,7 @@ def run():
     if "build_s" in r:
         out.append({"name": "board.build_s", "value": r["build_s"], "unit": "s",
                     "params": {"phase_s": r["phase_s"]}})
-    return out + _gatesim()
+    return out + _seed_sweep(out[0]) + _gatesim()
 
 
 def markdown(results):
@@ -107,14 +158,25 @@ def markdown(results):
                            by['board.build_s']['params']['phase_s'].items())
                + " min)" if "board.build_s" in by else "")
             + ".\n\n" + table(["cell", "used", "available", "share"], rows)
+            + _seeds_markdown(by)
             + _gatesim_markdown(by))
+
+
+def _seeds_markdown(by) -> str:
+    if "board.slack_pct_min_seeds" not in by:
+        return ""
+    r = by["board.slack_pct_min_seeds"]
+    seeds = r["params"]["by_seed"]
+    return ("\n\nPlacement seeds built for this design (same netlist, same constraint): "
+            + "; ".join(f"seed {k}: {v['fmax_mhz']:.2f} MHz (slack {v['slack_pct']:.1f} %)"
+                        for k, v in seeds.items())
+            + f"; worst slack **{r['value']:.1f} %** (`board.slack_pct_min_seeds`).")
 
 
 def _gatesim_markdown(by) -> str:
     if "board.gatesim_cycles_per_s" not in by:
         return ("\n\n`make gatesim` (the gate-level board top at its pins): no figure recorded "
-                "(`RINGKV_BENCH_GATESIM_SKIP`: the smoke scenario does not yet finish within "
-                "its link timeout); its status is in `docs/BOARD.md`.\n")
+                "(`RINGKV_BENCH_GATESIM_SKIP`); see `docs/BOARD.md`.\n")
     r = by["board.gatesim_cycles_per_s"]
     p = r["params"]
     cfg = ", ".join(f"{k}={v}" for k, v in p["config"].items())
