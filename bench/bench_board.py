@@ -42,7 +42,8 @@ def _gatesim() -> list[dict]:
         fig = {"ok": ok, **fig, "config": SMOKE_CONFIG.__dict__, "top": SMOKE_TOP}
     if not fig["ok"]:
         raise RuntimeError(f"the gate-level smoke scenario failed: {fig}")
-    params = {k: fig[k] for k in ("config", "top", "cycles", "build_s", "when") if k in fig}
+    params = {k: fig[k] for k in ("config", "top", "cycles", "build_s", "when", "load_avg",
+                                  "cores") if k in fig}
     return [{"name": "board.gatesim_cycles_per_s", "value": fig["cycles_per_s"],
              "unit": "cycles/s", "params": params},
             {"name": "board.gatesim_scenario_s", "value": fig["scenario_s"], "unit": "s",
@@ -185,4 +186,6 @@ def _gatesim_markdown(by) -> str:
             f"scenario passed in **{by['board.gatesim_scenario_s']['value'] / 60:.1f} min** "
             f"of wall time ({p['cycles']} board clock cycles, "
             f"**{r['value']} cycles/s**; build {p.get('build_s', 0) / 60:.1f} min, cached "
-            f"after the first run).\n")
+            f"after the first run"
+            + (f"; load average {p['load_avg']} on {p['cores']} cores over the run"
+               if "load_avg" in p else "") + ").\n")

@@ -348,11 +348,11 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
     ``gate``: the post-synthesis netlist (:func:`gate_netlist`) on yosys' ECP5 cell models
     instead of the RTL. ``info``: ``sectors`` of the image, ``sys_hz``, ``baud``, ``divisor``
     (as a string), ``storage`` (the SD adapter's name), ``regions``, ``lanes``, ``macs``,
-    ``gate``."""
+    ``gate``, ``reset_cycles`` (clocks until the top is out of reset)."""
     setup_environ()
     import inspect
 
-    from ringkv.boards.ulx3s import ULX3STop
+    from ringkv.boards.ulx3s import POR_HOLD_CYCLES, SIM_LOCK_CYCLES, ULX3STop
     top = board_top(config, gate=gate, **top_kwargs)
     core = top.top
     defaults = {k: p.default for k, p in inspect.signature(ULX3STop).parameters.items()}
@@ -360,7 +360,10 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             "sys_hz": top.sys_hz, "baud": top.baud, "divisor": str(top.divisor),
             "storage": getattr(top, "storage", "spi"), "regions": core.regions,
             "lanes": top_kwargs.get("lanes", defaults["lanes"]),
-            "macs": top_kwargs.get("macs", defaults["macs"]), "gate": gate}
+            "macs": top_kwargs.get("macs", defaults["macs"]), "gate": gate,
+            # clocks from the first edge until the top is out of reset (the clock seam's
+            # LOCK, then the power-on reset hold): the server opens its port after them
+            "reset_cycles": SIM_LOCK_CYCLES + POR_HOLD_CYCLES}
     build_dir = _build_dir(config, top_kwargs, gate)
     build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".build.lock", "w") as lock:
@@ -412,10 +415,11 @@ def serve_board(image, *, config: RingKVConfig = TRAINED_CONFIG, port: int = 0,
     ``test_module`` other than the server runs a cocotb test module on the same build (the
     board's cocotb tests); it finds the build's facts in ``RINGKV_BOARD``."""
     build_dir = _build_dir(config, top_kwargs, gate)
+    info = None
     if prebuilt and (build_dir / BOARD_TOP).exists() and (build_dir / "info.json").exists():
         info = json.loads((build_dir / "info.json").read_text())
         setup_environ()
-    else:
+    if info is None or "reset_cycles" not in info:     # (an older build's facts lack it)
         build_dir, info = build_board(config, gate=gate, **top_kwargs)
     from cocotb_tools.runner import get_runner
     runner = get_runner("verilator")

@@ -36,8 +36,6 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
 
-from ringkv.boards.ulx3s import POR_HOLD_CYCLES, SIM_LOCK_CYCLES
-
 from .cocotb_server import POWER_CUT_EXIT, _Socket
 from .sd4_model import SDCard4
 from .sdcard_model import CocotbSDCard, SDCardSPI
@@ -197,9 +195,8 @@ class _DrivenCS:
 def _spi_card(dut, image, cut_after, card=None):
     """The SPI-mode card (:class:`~ringkv.sim.sdcard_model.SDCardSPI`) on ``sd_card_spi_0``
     (CS is the active-low DAT3 pad: amaranth-boards declares it ``PinsN``, a ``BB``;
-    :class:`_DrivenCS`). The gate-level build does not split its pads
-    (:mod:`ringkv.sim.gatesim`): there the card reads the CS pad itself, which its pad model
-    drives."""
+    :class:`_DrivenCS`). A build whose pads are not split (none of ours: the RTL's and the
+    gate-level netlist's both are) would have the card read the CS pad itself."""
     cs = "sd_card_spi_0__cs__io"
     split = hasattr(dut, f"{cs}__fpga_o")
     pins = SimpleNamespace(sd__sclk=dut.sd_card_spi_0__clk__io,
@@ -260,7 +257,7 @@ async def serve(dut):
     # past those 272 cycles before a host can connect, the gate-level one does not: the
     # first request of every gate-level session was lost and the host waited out its
     # timeout.)
-    await Timer((SIM_LOCK_CYCLES + POR_HOLD_CYCLES + 16) * period_ps, unit="ps")
+    await Timer((params["reset_cycles"] + 16) * period_ps, unit="ps")
     print(f"RINGKV-SIM listening on socket://127.0.0.1:{sock.port}", flush=True)
     connections = idle_rounds = 0
     while True:

@@ -48,6 +48,7 @@ again. It prints a one-line summary and writes ``figures.json`` in its work dire
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -138,8 +139,11 @@ def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
         cycles += RESPONSES[Op.STATS].unpack(fpga._call(Op.STATS))["cycles"]
         link.close()
     wall = time.monotonic() - t1
+    # the machine's load over the run (os.getloadavg: 15-minute average at the end): a
+    # simulator sharing its cores runs slower
     figures.update(scenario_s=round(wall, 1), cycles=cycles,
-                   cycles_per_s=round(cycles / wall))
+                   cycles_per_s=round(cycles / wall), load_avg=round(os.getloadavg()[2], 2),
+                   cores=os.cpu_count())
     return ok, figures
 
 
