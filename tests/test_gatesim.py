@@ -5,9 +5,10 @@ The smoke scenario on the ``synth_ecp5`` netlist of the ULX3S top at its pins
 ``ringkv board check`` (link, identity, storage, scratch region, attention known answer,
 EXPORT/QUERY round trip), a QUERY miss, a power cut, the restart on the same card image and a
 QUERY hit with the rings byte-identical to the golden core's. On this 2-core machine the
-netlist build takes about 10 minutes and the scenario about 40 (the netlist runs at about
-1,000-1,400 board cycles/s), which is why ``make test`` runs only the cell models'
-equivalence test (``tests/test_gate_models.py``) and not this.
+netlist build takes 10-18 minutes and the scenario (1.7 M board cycles) 30-45 (the netlist runs
+at 600-1,400 board cycles/s, with and without a second job on the cores), which is why
+``make test`` runs only the cell models' equivalence test (``tests/test_gate_models.py``) and
+not this.
 """
 
 import json
