@@ -82,9 +82,7 @@ def _seed_sweep(fmax_record, build=None) -> list[dict]:
                                     "slack_pct": round(100 * (1 - p["target_mhz"]
                                                               / fmax_record["value"]), 2)}
     if build is not None:
-        bp = {k: build.get(k) for k in ("config", "regions", "sd_mode", "constrained_mhz",
-                                         "utilization")}
-        if _design(bp) != design:
+        if _design(build) != design:
             raise RuntimeError("RINGKV_BENCH_BOARD_ADD_SEED: the last build is another design "
                                "than the recorded board.fmax (configuration, constraint or "
                                "cell counts differ)")

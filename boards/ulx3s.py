@@ -67,7 +67,7 @@ SD_NATIVE = Resource(
 STORAGE_MODES = ("sd4", "spi")
 #: ``clock="sim"``: clocks from the first edge until the stand-in for the PLL's LOCK rises.
 SIM_LOCK_CYCLES = 16
-#: System clock cycles the reset is held after the PLL locks (also the stand-in's LOCK).
+#: System clock cycles the reset is held after the PLL (or its stand-in) locks.
 POR_HOLD_CYCLES = 2**8
 #: The clock sources of :class:`ULX3STop`: the board's PLL, or the simulation seam.
 CLOCKS = ("pll", "sim")

@@ -212,11 +212,11 @@ class FixedRingCore:
         self.head = np.full(layers * kv_heads, window - 1, dtype=np.int64)
 
     @classmethod
-    def for_config(cls, config, lanes, numerics=None):
+    def for_config(cls, config, lanes):
         """The core of a device configuration (:class:`ringkv.defs.config.RingKVConfig`):
-        its shape, numerics (``numerics`` overrides it) and per-layer fractions."""
+        its shape, numerics and per-layer fractions."""
         return cls(config.layers, config.q_heads, config.kv_heads, config.head_dim,
-                   config.window, lanes, numerics=numerics or config.numerics,
+                   config.window, lanes, numerics=config.numerics,
                    qkv_fracs=config.qkv_fracs)
 
     # -- commands ---------------------------------------------------------------------------
