@@ -42,6 +42,7 @@ import threading
 import time
 from pathlib import Path
 
+from ringkv.host.errors import RingKVError
 from ringkv.sim.toolchain import setup_environ
 
 from .synth import AFTER_READ
@@ -62,7 +63,7 @@ OVERCONSTRAIN_PCT = 15.0
 CLK_IN_MHZ = 25.0
 
 
-class BuildFailed(RuntimeError):
+class BuildFailed(RingKVError, RuntimeError):
     """A build step failed; the message names the step and the log holding its output."""
 
 

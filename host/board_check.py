@@ -259,7 +259,7 @@ class BoardCheck:
         info = self.info
         try:
             sinfo = self.dev.storage_info()
-        except RuntimeError as e:
+        except (DeviceError, RuntimeError) as e:
             raise _Fail(f"STORAGE_INFO failed ({e})", _HINTS["storage"]) from None
         try:
             st = self.dev.wait_ready(timeout=self.recovery_timeout)
@@ -282,7 +282,7 @@ class BoardCheck:
         for lba in (info["base_lba"], last):
             try:
                 data = self.dev._call(Op.SECTOR_READ, lba=lba)
-            except RuntimeError as e:
+            except (DeviceError, RuntimeError) as e:
                 raise _Fail(f"SECTOR_READ of sector {lba} failed ({e}); {card}",
                             _HINTS["storage"]) from None
             if len(data) != SECTOR:

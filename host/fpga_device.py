@@ -50,8 +50,9 @@ from ringkv.defs.record import (
     token_bytes,
 )
 
+from . import errors
+from .errors import ConfigError, DeviceError
 from .golden_fixed import dequantize_out, quantize
-from .link import DeviceError
 from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from .record import plan_rebuild, rings_from_image, scan_image
 from .scheduler import Device, QueryResult
@@ -81,15 +82,18 @@ _MISS_REASONS = {
 }
 
 
-class ConfigMismatch(ValueError):
+class ConfigMismatch(ConfigError):
     """The device's configuration differs from the host's; ``fields`` names the differences."""
 
     def __init__(self, fields):
-        self.fields = list(fields)
-        super().__init__("device configuration differs from the host's: " + "; ".join(fields))
+        fields = list(fields)
+        super().__init__("device configuration differs from the host's: " + "; ".join(fields),
+                         fields=fields,
+                         hint="build the device with the host's configuration, or pass the "
+                              "device's --config/--numerics to the host")
 
 
-class DeviceNotReady(RuntimeError):
+class DeviceNotReady(errors.DeviceNotReady):
     """The device answered ``NOT_READY``: its recovery scan runs, or failed; ``status`` is the
     :data:`~ringkv.defs.protocol.RECOVERY_STATUS` record."""
 

@@ -20,6 +20,7 @@ import serial
 
 from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, IDEMPOTENT_OPS, Op, Status
 
+from .errors import DeviceError, LinkError
 from .protocol import Decoder, Frame, encode_request, encode_response
 
 __all__ = ["Link", "LinkError", "DeviceError", "ANSWERS", "FrameServer"]
@@ -27,21 +28,6 @@ __all__ = ["Link", "LinkError", "DeviceError", "ANSWERS", "FrameServer"]
 #: Statuses that are answers, returned by :meth:`Link.request`; every other status raises.
 #: ``NOT_READY`` (the device is recovering its directory) carries the recovery status record.
 ANSWERS = frozenset({Status.OK, Status.HIT, Status.MISS, Status.NOT_READY})
-
-
-class LinkError(IOError):
-    """No valid response (timeout, corrupted responses) after the allowed retries."""
-
-
-class DeviceError(RuntimeError):
-    """The device answered with an error status."""
-
-    def __init__(self, status: Status, op, payload: bytes = b""):
-        self.status = status
-        self.op = op
-        self.payload = payload
-        name = op.name if isinstance(op, Op) else f"0x{int(op):02x}"
-        super().__init__(f"device answered {status.name} to {name}")
 
 
 class Link:

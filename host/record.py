@@ -70,6 +70,8 @@ from ringkv.defs.record import (
     seq_next,
 )
 
+from .errors import StorageError
+
 __all__ = [
     "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
     "ring_image", "rings_from_image", "encode_payload", "encode_record", "decode_payload",
@@ -141,7 +143,7 @@ def kind_name(kind: int) -> str:
         return f"kind {kind}"
 
 
-class RecordError(Exception):
+class RecordError(StorageError):
     """A record that cannot be used; ``status`` is the :class:`RecordStatus`."""
 
     def __init__(self, status: RecordStatus, message: str, header: Header | None = None):

@@ -5,7 +5,7 @@
     ringkv (CLI)  ── may use everything
       │
       ├── sim/     defs, hw, host (simulation harness, device models, test helpers)
-      ├── boards/  defs, hw, and sim's toolchain helpers (toolchain, verilog)
+      ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
       └── host/    defs + numpy + pyserial: the host knows the device only through the protocol
             │
@@ -33,7 +33,7 @@ RULES = {
     "ringkv.host": ({"ringkv.defs", "ringkv.host"}, {"numpy", "serial"}),
     "ringkv.sim": ({"ringkv.defs", "ringkv.hw", "ringkv.host", "ringkv.sim"}, None),
     "ringkv.boards": ({"ringkv.defs", "ringkv.hw", "ringkv.boards", "ringkv.sim.toolchain",
-                       "ringkv.sim.verilog"}, None),
+                       "ringkv.sim.verilog", "ringkv.host.errors"}, None),
     "ringkv": (None, None),
 }
 #: module -> project packages it may import besides its layer's: the pin-level harness of the
