@@ -25,7 +25,7 @@ import enum
 
 __all__ = [
     "ExitCode", "RingKVError", "UsageError", "ConfigError", "LinkError", "DeviceError",
-    "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted",
+    "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted", "Overloaded", "NotFound",
 ]
 
 
@@ -50,6 +50,8 @@ class RingKVError(Exception):
     exit_code: ExitCode = ExitCode.FAILURE
     http_status: int = 500
     api_type: str = "server_error"
+    #: the error body's ``code`` (the OpenAI API's: ``model_not_found``, ...), None if none
+    api_code: str | None = None
 
     def __init__(self, message: str, *, hint: str | None = None, param: str | None = None):
         super().__init__(message)
@@ -134,3 +136,17 @@ class Interrupted(RingKVError):
     exits with :attr:`ExitCode.INTERRUPTED`."""
     exit_code = ExitCode.INTERRUPTED
     http_status = 503
+
+
+class Overloaded(RingKVError):
+    """Every device's queue is full: the request was not accepted (retry later). HTTP 429 with
+    the OpenAI API's rate-limit body."""
+    http_status = 429
+    api_type = "requests"
+    api_code = "rate_limit_exceeded"
+
+
+class NotFound(UsageError):
+    """A request names something that does not exist: a model, a route. HTTP 404."""
+    http_status = 404
+    api_code = "model_not_found"
