@@ -390,9 +390,16 @@ class Scheduler:
         self.resident = None
 
     # -- requests -------------------------------------------------------------------------
-    def request(self, sid, tokens, n_new: int, *, checkpoints=(), rewind: int | None = None
-                ) -> list[int]:
-        """Feed ``tokens`` to session ``sid`` and generate ``n_new`` tokens (greedy).
+    def request(self, sid, tokens, n_new: int, *, checkpoints=(), rewind: int | None = None,
+                sample=None, on_token=None) -> list[int]:
+        """Feed ``tokens`` to session ``sid`` and generate up to ``n_new`` tokens.
+
+        ``sample(logits) -> token`` picks each token (default greedy: ``argmax``, as
+        :func:`plain_run`; :class:`~ringkv.host.sampling.Sampler` samples). ``on_token(token)``
+        is called with each token as soon as it is picked; a true answer ends the generation
+        there (a stop sequence, an end of text): that token is the last one returned. An
+        exception it raises (a client gone) ends the request like any other, the session's
+        view back to before it.
 
         ``checkpoints``: positions in the session's token stream (``p`` tokens from its start)
         to store a checkpoint at, each within what this request feeds (after ``rewind``:
@@ -422,7 +429,7 @@ class Scheduler:
                              "session's pending token or new ones)")
         saved = (list(s.tokens), list(s.pending), s.dirty, s.key, list(s.turns))
         try:
-            return self._request(sid, s, tokens, n_new, marks, rewind)
+            return self._request(sid, s, tokens, n_new, marks, rewind, sample, on_token)
         except BaseException:
             # the host's view goes back to before the request; the rings' state is unknown
             s.tokens, s.pending, s.dirty, s.key, s.turns = saved
@@ -430,7 +437,7 @@ class Scheduler:
                 self.resident = None
             raise
 
-    def _request(self, sid, s, tokens, n_new, marks, rewind):
+    def _request(self, sid, s, tokens, n_new, marks, rewind, sample=None, on_token=None):
         dev, attn = self.device, self.device.attention
         event = {"session": sid, "path": None, "rewind": rewind, "exported": None,
                  "imported_bytes": 0, "exported_bytes": 0, "reused": 0, "prefilled": 0,
@@ -485,7 +492,7 @@ class Scheduler:
                     s.tokens, s.pending, tokens = [], [], everything
             event["recomputed"] = max(0, had - len(s.tokens))
         self.resident = sid
-        out, last = self._run(s, s.pending + tokens, n_new, marks, event)
+        out, last = self._run(s, s.pending + tokens, n_new, marks, event, sample, on_token)
         if self.export_after_inference and s.dirty and s.tokens:
             if last is not None and last[0] == len(s.tokens):
                 # the rings are the checkpoint just stored: it is the turn's snapshot too (the
@@ -499,9 +506,10 @@ class Scheduler:
         self.events.append(event)
         return out
 
-    def _run(self, s, inputs, n_new, marks, event):
+    def _run(self, s, inputs, n_new, marks, event, sample=None, on_token=None):
         """Prefill ``inputs`` in chunks, stopping at every checkpoint to export it, keeping the
-        token memory in step; then greedy decoding. Returns the generated tokens and
+        token memory in step; then decoding (greedy, or by ``sample``; ``on_token`` may end
+        it early). Returns the generated tokens and
         ``(position, key)`` of the last checkpoint stored (or None)."""
         dev, attn, model = self.device, self.device.attention, self.model
         pos = len(s.tokens)
@@ -527,8 +535,10 @@ class Scheduler:
         event["prefilled"] = len(inputs)
         out = []
         for step in range(n_new):
-            token = int(np.argmax(logits))
+            token = int(np.argmax(logits)) if sample is None else int(sample(logits))
             out.append(token)
+            if on_token is not None and on_token(token):
+                break
             if step + 1 < n_new:
                 logits = model.forward([token], len(s.tokens) + step, attn)[0]
         decoded = out[:-1]

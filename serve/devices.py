@@ -1,0 +1,184 @@
+"""The devices behind the server: what ``--device`` names, how each is opened, reopened after
+a failure, listed and closed.
+
+``--device`` (repeatable):
+
+* ``software`` -- the device in software (:class:`~ringkv.host.scheduler.SoftwareDevice`,
+  the golden models), its store in memory;
+* ``software:IMAGE`` -- the same, its store kept in the image file ``IMAGE`` (a restart of the
+  server, or a recovery, is a new device on the same image);
+* ``sim`` or ``sim:IMAGE`` -- a simulated board: ``RingKVTop`` built with Verilator and run
+  under cocotb by the existing harness (:class:`ringkv.sim.harness.SimDevice`), its card an
+  image file (a temporary one for ``sim``); if the simulator dies, the recovery starts it
+  again on the same image (a power cycle: the board recovers its directory by itself);
+* ``socket://HOST:PORT`` -- a device reached over TCP (a ``ringkv sim`` started elsewhere);
+* anything else -- a serial port (``/dev/ttyUSB0``: the board's USB UART).
+
+With no ``--device`` the server runs one software device on the card image
+:func:`default_image` in the user's data directory (``platformdirs``: the platform's
+convention, ``$XDG_DATA_HOME/ringkv`` on Linux).
+
+Each :class:`DeviceHandle` gives a fresh, ready :class:`~ringkv.host.scheduler.Device` from
+:meth:`DeviceHandle.open` (for a board: connected, its configuration checked against the
+host's, its power-on recovery waited for) and lists the records the device holds
+(:meth:`DeviceHandle.listing`: the software device's store, the board's own directory) --
+the server's index of a device is rebuilt from that listing, never guessed.
+"""
+
+import logging
+import tempfile
+from pathlib import Path
+
+from ringkv.host.errors import UsageError
+from ringkv.host.scheduler import SoftwareDevice
+
+__all__ = ["DeviceHandle", "SoftwareHandle", "LinkHandle", "SimHandle", "parse_device",
+           "default_image"]
+
+log = logging.getLogger(__name__)
+
+
+def default_image() -> Path:
+    """The software device's card image when no ``--device`` is given."""
+    import platformdirs
+    return Path(platformdirs.user_data_dir("ringkv", appauthor=False)) / "card.img"
+
+
+class DeviceHandle:
+    """One ``--device``: ``name`` (for logs and metrics), :meth:`open`, :meth:`listing`,
+    :meth:`close`."""
+
+    kind = "device"
+
+    def __init__(self, spec: str):
+        self.spec = spec
+        self.name = spec
+
+    def open(self):
+        raise NotImplementedError
+
+    def listing(self, device) -> list[tuple[int, int]]:
+        """``(count, hash)`` of every record the device holds, from the device itself."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class SoftwareHandle(DeviceHandle):
+    """The software device (see the module docstring)."""
+
+    kind = "software"
+
+    def __init__(self, spec, config, *, image=None, capacity=None, attention_factory=None):
+        super().__init__(spec)
+        self.config, self.image, self.capacity = config, image, capacity
+        self.attention_factory = attention_factory
+        self._memory = None
+
+    def open(self):
+        attention = self.attention_factory(self.config) if self.attention_factory else None
+        if self.image is None:
+            # in memory: the store survives a reopen (it is the device's), the rings do not
+            if self._memory is None:
+                self._memory = SoftwareDevice(self.config, attention=attention,
+                                              capacity=self.capacity)
+            else:
+                self._memory.attention.reset()
+                self._memory.write_tokens([])
+            return self._memory
+        Path(self.image).parent.mkdir(parents=True, exist_ok=True)
+        return SoftwareDevice(self.config, attention=attention, capacity=self.capacity,
+                              image=self.image)
+
+    def listing(self, device):
+        return [(count, h) for count, h, *_ in device.listing()]
+
+
+class LinkHandle(DeviceHandle):
+    """A board (or a simulated one) over a byte link: ``socket://HOST:PORT`` or a serial
+    port."""
+
+    kind = "link"
+
+    def __init__(self, spec, config, *, url=None, timeout=60.0, ready_timeout=600.0):
+        super().__init__(spec)
+        self.config, self.url, self.timeout = config, url or spec, timeout
+        self.ready_timeout = ready_timeout
+        self._link = None
+
+    def open(self):
+        from ringkv.host.fpga_device import FpgaDevice
+        from ringkv.host.link import Link
+        self.close()
+        self._link = Link(self.url, timeout=self.timeout)
+        device = FpgaDevice(self._link, self.config)
+        device.check_config()            # a device built for another configuration: refused
+        device.wait_ready(self.ready_timeout)
+        return device
+
+    def listing(self, device):
+        return [(count, h) for count, h, _region in device.directory()]
+
+    def close(self):
+        if self._link is not None:
+            try:
+                self._link.close()
+            except OSError:
+                pass
+            self._link = None
+
+
+class SimHandle(LinkHandle):
+    """A simulated board started by the server (``sim[:IMAGE]``)."""
+
+    kind = "sim"
+
+    def __init__(self, spec, config, *, image=None, workdir=None, timeout=60.0):
+        super().__init__(spec, config, url="", timeout=timeout)
+        if image is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ringkv-serve-sim-", dir=workdir)
+            image = Path(self._tmp.name) / "card.img"
+        else:
+            self._tmp = None
+        self.image = Path(image)
+        self.sim = None
+
+    def open(self):
+        from ringkv.sim.harness import SimDevice
+        if self.sim is None or self.sim.proc.poll() is not None:
+            if self.sim is not None:
+                log.warning("%s: the simulator ended (exit %s); starting it again on %s",
+                            self.name, self.sim.proc.poll(), self.image)
+            log.info("%s: starting the simulated board on %s (Verilator build on first use)",
+                     self.name, self.image)
+            self.sim = SimDevice(self.image, config=self.config,
+                                 log=self.image.with_suffix(".log"))
+        self.url = self.sim.url
+        return super().open()
+
+    def close(self):
+        super().close()
+        if self.sim is not None:
+            self.sim.stop()
+            self.sim = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def parse_device(spec: str, config, *, capacity=None, attention_factory=None, timeout=60.0,
+                 workdir=None) -> DeviceHandle:
+    """A :class:`DeviceHandle` for one ``--device`` value (module docstring)."""
+    if not isinstance(spec, str) or not spec:
+        raise UsageError(f"--device must name a device, not {spec!r}", param="--device")
+    kind, _, rest = spec.partition(":")
+    if kind == "software":
+        return SoftwareHandle(spec, config, image=rest or None, capacity=capacity,
+                              attention_factory=attention_factory)
+    if kind == "sim":
+        return SimHandle(spec, config, image=rest or None, workdir=workdir, timeout=timeout)
+    if spec.startswith("socket://") or spec.startswith("/") or spec.upper().startswith("COM"):
+        return LinkHandle(spec, config, timeout=timeout)
+    raise UsageError(f"--device {spec!r}: expected software[:IMAGE], sim[:IMAGE], "
+                     f"socket://HOST:PORT or a serial port path", param="--device")

@@ -1,0 +1,152 @@
+"""``ringkv serve``: the OpenAI-compatible server, its command line.
+
+::
+
+    ringkv serve [--host 127.0.0.1] [--port 8000] [--device SPEC ...] [--config default|demo]
+
+The model is the trained one shipped for the configuration's shape (``--weights FILE`` for
+another, ``--random`` for the untrained one); devices as :mod:`ringkv.serve.devices` describes.
+uvicorn serves the application in this process; Ctrl-C or SIGTERM stops it cleanly (uvicorn's
+own signal handling: open requests end, the workers stop, simulators started here are
+stopped).
+"""
+
+import argparse
+import dataclasses
+import logging
+import sys
+
+from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
+from ringkv.host.errors import ConfigError, RingKVError, UsageError
+
+__all__ = ["main", "build_parser", "build_server", "NUMERICS_CHOICES"]
+
+NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
+
+log = logging.getLogger("ringkv.serve")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ringkv serve",
+        description="An OpenAI-compatible server (completions, chat completions, streaming) "
+                    "putting many conversations on one or many RingKV devices.",
+        epilog="Devices: software (in memory), software:IMAGE, sim[:IMAGE] (a simulated board, "
+               "built with Verilator on first use), socket://HOST:PORT, or a serial port; "
+               "default: the software device on a card image in the user's data directory.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--device", action="append", default=None, metavar="SPEC",
+                   help="a device to serve on (repeatable)")
+    p.add_argument("--config", choices=["default", "demo"], default="default",
+                   help="the model and device shape (must match the devices')")
+    p.add_argument("--numerics", choices=NUMERICS_CHOICES, default=None,
+                   help="the attention numerics (default: ringkv-fx1c with the trained "
+                        "weights' scales, as the board build; ringkv-fx1 with random weights)")
+    p.add_argument("--weights", help=".npz weights (default: the shipped trained weights)")
+    p.add_argument("--random", action="store_true", help="the untrained model (random weights)")
+    p.add_argument("--random-seed", type=int, default=0, help="seed of --random's weights")
+    p.add_argument("--backend", choices=["fixed", "float64"], default="fixed",
+                   help="the software device's attention: the bit-exact model of the FPGA core "
+                        "(default) or float64 rings")
+    p.add_argument("--capacity", type=int, default=256,
+                   help="records a software device holds (least recently used evicted)")
+    p.add_argument("--chunk", type=int, default=64, help="prefill chunk (tokens)")
+    p.add_argument("--max-queue", type=int, default=16,
+                   help="requests queued or running per device; beyond on every device: 429")
+    p.add_argument("--placement", choices=["prefix", "least-loaded", "round-robin"],
+                   default="prefix", help="how the router picks a device")
+    p.add_argument("--max-imbalance", type=int, default=4,
+                   help="requests by which the device holding a prefix may be busier than the "
+                        "least loaded one and still get the request")
+    p.add_argument("--model-name", default=None,
+                   help="the model's id in the API (default ringkv-kjv, or ringkv-random)")
+    p.add_argument("--timeout", type=float, default=60.0, help="link timeout (s)")
+    p.add_argument("--log-level", default="info",
+                   choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _model_and_config(args):
+    from ringkv.host.calibrate import calibrated_config
+    from ringkv.host.model import Model
+    base = DEMO_CONFIG if args.config == "demo" else DEFAULT_CONFIG
+    try:
+        if args.weights:
+            model = Model.load(args.weights, base)
+        elif args.random:
+            small = base.head_dim * base.q_heads < 256
+            model = Model(base, hidden=64 if small else 256, ffn=128 if small else 512,
+                          seed=args.random_seed)
+        else:
+            model = Model.trained(base)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot load the model: {e}", param="--weights") from None
+    numerics = args.numerics
+    if numerics is None:
+        numerics = "ringkv-fx1c" if model.qkv_fracs else "ringkv-fx1"
+    if numerics == "ringkv-fx1c":
+        if not model.qkv_fracs:
+            raise UsageError("ringkv-fx1c needs weights with calibrated q/k/v scales (the "
+                             "shipped trained ones); use --numerics ringkv-fx1 with these",
+                             param="--numerics")
+        config = calibrated_config(base, model.qkv_fracs)
+    else:
+        config = dataclasses.replace(base, numerics=numerics, qkv_fracs=())
+    return model, config
+
+
+def build_server(args):
+    """``(engine, app, model_name)`` for parsed arguments (nothing started yet)."""
+    from ringkv.host.model import FixedBackend, Float64Backend
+
+    from .app import create_app
+    from .devices import default_image, parse_device
+    from .engine import Engine
+    from .metrics import Metrics
+    model, config = _model_and_config(args)
+    backend = FixedBackend if args.backend == "fixed" else Float64Backend
+    specs = args.device or [f"software:{default_image()}"]
+    repeated = {s for s in specs if specs.count(s) > 1}
+    if repeated - {"software"}:
+        raise UsageError(f"--device {sorted(repeated - {'software'})[0]} is named twice (only "
+                         f"'software', in memory, may be repeated)", param="--device")
+    handles = [parse_device(s, config, capacity=args.capacity, attention_factory=backend,
+                            timeout=args.timeout) for s in specs]
+    for i, h in enumerate(handles):
+        if h.spec in repeated:
+            h.name = f"{h.spec}-{i}"
+    metrics = Metrics()
+    for h in handles:
+        metrics.add_device(h.name)
+    engine = Engine(model, config, handles, metrics, chunk=args.chunk,
+                    max_queue=args.max_queue, placement=args.placement,
+                    max_imbalance=args.max_imbalance)
+    name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
+    app = create_app(engine, model_name=name,
+                     fingerprint="ringkv-" + config.digest().hex()[:12])
+    return engine, app, name
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        engine, app, name = build_server(args)
+    except RingKVError as e:
+        print(f"ringkv serve: {e.one_line()}", file=sys.stderr)
+        return int(e.exit_code)
+    import uvicorn
+    log.info("serving %s on http://%s:%d/v1 with %d device(s): %s", name, args.host, args.port,
+             len(engine.workers), ", ".join(w.name for w in engine.workers))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    access_log=args.log_level == "debug")
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
