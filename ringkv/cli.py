@@ -1,11 +1,13 @@
-"""``ringkv`` command line: demo, chat, sim, bench, build, board, storage.
+"""``ringkv`` command line: demo, chat, serve, sim, bench, build, board, storage.
 
 ``demo`` runs the end-to-end scenario against simulated FPGAs (Verilator) — ``demo
 --software`` the same host against the software device (golden models in the FPGA's place),
 ``demo --board ulx3s-85f`` against the pin-level simulation of the board top; ``board check
 --link URL`` runs the bring-up self-test of a device (the board's serial port or ``ringkv
 sim``'s socket); ``chat`` talks to the software device, or to a device at ``--link URL``
-(``socket://`` for ``ringkv sim``, ``/dev/ttyUSB0`` for the board); ``sim`` starts the
+(``socket://`` for ``ringkv sim``, ``/dev/ttyUSB0`` for the board), greedy or sampled
+(``--temperature``, ``--top-p``, ``--top-k``, ``--seed``, ``--max-tokens``, ``--stop``);
+``serve`` is the OpenAI-compatible server (:mod:`ringkv.serve`); ``sim`` starts the
 simulated device (``sim --board ulx3s-85f``: the board top at its pins), ``build``
 the board bitstream, ``storage ls`` lists the records in an image and ``storage fsck`` checks
 it (exit status 1 when a rebuild would free a region), ``bench`` the benchmarks.
@@ -43,7 +45,7 @@ def _model(args, config):
     if args.random:
         small = config.head_dim * config.q_heads < 256
         return Model(config, hidden=64 if small else 256, ffn=128 if small else 512,
-                     seed=args.seed)
+                     seed=getattr(args, "weights_seed", None) or getattr(args, "seed", 0) or 0)
     return Model.trained(config)
 
 
@@ -252,8 +254,19 @@ def run_chat(args) -> int:
     import json
     from pathlib import Path
 
+    from ringkv.host.errors import UsageError
     from ringkv.host.model import BOS, encode_text, show_text
+    from ringkv.host.sampling import Sampler, SamplingParams
     from ringkv.host.scheduler import Scheduler, Session, SoftwareDevice
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed, max_tokens=args.tokens,
+                                stop=tuple(args.stop or ()))
+    except UsageError as e:
+        print(f"ringkv chat: --{e.param.replace('_', '-')}: {e}", file=sys.stderr)
+        return 2
+    stops = [x.encode("utf-8") for x in params.stop]
+    sampler = Sampler(params)        # one generator for the chat: a seeded chat replays
     model = _model(args, _base_config(args.config))
     config = _device_config(_base_config(args.config), args.numerics, model)
     if args.link:
@@ -308,7 +321,17 @@ def run_chat(args) -> int:
             first = sid not in sched.sessions
             start = 0 if first else len(sched.sessions[sid].stream)
             tokens = ([BOS] if first else []) + encode_text(line)
-        out = sched.request(sid, tokens, args.tokens, **opts)
+        made = bytearray()
+
+        def stop_at(token, made=made):
+            made.append(token if token < 256 else 0)
+            return any(made.endswith(x) for x in stops)
+
+        out = sched.request(sid, tokens, params.max_tokens, sample=sampler, on_token=stop_at,
+                            **opts)
+        for x in stops:                 # a stop sequence ends the answer and is not shown
+            if made.endswith(x):
+                out = out[:len(out) - len(x)]
         last[sid] = (start, tokens)
         e = sched.events[-1]
         print(f"[{sid} {e['path']} {e['after']} tokens] {show_text(out)}", flush=True)
@@ -323,7 +346,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="ringkv", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    def model_args(p):
+    def model_args(p, sampling=False):
         p.add_argument("--backend", choices=["float64", "fixed"], default="float64",
                        help="attention in the FPGA's place: float64 rings or the bit-exact "
                             "fixed-point core model")
@@ -331,7 +354,19 @@ def main(argv=None) -> int:
                                               "for the configuration's shape)")
         p.add_argument("--random", action="store_true",
                        help="the untrained model with random weights of --seed instead")
-        p.add_argument("--seed", type=int, default=0)
+        if sampling:
+            p.add_argument("--random-seed", dest="weights_seed", type=int, default=0,
+                           help="seed of --random's weights")
+            p.add_argument("--temperature", type=float, default=0.0,
+                           help="sampling temperature, 0..2 (default 0: greedy)")
+            p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling, (0, 1]")
+            p.add_argument("--top-k", type=int, default=0, help="the k most likely (0: all)")
+            p.add_argument("--seed", type=int, default=None,
+                           help="the sampling generator's seed (reproducible answers)")
+            p.add_argument("--stop", action="append", default=None,
+                           help="stop sequence (repeatable, at most 4)")
+        else:
+            p.add_argument("--seed", type=int, default=0)
         p.add_argument("--chunk", type=int, default=64, help="prefill chunk")
         p.add_argument("--capacity", type=int, default=2,
                        help="records (turn snapshots and checkpoints) the store holds")
@@ -350,7 +385,7 @@ def main(argv=None) -> int:
                    help="run against the pin-level simulation of this board's top")
     p.set_defaults(capacity=6)      # room for kept turns and a shared checkpoint; still evicts
     p = sub.add_parser("chat", help="interactive chat (software device, or check a --link)")
-    model_args(p)
+    model_args(p, sampling=True)
     p.add_argument("--link", help="socket://HOST:PORT (ringkv sim) or /dev/ttyUSB0 (board)")
     p.add_argument("--config", choices=["default", "demo"], default="default",
                    help="the device configuration (must match the device's)")
@@ -359,10 +394,13 @@ def main(argv=None) -> int:
                         "ringkv-fx1c with the trained weights' scales, as the board build; "
                         "ringkv-fx1 with random weights)")
     p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--tokens", type=int, default=32, help="tokens to generate per line")
+    p.add_argument("--max-tokens", "--tokens", dest="tokens", type=int, default=32,
+                   help="tokens to generate per line, at most")
     sub.add_parser("sim", help="run the simulated device behind a TCP socket",
                    add_help=False)
     sub.add_parser("bench", help="run the benchmarks (python -m bench.run)", add_help=False)
+    sub.add_parser("serve", help="OpenAI-compatible server (ringkv serve --help)",
+                   add_help=False)
     sub.add_parser("build", help="synthesize a bitstream for --board", add_help=False)
     sub.add_parser("board", help="board bring-up: 'board check --link URL' (self-test)",
                    add_help=False)
@@ -407,6 +445,8 @@ def main(argv=None) -> int:
         if any(a == "--board" or a.startswith("--board=") for a in rest):
             return _need("ringkv.sim.board_harness", "the board simulation").main(rest)
         return _need("ringkv.sim.harness", "the simulator server").main(rest)
+    if args.cmd == "serve":
+        return _need("ringkv.serve.main", "the server").main(rest)
     if args.cmd == "bench":
         return _need("bench.run", "the benchmark runner").main(rest)
     if args.cmd == "build":

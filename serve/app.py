@@ -25,6 +25,8 @@ error bodies are the API's own and no schema library is needed.
   ``prompt_tokens_details.cached_tokens``: the prompt tokens this request did not compute:
   imported from the device's store, or still in its rings from the conversation's previous
   turn.
+* The response header ``X-RingKV-Device`` names the device that served the request (for a
+  stream: the one it was sent to first).
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
   :class:`~ringkv.host.errors.RingKVError` (400 bad request, 404 unknown model, 429 every
   device's queue full, 503 no device ready or the device failed); anything else is a 500 with
@@ -184,7 +186,7 @@ class _Api:
 
         job = Job(prompt, params, sink, chat=chat, session=session, received=t0)
         try:
-            self.engine.submit(job)
+            worker = self.engine.submit(job)
         except RingKVError as e:
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
@@ -196,7 +198,8 @@ class _Api:
             return StreamingResponse(
                 self._sse(job, events, head, chat, include_usage, endpoint, t0),
                 media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                         "X-RingKV-Device": worker.name})
         try:
             while True:
                 kind, value = await events.get()
@@ -220,7 +223,7 @@ class _Api:
                       "finish_reason": result.finish_reason}
         body = dict(head, object="chat.completion" if chat else "text_completion",
                     choices=[choice], usage=self._usage(result))
-        return JSONResponse(body)
+        return JSONResponse(body, headers={"X-RingKV-Device": result.device})
 
     def _usage(self, result) -> dict:
         return {"prompt_tokens": result.prompt_tokens,

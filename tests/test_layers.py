@@ -4,6 +4,7 @@
 
     ringkv (CLI)  ── may use everything
       │
+      ├── serve/   defs, host, sim + its web stack (the OpenAI-compatible server)
       ├── sim/     defs, hw, host (simulation harness, device models, test helpers)
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
@@ -25,7 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 #: folder -> package name (pyproject.toml's package-dir mapping)
 FOLDERS = {"ringkv/defs": "ringkv.defs", "hw": "ringkv.hw", "host": "ringkv.host",
-           "sim": "ringkv.sim", "boards": "ringkv.boards", "ringkv": "ringkv"}
+           "sim": "ringkv.sim", "boards": "ringkv.boards", "serve": "ringkv.serve",
+           "ringkv": "ringkv"}
 #: layer -> (project packages it may import, third-party top-level modules it may import)
 RULES = {
     "ringkv.defs": ({"ringkv.defs"}, set()),
@@ -34,6 +36,10 @@ RULES = {
     "ringkv.sim": ({"ringkv.defs", "ringkv.hw", "ringkv.host", "ringkv.sim"}, None),
     "ringkv.boards": ({"ringkv.defs", "ringkv.hw", "ringkv.boards", "ringkv.sim.toolchain",
                        "ringkv.sim.verilog", "ringkv.host.errors"}, None),
+    # the server: the host's scheduler and devices, the simulator harness for `--device sim`,
+    # and its web stack; never the gateware (it knows a device through the host's driver)
+    "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
+                     {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy"}),
     "ringkv": (None, None),
 }
 #: module -> project packages it may import besides its layer's: the pin-level harness of the
@@ -128,6 +134,9 @@ def test_every_package_states_what_it_is_and_may_import():
     ("ringkv/defs/record.py", "from ..hw import enums\n", "ringkv.hw.enums"),
     ("boards/ulx3s.py", "from ringkv.sim.harness import build_top\n", "ringkv.sim.harness"),
     ("sim/harness.py", "from ringkv.boards.ulx3s import ULX3STop\n", "ringkv.boards"),
+    ("serve/engine.py", "from ringkv.hw.top import RingKVTop\n", "ringkv.hw.top"),
+    ("serve/app.py", "import aiohttp\n", "starlette"),
+    ("host/scheduler.py", "from ringkv.serve.engine import Engine\n", "ringkv.serve"),
 ])
 def test_the_check_catches_a_violation(path, source, needle):
     found = violations(ROOT / path, source)
@@ -141,6 +150,7 @@ def test_the_check_catches_a_violation(path, source, needle):
     ("boards/build.py", "from ..sim.toolchain import setup_environ\n"),
     ("ringkv/cli.py", "from ringkv.sim.harness import build_top\n"),
     ("sim/board_harness.py", "from ringkv.boards.ulx3s import ULX3STop\n"),
+    ("serve/devices.py", "from ringkv.sim.harness import SimDevice\nimport platformdirs\n"),
 ])
 def test_the_check_allows_what_the_rule_allows(path, source):
     assert violations(ROOT / path, source) == []
