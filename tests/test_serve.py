@@ -1,0 +1,349 @@
+"""``ringkv serve`` started for real (uvicorn on a free port, in a thread) and spoken to by
+clients nobody here wrote: the official ``openai`` package and plain HTTP (httpx), streaming
+and not, on software devices with the trained demo-shape model (real text)."""
+
+import contextlib
+import json
+import shutil
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from ringkv.host.model import FixedBackend
+from ringkv.host.scheduler import plain_run
+from ringkv.serve.main import build_parser, build_server
+from ringkv.serve.template import chat_prompt
+
+SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
+
+
+class Running:
+    def __init__(self, base, engine, name):
+        self.base, self.engine, self.name = base, engine, name
+        self.client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
+                                    timeout=120)
+
+    def metric(self, line_start: str) -> float:
+        text = httpx.get(self.base + "/metrics").text
+        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
+                   if x.startswith(line_start))
+
+
+@contextlib.contextmanager
+def running(*argv):
+    args = build_parser().parse_args(["--config", "demo", *argv])
+    engine, app, name = build_server(args)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.started and engine.wait_ready(60)
+    try:
+        yield Running(f"http://127.0.0.1:{port}", engine, name)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def srv():
+    with running("--device", "software") as r:
+        yield r
+
+
+def _reference(engine, tokens, n):
+    """The tokens a run with no reuse at all gives (greedy)."""
+    return plain_run(engine.model, [(0, list(tokens), n)],
+                     lambda: FixedBackend(engine.config))[0]
+
+
+def _text(tokens, stop=b"\n\n"):
+    data = bytes(t for t in tokens if t < 256)
+    return data.split(stop)[0].decode("utf-8", errors="replace")
+
+
+def test_models_health_and_the_openai_client(srv):
+    assert [m.id for m in srv.client.models.list().data] == [srv.name]
+    h = httpx.get(srv.base + "/health").json()
+    assert h["status"] == "ok" and h["devices"][0]["state"] == "ready"
+    r = srv.client.completions.create(model=srv.name, prompt="And God said, Let there be",
+                                      max_tokens=12, temperature=0)
+    choice = r.choices[0]
+    assert r.object == "text_completion" and choice.finish_reason == "length"
+    assert r.usage.completion_tokens == 12
+    assert r.usage.prompt_tokens == 1 + len("And God said, Let there be")
+    ref = _reference(srv.engine, [256, *b"And God said, Let there be"], 12)
+    assert choice.text == _text(ref) and sum(c.isalpha() for c in choice.text) >= 4
+
+
+def test_chat_turns_resume_from_the_store_and_equal_a_run_without_reuse(srv):
+    """Turn 2 resends turn 1 (the API's way): its prompt is served from the device's store
+    (cached tokens), and greedy output is token for token the run without any reuse."""
+    msgs = [{"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "Who made the heaven and the earth?"}]
+    cached, texts = [], []
+    for turn in range(3):
+        r = srv.client.chat.completions.create(model=srv.name, messages=msgs, max_tokens=24,
+                                               temperature=0)
+        text = r.choices[0].message.content
+        prompt = chat_prompt(msgs).tokens
+        ref = _reference(srv.engine, prompt, 24)
+        assert text == _text(ref)
+        assert r.choices[0].finish_reason == ("stop" if b"\n\n" in bytes(
+            t for t in ref if t < 256) else "length")
+        cached.append(r.usage.prompt_tokens_details.cached_tokens)
+        assert r.usage.prompt_tokens == len(prompt)
+        texts.append(text)
+        msgs = msgs + [{"role": "assistant", "content": text},
+                       {"role": "user", "content": ["And what did he say?", "Tell me more."][
+                           turn % 2]}]
+    assert cached[1] > len(chat_prompt(msgs[:2]).tokens) - 30 and cached[2] > cached[1]
+
+
+def test_a_seeded_request_is_the_same_whatever_was_reused(srv):
+    msgs = [{"role": "system", "content": "Speak of Abraham."},
+            {"role": "user", "content": "Where did Abraham go?"}]
+    kw = dict(model=srv.name, messages=msgs, max_tokens=30, temperature=1.0, top_p=0.95,
+              seed=1234, stop=["\n"], extra_body={"top_k": 60})
+    a = srv.client.chat.completions.create(**kw)
+    b = srv.client.chat.completions.create(**kw)
+    c = srv.client.chat.completions.create(**dict(kw, seed=99))
+    assert a.usage.prompt_tokens_details.cached_tokens == 0
+    assert b.usage.prompt_tokens_details.cached_tokens > 0
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert c.choices[0].message.content != a.choices[0].message.content
+
+
+def test_streaming_with_the_openai_client_and_plain_http(srv):
+    msgs = [{"role": "user", "content": "Sing unto the LORD"}]
+    whole = srv.client.chat.completions.create(model=srv.name, messages=msgs, max_tokens=20,
+                                               temperature=0)
+    chunks = list(srv.client.chat.completions.create(
+        model=srv.name, messages=msgs, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == whole.choices[0].finish_reason and set(finals[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+        whole.usage.completion_tokens
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    # the same as plain server-sent events, byte by byte where it matters
+    with httpx.stream("POST", srv.base + "/v1/completions", json={
+            "prompt": "In the beginning", "max_tokens": 8, "temperature": 0,
+            "stream": True}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        lines = [x for x in r.iter_lines() if x]
+    assert lines[-1] == "data: [DONE]" and all(x.startswith("data: ") for x in lines)
+    events = [json.loads(x[6:]) for x in lines[:-1]]
+    assert {e["object"] for e in events} == {"text_completion"}
+    assert "usage" not in events[0] and events[-1]["choices"][0]["finish_reason"] == "length"
+    plain = srv.client.completions.create(model=srv.name, prompt="In the beginning",
+                                          max_tokens=8, temperature=0)
+    assert "".join(e["choices"][0]["text"] for e in events) == plain.choices[0].text
+
+
+@pytest.mark.parametrize("body, status, param", [
+    ({"prompt": "x", "temperature": 3}, 400, "temperature"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
+    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "model": "gpt-4o"}, 404, "model"),
+    ({"prompt": "x" * 1100}, 400, "prompt"),
+    ({"prompt": "x" * 1000, "max_tokens": 100}, 400, "max_tokens"),
+    ({"prompt": 5}, 400, "prompt"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+])
+def test_bad_requests_get_an_openai_error_naming_the_field(srv, body, status, param):
+    r = httpx.post(srv.base + "/v1/completions", json=body)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
+    assert err["type"] == "invalid_request_error" and err["message"]
+    if status == 404:
+        assert err["code"] == "model_not_found"
+
+
+def test_malformed_json_bad_messages_and_the_client_errors(srv):
+    r = httpx.post(srv.base + "/v1/chat/completions", content=b'{"messages": [')
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(srv.base + "/v1/chat/completions",
+                   json={"messages": [{"role": "wizard", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
+    with pytest.raises(openai.NotFoundError):
+        srv.client.chat.completions.create(model="nope", messages=[{"role": "user",
+                                                                    "content": "x"}])
+    with pytest.raises(openai.BadRequestError) as e:
+        srv.client.chat.completions.create(model=srv.name, temperature=-1,
+                                           messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["param"] == "temperature"
+    assert httpx.get(srv.base + "/v1/nothing").status_code == 404
+
+
+def test_metrics_count_requests_tokens_and_reuse(srv):
+    before = srv.metric("ringkv_generation_tokens_total")
+    srv.client.completions.create(model=srv.name, prompt="Blessed are", max_tokens=5,
+                                  temperature=0)
+    text = httpx.get(srv.base + "/metrics").text
+    assert srv.metric("ringkv_generation_tokens_total") == before + 5
+    for name in ("ringkv_requests_total{", "ringkv_time_to_first_token_seconds_bucket",
+                 "ringkv_inter_token_latency_seconds_bucket", "ringkv_tokens_reused_total",
+                 "ringkv_tokens_prefilled_total", "ringkv_tokens_recomputed_total",
+                 'ringkv_device_hits_total{device="software"}',
+                 'ringkv_device_misses_total{device="software"}',
+                 'ringkv_device_prefix_hits_total{device="software"}',
+                 'ringkv_device_exports_total{device="software"}',
+                 'ringkv_device_recoveries_total{device="software"}',
+                 'ringkv_device_queue_depth{device="software"}'):
+        assert name in text, name
+    assert srv.metric('ringkv_requests_total{endpoint="completions",status="200"}') >= 1
+    assert srv.metric("ringkv_tokens_reused_total") > 0
+
+
+def test_a_pinned_session_continues_and_forks_at_an_edit(srv):
+    msgs = [{"role": "user", "content": "Moses went up"}]
+    extra = {"session_id": "pinned-1"}
+    r1 = srv.client.chat.completions.create(model=srv.name, messages=msgs, max_tokens=10,
+                                            temperature=0, extra_body=extra)
+    msgs2 = msgs + [{"role": "assistant", "content": r1.choices[0].message.content},
+                    {"role": "user", "content": "And then?"}]
+    r2 = srv.client.chat.completions.create(model=srv.name, messages=msgs2, max_tokens=10,
+                                            temperature=0, extra_body=extra)
+    p2 = chat_prompt(msgs2).tokens
+    assert r2.usage.prompt_tokens_details.cached_tokens >= len(p2) - 30
+    edited = msgs2[:-1] + [{"role": "user", "content": "And where?"}]
+    r3 = srv.client.chat.completions.create(model=srv.name, messages=edited, max_tokens=10,
+                                            temperature=0, extra_body=extra)
+    p3 = chat_prompt(edited).tokens
+    fork = chat_prompt(msgs2[:-1]).checkpoints[-1]        # the edited message starts here
+    assert r3.usage.prompt_tokens_details.cached_tokens == fork
+    assert r3.choices[0].message.content == _text(_reference(srv.engine, p3, 10))
+    r = httpx.post(srv.base + "/v1/chat/completions", json={"messages": msgs,
+                                                            "session_id": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
+
+
+def test_overload_is_429_and_a_client_that_leaves_frees_the_device():
+    with running("--device", "software", "--max-queue", "1") as srv:
+        with httpx.stream("POST", srv.base + "/v1/completions", json={
+                "prompt": "And", "max_tokens": 1000, "temperature": 0.7,
+                "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: ")          # it is generating
+            busy = httpx.post(srv.base + "/v1/completions", json={"prompt": "x"})
+            assert busy.status_code == 429
+            assert busy.json()["error"]["code"] == "rate_limit_exceeded"
+            with pytest.raises(openai.RateLimitError):
+                srv.client.completions.create(model=srv.name, prompt="x")
+        # the stream was closed after a few tokens: its request ends, the device is free
+        deadline = time.monotonic() + 30
+        while srv.engine.workers[0].load and time.monotonic() < deadline:
+            time.sleep(0.01)
+        r = srv.client.completions.create(model=srv.name, prompt="x", max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        assert srv.metric("ringkv_generation_tokens_total") == 3
+
+
+def test_two_devices_route_by_stored_prefix(tmp_path):
+    with running("--device", "software", "--device", "software") as srv:
+        def ask(msgs):
+            r = httpx.post(srv.base + "/v1/chat/completions", json={
+                "messages": msgs, "max_tokens": 8, "temperature": 0})
+            assert r.status_code == 200
+            return r.headers["x-ringkv-device"], r.json()
+
+        convs = [[{"role": "system", "content": f"Speak of {who}."},
+                  {"role": "user", "content": f"Tell me of {who}."}]
+                 for who in ("Abraham", "Isaac", "Jacob", "Joseph")]
+        first = [ask(m) for m in convs]
+        assert {d for d, _ in first} == {"software-0", "software-1"}   # spread by load
+        for (dev, body), msgs in zip(first, convs):
+            msgs2 = msgs + [{"role": "assistant",
+                             "content": body["choices"][0]["message"]["content"]},
+                            {"role": "user", "content": "And then?"}]
+            dev2, body2 = ask(msgs2)
+            assert dev2 == dev                      # where its state is
+            assert body2["usage"]["prompt_tokens_details"]["cached_tokens"] > 40
+        # the index is the device's own listing
+        for w in srv.engine.workers:
+            assert w.index == {(c, h) for c, h, _ in w.device._device.listing()}
+
+
+def test_index_rebuilt_from_the_image_after_a_restart(tmp_path):
+    image = tmp_path / "card.img"
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who?"}]
+    with running("--device", f"software:{image}") as srv:
+        r = srv.client.chat.completions.create(model=srv.name, messages=msgs, max_tokens=6,
+                                               temperature=0)
+        held = set(srv.engine.workers[0].index)
+    assert held
+    msgs2 = msgs + [{"role": "assistant", "content": r.choices[0].message.content},
+                    {"role": "user", "content": "Why?"}]
+    with running("--device", f"software:{image}") as srv:
+        assert srv.engine.workers[0].index == held
+        r2 = srv.client.chat.completions.create(model=srv.name, messages=msgs2,
+                                                max_tokens=6, temperature=0)
+        assert r2.usage.prompt_tokens_details.cached_tokens > len(chat_prompt(msgs).tokens)
+
+
+def test_a_device_that_fails_is_retried_elsewhere_and_rejoins(tmp_path):
+    """The first device's storage disappears (its image's folder removed): the request it was
+    serving had sent nothing yet and is served by the other device; the failed one recovers
+    (a new image in a recreated folder), its index read again, and serves again."""
+    broken = tmp_path / "a"
+    with running("--device", f"software:{broken / 'card.img'}", "--device",
+                 f"software:{tmp_path / 'b' / 'card.img'}") as srv:
+        shutil.rmtree(broken)
+        broken.write_text("not a folder")                 # the export cannot write
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Who?"}]
+        r = httpx.post(srv.base + "/v1/chat/completions", json={
+            "messages": msgs, "max_tokens": 6, "temperature": 0})
+        assert r.status_code == 200 and r.headers["x-ringkv-device"].endswith("b/card.img")
+        assert r.json()["choices"][0]["message"]["content"] == _text(
+            _reference(srv.engine, chat_prompt(msgs).tokens, 6))
+        broken.unlink()                                   # the storage is back
+        deadline = time.monotonic() + 30
+        w = srv.engine.workers[0]
+        while w.state != "ready" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert w.state == "ready" and w.recoveries >= 1
+        assert srv.metric(f'ringkv_device_recoveries_total{{device="{w.name}"}}') >= 1
+
+
+def test_a_device_that_fails_mid_stream_ends_the_stream_with_an_error(tmp_path):
+    folder = tmp_path / "a"
+    with running("--device", f"software:{folder / 'card.img'}") as srv:
+        shutil.rmtree(folder)
+        folder.write_text("not a folder")
+        # no checkpoint in a short completion: the failing export is the turn's, at the end
+        with httpx.stream("POST", srv.base + "/v1/completions", json={
+                "prompt": "And", "max_tokens": 5, "temperature": 0, "stream": True}) as r:
+            lines = [x for x in r.iter_lines() if x]
+        events = [json.loads(x[6:]) for x in lines[:-1]]
+        assert lines[-1] == "data: [DONE]" and "error" in events[-1]
+        assert events[-1]["error"]["type"] == "server_error"
+        assert sum(len(e["choices"][0]["text"]) for e in events[:-1]) > 0
+        with pytest.raises(openai.APIError):
+            list(srv.client.completions.create(model=srv.name, prompt="And", max_tokens=5,
+                                               temperature=0, stream=True))
+        folder.unlink()
+        deadline = time.monotonic() + 30
+        while srv.engine.workers[0].state != "ready" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        r = srv.client.completions.create(model=srv.name, prompt="And", max_tokens=5,
+                                          temperature=0)
+        assert r.usage.completion_tokens == 5
