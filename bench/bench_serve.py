@@ -1,0 +1,280 @@
+"""``ringkv serve`` under a bounded load: many clients, shared system prompts, multi-turn
+conversations with edits, on 1 and 4 software devices; prefix-aware placement against
+round-robin; the server's own overhead per request.
+
+The server is ``ringkv serve`` in a process of its own (the trained model, software devices
+with the bit-exact attention core model), the clients in this process's event loop
+(``httpx``, streaming chat completions with ``stream_options.include_usage``). The load,
+from a fixed seed:
+
+* ``CLIENTS`` clients at once, each running conversations one after another until
+  ``REQUESTS`` requests have been sent in all;
+* each conversation starts behind one of ``SYSTEMS`` system prompts and has 3 to 6 turns, the
+  client resending the whole conversation each turn (the API's way); after a reply, with
+  probability 0.15 the client edits its last message instead of going on (the request forks
+  at that message) and with 0.1 it regenerates the reply (same messages, another seed);
+* every request samples (temperature 0.8, its own seed, ``max_tokens`` ``MAX_TOKENS``); the
+  replies do not depend on where a request ran or what it reused (a seeded request is
+  reproducible), so every configuration serves the same conversations.
+
+Configurations: one device and four devices with ``CAPACITY`` records each (least recently
+used evicted), prefix-aware placement (the server's default) and round-robin on the four; and
+one device that never evicts (the reference "infinite" store). Per configuration: time to first
+token (from sending the request to the first text chunk) p50/p99, generated tokens per second
+over the whole run, and the fraction of prompt tokens served from the store (``cached_tokens``
+/ ``prompt_tokens``, from the responses' ``usage``). Targets: prefix-aware placement's
+fraction at least 0.9 of the infinite device's and at least 2x round-robin's.
+
+The server's own overhead per request (``ringkv_server_overhead_seconds``: a request's time
+in the server minus its time in the scheduler and in the device's queue: parsing, routing with
+its prefix hashes, streaming) is read from ``/metrics``: its mean under the load, and with
+one client sending requests one at a time (target: under 2 ms).
+
+Wall-clock figures on a shared machine: the load average at the start is recorded with each
+result. ``RINGKV_BENCH_SERVE_REQUESTS`` (default 320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32),
+``RINGKV_BENCH_SERVE_CONFIG`` (``default``: the board's shape; ``demo``: the small one).
+"""
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from bench.run import table
+
+__all__ = ["TITLE", "run", "markdown"]
+
+TITLE = "Server: ringkv serve under load (software devices)"
+REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_REQUESTS", "320"))
+CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_CLIENTS", "32"))
+SHAPE = os.environ.get("RINGKV_BENCH_SERVE_CONFIG", "default")
+SYSTEMS = 8
+CAPACITY = 48
+MAX_TOKENS = 32
+SEQUENTIAL = 30
+
+_TOPICS = ["Abraham", "Moses", "David", "Solomon", "Elijah", "Daniel", "Ruth", "Joseph"]
+_QUESTIONS = ["Who was he?", "Where did he go?", "What did the LORD say unto him?",
+              "And what came after?", "Who were his sons?", "What did the people do?",
+              "Tell me of the city.", "What was written of him?"]
+
+
+def _system(i: int) -> str:
+    who = _TOPICS[i]
+    return (f"You are a scribe of the King James Bible. Speak only of {who}, in the words of "
+            f"the book, briefly, and name the book, chapter and verse where {who} is written "
+            f"of. Number {i}.")
+
+
+@contextlib.contextmanager
+def _server(devices, placement, capacity):
+    """``ringkv serve`` in its own process (the clients' event loop is not the server's)."""
+    import httpx
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [sys.executable, "-m", "ringkv.serve.main", "--port", str(port), "--config", SHAPE,
+            "--placement", placement, "--capacity", str(capacity), "--max-queue",
+            str(CLIENTS + 1), "--log-level", "warning"]
+    for _ in range(devices):
+        argv += ["--device", "software"]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ringkv serve exited with {proc.returncode}")
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("ringkv serve did not start within 300 s")
+            time.sleep(0.1)
+        yield base
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+async def _chat(client, base, messages, seed):
+    """One streamed chat completion: (reply, ttft s, usage)."""
+    t0 = time.perf_counter()
+    ttft, parts, usage = None, [], None
+    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.8, "seed": seed,
+            "stream": True, "stream_options": {"include_usage": True}}
+    async with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {await r.aread()}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if "error" in event:
+                raise RuntimeError(event["error"]["message"])
+            if event["choices"]:
+                text = event["choices"][0]["delta"].get("content")
+                if text:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    parts.append(text)
+            if event.get("usage"):
+                usage = event["usage"]
+    return "".join(parts), (ttft if ttft is not None else time.perf_counter() - t0), usage
+
+
+async def _load(base, seed=24):
+    import httpx
+    budget = [REQUESTS]
+    records = []
+
+    async def client_task(c):
+        rng = random.Random(seed * 1000 + c)
+        async with httpx.AsyncClient(timeout=600) as client:
+            while budget[0] > 0:
+                messages = [{"role": "system", "content": _system(rng.randrange(SYSTEMS))},
+                            {"role": "user", "content": rng.choice(_QUESTIONS)}]
+                for _turn in range(rng.randint(3, 6)):
+                    if budget[0] <= 0:
+                        break
+                    budget[0] -= 1
+                    reply, ttft, usage = await _chat(client, base, messages,
+                                                     rng.randrange(1 << 31))
+                    records.append((ttft, usage))
+                    roll = rng.random()
+                    if roll < 0.15:              # edit the last message
+                        messages = messages[:-1] + [{"role": "user",
+                                                     "content": rng.choice(_QUESTIONS)}]
+                    elif roll < 0.25:            # regenerate: the same messages again
+                        pass
+                    else:
+                        messages = messages + [{"role": "assistant", "content": reply},
+                                               {"role": "user",
+                                                "content": rng.choice(_QUESTIONS)}]
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client_task(c) for c in range(CLIENTS)))
+    return records, time.perf_counter() - t0
+
+
+def _overhead(base) -> tuple[float, int]:
+    import httpx
+    text = httpx.get(base + "/metrics").text
+    total = count = 0.0
+    for line in text.splitlines():
+        if line.startswith("ringkv_server_overhead_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("ringkv_server_overhead_seconds_count"):
+            count = float(line.split()[-1])
+    return (total / count if count else float("nan")), int(count)
+
+
+def _percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+CONFIGS = (("one device", 1, "prefix", CAPACITY),
+           ("four devices", 4, "prefix", CAPACITY),
+           ("four devices, round-robin", 4, "round-robin", CAPACITY),
+           ("one device, infinite store", 1, "prefix", 1 << 30))
+
+
+def run():
+    load = os.getloadavg()[0]
+    common = {"requests": REQUESTS, "clients": CLIENTS, "systems": SYSTEMS,
+              "max_tokens": MAX_TOKENS, "config": SHAPE, "loadavg_1min": round(load, 2),
+              "machine": f"{os.cpu_count()} CPUs, shared"}
+    out, fractions = [], {}
+    for label, devices, placement, capacity in CONFIGS:
+        with _server(devices, placement, capacity) as base:
+            records, wall = asyncio.run(_load(base))
+            overhead, n = _overhead(base)
+        ttfts = [t for t, _ in records]
+        prompt = sum(u["prompt_tokens"] for _, u in records)
+        cached = sum(u["prompt_tokens_details"]["cached_tokens"] for _, u in records)
+        generated = sum(u["completion_tokens"] for _, u in records)
+        fractions[label] = cached / prompt
+        params = dict(common, devices=devices, placement=placement,
+                      capacity=None if capacity >= 1 << 30 else capacity, setup=label,
+                      wall_s=round(wall, 2), prompt_tokens=prompt, cached_tokens=cached,
+                      generated_tokens=generated)
+        key = label.replace(", ", "_").replace(" ", "_")
+        out += [
+            {"name": f"serve.{key}.ttft_p50_s", "value": round(_percentile(ttfts, 0.5), 4),
+             "unit": "s", "params": params},
+            {"name": f"serve.{key}.ttft_p99_s", "value": round(_percentile(ttfts, 0.99), 4),
+             "unit": "s", "params": params},
+            {"name": f"serve.{key}.tokens_per_s", "value": round(generated / wall, 1),
+             "unit": "tokens/s", "params": params},
+            {"name": f"serve.{key}.cached_fraction", "value": round(cached / prompt, 4),
+             "unit": "fraction", "params": params},
+            {"name": f"serve.{key}.overhead_ms", "value": round(overhead * 1e3, 3),
+             "unit": "ms", "params": dict(params, requests_measured=n)},
+        ]
+    prefix, inf = fractions["four devices"], fractions["one device, infinite store"]
+    rr = fractions["four devices, round-robin"]
+    out += [{"name": "serve.prefix_vs_infinite", "value": round(prefix / inf, 3),
+             "unit": "ratio", "params": dict(common, target=">= 0.9")},
+            {"name": "serve.prefix_vs_round_robin", "value": round(prefix / rr, 3) if rr else
+             float("inf"), "unit": "ratio", "params": dict(common, target=">= 2")}]
+    # the server's own overhead with one client, one request at a time
+    with _server(1, "prefix", CAPACITY) as base:
+        import httpx
+        msgs = [{"role": "system", "content": _system(0)}, {"role": "user", "content": "Who?"}]
+        with httpx.Client(timeout=600) as client:
+            for i in range(SEQUENTIAL):
+                r = client.post(base + "/v1/chat/completions", json={
+                    "messages": msgs, "max_tokens": 8, "temperature": 0.8, "seed": i})
+                r.raise_for_status()
+        overhead, n = _overhead(base)
+    out.append({"name": "serve.overhead_sequential_ms", "value": round(overhead * 1e3, 3),
+                "unit": "ms", "params": dict(common, requests_measured=n, clients=1,
+                                             target="< 2 ms")})
+    return out
+
+
+def markdown(results) -> str:
+    by = {r["name"]: r for r in results}
+    rows = []
+    for label, *_ in CONFIGS:
+        key = "serve." + label.replace(", ", "_").replace(" ", "_")
+        if key + ".ttft_p50_s" not in by:
+            continue
+        p = by[key + ".ttft_p50_s"]["params"]
+        rows.append([label, p["devices"], p["placement"], p["capacity"] or "unbounded",
+                     f"{by[key + '.ttft_p50_s']['value'] * 1e3:.0f}",
+                     f"{by[key + '.ttft_p99_s']['value'] * 1e3:.0f}",
+                     by[key + ".tokens_per_s"]["value"],
+                     f"{by[key + '.cached_fraction']['value']:.3f}",
+                     f"{by[key + '.overhead_ms']['value']:.2f}", p["wall_s"]])
+    any_p = next(r["params"] for r in results)
+    lines = [f"{any_p['clients']} clients at once, {any_p['requests']} streamed chat requests "
+             f"in multi-turn conversations behind {any_p['systems']} system prompts, with "
+             f"edits and regenerations; sampled (temperature 0.8, a seed per request), "
+             f"max_tokens {any_p['max_tokens']}; the `{any_p['config']}` shape with the "
+             f"trained model, software devices (bit-exact core model). Wall-clock on "
+             f"{any_p['machine']} (1-min load average {any_p['loadavg_1min']} at the start). "
+             "Cached = prompt tokens served from the store (or still resident) / prompt "
+             "tokens; overhead = time in the server outside the scheduler and the queue.", ""]
+    lines.append(table(["setup", "devices", "placement", "records/device", "TTFT p50 ms",
+                        "TTFT p99 ms", "tokens/s", "cached", "overhead ms", "wall s"], rows))
+    extra = [(n, by[n]) for n in ("serve.prefix_vs_infinite", "serve.prefix_vs_round_robin",
+                                  "serve.overhead_sequential_ms") if n in by]
+    if extra:
+        lines += ["", table(["figure", "value", "target"],
+                            [[n, r["value"], r["params"].get("target", "")]
+                             for n, r in extra])]
+    return "\n".join(lines)
