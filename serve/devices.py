@@ -61,8 +61,12 @@ class DeviceHandle:
         """``(count, hash)`` of every record the device holds, from the device itself."""
         raise NotImplementedError
 
+    def disconnect(self) -> None:
+        """After a failure: let go of the connection, keep what the device is (a simulator
+        still running, its card); :meth:`open` connects again."""
+
     def close(self) -> None:
-        pass
+        """At the end: let go of everything (a simulator started here is stopped)."""
 
 
 class SoftwareHandle(DeviceHandle):
@@ -110,7 +114,7 @@ class LinkHandle(DeviceHandle):
     def open(self):
         from ringkv.host.fpga_device import FpgaDevice
         from ringkv.host.link import Link
-        self.close()
+        self._close_link()
         self._link = Link(self.url, timeout=self.timeout)
         device = FpgaDevice(self._link, self.config)
         device.check_config()            # a device built for another configuration: refused
@@ -120,7 +124,7 @@ class LinkHandle(DeviceHandle):
     def listing(self, device):
         return [(count, h) for count, h, _region in device.directory()]
 
-    def close(self):
+    def _close_link(self):
         if self._link is not None:
             try:
                 self._link.close()
@@ -128,14 +132,23 @@ class LinkHandle(DeviceHandle):
                 pass
             self._link = None
 
+    def disconnect(self):
+        self._close_link()
+
+    def close(self):
+        self._close_link()
+
 
 class SimHandle(LinkHandle):
     """A simulated board started by the server (``sim[:IMAGE]``)."""
 
     kind = "sim"
 
-    def __init__(self, spec, config, *, image=None, workdir=None, timeout=60.0):
+    def __init__(self, spec, config, *, image=None, workdir=None, timeout=60.0,
+                 top_kwargs=None):
         super().__init__(spec, config, url="", timeout=timeout)
+        self.top_kwargs = dict(top_kwargs or {})      # RingKVTop's parameters (regions, ...)
+        self._built = False
         if image is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="ringkv-serve-sim-", dir=workdir)
             image = Path(self._tmp.name) / "card.img"
@@ -152,8 +165,10 @@ class SimHandle(LinkHandle):
                             self.name, self.sim.proc.poll(), self.image)
             log.info("%s: starting the simulated board on %s (Verilator build on first use)",
                      self.name, self.image)
-            self.sim = SimDevice(self.image, config=self.config,
-                                 log=self.image.with_suffix(".log"))
+            # the first start builds (or finds) the Verilator model; a restart reuses it
+            self.sim = SimDevice(self.image, config=self.config, prebuilt=self._built,
+                                 log=self.image.with_suffix(".log"), **self.top_kwargs)
+            self._built = True
         self.url = self.sim.url
         return super().open()
 

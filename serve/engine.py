@@ -399,9 +399,9 @@ class Worker:
                                  hint="send the request again")
             job.sink("error", err)
         try:
-            self.handle.close()
-        except Exception:                   # noqa: BLE001 - closing a broken device
-            log.debug("%s: close failed", self.name, exc_info=True)
+            self.handle.disconnect()
+        except Exception:                   # noqa: BLE001 - letting go of a broken device
+            log.debug("%s: disconnect failed", self.name, exc_info=True)
         self.scheduler = None
         self._bring_up(first=False)
 

@@ -1,0 +1,106 @@
+"""``ringkv serve`` on a simulated board (``RingKVTop`` on Verilator, the same build as
+``tests/test_system.py``'s) beside a software device: the ``openai`` client streamed and not,
+greedy answers equal to the run with the golden core and no reuse; the simulator killed (a
+power cut) while it serves: the server goes on with the software device, the board is started
+again on its card, recovers its directory, and rejoins with its index read from that
+directory; killed in the middle of a stream: that stream ends with an error event."""
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import uvicorn
+from conftest import requires_verilator
+
+from ringkv.defs.config import DEMO_CONFIG
+from ringkv.host.model import FixedBackend, Model
+from ringkv.host.scheduler import plain_run
+from ringkv.serve.app import create_app
+from ringkv.serve.devices import SimHandle, SoftwareHandle
+from ringkv.serve.engine import Engine
+from ringkv.serve.metrics import Metrics
+from ringkv.serve.template import chat_prompt
+
+
+def _serve(engine, name):
+    app = create_app(engine, model_name=name)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.01)
+    return server, thread, f"http://127.0.0.1:{port}"
+
+
+@requires_verilator
+def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
+    from ringkv.sim.harness import build_top
+    from ringkv.sim.system_demo import LANES, MACS, REGIONS
+    top = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
+    build_top(DEMO_CONFIG, **top)
+    config = DEMO_CONFIG                          # ringkv-fx1: the shared Verilator build
+    model = Model.trained(config)
+    board = SimHandle("sim", config, image=tmp_path / "board.img", timeout=10,
+                      top_kwargs=top)
+    board._built = True
+    soft = SoftwareHandle("software", config, attention_factory=FixedBackend)
+    metrics = Metrics()
+    engine = Engine(model, config, [board, soft], metrics, chunk=16)
+    server, thread, base = _serve(engine, "ringkv-kjv")
+    try:
+        assert engine.wait_ready(300)
+        client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
+                               timeout=300)
+        msgs = [{"role": "user", "content": "And the LORD said unto Moses,"}]
+        r = client.chat.completions.create(model="ringkv-kjv", messages=msgs, max_tokens=10,
+                                           temperature=0)
+        ref = plain_run(model, [(0, list(chat_prompt(msgs).tokens), 10)],
+                        lambda: FixedBackend(config))[0]
+        want = bytes(t for t in ref if t < 256).split(b"\n\n")[0].decode("utf-8", "replace")
+        assert r.choices[0].message.content == want
+        # the first request goes to the board (least loaded, first named)
+        assert engine.workers[0].index and metrics.device_exports.labels("sim")._value.get()
+        chunks = list(client.chat.completions.create(
+            model="ringkv-kjv", messages=msgs, max_tokens=10, temperature=0, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+
+        # power cut: the simulator dies; requests go on (retried on the software device)
+        board.sim.kill()
+        for _ in range(2):
+            r = httpx.post(base + "/v1/chat/completions", timeout=300, json={
+                "messages": msgs, "max_tokens": 10, "temperature": 0})
+            assert r.status_code == 200
+            assert r.json()["choices"][0]["message"]["content"] == want
+        deadline = time.monotonic() + 300
+        w = engine.workers[0]
+        while (w.state != "ready" or not w.recoveries) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert w.state == "ready" and w.recoveries == 1
+        # the index is the recovered board's own directory
+        assert w.index == {(c, h) for c, h, _ in w.device._device.directory()}
+        assert httpx.get(base + "/health").json()["devices"][0]["recoveries"] == 1
+
+        # a power cut in the middle of a stream: the tokens sent stand, the stream ends with
+        # an error event, the server keeps serving
+        with httpx.stream("POST", base + "/v1/completions", timeout=300, json={
+                "prompt": "Now these are the generations", "max_tokens": 300,
+                "temperature": 0, "stream": True}) as r:
+            assert r.headers["x-ringkv-device"] == "sim"     # the device with fewer records
+            lines = r.iter_lines()
+            first = next(x for x in lines if x.startswith("data: "))
+            board.sim.kill()
+            rest = [x for x in lines if x]
+        assert '"text_completion"' in first and rest[-1] == "data: [DONE]"
+        assert '"error"' in rest[-2] and "sim failed" in rest[-2]
+        r = httpx.post(base + "/v1/chat/completions", timeout=300, json={
+            "messages": msgs, "max_tokens": 10, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want
+    finally:
+        server.should_exit = True
+        thread.join(60)
