@@ -64,7 +64,7 @@ from ringkv.defs.record import kv_bytes_of
 
 from .model import AttentionBackend, Float64Backend, Model
 
-__all__ = ["Device", "QueryResult", "Scheduler", "Session", "plain_run",
+__all__ = ["Device", "QueryResult", "Holding", "Scheduler", "Session", "plain_run",
            "snapshot_bytes", "path_summary", "event_notes", "PATHS", "CHECKPOINT_EVERY",
            "KEEP_TURNS"]
 
@@ -102,6 +102,28 @@ class QueryResult:
     count: int
     prefix_hash: int
     reason: str = ""          # why a miss: "no record", "tokens differ", "foreign config"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One record a device holds, from the device's own directory (:meth:`Device.holdings`).
+
+    ``kind`` is ``"turn"`` (a session's turn snapshot), ``"checkpoint"`` (a prefix checkpoint)
+    or ``"kind N"`` for another stored value; ``region`` is the storage region (``None`` where
+    the device has none); ``tokens`` the record's tokens when the device gives them cheaply
+    (else ``None``); ``commit_seq`` the record's commit sequence number where known.
+    """
+    count: int
+    prefix_hash: int
+    kind: str = "turn"
+    region: int | None = None
+    tokens: tuple | None = None
+    commit_seq: int | None = None
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """``(count, prefix_hash)``: the key :meth:`Device.export` returns."""
+        return (self.count, self.prefix_hash)
 
 
 class Device(abc.ABC):
@@ -146,6 +168,24 @@ class Device(abc.ABC):
         record ``replaces`` (a snapshot the session gives up). ``checkpoint`` marks the record's
         kind (a prefix checkpoint rather than a turn snapshot; same format and checks). Return
         ``(key, bytes moved)``."""
+
+    def holdings(self, *, tokens: bool = True) -> list[Holding]:
+        """What the device holds, read from its own directory (after any restart or recovery,
+        never remembered by the host): one :class:`Holding` per live record. ``tokens``: also
+        give each record's tokens where the device can."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its records")
+
+    def read_record(self, key) -> bytes:
+        """The stored record of ``key = (count, hash)`` in the card format, as it moves between
+        devices (:func:`ringkv.host.record.read_record_bytes`): header, token and K/V sectors.
+        Raises :class:`~ringkv.host.errors.StorageError` when the device does not hold it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read its records")
+
+    def write_record(self, data: bytes) -> tuple:
+        """Store a record read from another device (:meth:`read_record`) as this device's own
+        (verified first; refused with :class:`~ringkv.host.errors.StorageError` or
+        :class:`~ringkv.host.errors.ConfigError` otherwise); return its key."""
+        raise NotImplementedError(f"{type(self).__name__} cannot store a copied record")
 
     def stats(self) -> dict:
         return {}
