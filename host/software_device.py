@@ -79,10 +79,11 @@ log = logging.getLogger(__name__)
 
 #: The most regions a store may have (the gateware's bound: ``RingKVTop(regions=)``).
 MAX_REGIONS = 1 << 15
-#: Regions of a new image file when neither ``regions`` nor ``capacity`` is given: 1,024
-#: regions are 160.5 MiB for the default configuration (the file is sparse: regions never
-#: written take no disk space on file systems that support holes).
-IMAGE_REGIONS = 1024
+#: Regions of a new image file when neither ``regions`` nor ``capacity`` is given: the
+#: gateware's default (``RingKVTop(regions=64)``), so that the simulated board started on the
+#: image with its default size sees every region (10.0 MiB for the default configuration; the
+#: file is sparse: regions never written take no disk space where the file system has holes).
+IMAGE_REGIONS = 64
 #: Regions of an in-memory store when neither ``regions`` nor ``capacity`` is given: the most
 #: the gateware addresses (only regions written take memory).
 MEMORY_REGIONS = MAX_REGIONS
