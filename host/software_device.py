@@ -309,6 +309,7 @@ class SoftwareDevice(Device):
         self._keys: dict[tuple[int, int], int] = {}   # (count, hash) -> link (the live rows)
         self.next_seq = 1
         self._memory: dict[int, _MemoryRecord] = {}   # region -> record (float backends)
+        self._meta: dict[int, tuple[int, int]] = {}   # region -> (kind, commit_seq) (card)
         if not self.card_format:
             self.card = None
             return
@@ -405,6 +406,8 @@ class SoftwareDevice(Device):
                     raise StorageError(f"recovery: the directory refused region {region} "
                                        f"({DirStatus(r['status']).name})")
                 self._keys[(count, h)] = r["link"]
+        kinds = {i.region: i.kind for i in valid}
+        self._meta = {r: (kinds[r], seq) for _, _, r, seq in plan.inserts}
         self.next_seq = plan.next_seq
         self.recovery = plan
         if plan.freed:
@@ -582,7 +585,7 @@ class SoftwareDevice(Device):
                 self._write(region, encode_record(
                     self.config, tokens, rings, count=n, ring_head=int(heads[0]),
                     prefix_hash=key[1], commit_seq=seq, kind=kind))
-        self._store(key, store)
+        self._store(key, store, kind.value)
         if replaces is not None and tuple(replaces) != key:
             self._delete(replaces)
         moved = snapshot_bytes(self.config, n)
@@ -591,7 +594,7 @@ class SoftwareDevice(Device):
         self.counters["bytes_out"] += moved
         return key, moved
 
-    def _store(self, key, store) -> int:
+    def _store(self, key, store, kind: int) -> int:
         """The gateware's EXPORT around ``store(region, seq)``: look the old record of ``key``
         up, insert a new link (LRU eviction), write, then retire the old record (so a crash
         in between leaves the old one valid). A failed write deletes the new link again."""
@@ -608,6 +611,7 @@ class SoftwareDevice(Device):
                 del self._keys[key]
             raise
         self.next_seq = seq_next(seq)
+        self._meta[region] = (kind, seq)
         if old is not None and old in self.directory.live and old != link:
             self._memory.pop(self._dir(DirOp.DELETE, link=old)["region"], None)
         self._keys[key] = link
@@ -633,8 +637,8 @@ class SoftwareDevice(Device):
     # -- what the device holds; records copied between devices --------------------------------
     def holdings(self, *, tokens: bool = True) -> list[Holding]:
         """The live records of the directory, least recently used first: count, hash, kind,
-        region, commit sequence and (``tokens``) the tokens, read from the store's headers and
-        token sectors (the in-memory store: from its records)."""
+        region and commit sequence as the directory's exports and recovery found them, and
+        (``tokens``) the tokens, read from the store's token sectors."""
         out = []
         rows = sorted(self.directory.live.values(),
                       key=lambda row: (self._now - row["stamp"]) & 0xFFFFFFFF, reverse=True)
@@ -646,18 +650,14 @@ class SoftwareDevice(Device):
                                    rec.tokens if tokens else None, rec.commit_seq))
                 continue
             lba = self.layout.region_lba(region)
-            try:
-                hdr = decode_header(self.card.read(lba, 1), self.config)
-                kind, seq = kind_name(hdr.kind), hdr.commit_seq
-            except RecordError:
-                kind, seq = "corrupt", None      # found at its next query, and freed then
+            kind, seq = self._meta[region]
             toks = None
-            if tokens and seq is not None:
+            if tokens:
                 tb = self.layout.token_bytes
                 raw = self.card.read(lba + 1, self.layout.token_sectors(count))
                 toks = tuple(int.from_bytes(raw[i:i + tb], "little")
                              for i in range(0, count * tb, tb))
-            out.append(Holding(count, h, kind, region, toks, seq))
+            out.append(Holding(count, h, kind_name(kind), region, toks, seq))
         return out
 
     def listing(self) -> list[tuple[int, int, str]]:
@@ -699,7 +699,7 @@ class SoftwareDevice(Device):
 
         def store(region, seq):
             self._write(region, record_writes(self.config, data, commit_seq=seq)[1])
-        self._store(key, store)
+        self._store(key, store, header.kind)
         self.counters["copied_in"] += 1
         return key
 
