@@ -247,8 +247,8 @@ class SoftwareDevice(Device):
       records stay in memory; :class:`~ringkv.host.model.FixedBackend` gives the card store);
     * ``capacity``: the most records the directory holds (its links; default: one per
       region); an export beyond it evicts the least recently used record;
-    * ``image``: the card image file (created when missing or empty; refused when it is not a
-      card image); ``None``: the card in memory;
+    * ``image`` (or ``path``, the same): the card image file (created when missing or empty;
+      refused when it is not a card image); ``None``: the card in memory;
     * ``regions``: the store's size in regions, a power of two from 2 to 32,768 like the
       gateware's ``RingKVTop(regions=)``. Default: an existing image's size (rounded down to a
       power of two), else enough for ``capacity``, else :data:`IMAGE_REGIONS` for a new file
@@ -265,7 +265,11 @@ class SoftwareDevice(Device):
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, attention=None,
                  capacity: int | None = None, image=None, regions: int | None = None,
-                 durable: bool = True):
+                 durable: bool = True, path=None):
+        if path is not None:
+            if image is not None and Path(image) != Path(path):
+                raise ValueError("image and path name the same file: give one of them")
+            image = path
         if capacity is not None and (not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"capacity must be a positive number of records, not {capacity!r}")
         if regions is not None and (not isinstance(regions, int) or regions & (regions - 1)
@@ -281,7 +285,7 @@ class SoftwareDevice(Device):
         self.counters = {"queries": 0, "hits": 0, "misses": 0, "prefix_queries": 0,
                          "prefix_hits": 0, "prefix_misses": 0, "probes": 0, "imports": 0,
                          "exports": 0, "checkpoints": 0, "evictions": 0, "bytes_in": 0,
-                         "bytes_out": 0, "copied_in": 0}
+                         "bytes_out": 0, "copied_in": 0, "recoveries": 0}
         self._imported = None                          # the last query_prefix hit, imported
         self.recovery = None
         self.card_format = _integer_rings(self.attention, config)
@@ -410,6 +414,7 @@ class SoftwareDevice(Device):
         self._meta = {r: (kinds[r], seq) for _, _, r, seq in plan.inserts}
         self.next_seq = plan.next_seq
         self.recovery = plan
+        self.counters["recoveries"] += 1
         if plan.freed:
             log.info("%s: recovery kept %d records, freed %d regions", self.image, plan.live,
                      plan.freed)

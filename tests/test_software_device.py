@@ -208,6 +208,7 @@ def test_crash_between_payload_and_header_keeps_the_previous_snapshot(model, tmp
     dev.close()
     again = device(image=image)
     assert again.recovery.live == 1 and again.next_seq == 2
+    assert again.stats()["recoveries"] == 1 and dev.stats()["recoveries"] == 1
     assert again.query(toks).reason == "no record"
     assert again.query(toks[:20]).hit
     compute(dev, toks[:20], model)
@@ -318,7 +319,8 @@ def test_records_copied_between_devices(model, tmp_path):
     assert len(data) == LAY.record_bytes(50)
     assert data == read_record_bytes(SMALL, a.card.read, a.holdings()[0].region)
     image = tmp_path / "b.img"
-    b = device(image=image, regions=4)
+    b = device(path=image, regions=4)
+    assert b.image == image
     stored(b, tokens_of(14, 5), model)
     assert b.write_record(data) == key and b.next_seq == 3
     [h] = [h for h in b.holdings() if h.key == key]
