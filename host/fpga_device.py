@@ -452,9 +452,10 @@ class FpgaDevice(Device):
         Cost: ``VERSION``, ``ALLOC_STATUS``, one ``DIR_READ`` per directory link (the table
         is read whole; a free link answers ``BAD_ARG``), then per live record one
         ``SECTOR_READ`` of its header (kind, commit sequence) and, with ``tokens``, one per
-        512 bytes of its tokens (``ceil(count * token_bytes / 512)``). On the demo board over
-        its UART that is about 0.1 s per record, more for long token lists; nothing is
-        computed and the stamps (LRU order) do not change.
+        512 bytes of its tokens (``ceil(count * token_bytes / 512)``): about
+        ``links * 49 + records * (1 + T) * 531`` bytes over the link (requests and answers,
+        frame overheads included) for ``T`` token sectors
+        per record. Nothing is computed and the stamps (LRU order) do not change.
         """
         info = self.version()
         now = RESPONSES[Op.ALLOC_STATUS].unpack(self._call(Op.ALLOC_STATUS))["dir_now"]

@@ -142,3 +142,41 @@ def test_software_image_served_by_the_board(model, tmp_path):
         held = {h.key: h for h in fpga.holdings()}
         assert set(held) == {key, other_key} and held[other_key].kind == "checkpoint"
         assert held[other_key].commit_seq == 2
+
+
+@pytest.mark.slow
+def test_a_conversation_alternates_between_the_software_device_and_the_board(model,
+                                                                            tmp_path):
+    """One card, the scheduler's session kept across devices: a conversation goes on for
+    rounds of two requests on the software device, then on the board started on its card, then
+    on the software device again, ... (each device recovering the card the other left); after
+    every switch it resumes by import (a hit of the other device's record), and every
+    generated token equals the run without reuse."""
+    from ringkv.host.scheduler import Scheduler, plain_run
+    image = tmp_path / "card.img"
+    rng = np.random.default_rng(5)
+    rounds = [[("u", ([BOS] if r == i == 0 else []) + [int(t) for t in rng.integers(
+        1, 256, size=int(rng.integers(4, 20)))], 4) for i in range(2)] for r in range(4)]
+    sessions, outs, paths = None, [], []
+    for r, reqs in enumerate(rounds):
+        if r % 2 == 0:
+            dev, sim = software(image, regions=2 if r == 0 else None), None
+        else:
+            sim, dev = start(image, tmp_path, f"round{r}")
+            dev.wait_ready()
+        try:
+            sched = Scheduler(model, dev, chunk=16, sessions=sessions, keep_turns=1)
+            for req in reqs:
+                outs.append(sched.request(*req))
+                paths.append(sched.events[-1]["path"])
+            sessions = sched.sessions
+            assert [h.key for h in dev.holdings()] == [sessions["u"].key]
+        finally:
+            if sim is not None:
+                sim.stop()
+            else:
+                dev.close()
+    plan = [req for reqs in rounds for req in reqs]
+    assert outs == plain_run(model, plan, golden, chunk=16)
+    assert paths == ["first", "continue"] + ["hit", "continue"] * (len(rounds) - 1)
+    assert len(sessions["u"].tokens) > 2 * CONFIG.window
