@@ -164,8 +164,12 @@ class _FileCard:
         except OSError as e:
             raise StorageError(f"cannot open the card image {path}: {e.strerror}",
                                hint="check the path and its permissions") from None
+
+    def extend(self) -> None:
+        """A new or shorter image grows to its regions (zeros: holes where the file system has
+        them); called once the image was accepted, so a refused file stays as it was."""
         if os.fstat(self.fd).st_size < self.size:
-            os.ftruncate(self.fd, self.size)        # a new or shorter image: zeros (holes)
+            os.ftruncate(self.fd, self.size)
 
     def read(self, lba: int, n: int) -> bytes:
         data = os.pread(self.fd, n * SECTOR, lba * SECTOR)
@@ -323,6 +327,7 @@ class SoftwareDevice(Device):
         self.card = _FileCard(self.image, self.layout, regions, durable=durable)
         try:
             self._recover(blank_check=found is not None)
+            self.card.extend()
         except BaseException:
             self.card.close()
             raise

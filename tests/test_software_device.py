@@ -272,6 +272,8 @@ def test_images_that_are_not_card_images_are_refused_untouched(tmp_path):
                                    count=3, ring_head=2, prefix_hash=5, commit_seq=1):
         card[off * SECTOR:off * SECTOR + len(data)] = data
     cases["foreign.img"] = (bytes(card), ConfigError, r"another configuration.*window: 32 != 16")
+    # a short file of other bytes, whole sectors: not extended to the store's size either
+    cases["short.bin"] = (os.urandom(3 * SECTOR), NotACardImage, "not a card image")
     for name, (content, error, message) in cases.items():
         path = tmp_path / name
         path.write_bytes(content)
