@@ -11,7 +11,7 @@ from conftest import requires_verilator
 from ringkv.defs.config import DEMO_CONFIG
 from ringkv.defs.record import SECTOR, RecordLayout
 from ringkv.host.model import BOS, FixedBackend, Model
-from ringkv.host.record import read_record_bytes
+from ringkv.host.record import RecordError, read_record_bytes
 
 CONFIG = DEMO_CONFIG
 LAY = RecordLayout(CONFIG)
@@ -113,7 +113,7 @@ def test_software_image_served_by_the_board(model, tmp_path):
     same rings. Then a record of another software device is copied into the board
     (``write_record``): it hits there too, with the same rings and the same payload bytes."""
     image = tmp_path / "soft.img"
-    toks, other = tokens_of(2, 40), tokens_of(3, 20)
+    toks, other = tokens_of(2, 40), tokens_of(3, 50)          # both beyond the window (32)
     dev = software(image, regions=2)
     compute(dev, toks, model)
     key = dev.export(toks)[0]
@@ -134,6 +134,10 @@ def test_software_image_served_by_the_board(model, tmp_path):
         r = fpga.query(toks)
         assert r.hit and (r.count, r.prefix_hash) == key
         assert valid(*fpga.snapshot()) == want
+        damaged = bytearray(copied)
+        damaged[-SECTOR] ^= 1                                     # a K/V byte
+        with pytest.raises(RecordError, match="payload CRC mismatch"):
+            fpga.write_record(bytes(damaged))                     # refused before any request
         assert fpga.write_record(copied) == other_key
         fpga.reset()
         assert fpga.query(other).hit
