@@ -184,3 +184,36 @@ def test_a_conversation_alternates_between_the_software_device_and_the_board(mod
     assert outs == plain_run(model, plan, golden, chunk=16)
     assert paths == ["first", "continue"] + ["hit", "continue"] * (len(rounds) - 1)
     assert len(sessions["u"].tokens) > 2 * CONFIG.window
+
+
+@pytest.mark.slow
+def test_store_decisions_equal_the_boards(model, tmp_path):
+    """The same requests on the software device and on the board, a store of 2 regions for 3
+    conversations (evictions, re-exports, checkpoints): after every request both hold the same
+    records in the same regions, in the same LRU order, with the same commits, and the
+    generated tokens are equal."""
+    from ringkv.host.scheduler import Scheduler
+    rng = np.random.default_rng(8)
+    system = [int(t) for t in rng.integers(1, 256, size=12)]
+    reqs = []
+    for r in range(3):
+        for sid in ("a", "b", "c"):
+            toks = [int(t) for t in rng.integers(1, 256, size=int(rng.integers(3, 9)))]
+            opts = {}
+            if r == 0:
+                toks = [BOS] + system + toks
+                opts["checkpoints"] = (1 + len(system),)
+            reqs.append((sid, toks, 3, opts))
+    soft = software(tmp_path / "soft.img", regions=2)
+    image = tmp_path / "board.img"
+    sim, fpga = start(image, tmp_path, "twin")
+    with sim:
+        fpga.wait_ready()
+        a = Scheduler(model, soft, chunk=16, keep_turns=1)
+        b = Scheduler(model, fpga, chunk=16, keep_turns=1)
+        for sid, toks, n, opts in reqs:
+            assert a.request(sid, toks, n, **opts) == b.request(sid, toks, n, **opts)
+            ea, eb = a.events[-1], b.events[-1]
+            assert (ea["path"], ea["reused"]) == (eb["path"], eb["reused"])
+            assert soft.holdings(tokens=False) == fpga.holdings(tokens=False)
+        assert soft.counters["evictions"] > 0
