@@ -103,6 +103,9 @@ _MISS_REASONS = {
 #: hash collision (another session's tokens may still hit it) or a storage fault.
 _KEEP = (RecordStatus.TOKEN_MISMATCH, RecordStatus.STORAGE)
 
+#: Flushes a file's data to the medium (``fdatasync`` where the system has it, else ``fsync``).
+_datasync = getattr(os, "fdatasync", os.fsync)
+
 #: The first bytes of a Python pickle (protocols 2..5): the store format of older versions.
 _PICKLE_STARTS = tuple(bytes([0x80, p]) for p in range(2, 6))
 
@@ -184,7 +187,7 @@ class _FileCard:
 
     def sync(self) -> None:
         if self.durable:
-            os.fdatasync(self.fd)
+            _datasync(self.fd)
 
     def close(self) -> None:
         if self.fd is not None:
