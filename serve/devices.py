@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 
 from ringkv.host.errors import UsageError
-from ringkv.host.scheduler import SoftwareDevice
+from ringkv.host.software_device import SoftwareDevice
 
 __all__ = ["DeviceHandle", "SoftwareHandle", "LinkHandle", "SimHandle", "parse_device",
            "default_image"]
@@ -96,7 +96,7 @@ class SoftwareHandle(DeviceHandle):
                               image=self.image)
 
     def listing(self, device):
-        return [(count, h) for count, h, *_ in device.listing()]
+        return [h.key for h in device.holdings(tokens=False)]
 
 
 class LinkHandle(DeviceHandle):
