@@ -21,7 +21,16 @@ serves), an edit of it cut back with the scheduler's ``rewind``.
 **Router.** A request goes to the ready device holding its longest stored prefix (by the
 server's index of that device), unless that device's queue is longer than the least loaded
 one's by more than ``max_imbalance`` requests; without a stored prefix it goes to the least
-loaded device (fewest queued and running requests, then the fewest records). The index of a
+loaded device (fewest queued and running requests, then the fewest records). When the device
+holding the prefix is full or too busy, the conversation **moves**: the least loaded device
+serves it, after copying the record of that prefix from the holder (``Device.read_record`` /
+``write_record``, in the card's record format, taken between two of the holder's requests)
+when the prefix is at least ``move_min_tokens`` (64, a prefill chunk) longer than what the
+target holds: a copy moves one record (the tokens and the constant-size K/V rings) where a
+recompute runs the model over every token of the prefix (on a board the copy replays the
+record's K/V through the attention core, as much link traffic as the recompute's attention
+part, without the host's model). A copy that fails (the record evicted meanwhile) leaves the
+request to recompute. The index of a
 device is the set of ``(count, hash)`` keys of its records, with the prefix hash of
 :mod:`ringkv.host.golden_hash` (the device's own): it is read from the device's own listing
 at start, after every recovery, and after every request on a software device (whose listing
@@ -105,6 +114,7 @@ class Job:
     attempts: int = 0
     predicted: int = 0           # the stored prefix the router expected on its device
     routed: float = 0.0          # when the router queued it
+    move: tuple | None = None    # (worker, key): copy that device's record here first
 
     @property
     def stops(self) -> tuple:
@@ -184,6 +194,9 @@ class Worker:
         self.scheduler = None
         self.pinned: OrderedDict = OrderedDict()      # session id -> None, recent last
         self.recoveries = 0
+        #: held while the device serves a request; another worker copying a record out of
+        #: this device takes it between two requests
+        self.device_lock = threading.Lock()
         self._sids = itertools.count()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"ringkv-{self.name}",
@@ -245,7 +258,8 @@ class Worker:
             try:
                 if job.cancelled.is_set():
                     continue
-                self._serve(job)
+                with self.device_lock:
+                    self._serve(job)
             finally:
                 with self.engine.lock:
                     self.load -= 1
@@ -318,6 +332,8 @@ class Worker:
 
         t0 = time.perf_counter()
         try:
+            if job.move is not None:
+                self._copy_in(*job.move)
             out = self.scheduler.request(sid, feed, params.max_tokens, checkpoints=marks,
                                          rewind=rewind, sample=sampler, on_token=on_token)
         except Cancelled:
@@ -348,6 +364,30 @@ class Worker:
         self._account(event, job, result)
         self._forget_sessions(job.session)
         job.sink("done", result)
+
+    def _copy_in(self, holder, key):
+        """Copy the record ``key`` from ``holder``'s device into this one (the conversation
+        moves here); the copy is skipped, and the request recomputes, when the holder is
+        down, busy past a bound, or no longer has the record."""
+        from ringkv.host.errors import ConfigError, StorageError
+        if holder.state != "ready" or not holder.device_lock.acquire(timeout=30):
+            return
+        try:
+            if holder.state != "ready" or holder.device is None:
+                return
+            data = holder.device._device.read_record(key)
+        except (StorageError, ConfigError, NotImplementedError) as e:
+            log.info("%s: record %s not copied from %s (%s)", self.name, key, holder.name, e)
+            return
+        finally:
+            holder.device_lock.release()
+        # the copy may go through the rings (a board replays it into them, then exports)
+        self.scheduler.resident = None
+        new = tuple(self.device._device.write_record(data))
+        with self.lock:
+            self.index.add(new)
+        self.engine.metrics.device_moves.labels(holder.name, self.name).inc()
+        log.info("%s: copied record of %d tokens from %s", self.name, new[0], holder.name)
 
     def _account(self, event, job, result):
         m, name = self.engine.metrics, self.name
@@ -413,7 +453,7 @@ class Engine:
 
     def __init__(self, model, config, handles, metrics, *, chunk: int = 64,
                  max_queue: int = 16, placement: str = "prefix", max_imbalance: int = 4,
-                 max_sessions: int = 256):
+                 max_sessions: int = 256, move_min_tokens: int = 64):
         if placement not in PLACEMENTS:
             raise UsageError(f"placement must be one of {', '.join(PLACEMENTS)}, not "
                              f"{placement!r}", param="--placement")
@@ -424,6 +464,7 @@ class Engine:
         self.model, self.config, self.metrics = model, config, metrics
         self.chunk, self.max_queue, self.placement = chunk, max_queue, placement
         self.max_imbalance, self.max_sessions = max_imbalance, max_sessions
+        self.move_min_tokens = move_min_tokens
         self.lock = threading.Lock()
         self.workers = [Worker(self, h, i) for i, h in enumerate(handles)]
         self.hasher = PrefixHasher(hash_seed(config))
@@ -453,16 +494,18 @@ class Engine:
         return False
 
     def _matches(self, job, workers) -> dict:
+        """``{worker: (count, key)}``: each device's longest stored prefix of the request."""
         tokens = job.prompt.tokens
         limit = len(tokens) - 1
         if limit < 1:
-            return {w: 0 for w in workers}
+            return {w: (0, None) for w in workers}
         hashes = self.hasher.hashes(tokens, limit, job.prompt.checkpoints)
         out = {}
         for w in workers:
             with w.lock:
                 keys = list(w.index)
-            out[w] = max((c for c, h in keys if c <= limit and hashes[c - 1] == h), default=0)
+            c = max((c for c, h in keys if c <= limit and hashes[c - 1] == h), default=0)
+            out[w] = (c, (c, hashes[c - 1]) if c else None)
         return out
 
     def _choose(self, job, ready):
@@ -472,24 +515,32 @@ class Engine:
                              f"queued or running", hint="retry later")
         pinned = self.pins.get(job.session) if job.session is not None else None
         if pinned in open_:
-            job.predicted = self._matches(job, [pinned])[pinned]
+            job.predicted = self._matches(job, [pinned])[pinned][0]
             return pinned
         if self.placement == "round-robin":
             n = next(self._turn)
             order = sorted(open_, key=lambda w: (w.number - n) % len(self.workers))
             choice = order[0]
-            job.predicted = self._matches(job, [choice])[choice]
+            job.predicted = self._matches(job, [choice])[choice][0]
             return choice
         least = min(open_, key=lambda w: (w.load, len(w.index), w.number))
         if self.placement == "least-loaded":
-            job.predicted = self._matches(job, [least])[least]
+            job.predicted = self._matches(job, [least])[least][0]
             return least
-        matches = self._matches(job, open_)
-        best = max(open_, key=lambda w: (matches[w], -w.load, -w.number))
-        if matches[best] == 0 or best.load - least.load > self.max_imbalance:
-            best = least
-        job.predicted = matches[best]
-        return best
+        matches = self._matches(job, ready)
+        holder = max(ready, key=lambda w: (matches[w][0], w in open_, -w.load, -w.number))
+        count = matches[holder][0]
+        if count and holder in open_ and holder.load - least.load <= self.max_imbalance:
+            job.predicted = count
+            return holder
+        # the device holding the prefix is full or too busy: the least loaded one serves,
+        # and gets a copy of the record first when that saves enough prefill
+        job.predicted = matches[least][0]
+        if holder is not least and self.move_min_tokens and \
+                count - matches[least][0] >= self.move_min_tokens:
+            job.move = (holder, matches[holder][1])
+            job.predicted = count
+        return least
 
     def submit(self, job: Job):
         """Route ``job`` to a device's queue; :class:`Overloaded` or

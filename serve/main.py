@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-imbalance", type=int, default=4,
                    help="requests by which the device holding a prefix may be busier than the "
                         "least loaded one and still get the request")
+    p.add_argument("--move-min-tokens", type=int, default=64,
+                   help="copy a conversation's record to the device that serves it when that "
+                        "saves at least this many tokens of prefill (0: never copy)")
     p.add_argument("--model-name", default=None,
                    help="the model's id in the API (default ringkv-kjv, or ringkv-random)")
     p.add_argument("--timeout", type=float, default=60.0, help="link timeout (s)")
@@ -121,7 +124,8 @@ def build_server(args):
         metrics.add_device(h.name)
     engine = Engine(model, config, handles, metrics, chunk=args.chunk,
                     max_queue=args.max_queue, placement=args.placement,
-                    max_imbalance=args.max_imbalance)
+                    max_imbalance=args.max_imbalance,
+                    move_min_tokens=args.move_min_tokens)
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
     app = create_app(engine, model_name=name,
                      fingerprint="ringkv-" + config.digest().hex()[:12])

@@ -15,6 +15,7 @@ turn), ``ringkv_tokens_prefilled_total`` (computed) and, of those,
 ``ringkv_device_misses_total`` (that found none), ``ringkv_device_prefix_hits_total`` (that
 imported a longest stored prefix), ``ringkv_device_requests_total{path}``,
 ``ringkv_device_exports_total``, ``ringkv_device_recoveries_total``,
+``ringkv_device_moves_total{source,device}`` (records copied in from another device),
 ``ringkv_device_queue_depth``, ``ringkv_device_up``, ``ringkv_device_records`` (the index).
 
 Each server has its own registry, so that several run in one process (the tests).
@@ -83,6 +84,9 @@ class Metrics:
         self.device_recoveries = Counter("ringkv_device_recoveries",
                                          "times the device was reopened after a failure", d,
                                          registry=r)
+        self.device_moves = Counter("ringkv_device_moves",
+                                    "records copied from one device to another (a "
+                                    "conversation moved)", ["source", "device"], registry=r)
         self.device_queue = Gauge("ringkv_device_queue_depth",
                                   "requests queued or running on the device", d, registry=r)
         self.device_up = Gauge("ringkv_device_up", "1 when the device serves, 0 when not", d,

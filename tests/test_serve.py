@@ -297,3 +297,35 @@ def test_index_rebuilt_from_the_image_after_a_restart(tmp_path):
         r2 = srv.client.chat.completions.create(model=srv.name, messages=msgs2,
                                                 max_tokens=6, temperature=0)
         assert r2.usage.prompt_tokens_details.cached_tokens > len(chat_prompt(msgs).tokens)
+
+
+def test_a_conversation_moves_with_its_record_when_its_device_is_full():
+    """The device holding a conversation is busy to its bound: the next turn goes to the
+    other device, which first copies the conversation's record from it (and imports it)."""
+    with running("--device", "software", "--device", "software", "--max-queue", "1") as srv:
+        msgs = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Who went up to the mountain of God?"}]
+        r1 = httpx.post(srv.base + "/v1/chat/completions", json={
+            "messages": msgs, "max_tokens": 12, "temperature": 0})
+        holder = r1.headers["x-ringkv-device"]
+        prompt = list(chat_prompt(msgs).tokens)
+        # the same tokens as a completion without a stop: a long request on the holder
+        with httpx.stream("POST", srv.base + "/v1/completions", json={
+                "prompt": prompt, "max_tokens": 600, "temperature": 0.7,
+                "stream": True}) as busy:
+            assert busy.headers["x-ringkv-device"] == holder
+            lines = busy.iter_lines()             # (kept: closing it would end the request)
+            next(lines)
+            msgs2 = msgs + [{"role": "assistant",
+                             "content": r1.json()["choices"][0]["message"]["content"]},
+                            {"role": "user", "content": "And what did he see?"}]
+            r2 = httpx.post(srv.base + "/v1/chat/completions", json={
+                "messages": msgs2, "max_tokens": 12, "temperature": 0})
+        assert r2.status_code == 200 and r2.headers["x-ringkv-device"] != holder
+        assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > len(prompt)
+        assert r2.json()["choices"][0]["message"]["content"] == _text(
+            _reference(srv.engine, chat_prompt(msgs2).tokens, 12))
+        moves = [x for x in httpx.get(srv.base + "/metrics").text.splitlines()
+                 if x.startswith("ringkv_device_moves_total")]
+        assert moves == [f'ringkv_device_moves_total{{device="{r2.headers["x-ringkv-device"]}"'
+                         f',source="{holder}"}} 1.0'], moves
