@@ -8,7 +8,7 @@ The model is the trained one shipped for the configuration's shape (``--weights 
 another, ``--random`` for the untrained one); devices as :mod:`ringkv.serve.devices` describes.
 uvicorn serves the application in this process; Ctrl-C or SIGTERM stops it cleanly (uvicorn's
 own signal handling: open requests end, the workers stop, simulators started here are
-stopped).
+stopped) and the command exits with status 130.
 """
 
 import argparse
@@ -17,7 +17,7 @@ import logging
 import sys
 
 from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
-from ringkv.host.errors import ConfigError, RingKVError, UsageError
+from ringkv.host.errors import ConfigError, ExitCode, RingKVError, UsageError
 
 __all__ = ["main", "build_parser", "build_server", "NUMERICS_CHOICES"]
 
@@ -144,12 +144,21 @@ def main(argv=None) -> int:
     import uvicorn
     log.info("serving %s on http://%s:%d/v1 with %d device(s): %s", name, args.host, args.port,
              len(engine.workers), ", ".join(w.name for w in engine.workers))
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.log_level,
+                                           access_log=args.log_level == "debug"))
+    import signal
+    # uvicorn handles SIGINT/SIGTERM itself (a clean shutdown) and then raises the signal
+    # again for the handler that was there before: this one lets the command end normally
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    access_log=args.log_level == "debug")
+        server.run()
     except KeyboardInterrupt:
-        return 130
-    return 0
+        return int(ExitCode.INTERRUPTED)
+    if not server.started:
+        return int(ExitCode.FAILURE)          # the port is taken (uvicorn said so)
+    # uvicorn stops only on SIGINT or SIGTERM: the command's interruption
+    return int(ExitCode.INTERRUPTED)
 
 
 if __name__ == "__main__":

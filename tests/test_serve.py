@@ -329,3 +329,46 @@ def test_a_conversation_moves_with_its_record_when_its_device_is_full():
                  if x.startswith("ringkv_device_moves_total")]
         assert moves == [f'ringkv_device_moves_total{{device="{r2.headers["x-ringkv-device"]}"'
                          f',source="{holder}"}} 1.0'], moves
+
+
+def test_ringkv_serve_command_on_the_default_card_image(tmp_path):
+    """``ringkv serve`` as a user starts it: no ``--device`` is the software device on a card
+    image in the user's data directory; SIGTERM stops it cleanly (exit 130, the interruption's
+status); a bad ``--device``
+    is one line and exit status 2."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"))
+    cmd = [sys.executable, "-m", "ringkv.cli", "serve", "--config", "demo", "--port",
+           str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        r = httpx.post(base + "/v1/completions", timeout=60, json={
+            "model": "ringkv-kjv", "prompt": "And Abraham", "max_tokens": 4})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        assert (tmp_path / "data" / "ringkv" / "card.img").stat().st_size > 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 130
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    bad = subprocess.run([*cmd[:-4], "--device", "ftp://x"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "ringkv serve: --device 'ftp://x'" in bad.stderr
+    assert "Traceback" not in bad.stderr
