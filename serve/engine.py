@@ -361,9 +361,9 @@ class Worker:
             reused=event["reused"], resident=resident, prefilled=event["prefilled"],
             recomputed=event["recomputed"], path=event["path"], device=self.name,
             scheduler_s=elapsed, queue_s=queue_s)
+        job.sink("done", result)             # the answer first, the bookkeeping after
         self._account(event, job, result)
         self._forget_sessions(job.session)
-        job.sink("done", result)
 
     def _copy_in(self, holder, key):
         """Copy the record ``key`` from ``holder``'s device into this one (the conversation
