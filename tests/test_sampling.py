@@ -119,3 +119,28 @@ def test_chat_template_and_its_checkpoints():
     assert completion_prompt([5, 256]).tokens == (5, 256)
     with pytest.raises(UsageError, match="0..256"):
         completion_prompt([300])
+
+
+def test_chat_samples_with_a_seed_and_stops_at_a_stop_sequence(monkeypatch, capsys):
+    """``ringkv chat`` with the sampling options: a seed replays the same answer, another
+    seed gives another; ``/retry`` samples again; ``--stop`` cuts the answer before it."""
+    import io
+
+    from ringkv.cli import main
+
+    def chat(*opts):
+        monkeypatch.setattr("sys.stdin", io.StringIO("And the LORD said unto Moses,\n/retry\n"))
+        assert main(["chat", "--config", "demo", "--max-tokens", "24", *opts]) == 0
+        return [x.split("] ", 1)[1] for x in capsys.readouterr().out.splitlines()
+                if x.startswith("[default")]
+
+    a = chat("--temperature", "0.9", "--seed", "5")
+    assert a == chat("--temperature", "0.9", "--seed", "5")
+    assert a != chat("--temperature", "0.9", "--seed", "6") and a[0] != a[1]
+    greedy = chat()
+    stop = greedy[0][3:5]
+    cut = chat("--stop", stop)
+    assert cut[0] == greedy[0][:greedy[0].index(stop)] and len(cut[0]) < len(greedy[0])
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["chat", "--config", "demo", "--top-p", "0"]) == 2
+    assert "--top-p" in capsys.readouterr().err
