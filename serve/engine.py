@@ -361,8 +361,9 @@ class Worker:
             reused=event["reused"], resident=resident, prefilled=event["prefilled"],
             recomputed=event["recomputed"], path=event["path"], device=self.name,
             scheduler_s=elapsed, queue_s=queue_s)
-        job.sink("done", result)             # the answer first, the bookkeeping after
-        self._account(event, job, result)
+        self._account(event, result)
+        job.sink("done", result)             # the answer first, the index after
+        self._update_index(event, job, result)
         self._forget_sessions(job.session)
 
     def _copy_in(self, holder, key):
@@ -389,7 +390,7 @@ class Worker:
         self.engine.metrics.device_moves.labels(holder.name, self.name).inc()
         log.info("%s: copied record of %d tokens from %s", self.name, new[0], holder.name)
 
-    def _account(self, event, job, result):
+    def _account(self, event, result):
         m, name = self.engine.metrics, self.name
         m.device_requests.labels(name, event["path"]).inc()
         if event["path"] in ("hit", "prefix"):
@@ -403,6 +404,9 @@ class Worker:
         m.tokens_prefilled.inc(result.prefilled)
         m.tokens_recomputed.inc(result.recomputed)
         m.scheduler_seconds.observe(result.scheduler_s)
+
+    def _update_index(self, event, job, result):
+        m, name = self.engine.metrics, self.name
         if self.handle.kind == "software":
             self._resync()
         elif event["path"] in ("prefix", "first", "miss") and result.reused != job.predicted:

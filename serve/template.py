@@ -20,7 +20,9 @@ token stream, and the device resumes it from its turn snapshot.
 Every message boundary is a **checkpoint** position: the end of the system message (shared by
 every conversation behind it) and the end of each later message (where an edited or
 regenerated message forks off). A completion's text prompt gets a BOS in front, like
-llama.cpp's server; a prompt given as token ids is taken as it is.
+llama.cpp's server; a prompt given as token ids is taken as it is; a completion prompt's
+checkpoint is one token before its end, so that the same prompt sent again (another sample,
+another ``max_tokens``) resumes from all of it but that token.
 """
 
 import codecs
@@ -89,6 +91,13 @@ def chat_prompt(messages) -> Prompt:
     return Prompt(tuple(tokens), tuple(marks))
 
 
+def _with_end_mark(tokens: tuple) -> Prompt:
+    """A completion prompt with a checkpoint one token before its end: the longest prefix a
+    request with the same prompt can resume from (the last token must go through the model
+    for the first generated token's logits)."""
+    return Prompt(tokens, (len(tokens) - 1,) if len(tokens) > 1 else ())
+
+
 def completion_prompt(prompt) -> Prompt:
     """The ``prompt`` of ``/v1/completions``: a string (BOS in front), a list of token ids
     (0..255 bytes, 256 BOS), or a list of one of either."""
@@ -97,14 +106,14 @@ def completion_prompt(prompt) -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
             raise UsageError("prompt must not be empty", param="prompt")
-        return Prompt((BOS, *prompt.encode("utf-8")))
+        return _with_end_mark((BOS, *prompt.encode("utf-8")))
     if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < VOCAB]
         if bad:
             raise UsageError(f"prompt token ids must be 0..{VOCAB - 1} (bytes, {BOS} = BOS), "
                              f"not {bad[0]}", param="prompt")
-        return Prompt(tuple(prompt))
+        return _with_end_mark(tuple(prompt))
     if isinstance(prompt, list) and len(prompt) > 1:
         raise UsageError("one prompt per request (a batch of prompts is not supported)",
                          param="prompt")

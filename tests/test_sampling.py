@@ -9,7 +9,7 @@ from ringkv.host.errors import UsageError
 from ringkv.host.model import FixedBackend, Model
 from ringkv.host.sampling import Sampler, SamplingParams
 from ringkv.host.scheduler import Scheduler, SoftwareDevice, plain_run
-from ringkv.serve.template import TextStream, chat_prompt, completion_prompt
+from ringkv.serve.template import Prompt, TextStream, chat_prompt, completion_prompt
 
 
 def _logits(seed=0):
@@ -115,7 +115,7 @@ def test_chat_template_and_its_checkpoints():
         with pytest.raises(UsageError) as e:
             chat_prompt(bad)
         assert e.value.param == param
-    assert completion_prompt("ab").tokens == (256, 97, 98)
+    assert completion_prompt("ab") == Prompt((256, 97, 98), (2,))
     assert completion_prompt([5, 256]).tokens == (5, 256)
     with pytest.raises(UsageError, match="0..256"):
         completion_prompt([300])
