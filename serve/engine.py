@@ -122,13 +122,14 @@ class Job:
 
 
 class PrefixHasher:
-    """Prefix hashes of prompts for the router, remembering the hash state at checkpoint
-    positions (message ends) of recent prompts, so that a conversation's next turn hashes
-    only what it adds."""
+    """Prefix hashes of prompts for the router, remembering the hashes up to the last
+    checkpoint position (message end) of recent prompts, so that a conversation's next turn
+    hashes only what it adds; at most ``size`` prompts and ``budget`` hashes in all."""
 
-    def __init__(self, seed: int, size: int = 512):
-        self.seed, self.size = seed, size
+    def __init__(self, seed: int, size: int = 512, budget: int = 1 << 21):
+        self.seed, self.size, self.budget = seed, size, budget
         self.known: OrderedDict = OrderedDict()   # tokens[:p] as bytes -> (h_1 .. h_p)
+        self.held = 0                             # hashes held in all (at most ``budget``)
 
     @staticmethod
     def _key(tokens) -> bytes:
@@ -150,10 +151,13 @@ class PrefixHasher:
         for t in tokens[start:limit]:
             h = hash_step(h, t)
             out.append(h)
-        if marks and marks[-1] > start:
-            self.known[self._key(tokens[:marks[-1]])] = tuple(out[:marks[-1]])
-            while len(self.known) > self.size:
-                self.known.popitem(last=False)
+        if marks and marks[-1] > start and marks[-1] <= self.budget:
+            key = self._key(tokens[:marks[-1]])
+            if key not in self.known:
+                self.known[key] = tuple(out[:marks[-1]])
+                self.held += marks[-1]
+            while len(self.known) > self.size or self.held > self.budget:
+                self.held -= len(self.known.popitem(last=False)[1])
         return out
 
 

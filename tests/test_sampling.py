@@ -144,3 +144,20 @@ def test_chat_samples_with_a_seed_and_stops_at_a_stop_sequence(monkeypatch, caps
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
     assert main(["chat", "--config", "demo", "--top-p", "0"]) == 2
     assert "--top-p" in capsys.readouterr().err
+
+
+def test_router_prefix_hashes_equal_the_devices_and_reuse_a_known_prefix():
+    from ringkv.defs.hash import hash_seed
+    from ringkv.host.golden_hash import prefix_hashes
+    from ringkv.serve.engine import PrefixHasher
+    seed = hash_seed(DEMO_CONFIG)
+    h = PrefixHasher(seed, size=2, budget=100)
+    a = [256] + list(b"System: be brief.\n\nUser: who?\n\n")
+    assert h.hashes(a, len(a) - 1, (18, 31)) == prefix_hashes(a[:-1], seed)
+    assert h.held == 31 and len(h.known) == 1
+    b = a + list(b"Assistant: he.\n\nUser: and?\n\n")
+    assert h.hashes(b, len(b), (18, 31, len(b))) == prefix_hashes(b, seed)
+    assert h.held == 31 + len(b)
+    c = [256] + list(b"x" * 80)
+    h.hashes(c, len(c), (len(c),))                 # over the budget: the oldest go
+    assert h.held <= 100 and len(h.known) <= 2
