@@ -54,8 +54,18 @@ from . import errors
 from .errors import ConfigError, DeviceError
 from .golden_fixed import dequantize_out, quantize
 from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
-from .record import plan_rebuild, rings_from_image, scan_image
-from .scheduler import Device, QueryResult
+from .record import (
+    RecordError,
+    decode_header,
+    decode_payload,
+    kind_name,
+    plan_rebuild,
+    read_record_bytes,
+    record_writes,
+    rings_from_image,
+    scan_image,
+)
+from .scheduler import Device, Holding, QueryResult
 
 __all__ = ["FpgaDevice", "ConfigMismatch", "DeviceNotReady", "STORAGE_ERRORS",
            "PREFIX_RETRIES"]
@@ -433,6 +443,139 @@ class FpgaDevice(Device):
             self._call(Op.DIR_INSERT, count=count, hash=h, region=region, flags=FLAG_EXISTING)
         self.last_rebuild = plan
         return plan.inserts, plan.frees, plan.next_seq
+
+    # -- what the device holds; records copied between devices --------------------------------
+    def holdings(self, *, tokens: bool = True) -> list[Holding]:
+        """The live records of the device's own directory, least recently used first (after
+        its recovery: a scan still running answers :class:`DeviceNotReady`).
+
+        Cost: ``VERSION``, ``ALLOC_STATUS``, one ``DIR_READ`` per directory link (the table
+        is read whole; a free link answers ``BAD_ARG``), then per live record one
+        ``SECTOR_READ`` of its header (kind, commit sequence) and, with ``tokens``, one per
+        512 bytes of its tokens (``ceil(count * token_bytes / 512)``): about
+        ``links * 49 + records * (1 + T) * 531`` bytes over the link (requests and answers,
+        frame overheads included) for ``T`` token sectors
+        per record. Nothing is computed and the stamps (LRU order) do not change.
+        """
+        info = self.version()
+        now = RESPONSES[Op.ALLOC_STATUS].unpack(self._call(Op.ALLOC_STATUS))["dir_now"]
+        lay = RecordLayout(self.config)
+        rows = []
+        for link in range(info["links"]):
+            try:
+                data = self._call(Op.DIR_READ, link=link)
+            except DeviceError as e:            # BAD_ARG: a free link (NOT_LIVE)
+                if e.status != Status.BAD_ARG:
+                    raise
+                continue
+            rows.append(DIR_RESPONSE.unpack(data))
+        rows.sort(key=lambda r: (now - r["stamp"]) & 0xFFFFFFFF, reverse=True)
+        out = []
+        for r in rows:
+            lba = info["base_lba"] + lay.region_lba(r["region"])
+            try:
+                h = decode_header(self.read_sectors(lba, 1), self.config)
+                kind, seq = kind_name(h.kind), h.commit_seq
+            except RecordError:
+                kind, seq = "corrupt", None     # its next QUERY misses and deletes it
+            toks = None
+            if tokens and seq is not None:
+                raw = self.read_sectors(lba + 1, lay.token_sectors(r["count"]))
+                toks = tuple(unpack_tokens(self.config, raw[:r["count"] * self._tb]))
+            out.append(Holding(r["count"], r["hash"], kind, r["region"], toks, seq))
+        return out
+
+    def read_record(self, key) -> bytes:
+        """The record of ``key = (count, hash)`` in the card format
+        (:func:`~ringkv.host.record.read_record_bytes`), read with ``SECTOR_READ`` and checked
+        here like an import (header, configuration, payload CRC). ``DIR_LOOKUP`` finds its
+        region (a lookup is a use: the record becomes the most recently used). Cost: one
+        ``SECTOR_READ`` per sector of the record, ``RecordLayout.record_bytes(count) / 512``
+        requests (the demo configuration: 1 + 1 + 4 for 128 tokens). Raises
+        StorageError (:mod:`ringkv.host.errors`) when the device holds no such record or it
+        does not verify."""
+        count, h = key
+        status, data = self._request(Op.DIR_LOOKUP, REQUESTS[Op.DIR_LOOKUP].pack(
+            count=count, hash=h), ok=(Status.OK, Status.MISS))
+        if status != Status.OK:
+            raise errors.StorageError(f"the device holds no record of {count} tokens with hash "
+                               f"{h:#018x}")
+        region = DIR_RESPONSE.unpack(data)["region"]
+        lay = RecordLayout(self.config)
+        base = self.version()["base_lba"] + lay.region_lba(region)
+        sectors = {0: self.read_sectors(base, 1)}
+        try:
+            n = decode_header(sectors[0], self.config).count
+        except RecordError as e:
+            raise errors.StorageError(f"region {region}: {e}") from None
+        for first, k in ((1, lay.token_sectors(n)), (lay.kv_sector, lay.kv_sectors(n))):
+            for i in range(k):
+                sectors[first + i] = self.read_sectors(base + first + i, 1)
+
+        def read(lba, k):
+            return b"".join(sectors.get(lba - lay.region_lba(region) + i, bytes(SECTOR))
+                            for i in range(k))
+        record = read_record_bytes(self.config, read, region)
+        if decode_header(record[:SECTOR], self.config).prefix_hash != h:
+            raise errors.StorageError(f"region {region} holds another record than the "
+                                      "directory says")
+        return record
+
+    def write_record(self, data: bytes) -> tuple:
+        """Store a record copied from another device: the gateware has no sector write, so the
+        record's K/V go back into the rings and the device exports them itself.
+
+        The record is checked first (:func:`~ringkv.host.record.record_writes`: length,
+        header, configuration, payload CRC; a :class:`~ringkv.host.record.RecordError`
+        otherwise, before anything is sent). Then ``RING_CLEAR``, ``TOKENS_WRITE`` of its
+        tokens, and per layer one ``ATTN_PREFILL`` of ``count`` tokens whose K/V are the
+        record's (the tokens before the window's ``min(count, W)``, which the rings do not
+        keep, with zero K/V; the queries are zero and the outputs unused), so that every ring
+        holds ``count`` tokens with the record's K/V in its valid slots; then ``EXPORT`` of its
+        kind: the device writes the record (payload first, header last, its own commit
+        sequence) and its directory knows it. The new record's K/V area equals the copied
+        one's byte for byte; its hash is checked against the copy's.
+
+        Cost: the link traffic of the attention part of a recompute of ``count`` tokens
+        (``count * (Hq + 2*Hkv) * d * EB`` bytes per layer in, ``count * Hq * d * 2`` out) and
+        one export; the host's model is not run. The rings and token memory then hold the
+        copied record's state (as after an import). Returns its key."""
+        header, _ = record_writes(self.config, data)
+        c, n = self.config, header.count
+        if n == 0:
+            raise RecordError(RecordStatus.BAD_HEADER, "a record of no tokens holds nothing "
+                              "to resume", header)
+        lay = RecordLayout(c)
+        tok_end = SECTOR * (1 + lay.token_sectors(n))
+        tok, kv = data[SECTOR:tok_end], data[tok_end:]
+        tokens, _, k, v = decode_payload(c, header, tok[:header.token_bytes],
+                                         kv[:header.k_bytes + header.v_bytes])
+        bits = 8 * self.numerics.elem_bytes
+
+        def signed(words):
+            w = np.asarray(words).astype(np.int64)
+            return w - ((w >> (bits - 1)) << bits)
+        valid = min(n, c.window)
+        self.reset()
+        self.write_tokens(tokens)
+        q = np.zeros((n, c.q_heads, c.head_dim), dtype=np.int64)
+        for layer in range(c.layers):
+            ki = np.zeros((n, c.kv_heads, c.head_dim), dtype=np.int64)
+            vi = np.zeros_like(ki)
+            ki[n - valid:] = np.transpose(signed(k[layer]), (1, 0, 2))
+            vi[n - valid:] = np.transpose(signed(v[layer]), (1, 0, 2))
+            self._attend(Op.ATTN_PREFILL, layer, q, ki, vi)
+        kind = header.kind if header.kind in {x.value for x in RecordKind} else 0
+        r = SNAPSHOT_RESPONSE.unpack(self._request(
+            Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=n, kind=kind))[1])
+        if r["hash"] != header.prefix_hash:
+            raise errors.StorageError(
+                f"the copied record's hash {header.prefix_hash:#018x} is not the device's "
+                f"{r['hash']:#018x} for its tokens (another hash seed?)")
+        self.counters["exports"] += 1
+        self.counters["bytes_out"] += r["bytes"]
+        self.counters["device_cycles"] += r["cycles"]
+        return (n, r["hash"])
 
     # -- AttentionBackend -------------------------------------------------------------------
     @property

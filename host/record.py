@@ -77,7 +77,7 @@ __all__ = [
     "ring_image", "rings_from_image", "encode_payload", "encode_record", "decode_payload",
     "import_record", "RecordInfo", "scan_region", "scan_image", "RebuildPlan", "plan_rebuild",
     "rebuild", "format_listing", "fsck_report", "HeaderInfo", "check_header", "scan_headers",
-    "RecoveryPlan", "plan_recovery", "kind_name", "main",
+    "RecoveryPlan", "plan_recovery", "kind_name", "read_record_bytes", "record_writes", "main",
 ]
 
 def crc32(data: bytes) -> int:
@@ -601,6 +601,62 @@ def plan_recovery(infos: list[HeaderInfo], links: int | None = None) -> Recovery
     next_seq = 1 if newest is None else seq_next(newest)
     return RecoveryPlan(commands, reads, inserts, frees, len(reasons), len(inserts),
                         next_seq, reasons)
+
+
+def read_record_bytes(config, read, region) -> bytes:
+    """One verified record as it moves between devices: its header sector, then its token
+    sectors, then its K/V sectors, each area as long as the record's count needs
+    (``RecordLayout.record_bytes(count)`` bytes; the unused rest of the token area is left
+    out). ``read(lba, n)`` reads the region's store. Raises :class:`RecordError` when the
+    region's record fails a check (header, configuration, payload CRC)."""
+    lay = RecordLayout(config)
+    status, h, _, message = _import(config, read, region)
+    if status is not RecordStatus.OK:
+        raise RecordError(status, f"region {region}: {message}", h)
+    base = lay.region_lba(region)
+    out = read(base, 1 + lay.token_sectors(h.count))
+    if h.count:
+        out += read(base + lay.kv_sector, lay.kv_sectors(h.count))
+    return bytes(out)
+
+
+def record_writes(config, data: bytes, *, commit_seq: int | None = None) -> tuple[Header, list]:
+    """Check a record of :func:`read_record_bytes` and give the sector writes that store it in a
+    region: ``(header, [(sector offset in region, bytes)])`` in write order, payload first and
+    header last (like :func:`encode_record`). ``commit_seq`` re-stamps the header with the
+    receiving store's sequence number (the header CRC is recomputed; the payload is unchanged).
+
+    The bytes are untrusted: a record whose length, header or payload CRC does not check out
+    raises :class:`RecordError` (``FOREIGN_CONFIG`` for a record of another configuration,
+    naming the differing fields), and nothing is written from it.
+    """
+    lay = RecordLayout(config)
+    data = bytes(data)
+    if len(data) < SECTOR or len(data) % SECTOR:
+        raise RecordError(RecordStatus.BAD_HEADER,
+                          f"a record is whole 512-byte sectors, not {len(data)} bytes")
+    h = decode_header(data[:SECTOR], config)
+    if len(data) != lay.record_bytes(h.count):
+        raise RecordError(RecordStatus.BAD_PAYLOAD_CRC,
+                          f"a record of {h.count} tokens is {lay.record_bytes(h.count)} bytes, "
+                          f"not {len(data)} (torn or truncated)", h)
+    tok_end = SECTOR * (1 + lay.token_sectors(h.count))
+    tok, kv = data[SECTOR:tok_end], data[tok_end:]
+    if crc32(tok[:h.token_bytes] + kv[:h.k_bytes + h.v_bytes]) != h.payload_crc:
+        raise RecordError(RecordStatus.BAD_PAYLOAD_CRC,
+                          "payload CRC mismatch (torn or corrupt payload)", h)
+    header = bytearray(data[:SECTOR])
+    if commit_seq is not None:
+        put_field(header, "commit_seq", commit_seq % SEQ_MOD)
+        put_field(header, "header_crc", crc32(header[:508]))
+        h.commit_seq = commit_seq % SEQ_MOD
+    writes = []
+    if tok:
+        writes.append((1, tok))
+    if kv:
+        writes.append((lay.kv_sector, kv))
+    writes.append((0, bytes(header)))
+    return h, writes
 
 
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:

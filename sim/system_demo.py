@@ -127,7 +127,7 @@ def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16
     fixed-point core's model as the rings, a store of ``regions`` records): the same scheduler;
     a power cut keeps the store, a move starts a device whose store holds only the moved
     session's record. Returns the scheduler and the generated tokens per request."""
-    from ringkv.host.scheduler import SoftwareDevice
+    from ringkv.host.software_device import SoftwareDevice
 
     def device():
         return SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes),
@@ -142,7 +142,7 @@ def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16
             if label.startswith("move"):
                 key = sched.sessions[label.split()[1]].key
                 moved = device()
-                moved.records[key] = dev.records[key]
+                moved.write_record(dev.read_record(key))    # the record, copied as bytes
                 dev = sched.device = moved
             continue
         outs.append(sched.request(sid, tokens, n_new, **(opts[0] if opts else {})))

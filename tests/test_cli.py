@@ -71,7 +71,7 @@ def test_chat_prints_text_and_resumes_a_session(tmp_path, monkeypatch, capsys):
     on from its tokens."""
     import io
     image = str(tmp_path / "chat.img")
-    args = ["chat", "--config", "demo", "--image", image, "--tokens", "12"]
+    args = ["chat", "--config", "demo", "--backend", "fixed", "--image", image, "--tokens", "12"]
     monkeypatch.setattr("sys.stdin", io.StringIO("And the LORD said unto Moses,\n/quit\n"))
     assert main(args) == 0
     first = capsys.readouterr().out

@@ -96,16 +96,16 @@ def test_query_prefix_collision_skipped_foreign_config_misses(model):
     k25 = _stored(dev, tokens, 25, model)
     # the longest key's record holds other tokens (as a hash collision would): skipped
     rec = dev.records[k25]
-    rec["tokens"] = rec["tokens"][:5] + (999,) + rec["tokens"][6:]
+    rec.tokens = rec.tokens[:5] + (999,) + rec.tokens[6:]
     r = dev.query_prefix(tokens, 30)
     assert (r.hit, r.count) == (True, 10)
     # every candidate collides: a miss saying why
-    dev.records[k10]["tokens"] = (7,) * 10
+    dev.records[k10].tokens = (7,) * 10
     r = dev.query_prefix(tokens, 30)
     assert (r.hit, r.reason) == (False, "tokens differ")
     # a record of a foreign configuration: a miss
-    dev.records[k25]["tokens"] = tuple(tokens[:25])
-    dev.records[k25]["digest"] = b"\0" * 32
+    dev.records[k25].tokens = tuple(tokens[:25])
+    dev.records[k25].digest = b"\0" * 32
     assert dev.query_prefix(tokens, 30) == QueryResult(False, 0, r.prefix_hash,
                                                        "foreign config")
 
@@ -122,8 +122,8 @@ def test_export_refuses_rings_or_tokens_out_of_step(model):
         dev.export([BOS, 5, 9])
     with pytest.raises(ValueError, match=r"^export needs at least one token$"):
         dev.export([])
-    assert dev.export(tokens[:3])[0] == dev.key_of(tokens[:3]) and not dev.records[
-        dev.key_of(tokens[:3])]["kind"] == "checkpoint"
+    assert dev.export(tokens[:3])[0] == dev.key_of(tokens[:3])
+    assert dev.listing() == [(*dev.key_of(tokens[:3]), "turn")]
 
 
 # -- the scheduler ------------------------------------------------------------------------
@@ -337,9 +337,9 @@ def test_checkpoint_evicted_or_failing_is_a_miss(model):
         outs = _play(sched, reqs[:3])
         key = next(iter(sched.checkpoint_keys))
         if damage == "tokens":
-            dev.records[key]["tokens"] = (BOS,) + (0,) * 25
+            dev.records[key].tokens = (BOS,) + (0,) * 25
         elif damage == "digest":
-            dev.records[key]["digest"] = b"\1" * 32
+            dev.records[key].digest = b"\1" * 32
         outs += _play(sched, reqs[3:])
         assert outs == plain_run(model, reqs, _float(), chunk=5)
         e = sched.events[-1]
@@ -356,7 +356,7 @@ def test_exact_snapshot_gone_resumes_from_a_prefix(model):
     dev = SoftwareDevice(SMALL)
     sched = Scheduler(model, dev, chunk=5, checkpoint_every=None)
     outs = _play(sched, reqs[:2])
-    del dev.records[sched.sessions["a"].key]                 # evicted
+    assert dev.forget(sched.sessions["a"].key)                # evicted
     outs += _play(sched, reqs[2:])
     assert outs == plain_run(model, reqs, _float(), chunk=5)
     e = sched.events[-1]
