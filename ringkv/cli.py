@@ -45,7 +45,7 @@ def _model(args, config):
     if args.random:
         small = config.head_dim * config.q_heads < 256
         return Model(config, hidden=64 if small else 256, ffn=128 if small else 512,
-                     seed=getattr(args, "weights_seed", None) or getattr(args, "seed", 0) or 0)
+                     seed=args.weights_seed if hasattr(args, "weights_seed") else args.seed)
     return Model.trained(config)
 
 
