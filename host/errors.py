@@ -21,11 +21,13 @@ results on top (clean / repairable / not a card), listed in its help.
 The module imports the standard library only, so every layer above ``ringkv.defs`` may use it.
 """
 
+import argparse
 import enum
 
 __all__ = [
     "ExitCode", "RingKVError", "UsageError", "ConfigError", "LinkError", "DeviceError",
-    "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted",
+    "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted", "ArgumentParser",
+    "error_lines",
 ]
 
 
@@ -134,3 +136,18 @@ class Interrupted(RingKVError):
     exits with :attr:`ExitCode.INTERRUPTED`."""
     exit_code = ExitCode.INTERRUPTED
     http_status = 503
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are :class:`UsageError` (exit 2, one line and
+    a hint naming ``--help``) instead of argparse's usage block and ``SystemExit``: every
+    ``ringkv`` command and module entry point reports a bad option the same way."""
+
+    def error(self, message):
+        raise UsageError(message, hint=f"'{self.prog} --help' lists the options")
+
+
+def error_lines(error: RingKVError, prog: str = "ringkv") -> list[str]:
+    """What an entry point prints for ``error``: ``prog: message`` and, with a hint,
+    ``  hint: ...``."""
+    return [f"{prog}: {error.message}"] + ([f"  hint: {error.hint}"] if error.hint else [])
