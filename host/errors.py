@@ -23,11 +23,12 @@ The module imports the standard library only, so every layer above ``ringkv.defs
 
 import argparse
 import enum
+import sys
 
 __all__ = [
     "ExitCode", "RingKVError", "UsageError", "ConfigError", "LinkError", "DeviceError",
     "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted", "ArgumentParser",
-    "error_lines",
+    "error_lines", "run_main",
 ]
 
 
@@ -151,3 +152,17 @@ def error_lines(error: RingKVError, prog: str = "ringkv") -> list[str]:
     """What an entry point prints for ``error``: ``prog: message`` and, with a hint,
     ``  hint: ...``."""
     return [f"{prog}: {error.message}"] + ([f"  hint: {error.hint}"] if error.hint else [])
+
+
+def run_main(main, argv=None, *, prog: str = "ringkv") -> int:
+    """Run a module's ``main(argv)`` as an entry point (``python -m ...``): a
+    :class:`RingKVError` becomes its :func:`error_lines` on standard error and its exit code,
+    Ctrl-C exit status 130; anything else (a bug) keeps its traceback."""
+    try:
+        return main(argv)
+    except RingKVError as e:
+        print("\n".join(error_lines(e, prog)), file=sys.stderr)
+        return int(e.exit_code)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)
