@@ -275,13 +275,17 @@ def run_fsck_link(args) -> int:
     from ringkv.host.record import fsck_report
     base = _base_config(args.config or "default")
     config = _device_config(base, args.numerics, _trained_or_none(base))
-    try:
-        device, st = _open_device(args.link, config, args.timeout)
-        print(f"device recovery: {st['scanned']} regions, {st['live']} live, {st['freed']} "
-              f"freed, next commit {st['next_seq']}, {st['cycles']} clocks")
-    except DeviceNotReady as e:
-        print(f"device recovery failed: {e} (the deep check reads the card anyway)")
+    from ringkv.host.fpga_device import FpgaDevice
+    from ringkv.host.link import Link
+    device = FpgaDevice(Link(args.link, timeout=args.timeout), config)
     with device.link:
+        device.check_config()
+        try:
+            st = _wait_device(device, args.link)
+            print(f"device recovery: {st['scanned']} regions, {st['live']} live, "
+                  f"{st['freed']} freed, next commit {st['next_seq']}, {st['cycles']} clocks")
+        except DeviceNotReady as e:
+            print(f"device recovery failed: {e} (the deep check reads the card anyway)")
         infos, _ = device.check()
     report, problems = fsck_report(infos)
     print(report)

@@ -199,10 +199,14 @@ def _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top
              else Model(config, hidden=64, ffn=128, seed=seed))
     steps = [tuple(s) + ({},) * (6 - len(s)) for s in steps]
     plan = [s for s in steps if s[2] is not None]
+    t1 = time.monotonic()
+    say("computing the software-only reference and the software device's decisions ...",
+        flush=True)
     reference = plain_run(model, [(sid, toks, n, opts) for _, _, sid, toks, n, opts in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
     # what the software device decides for the same scenario (ringkv demo --software's device)
     twin = [(e["path"], e["reused"]) for e in software_run(steps, config, model)[0].events]
+    say(f"  done in {time.monotonic() - t1:.0f} s; starting device A ...", flush=True)
 
     def start(name, image):
         dev = SimDevice(image, config=config, log=workdir / f"sim-{name}.log", prebuilt=True,
