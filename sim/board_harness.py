@@ -431,6 +431,7 @@ def serve_board(image, *, config: RingKVConfig = TRAINED_CONFIG, port: int = 0,
                                        "card": card or {},
                                        "config": config.__dict__}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
+           "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING"),
            **(extra_env or {})}
     return runner.test(hdl_toplevel=BOARD_TOP, hdl_toplevel_lang="verilog",
                        test_module=test_module, testcase=testcase, build_dir=build_dir,
