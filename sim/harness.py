@@ -205,14 +205,16 @@ def check_port(port: int, host: str = "127.0.0.1") -> None:
                 from None
 
 
-def _headers_blank(data, config) -> bool:
-    """Whether every region header sector of ``config``'s layout within ``data`` holds only
-    one erased value (0x00 or 0xFF)."""
-    from ringkv.defs.record import RecordLayout
-    spr = RecordLayout(config).sectors_per_region
-    for lba in range(0, len(data) // SECTOR, spr):
-        sector = bytes(data[lba * SECTOR:(lba + 1) * SECTOR])
-        if sector.strip(b"\0") and sector.strip(b"\xff"):
+def _foreign_header_sector(sector: bytes) -> bool:
+    """A region's header sector that no export of this device wrote: neither erased (all
+    0x00 or 0xFF), nor a header (the magic), nor a header torn within its magic (a prefix of
+    it, then the erased value)."""
+    from ringkv.defs.record import MAGIC
+    if not sector.strip(b"\0") or not sector.strip(b"\xff") or sector.startswith(MAGIC):
+        return False
+    for erased in (b"\0", b"\xff"):
+        head = sector.rstrip(erased)
+        if head and MAGIC.startswith(head):
             return False
     return True
 
@@ -221,14 +223,17 @@ def check_image(path, config: RingKVConfig, sectors: int, *, create: bool = Fals
     """Decide whether the simulator may use ``path`` as its card image; changes nothing.
 
     Usable: a missing file (created), an empty or blank one (all 0x00 or 0xFF), a card image
-    whose records are of ``config``. Refused, untouched: a directory or unreadable file
-    (:class:`UsageError`), a file that is not a RingKV card image (:class:`NotACardImage`:
-    text, random bytes, not a whole number of sectors, larger than the device's storage), a
-    card image of another configuration (:class:`ConfigError`). ``create``: the file will be
-    replaced by a new blank image, whatever it holds (only a directory is refused).
-    Returns what the image is, in words.
+    of ``config`` -- every region header sector of its layout erased or a record header
+    (intact, torn or corrupt: the device's recovery frees those), no intact header of another
+    configuration. Refused, untouched: a directory or unreadable file (:class:`UsageError`),
+    a file that is not a RingKV card image (:class:`NotACardImage`: text, random bytes, not a
+    whole number of sectors, larger than the device's storage), a card image of another
+    configuration (:class:`ConfigError`). ``create``: the file will be replaced by a new blank
+    image, whatever it holds (only a directory is refused). Returns what the image is, in
+    words.
     """
-    from ringkv.host.record import open_card_image, read_image_file, survey_image
+    from ringkv.defs.record import RecordLayout
+    from ringkv.host.record import read_image_file, survey_image
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"--image {path} is a directory", param="image")
@@ -240,40 +245,35 @@ def check_image(path, config: RingKVConfig, sectors: int, *, create: bool = Fals
     size = len(data)
     if size == 0:
         return "empty file, made a blank image"
-    survey = survey_image(data) if size % SECTOR == 0 else None
-    if survey is not None and survey.blank and not survey.headers:
-        if size > sectors * SECTOR:
-            raise NotACardImage(f"{path} is {size} bytes, larger than this device's storage "
-                                f"({sectors * SECTOR} bytes)", param="image",
-                                hint="use --create to start a new image there, or another "
-                                     "file")
-        return f"blank image ({size // SECTOR} sectors)"
-    try:
-        card = open_card_image(path)
-    except NotACardImage as e:
-        if survey is not None and size <= sectors * SECTOR and _headers_blank(data, config):
-            # no header yet but every region's header sector blank: a first export cut
-            # before its header (a power cut), the payload written -- a card image
-            return "card image without a record header yet (a cut first export)"
-        raise NotACardImage(e.message + "; the simulator leaves it as it is", param="image",
-                            hint="use a new file, or --create to replace it by a blank "
-                                 "card image") from None
-    except RingKVError:
-        card = None
-    if card is None or card.config.digest() != config.digest():
-        found = "no intact record" if card is None else (
-            f"records of another configuration ({', '.join(card.config.diff(config))})")
-        raise ConfigError(f"{path} holds {found}, not of this device's configuration; the "
-                          f"simulator leaves it as it is", param="image",
-                          fields=[] if card is None else card.config.diff(config),
+    keep = "; the simulator leaves it as it is"
+    hint = "use a new file, or --create to replace it by a blank card image"
+    if size % SECTOR:
+        raise NotACardImage(f"{path} is {size} bytes, not a whole number of {SECTOR}-byte "
+                            f"sectors: not a RingKV card image{keep}", param="image", hint=hint)
+    survey = survey_image(data)
+    ours = survey.intact.get(config.digest(), (config, []))[1]
+    others = [c for d, (c, _) in survey.intact.items() if d != config.digest()]
+    if others and not ours:
+        raise ConfigError(f"{path} holds records of another configuration "
+                          f"({'; '.join(others[0].diff(config))}){keep}", param="image",
+                          fields=others[0].diff(config),
                           hint="start the simulator with the image's --config, or use "
                                "another --image")
+    spr = RecordLayout(config).sectors_per_region
+    if any(_foreign_header_sector(bytes(data[lba * SECTOR:(lba + 1) * SECTOR]))
+           for lba in range(0, size // SECTOR, spr)):
+        raise NotACardImage(f"{path} is not a RingKV card image of this configuration (a "
+                            f"region's header sector holds something else){keep}",
+                            param="image", hint=hint)
     if size > sectors * SECTOR:
         raise NotACardImage(f"{path} is {size} bytes, larger than this device's storage "
-                            f"({sectors * SECTOR} bytes: {sectors} sectors)", param="image",
-                            hint="start the simulator with the image's --top regions")
-    valid = sum(len(lbas) for c, lbas in survey.intact.values()) if survey else 0
-    return f"card image, {valid} record header(s)"
+                            f"({sectors} sectors){keep}", param="image",
+                            hint="start the simulator with the image's --top regions, or "
+                                 "use another --image")
+    if survey.blank:
+        return f"blank image ({size // SECTOR} sectors)"
+    return (f"card image: {len(ours)} intact record header(s)"
+            + (f", {len(survey.damaged)} damaged" if survey.damaged else ""))
 
 
 class SimDevice:

@@ -362,3 +362,45 @@ def test_help_documents_exit_codes(tmp_path):
     assert r.returncode == 0 and "exit status:" in r.stdout and "130" in r.stdout
     r = ringkv(["--version"], tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("ringkv ")
+
+
+def test_sim_image_check(files, tmp_path):
+    """What ``ringkv sim`` accepts as its image, and what it refuses (changing nothing):
+    images its own device writes after a power cut at any point are accepted."""
+    from ringkv.host.errors import ConfigError, NotACardImage, UsageError
+    from ringkv.sim.harness import DEMO_TOP, _sectors, check_image
+    from ringkv.sim.storage_faults import torn_header
+    sectors = _sectors(CFG, DEMO_TOP)
+    lay = RecordLayout(CFG)
+    demo = files["demo"].read_bytes()
+    writes = encode_record(CFG, list(range(10)), np.zeros(
+        (CFG.layers, CFG.kv_heads, 2, CFG.window, CFG.head_dim), np.uint8), count=10,
+        ring_head=9, prefix_hash=3, commit_seq=7)
+    payload_only = bytearray(2 * lay.sectors_per_region * SECTOR)
+    for off, data in writes[:-1]:                         # cut before the header
+        payload_only[off * SECTOR:off * SECTOR + len(data)] = data
+    torn = bytearray(payload_only)
+    torn[:SECTOR] = torn_header(writes[-1][1], 5, 0)      # cut 5 bytes into the header
+    accepted = {"missing": None, "empty": b"", "blank": bytes(sectors * SECTOR),
+                "erased": b"\xff" * (4 * SECTOR), "demo": demo[:sectors * SECTOR],
+                "payload only": bytes(payload_only), "torn header": bytes(torn)}
+    for name, content in accepted.items():
+        path = tmp_path / f"{name}.img"
+        if content is not None:
+            path.write_bytes(content)
+        assert check_image(path, CFG, sectors), name
+        assert (path.read_bytes() == content) if content is not None else not path.exists()
+    refused = {"text": (files["text"], NotACardImage), "random": (files["random"],
+                                                                   NotACardImage),
+               "directory": (files["dir"], UsageError)}
+    bigger = tmp_path / "bigger.img"
+    bigger.write_bytes(demo[:sectors * SECTOR] + bytes(lay.sectors_per_region * SECTOR))
+    refused["larger than the device's storage"] = (bigger, NotACardImage)
+    for name, (path, error) in refused.items():
+        before = _digest(path)
+        with pytest.raises(error):
+            check_image(path, CFG, sectors)
+        assert _digest(path) == before, name
+    from ringkv.defs.config import TRAINED_CONFIG
+    with pytest.raises(ConfigError, match="another configuration"):
+        check_image(files["demo"], TRAINED_CONFIG, 10 ** 6)
