@@ -350,9 +350,9 @@ def _save_chat_state(path: Path | None, sessions) -> None:
     os.replace(tmp, path)               # never a half-written state file
 
 
-def _chat_lines(prompt: str):
-    """The user's lines: with a terminal, ``input`` with a prompt and readline history (kept
-    in the user's state directory); otherwise the lines of standard input."""
+def _chat_lines(prompt):
+    """The user's lines: with a terminal, ``input`` with the prompt ``prompt()`` and readline
+    history (kept in the user's state directory); otherwise the lines of standard input."""
     if not sys.stdin.isatty():
         for line in sys.stdin:
             yield line.rstrip("\n")
@@ -372,7 +372,7 @@ def _chat_lines(prompt: str):
     try:
         while True:
             try:
-                yield input(prompt)
+                yield input(prompt())
             except EOFError:
                 print()
                 return
@@ -428,7 +428,7 @@ def run_chat(args) -> int:
         connected = True
         print(f"[reconnected to {args.link}: {st['live']} stored snapshots]", flush=True)
 
-    for line in _chat_lines(f"[{sid}] > "):
+    for line in _chat_lines(lambda: f"[{sid}] > "):  # noqa: B023 (the current one)
         cmd, _, rest = line.strip().partition(" ")
         rest = rest.strip()
         if cmd in ("/quit", "/exit"):
