@@ -470,7 +470,7 @@ def adapt_timeouts(link, largest: int) -> tuple[float, float, str]:
     """Per-request and recovery-scan timeouts for this link: two ``PING``s (0 and 256 bytes)
     give the round trip and the time per byte; a request may take ten times the round trip of
     the largest frame (``largest`` payload bytes, at least a sector read's), at least 10 s,
-    the recovery scan a hundred times that. On a board (3 Mbaud, microseconds per clock) this
+    the recovery scan ten times that. On a board (3 Mbaud, microseconds per clock) this
     gives the floors; in simulation, where a clock takes microseconds of host time, the
     simulator's own speed. Returns ``(request, recovery, how it was measured)``."""
     link.timeout = PROBE_TIMEOUT
@@ -482,7 +482,7 @@ def adapt_timeouts(link, largest: int) -> tuple[float, float, str]:
     per_byte = max(0.0, time.monotonic() - t - empty) / 512
     frame = max(largest, 4096)
     request = max(10.0, 10 * (empty + 2 * frame * per_byte))
-    return (request, max(60.0, 100 * request),
+    return (request, max(60.0, 10 * request),
             f"round trip {empty * 1e3:.1f} ms, {per_byte * 1e6:.2f} us per byte")
 
 

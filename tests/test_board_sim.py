@@ -58,8 +58,8 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     from ringkv.host.record import scan_image
     from ringkv.sim.board_harness import BoardDevice
     image = tmp_path / "card.img"
-    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255",
-            "--timeout", "120"]
+    # no --timeout: the check adapts its timeouts to the simulated link (and says so)
+    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255"]
     with BoardDevice(image, config=CFG, prebuilt=True, log=tmp_path / "sim.log", **TOP) as dev:
         assert main(["board", "check", "--link", dev.url, *args]) == 0
         first = capsys.readouterr().out
@@ -88,6 +88,7 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
         assert f"[PASS] {step}" in first, first
         assert f"[PASS] {step}" in second, second
     assert "board check: 7/7 steps passed" in first
+    assert "timeouts: " in first and "us per byte; --timeout sets them)" in first
     # STORAGE_INFO in the storage step: the bitstream's SD mode and clock, the card model's
     # type (OCR) and capacity (its CSD: the image rounded up to 1024 sectors)
     card = 1024 * -(-TOP["regions"] * RecordLayout(CFG).sectors_per_region // 1024)
