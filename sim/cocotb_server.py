@@ -17,6 +17,7 @@ callback per 256 clocks) while the socket is quiet. Verilator runs free in betwe
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -95,6 +96,9 @@ class _Socket:
 @cocotb.test(timeout_time=None)
 async def serve(dut):
     params = json.loads(os.environ["RINGKV_SERVE"])
+    # Ctrl-C at a terminal reaches the whole foreground process group: the ringkv process
+    # that started this simulator stops it; here it would only print a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     Clock(dut.clk, CLOCK_NS, unit="ns").start()
     dut.rst.value = 1
     dut.rx__valid.value = 0

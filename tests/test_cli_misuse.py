@@ -276,13 +276,15 @@ def test_sim_port_in_use(built, tmp_path):
 
 @needs_sim
 def test_sim_interrupted_and_terminated(built, tmp_path):
-    """Ctrl-C (SIGINT) and SIGTERM to a serving ``ringkv sim``: exit 130, its simulator
-    gone; it printed the image path; its image is a card image afterwards."""
+    """SIGINT to ``ringkv sim`` alone, Ctrl-C at a terminal (SIGINT to its whole process
+    group, the simulator included) and SIGTERM: exit 130, one line, its simulator gone; it
+    printed the image path; the image is reused each time."""
     image = tmp_path / "card.img"
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig, kill in ((signal.SIGINT, os.kill), (signal.SIGINT, os.killpg),
+                      (signal.SIGTERM, os.kill)):
         p, url = _start_sim(tmp_path, image)
         assert url.startswith("socket://127.0.0.1:")
-        os.kill(p.pid, sig)
+        kill(p.pid, sig)
         out, err = p.communicate(timeout=60)
         r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
         assert f"image {image}" in err
