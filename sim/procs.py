@@ -72,10 +72,11 @@ def _signal_group(proc, sig):
         pass
 
 
-def stop_all(grace: float = 5.0) -> None:
-    """Stop every registered child (all at once, then each waited for)."""
+def stop_all(grace: float = 5.0, *, keep=frozenset()) -> None:
+    """Stop every registered child but those in ``keep`` (all at once, then each waited
+    for)."""
     with _lock:
-        procs = list(_children)
+        procs = [p for p in _children if p not in keep]
     for p in procs:
         if p.poll() is None:
             _signal_group(p, signal.SIGTERM)
@@ -93,9 +94,12 @@ def _raise_interrupt(signum, frame):
 @contextlib.contextmanager
 def interruptible():
     """Within the block SIGTERM and SIGHUP raise ``KeyboardInterrupt`` (as SIGINT does); on
-    leaving it, however it ends, every child started by :func:`spawn` is stopped. A second
-    signal during that cleanup is ignored, so the cleanup finishes. Only the main thread may
-    install handlers; elsewhere the block only cleans up."""
+    leaving it, however it ends, every child started by :func:`spawn` within the block is
+    stopped (those started before it are the caller's). A second signal during that cleanup
+    is ignored, so the cleanup finishes. Only the main thread may install handlers; elsewhere
+    the block only cleans up."""
+    with _lock:
+        before = frozenset(_children)
     main = threading.current_thread() is threading.main_thread()
     old = {}
     if main:
@@ -109,7 +113,7 @@ def interruptible():
             for sig in old:
                 signal.signal(sig, signal.SIG_IGN)
         try:
-            stop_all()
+            stop_all(keep=before)
         finally:
             if main:
                 signal.signal(signal.SIGINT, sigint)
