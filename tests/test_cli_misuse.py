@@ -288,6 +288,7 @@ def test_sim_interrupted_and_terminated(built, tmp_path):
         out, err = p.communicate(timeout=60)
         r = subprocess.CompletedProcess(p.args, p.returncode, out, err)
         assert f"image {image}" in err
+        assert "building" not in err            # the demo's build, reused without elaborating
         err = "\n".join(x for x in err.splitlines() if not x.startswith("ringkv sim: image"))
         assert_clean_failure(subprocess.CompletedProcess(p.args, p.returncode, out, err),
                              ExitCode.INTERRUPTED, tmp_path, message="interrupted")
@@ -406,3 +407,15 @@ def test_sim_image_check(files, tmp_path):
     from ringkv.defs.config import TRAINED_CONFIG
     with pytest.raises(ConfigError, match="another configuration"):
         check_image(files["demo"], TRAINED_CONFIG, 10 ** 6)
+
+
+def test_sim_demo_uses_the_demos_build():
+    """``ringkv sim --config demo`` builds the demo's device: one cache key for both."""
+    from ringkv.defs.config import named_config
+    from ringkv.sim import system_demo
+    from ringkv.sim.harness import DEMO_TOP, build_key
+    assert DEMO_TOP == {"regions": system_demo.REGIONS, "lanes": system_demo.LANES,
+                        "macs": system_demo.MACS}
+    assert named_config("demo") == CFG
+    assert build_key(CFG, DEMO_TOP) == build_key(named_config("demo"), dict(DEMO_TOP))
+    assert build_key(CFG, DEMO_TOP) != build_key(CFG, {**DEMO_TOP, "regions": 4})
