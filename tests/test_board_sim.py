@@ -143,16 +143,16 @@ def test_board_check_on_the_spi_variant(tmp_path, capsys):
 
 
 def test_board_check_without_a_device(capsys):
-    """No device behind the URL: one FAIL line and exit status 1, no traceback."""
+    """No device behind the URL: one line, exit status 4 (the link), no traceback."""
     import socket
 
     from ringkv.cli import main
     with socket.socket() as s:          # a port with nothing listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["board", "check", "--link", f"socket://127.0.0.1:{port}"]) == 1
-    out = capsys.readouterr().out
-    assert "[FAIL] link" in out and "cannot open" in out, out
+    assert main(["board", "check", "--link", f"socket://127.0.0.1:{port}"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith(f"ringkv: cannot open socket://127.0.0.1:{port}: "), err
     assert main(["board"]) == 2
 
 
