@@ -419,3 +419,10 @@ def test_sim_demo_uses_the_demos_build():
     assert named_config("demo") == CFG
     assert build_key(CFG, DEMO_TOP) == build_key(named_config("demo"), dict(DEMO_TOP))
     assert build_key(CFG, DEMO_TOP) != build_key(CFG, {**DEMO_TOP, "regions": 4})
+
+
+def test_debug_shows_the_traceback(files, tmp_path):
+    for args in (["--debug", "storage", "fsck", str(files["random"])],
+                 ["storage", "fsck", str(files["random"]), "--debug"]):
+        r = ringkv(args, tmp_path)
+        assert r.returncode != 0 and "Traceback" in r.stderr and "NotACardImage" in r.stderr
