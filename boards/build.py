@@ -31,7 +31,6 @@ constraint, or when the slack is below ``--min-slack-pct``. Load the bitstream w
 ``openFPGALoader --board ulx3s build/ulx3s-85f/ringkv_ulx3s.bit``.
 """
 
-import argparse
 import json
 import os
 import queue
@@ -42,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from ringkv.host.errors import RingKVError
+from ringkv.host.errors import ArgumentParser, RingKVError, run_main
 from ringkv.sim.toolchain import setup_environ
 
 from .synth import AFTER_READ
@@ -284,7 +283,7 @@ def verdict(figures: dict, min_slack_pct: float = 0.0) -> tuple[bool, str]:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="ringkv build", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="ringkv build", description=__doc__.splitlines()[0])
     parser.add_argument("--board", default="ulx3s-85f", choices=sorted(BOARDS))
     parser.add_argument("--sys-mhz", type=float, default=40.0)
     parser.add_argument("--regions", type=int, default=4096)
@@ -317,4 +316,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

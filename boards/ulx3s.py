@@ -40,7 +40,7 @@ from fractions import Fraction
 
 from amaranth import *
 from amaranth.build import Attrs, Pins, Resource, Subsignal
-from amaranth.lib import wiring
+from amaranth.lib import io, wiring
 
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.protocol import StorageKind
@@ -149,7 +149,8 @@ class ULX3STop(Elaboratable):
     def _clock_source(self, m, platform, clk):
         """Drive ``clk`` at ``sys_hz``; return the lock signal. The one place where the
         simulation (``clock="sim"``) differs from the bitstream: see the module docstring."""
-        clk25 = platform.request("clk25", 0)
+        m.submodules.clk25_buffer = clk25 = io.Buffer("i", platform.request("clk25", 0,
+                                                                            dir="-"))
         locked = Signal()
         if self.clock == "sim":
             # The testbench drives clk25 at sys_hz; LOCK after SIM_LOCK_CYCLES of it.
@@ -198,8 +199,12 @@ class ULX3STop(Elaboratable):
 
         m.submodules.top = top = self.top
         m.submodules.uart = uart = UART(self.divisor)
-        uart_pins = platform.request("uart", 0)
-        m.d.comb += [uart.rx.eq(uart_pins.rx.i), uart_pins.tx.o.eq(uart.tx)]
+        # Pins through amaranth.lib.io buffers (platform.request with dir="-"); the UART's
+        # RTS and DTR lines, unused, get no buffer and stay unconstrained inputs.
+        uart_pins = platform.request("uart", 0, dir="-")
+        m.submodules.uart_rx = uart_rx = io.Buffer("i", uart_pins.rx)
+        m.submodules.uart_tx = uart_tx = io.Buffer("o", uart_pins.tx)
+        m.d.comb += [uart.rx.eq(uart_rx.i), uart_tx.o.eq(uart.tx)]
         wiring.connect(m, uart.o, top.rx)
         wiring.connect(m, top.tx, uart.i)
 
@@ -211,21 +216,28 @@ class ULX3STop(Elaboratable):
                 data_timeout=1 << 22, busy_timeout=1 << 23)
             if "sd_card_native" not in {r.name for r in platform.resources.values()}:
                 platform.add_resources([SD_NATIVE])
-            pins = platform.request("sd_card_native", 0)
-            m.d.comb += [pins.clk.o.eq(sd.sd.clk),
-                         pins.cmd.o.eq(sd.sd.cmd.o), pins.cmd.oe.eq(sd.sd.cmd.oe),
-                         sd.sd.cmd.i.eq(pins.cmd.i),
-                         pins.dat.o.eq(sd.sd.dat.o), pins.dat.oe.eq(sd.sd.dat.oe),
-                         sd.sd.dat.i.eq(pins.dat.i),
+            ports = platform.request("sd_card_native", 0, dir="-")
+            m.submodules.sd_clk = sd_clk = io.Buffer("o", ports.clk)
+            m.submodules.sd_cmd = sd_cmd = io.Buffer("io", ports.cmd)
+            m.submodules.sd_dat = sd_dat = io.Buffer("io", ports.dat)
+            m.d.comb += [sd_clk.o.eq(sd.sd.clk),
+                         sd_cmd.o.eq(sd.sd.cmd.o), sd_cmd.oe.eq(sd.sd.cmd.oe),
+                         sd.sd.cmd.i.eq(sd_cmd.i),
+                         sd_dat.o.eq(sd.sd.dat.o), sd_dat.oe.eq(sd.sd.dat.oe),
+                         sd.sd.dat.i.eq(sd_dat.i),
                          top.storage_info.high_speed.eq(sd.high_speed),
                          top.storage_info.sectors.eq(sd.sectors)]
         else:
             m.submodules.sd = sd = SDSPIController(init_half_period=self.sd_init_half,
                                                    half_period=self.sd_half)
-            sd_pins = platform.request("sd_card_spi", 0)
-            m.d.comb += [sd_pins.clk.o.eq(sd.spi.sclk), sd_pins.copi.o.eq(sd.spi.mosi),
-                         sd_pins.cs.o.eq(~sd.spi.cs_n), sd_pins.cs.oe.eq(1),
-                         sd.spi.miso.eq(sd_pins.cipo.i)]
+            ports = platform.request("sd_card_spi", 0, dir="-")
+            m.submodules.sd_clk = sd_clk = io.Buffer("o", ports.clk)
+            m.submodules.sd_copi = sd_copi = io.Buffer("o", ports.copi)
+            m.submodules.sd_cipo = sd_cipo = io.Buffer("i", ports.cipo)
+            m.submodules.sd_cs = sd_cs = io.Buffer("io", ports.cs)
+            m.d.comb += [sd_clk.o.eq(sd.spi.sclk), sd_copi.o.eq(sd.spi.mosi),
+                         sd_cs.o.eq(~sd.spi.cs_n), sd_cs.oe.eq(1),
+                         sd.spi.miso.eq(sd_cipo.i)]
         wiring.connect(m, top.storage, sd.storage)
         # STORAGE_INFO: the controller's state (SPI mode: no high speed, capacity unknown)
         m.d.comb += [top.storage_info.ready.eq(sd.ready),
@@ -238,7 +250,10 @@ class ULX3STop(Elaboratable):
                             ACTIVITY_CYCLES)
         frame_error = top.decoder.error.valid & top.decoder.error.ready
         link_error = _stretch(m, uart.error | frame_error, ERROR_CYCLES)
-        leds = [platform.request("led", i) for i in range(6)]
+        leds = []
+        for i in range(6):
+            m.submodules[f"led_{i}"] = led = io.Buffer("o", platform.request("led", i, dir="-"))
+            leds.append(led)
         m.d.comb += [leds[0].o.eq(locked), leds[1].o.eq(sd.ready), leds[2].o.eq(sd.sdhc),
                      leds[3].o.eq(beat[-1]), leds[4].o.eq(activity), leds[5].o.eq(link_error)]
         return m

@@ -35,7 +35,6 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    are found again; the scratch record stays on the card as a record of ``n`` tokens.
 """
 
-import argparse
 import dataclasses
 import sys
 import time
@@ -45,6 +44,7 @@ import numpy as np
 from ringkv.defs.config import RingKVConfig, named_config
 from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import (
+    DEFAULT_MAX_PAYLOAD,
     FLAG_EXISTING,
     GATEWARE_VERSION,
     PROTOCOL_VERSION,
@@ -61,6 +61,7 @@ from ringkv.defs.protocol import (
 )
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 
+from .errors import ArgumentParser, UsageError, run_main
 from .fpga_device import ConfigMismatch, DeviceNotReady, FpgaDevice
 from .golden_fixed import FixedRingCore
 from .golden_hash import sequence_hash
@@ -461,8 +462,32 @@ def _config(name: str, numerics: str | None) -> RingKVConfig:
     return named_config(name, numerics)
 
 
+#: Seconds the first PING of :func:`adapt_timeouts` may take (a simulated board is slow).
+PROBE_TIMEOUT = 120.0
+
+
+def adapt_timeouts(link, largest: int) -> tuple[float, float, str]:
+    """Per-request and recovery-scan timeouts for this link: two ``PING``s (0 and 256 bytes)
+    give the round trip and the time per byte; a request may take ten times the round trip of
+    the largest frame (``largest`` payload bytes, at least a sector read's), at least 10 s,
+    the recovery scan ten times that. On a board (3 Mbaud, microseconds per clock) this
+    gives the floors; in simulation, where a clock takes microseconds of host time, the
+    simulator's own speed. Returns ``(request, recovery, how it was measured)``."""
+    link.timeout = PROBE_TIMEOUT
+    t = time.monotonic()
+    link.request(Op.PING, b"")
+    empty = time.monotonic() - t
+    t = time.monotonic()
+    link.request(Op.PING, bytes(256))
+    per_byte = max(0.0, time.monotonic() - t - empty) / 512
+    frame = max(largest, 4096)
+    request = max(10.0, 10 * (empty + 2 * frame * per_byte))
+    return (request, max(60.0, 10 * request),
+            f"round trip {empty * 1e3:.1f} ms, {per_byte * 1e6:.2f} us per byte")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="ringkv board check",
+    parser = ArgumentParser(prog="ringkv board check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--link", required=True,
                         help="/dev/ttyUSB0 (the board) or socket://HOST:PORT (ringkv sim)")
@@ -473,7 +498,9 @@ def main(argv=None) -> int:
     parser.add_argument("--numerics", choices=["ringkv-fx1", "ringkv-fx2", "ringkv-fx1c"],
                         default=None, help="the device's numerics, if not the configuration's")
     parser.add_argument("--baud", type=int, default=3_000_000)
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per request")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds per request (default: adapted to the link, measured "
+                             "with two PINGs first and stated)")
     parser.add_argument("--force", action="store_true",
                         help="use region 0 as the scratch region even if it holds a record")
     parser.add_argument("--tokens", type=int, default=None,
@@ -482,20 +509,30 @@ def main(argv=None) -> int:
                         help="comma-separated PING payload sizes")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    config = _config(args.config, args.numerics)
-    sizes = [int(s) for s in args.ping_sizes.split(",") if s]
+    try:
+        config = _config(args.config, args.numerics)
+        sizes = [int(s) for s in args.ping_sizes.split(",") if s]
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad --config, --numerics or --ping-sizes: {e}") from None
     print(f"ringkv board check: {args.link} at {args.baud} baud, host config digest "
           f"{config.digest().hex()[:16]}")
-    try:
-        link = Link(args.link, baudrate=args.baud, timeout=args.timeout)
-    except Exception as e:    # pyserial raises several kinds for a port that cannot open
-        print(f"[FAIL] link               0.00 s  cannot open {args.link}: {e}")
-        return 1
+    if args.timeout is not None and args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, not {args.timeout}", param="timeout")
+    if any(not 0 <= n <= DEFAULT_MAX_PAYLOAD for n in sizes):
+        raise UsageError(f"--ping-sizes must be 0..{DEFAULT_MAX_PAYLOAD}", param="ping-sizes")
+    link = Link(args.link, baudrate=args.baud, timeout=args.timeout or PROBE_TIMEOUT)
     with link:
+        recovery = 60.0
+        if args.timeout is None:
+            link.timeout, recovery, how = adapt_timeouts(link, max(sizes, default=0))
+            print(f"timeouts: {link.timeout:.1f} s per request, {recovery:.0f} s for the "
+                  f"recovery scan ({how}; --timeout sets them)")
+        else:
+            recovery = max(recovery, args.timeout)
         ok = BoardCheck(link, config, force=args.force, seed=args.seed, tokens=args.tokens,
-                        ping_sizes=sizes).run()
+                        ping_sizes=sizes, recovery_timeout=recovery).run()
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -21,11 +21,14 @@ results on top (clean / repairable / not a card), listed in its help.
 The module imports the standard library only, so every layer above ``ringkv.defs`` may use it.
 """
 
+import argparse
 import enum
+import sys
 
 __all__ = [
     "ExitCode", "RingKVError", "UsageError", "ConfigError", "LinkError", "DeviceError",
     "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted", "Overloaded", "NotFound",
+    "ArgumentParser", "error_lines", "run_main",
 ]
 
 
@@ -150,3 +153,32 @@ class NotFound(UsageError):
     """A request names something that does not exist: a model, a route. HTTP 404."""
     http_status = 404
     api_code = "model_not_found"
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose errors are :class:`UsageError` (exit 2, one line and
+    a hint naming ``--help``) instead of argparse's usage block and ``SystemExit``: every
+    ``ringkv`` command and module entry point reports a bad option the same way."""
+
+    def error(self, message):
+        raise UsageError(message, hint=f"'{self.prog} --help' lists the options")
+
+
+def error_lines(error: RingKVError, prog: str = "ringkv") -> list[str]:
+    """What an entry point prints for ``error``: ``prog: message`` and, with a hint,
+    ``  hint: ...``."""
+    return [f"{prog}: {error.message}"] + ([f"  hint: {error.hint}"] if error.hint else [])
+
+
+def run_main(main, argv=None, *, prog: str = "ringkv") -> int:
+    """Run a module's ``main(argv)`` as an entry point (``python -m ...``): a
+    :class:`RingKVError` becomes its :func:`error_lines` on standard error and its exit code,
+    Ctrl-C exit status 130; anything else (a bug) keeps its traceback."""
+    try:
+        return main(argv)
+    except RingKVError as e:
+        print("\n".join(error_lines(e, prog)), file=sys.stderr)
+        return int(e.exit_code)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return int(ExitCode.INTERRUPTED)

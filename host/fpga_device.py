@@ -146,7 +146,7 @@ class FpgaDevice(Device):
         if status == Status.NOT_READY and status not in ok:
             raise DeviceNotReady(op, RECOVERY_STATUS.unpack(data))
         if status not in ok:
-            raise RuntimeError(f"device answered {status.name} to {op.name}")
+            raise DeviceError(status, op, data)
         return status, data
 
     def _call(self, op, **fields):

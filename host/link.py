@@ -37,8 +37,15 @@ class Link:
                  retries: int = 3, max_payload: int = DEFAULT_MAX_PAYLOAD):
         if retries < 0:
             raise ValueError(f"retries must be non-negative, not {retries!r}")
+        self.url = port if isinstance(port, str) else getattr(port, "name", None) or "the link"
         if isinstance(port, str):
-            port = serial.serial_for_url(port, baudrate=baudrate, timeout=0.01)
+            try:
+                port = serial.serial_for_url(port, baudrate=baudrate, timeout=0.01)
+            except (OSError, ValueError) as e:   # SerialException is an OSError
+                raise LinkError(f"cannot open {port}: {_reason(e)}",
+                                hint="check the URL (socket://HOST:PORT for ringkv sim, "
+                                     "/dev/ttyUSB0 for the board) and that the device is "
+                                     "running") from None
         self.port = port
         self.timeout = timeout
         self.retries = retries
@@ -57,7 +64,19 @@ class Link:
         self.close()
 
     def request(self, op: Op, payload: bytes = b"") -> tuple[Status, bytes]:
-        """Send ``op`` with ``payload``; return ``(status, payload)`` of the answer."""
+        """Send ``op`` with ``payload``; return ``(status, payload)`` of the answer. A link
+        that fails underneath (a closed socket, an unplugged adapter) is a :class:`LinkError`
+        naming the link."""
+        try:
+            return self._request(op, payload)
+        except LinkError:
+            raise
+        except OSError as e:                    # pyserial's SerialException included
+            raise LinkError(f"the link to {self.url} dropped during {Op(op).name}: "
+                            f"{_reason(e)}",
+                            hint="is the device (or ringkv sim) still running?") from None
+
+    def _request(self, op: Op, payload: bytes) -> tuple[Status, bytes]:
         op = Op(op)
         payload = bytes(payload)
         if len(payload) > self.max_payload:
@@ -99,6 +118,16 @@ class Link:
                 if isinstance(event, Frame) and event.seq == seq and event.op == op.value:
                     return event
         return None
+
+
+def _reason(e: BaseException) -> str:
+    """An OS or pyserial error in words: the last ``[Errno N] text``, without the port name
+    pyserial repeats around it."""
+    text = str(e)
+    if "[Errno" in text:
+        text = text.rsplit("] ", 1)[-1]
+        text = text.split(": '", 1)[0]
+    return text
 
 
 class FrameServer:

@@ -38,16 +38,16 @@ dim`` at byte address ``element * EB + byte`` of the ring port (:func:`ring_imag
 :func:`rings_from_image` convert between the two).
 """
 
-import argparse
+import os
 import sys
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from ringkv.defs.config import DEFAULT_CONFIG, TRAINED_CONFIG, RingKVConfig
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig, with_numerics
 from ringkv.defs.numerics import NUMERICS_TABLE
 from ringkv.defs.record import (
     CONFIG_FIELDS,
@@ -70,7 +70,14 @@ from ringkv.defs.record import (
     seq_next,
 )
 
-from .errors import StorageError
+from .errors import (
+    ConfigError,
+    NotACardImage,
+    RingKVError,
+    StorageError,
+    UsageError,
+    run_main,
+)
 
 __all__ = [
     "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
@@ -78,6 +85,8 @@ __all__ = [
     "import_record", "RecordInfo", "scan_region", "scan_image", "RebuildPlan", "plan_rebuild",
     "rebuild", "format_listing", "fsck_report", "HeaderInfo", "check_header", "scan_headers",
     "RecoveryPlan", "plan_recovery", "kind_name", "read_record_bytes", "record_writes", "main",
+    "region_states", "PROBLEM_STATES", "ImageSurvey", "survey_image", "CardImage",
+    "open_card_image", "read_image_file", "repair_image",
 ]
 
 def crc32(data: bytes) -> int:
@@ -375,10 +384,14 @@ class RecordInfo:
     commit_seq: int = 0
     config: dict = field(default_factory=dict)
     kind: int = 0        #: the header's RecordKind value (valid records only)
+    torn: bool = False   #: a write cut short: a header without CRC, or the image ends early
 
     @property
     def valid(self) -> bool:
         return self.status is RecordStatus.OK
+
+
+_BLANK_CRC = (b"\0" * 4, b"\xff" * 4)
 
 
 def scan_region(config, read, region) -> RecordInfo:
@@ -390,6 +403,14 @@ def scan_region(config, read, region) -> RecordInfo:
     """
     status, h, _, message = _import(config, read, region)
     info = RecordInfo(region, status, message)
+    if status is RecordStatus.BAD_HEADER and h is not None and not h.header_crc_ok:
+        # a header whose write was cut holds the bytes written so far, then the medium's
+        # erased value (0x00 or 0xFF) up to the end: its CRC field is blank
+        if bytes(read(RecordLayout(config).region_lba(region), 1)[508:512]) in _BLANK_CRC:
+            info.torn = True
+            info.message = "torn header (its write was cut: no header CRC)"
+    elif status is RecordStatus.BAD_PAYLOAD_CRC and message.startswith("payload shorter"):
+        info.torn = True
     if status is RecordStatus.OK:
         info.count, info.prefix_hash, info.commit_seq = h.count, h.prefix_hash, h.commit_seq
         info.config, info.kind = h.config_fields, h.kind
@@ -659,9 +680,42 @@ def record_writes(config, data: bytes, *, commit_seq: int | None = None) -> tupl
     return h, writes
 
 
+#: What a scan makes of a region (:func:`region_states`), in the words of ``storage ls``.
+#: ``live``, ``superseded``, ``empty`` and ``no tokens`` are normal; ``foreign``, ``torn``,
+#: ``corrupt`` and ``bad version`` are problems a rebuild repairs by freeing the region.
+PROBLEM_STATES = ("foreign", "torn", "corrupt", "bad version")
+
+
+def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> dict:
+    """``{region: state}``: ``live`` (the rebuild keeps it), ``superseded`` (a valid record of
+    a key with a newer commit elsewhere: normal), ``no tokens`` (valid, nothing to resume),
+    ``empty``, ``foreign`` (written under another configuration), ``bad version`` (an unknown
+    record format), ``torn`` (a write cut short: a header without CRC, a payload past the
+    image's end) or ``corrupt`` (a header or payload that fails its CRC or checks: damaged
+    bytes, or an export into a used region cut before its header, which leaves the old header
+    over a partly new payload -- the bytes cannot tell those apart)."""
+    plan = plan_rebuild(infos) if plan is None else plan
+    live = {r for _, _, r, _ in plan.inserts}
+    states = {}
+    for i in infos:
+        if i.valid:
+            states[i.region] = ("live" if i.region in live else
+                                "no tokens" if i.count == 0 else "superseded")
+        elif i.status is RecordStatus.EMPTY:
+            states[i.region] = "empty"
+        elif i.status is RecordStatus.FOREIGN_CONFIG:
+            states[i.region] = "foreign"
+        elif i.status is RecordStatus.BAD_VERSION:
+            states[i.region] = "bad version"
+        else:
+            states[i.region] = "torn" if i.torn else "corrupt"
+    return states
+
+
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     """The inspection table: region, status, count, hash, commit sequence, age, kind (``turn``
-    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), note.
+    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), state
+    (:func:`region_states`), note.
 
     Count, hash and sequence are shown for valid records only (``-`` otherwise: nothing of a
     record that failed a check is trusted); ``age`` is the number of commits since the newest
@@ -669,10 +723,11 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     note says why a region is unusable or superseded.
     """
     plan = plan_rebuild(infos)
+    states = region_states(infos, plan)
     newest = seq_newest(i.commit_seq for i in infos if i.valid)
     live = {r for _, _, r, _ in plan.inserts}
     lines = [f"{'region':>6} {'status':<16} {'count':>7} {'prefix hash':<18} {'seq':>10} "
-             f"{'age':>5}  {'kind':<10}  note"]
+             f"{'age':>5}  {'kind':<10}  {'state':<11} note"]
     shown = 0
     for i in infos:
         if i.status is RecordStatus.EMPTY and not show_empty:
@@ -686,7 +741,7 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
         else:
             kind, count, h, seq, age, note = "-", "-", "-", "-", "", i.message
         lines.append(f"{i.region:>6} {i.status.name:<16} {count:>7} {h:<18} {seq:>10} "
-                     f"{age:>5}  {kind:<10}  {note}")
+                     f"{age:>5}  {kind:<10}  {states[i.region]:<11} {note}")
     ok = sum(i.valid for i in infos)
     lines.append(f"{len(infos)} regions, {shown} shown, {ok} valid, {len(live)} live, "
                  f"{len(plan.reasons)} to free; next commit sequence {plan.next_seq}")
@@ -694,14 +749,18 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
 
 
 def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
-    """``(report, regions to free)``: what a rebuild would keep and free, and why.
+    """``(report, problems)``: what a rebuild would keep and free, and why; ``problems`` is the
+    number of regions in a :data:`PROBLEM_STATES` state (foreign, torn, corrupt, bad version).
 
     The report lists the live records (region, count, prefix hash, commit sequence), then every
-    non-empty region a rebuild frees with its reason (torn or corrupt header or payload,
-    foreign configuration, superseded by a newer commit of the same snapshot, no tokens), then
-    the next commit sequence number. Empty regions are already free and not counted.
+    non-empty region a rebuild frees with its state and reason (superseded records and
+    zero-token records are normal: the rebuild frees them, they are not problems), then the
+    next commit sequence number and the verdict: ``clean``, or how many regions of each
+    problem state a rebuild (or ``--repair``) frees.
     """
     plan = plan_rebuild(infos)
+    states = region_states(infos, plan)
+    problems = {r: st for r, st in states.items() if st in PROBLEM_STATES}
     lines = [f"{len(infos)} regions scanned: {sum(i.valid for i in infos)} valid records, "
              f"{len(plan.inserts)} live, {len(plan.reasons)} to free"]
     if plan.inserts:
@@ -711,60 +770,304 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
                   for c, h, r, s in plan.inserts]
     if plan.reasons:
         lines.append("to free:")
-        lines += [f"  region {r:>5}  {why}" for r, why in sorted(plan.reasons.items())]
+        lines += [f"  region {r:>5}  {why}" + (f"  [{states[r]}]" if r in problems else "")
+                  for r, why in sorted(plan.reasons.items())]
     lines.append(f"next commit sequence: {plan.next_seq}")
-    lines.append("clean" if not plan.reasons else
-                 f"found {len(plan.reasons)} region(s) to free (a rebuild frees them)")
-    return "\n".join(lines), len(plan.reasons)
+    if problems:
+        counts = {st: sum(1 for v in problems.values() if v == st) for st in PROBLEM_STATES}
+        lines.append("repairable: " + ", ".join(f"{n} {st}" for st, n in counts.items() if n)
+                     + " (the device frees them at power-on; --repair erases their headers)")
+    else:
+        lines.append("clean")
+    return "\n".join(lines), len(problems)
 
 
-FSCK_HELP = ("--fsck: report what a rebuild would keep (the live records) and free (every "
-             "non-empty region it cannot use, with the reason); nothing is written. Exit "
-             "status 0 when clean, 1 when it found a region to free, 2 when the image "
-             "cannot be read.")
+# -- images: what a file holds, which configuration wrote it ---------------------------------
+
+#: Erased-medium byte values: an image of only these (per file) holds no record.
+_ERASED = (0x00, 0xFF)
+
+
+@dataclass
+class ImageSurvey:
+    """What :func:`survey_image` found in an image file, before any configuration is chosen.
+
+    ``headers``: sectors beginning with the record magic; ``intact``: of those, the ones whose
+    header passes its CRC and version checks and whose stored config fields give back the
+    stored digest, as ``{digest: (config, [lba, ...])}``; ``damaged``: the other magic
+    sectors; ``blank``: the file holds only one erased value (0x00 or 0xFF).
+    """
+    size: int
+    blank: bool
+    headers: list
+    intact: dict
+    damaged: list
+
+    @property
+    def sectors(self) -> int:
+        return self.size // SECTOR
+
+
+def _config_of(buf) -> RingKVConfig | None:
+    """The configuration a header sector states, when its fields are a valid configuration
+    whose digest is the stored one (else ``None``)."""
+    h = _decode_fields(buf)
+    try:
+        config = RingKVConfig(**h.config_fields)
+        RecordLayout(config)
+    except (ValueError, TypeError):
+        return None
+    return config if config.digest() == h.config_digest else None
+
+
+def survey_image(data) -> ImageSurvey:
+    """Find every record header in ``data`` (bytes or a read-only ``numpy`` view of an image
+    file, a whole number of sectors): sectors that begin with the magic, sorted into intact
+    headers (by configuration) and damaged ones. Reads each sector's first 8 bytes, and whole
+    sectors only where the magic is."""
+    buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data
+    size = len(buf)
+    sectors = buf[:size - size % SECTOR].reshape(-1, SECTOR)
+    magic = np.frombuffer(MAGIC, dtype=np.uint8)
+    hits = np.flatnonzero((sectors[:, :8] == magic).all(axis=1)) if len(sectors) else []
+    intact, damaged = {}, []
+    for lba in map(int, hits):
+        sector = bytes(sectors[lba])
+        h = _decode_fields(sector)
+        config = _config_of(sector)
+        if (h.header_crc_ok and h.version == VERSION and h.header_bytes == SECTOR
+                and config is not None):
+            intact.setdefault(config.digest(), (config, []))[1].append(lba)
+        else:
+            damaged.append(lba)
+    blank = size == 0 or any(bool((buf == v).all()) for v in _ERASED if buf[0] == v)
+    return ImageSurvey(size, blank, [int(x) for x in hits], intact, damaged)
+
+
+@dataclass
+class CardImage:
+    """An image file read as a card: its configuration, where its regions start, how many
+    there are, and why that configuration (``source``)."""
+    path: Path
+    data: object
+    config: RingKVConfig
+    base_lba: int
+    regions: int
+    source: str
+    notes: list
+
+    def read(self, lba: int, n: int) -> bytes:
+        """Sectors ``lba .. lba+n-1``; short (or empty) past the image's end: a record cut by
+        the end of the image is a torn record, never zero padding taken for data."""
+        return bytes(self.data[lba * SECTOR:(lba + n) * SECTOR])
+
+    def scan(self) -> list[RecordInfo]:
+        return [scan_region(self.config, lambda lba, n: self.read(self.base_lba + lba, n), r)
+                for r in range(self.regions)]
+
+
+def _describe(config: RingKVConfig) -> str:
+    return (f"layers={config.layers} Hq={config.q_heads} Hkv={config.kv_heads} "
+            f"d={config.head_dim} W={config.window} max_tokens={config.max_tokens} "
+            f"{config.numerics} (digest {config.digest().hex()[:16]})")
+
+
+def read_image_file(path) -> np.ndarray:
+    """The bytes of an image file, memory-mapped read-only (an empty array for an empty
+    file). A file that cannot be read is a :class:`~ringkv.host.errors.UsageError`."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "Is a directory")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return np.zeros(0, dtype=np.uint8)
+            return np.memmap(f, dtype=np.uint8, mode="r", shape=(size,))
+    except OSError as e:
+        raise UsageError(f"cannot read {path}: {e.strerror or e}", param="image") from None
+
+
+def open_card_image(path, config: RingKVConfig | None = None, *,
+                    numerics: str | None = None) -> CardImage:
+    """Read ``path`` as a card image.
+
+    The configuration comes from the records themselves: the one stated by the intact headers
+    (header CRC good, fields and digest agreeing), by most headers when several are found; the
+    regions start at the offset (modulo a region's sectors) those headers sit at. With no
+    intact header, a damaged header whose fields and digest still agree names it. ``config``
+    (``--config``) is honoured when it has the image's region layout (records of another
+    configuration then show as foreign) and refused (:class:`ConfigError`) when the image's
+    records were written with another layout; ``numerics`` (``--numerics``) changes the
+    configuration's numerics (given or found).
+
+    Raises :class:`NotACardImage` for an empty file, one that is not a whole number of
+    sectors, or one with no record header that is not blank (text, random bytes, another
+    format); a blank file (all 0x00 or all 0xFF) is a card image with no records, read with
+    ``config`` (or the default configuration).
+    """
+    path = Path(path)
+    data = read_image_file(path)
+    size = len(data)
+    if size == 0:
+        raise NotACardImage(f"{path} is empty (0 bytes): not a RingKV card image",
+                            hint="'ringkv sim --image FILE' makes a card image")
+    if size % SECTOR:
+        raise NotACardImage(f"{path} is {size} bytes, not a whole number of {SECTOR}-byte "
+                            f"sectors: not a RingKV card image (truncated?)")
+    survey = survey_image(data)
+    notes = []
+    try:
+        given = with_numerics(config, numerics) if config is not None else None
+    except ValueError as e:
+        raise ConfigError(str(e), param="numerics") from None
+    found = sorted(survey.intact.values(), key=lambda cl: -len(cl[1]))
+    if given is None and numerics is not None and found:
+        try:
+            given = with_numerics(found[0][0], numerics)
+        except ValueError as e:
+            raise ConfigError(str(e), param="numerics") from None
+    if given is None and not found and survey.damaged:
+        for lba in survey.damaged:
+            guess = _config_of(bytes(data[lba * SECTOR:(lba + 1) * SECTOR]))
+            if guess is not None:
+                found = [(guess, [lba])]
+                notes.append("configuration read from a damaged header (its fields and "
+                             "digest agree)")
+                break
+    if not survey.headers and not survey.blank:
+        raise NotACardImage(f"{path} is not a RingKV card image: no record header in its "
+                            f"{survey.sectors} sectors, and it is not blank",
+                            hint="check the file name; 'ringkv sim --image NEW' makes a "
+                                 "card image")
+    if given is not None:
+        chosen = given
+        source = "as given (--config)" if config is not None else (
+            f"from its records, numerics {numerics} as given")
+        ours = survey.intact.get(given.digest(), (given, []))[1]
+        spr = RecordLayout(given).sectors_per_region
+        others = [(c, lbas) for c, lbas in found if c.digest() != given.digest()]
+        if not ours and others and RecordLayout(others[0][0]).sectors_per_region != spr:
+            c = others[0][0]
+            raise ConfigError(f"{path} was written by a device of another configuration "
+                              f"({_describe(c)}), with another region layout, not "
+                              f"{_describe(given)}",
+                              fields=c.diff(given), param="config",
+                              hint="leave out --config and --numerics to read it as "
+                                   "written")
+        lbas = ours or [lba for _, ls in others for lba in ls]
+    elif found:
+        chosen, lbas = found[0][0], found[0][1]
+        source = "from its records"
+        if len(found) > 1:
+            notes.append(f"records of {len(found) - 1} other configuration(s) found: "
+                         + "; ".join(f"{len(ls)} of {_describe(c)}" for c, ls in found[1:]))
+    elif survey.headers:
+        raise RingKVError(f"{path}: no intact record header states the configuration "
+                          f"({len(survey.damaged)} damaged header(s))",
+                          hint="give it with --config (default, demo or JSON fields)")
+    else:
+        chosen, lbas, source = DEFAULT_CONFIG, [], "blank image: no records"
+    lay = RecordLayout(chosen)
+    spr = lay.sectors_per_region
+    residues = [lba % spr for lba in lbas]
+    base = max(set(residues), key=residues.count) if residues else 0
+    # every whole region, and a last partial one whose header sector is there (a torn record)
+    regions = max(0, -(-(survey.sectors - base) // spr))
+    stray = [lba for lba in survey.headers if (lba - base) % spr or lba < base]
+    if stray:
+        notes.append(f"{len(stray)} record header(s) off this layout's region starts "
+                     f"(sectors {', '.join(map(str, stray[:4]))}{' ...' if len(stray) > 4 else ''})"
+                     ": left over from another configuration, the device never reads them")
+    return CardImage(path, data, chosen, base, regions, source, notes)
+
+
+FSCK_HELP = ("exit status: 0 clean (superseded records are normal), 1 repairable (foreign, "
+             "torn or corrupt regions, which the device frees at power-on; --repair erases "
+             "their headers), 2 usage or an unreadable file, 3 --config refused, 5 not a "
+             "card image.")
+
+
+def repair_image(card: CardImage, infos: list[RecordInfo]) -> list[int]:
+    """Erase the header sector of every region in a :data:`PROBLEM_STATES` state (with the
+    image's erased value), so that no scan finds them again; returns those regions. The only
+    writes ``storage fsck --repair`` makes."""
+    states = region_states(infos)
+    bad = [r for r, st in sorted(states.items()) if st in PROBLEM_STATES]
+    if not bad:
+        return []
+    lay = RecordLayout(card.config)
+    erased = bytes(SECTOR)
+    with open(card.path, "r+b") as f:
+        for r in bad:
+            f.seek((card.base_lba + lay.region_lba(r)) * SECTOR)
+            f.write(erased)
+        f.flush()
+        os.fsync(f.fileno())
+    return bad
 
 
 def main(argv=None) -> int:
-    """``python -m ringkv.host.record IMAGE [--regions R] [--numerics N] [--all | --fsck]``:
-    list the records in an image of the default configuration (with numerics ``N``), or check
-    it (``--fsck``: exit status 1 when a rebuild would free a non-empty region; 2 when the
-    image cannot be read)."""
-    parser = argparse.ArgumentParser(description="List (or --fsck: check) the snapshot "
-                                     "records in a storage image", epilog=FSCK_HELP)
+    """``python -m ringkv.host.record IMAGE [--config C] [--numerics N] [--all | --fsck
+    [--repair]]``: list the records in an image (its configuration read from the records), or
+    check it (``--fsck``); exit status as :data:`FSCK_HELP`."""
+    from ringkv.defs.config import named_config
+
+    from .errors import ArgumentParser
+    parser = ArgumentParser(prog="ringkv storage", description="List (or --fsck: check) the "
+                            "snapshot records in a card image", epilog=FSCK_HELP)
     parser.add_argument("image", type=Path)
-    parser.add_argument("--regions", type=int, default=None,
-                        help="regions to scan (default: as many as fit in the image)")
     parser.add_argument("--all", action="store_true", help="also list empty regions")
+    parser.add_argument("--regions", type=int, default=None,
+                        help="scan only the first REGIONS regions (default: every region the "
+                             "image holds)")
     parser.add_argument("--fsck", action="store_true",
-                        help="check instead of list; exit 1 if a region would be freed")
-    parser.add_argument("--numerics", default=DEFAULT_CONFIG.numerics,
-                        choices=sorted(NUMERICS_TABLE),
-                        help="the device's attention numerics (sets the record layout; "
-                             "ringkv-fx1c: the board build's, TRAINED_CONFIG)")
+                        help="check instead of list; exit 1 if a region is foreign, torn or "
+                             "corrupt")
+    parser.add_argument("--repair", action="store_true",
+                        help="with --fsck: erase the headers of the foreign, torn and corrupt "
+                             "regions (the only change fsck ever makes)")
+    parser.add_argument("--config", default=None,
+                        help="read the image as this configuration ('default', 'demo' or "
+                             "fields as JSON) instead of the one its records state")
+    parser.add_argument("--numerics", default=None, choices=sorted(NUMERICS_TABLE),
+                        help="the numerics of the configuration (given or found)")
     args = parser.parse_args(argv)
-    config = (TRAINED_CONFIG if NUMERICS_TABLE[args.numerics].per_layer
-              else replace(DEFAULT_CONFIG, numerics=args.numerics))
-    lay = RecordLayout(config)
-    try:
-        data = args.image.read_bytes()
-    except OSError as e:
-        print(f"cannot read the image: {e}", file=sys.stderr)
-        return 2
-    regions = args.regions or len(data) // (lay.sectors_per_region * SECTOR)
-
-    def read(lba, n):
-        return data[lba * SECTOR:(lba + n) * SECTOR].ljust(n * SECTOR, b"\0")
-
+    if args.repair and not args.fsck:
+        raise UsageError("--repair goes with fsck", param="repair")
+    config = None
+    if args.config is not None:
+        try:
+            config = named_config(args.config, args.numerics)
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"--config {args.config!r}: {e}", param="config") from None
+    if args.regions is not None and args.regions < 1:
+        raise UsageError(f"--regions must be a positive number, not {args.regions}",
+                         param="regions")
+    card = open_card_image(args.image, config, numerics=args.numerics)
+    if args.regions is not None:
+        card.regions = min(card.regions, args.regions)
     started = time.monotonic()
-    infos = scan_image(config, read, regions)
-    if args.fsck:
-        report, to_free = fsck_report(infos)
-        print(report)
-        return 1 if to_free else 0
-    print(format_listing(infos, show_empty=args.all))
-    print(f"scanned in {time.monotonic() - started:.2f} s")
-    return 0
+    infos = card.scan()
+    print(f"{card.path}: {card.regions} regions of {_describe(card.config)}, "
+          f"configuration {card.source}"
+          + (f", regions from sector {card.base_lba}" if card.base_lba else ""))
+    for note in card.notes:
+        print(f"note: {note}")
+    if not args.fsck:
+        print(format_listing(infos, show_empty=args.all))
+        print(f"scanned in {time.monotonic() - started:.2f} s")
+        return 0
+    report, problems = fsck_report(infos)
+    print(report)
+    if problems and args.repair:
+        erased = repair_image(card, infos)
+        print(f"repaired: erased the headers of region(s) {', '.join(map(str, erased))}")
+        _, problems = fsck_report(CardImage(card.path, read_image_file(card.path), card.config,
+                                            card.base_lba, card.regions, card.source,
+                                            []).scan())
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

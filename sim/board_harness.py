@@ -28,7 +28,6 @@ a power cut (the image keeps every completed sector). Builds are cached in
 ``build/board/<key>``; elaboration is skipped when the Verilator binary is there.
 """
 
-import argparse
 import fcntl
 import json
 import os
@@ -37,9 +36,10 @@ import sys
 from pathlib import Path
 
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig, named_config
+from ringkv.host.errors import ArgumentParser, RingKVError, UsageError, run_main
 
 from .cocotb_run import BUILD_ROOT
-from .harness import SimDevice
+from .harness import SimDevice, check_image, check_port, progress
 from .toolchain import setup_environ
 
 __all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GATE_PAD_MODEL",
@@ -353,7 +353,8 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
     import inspect
 
     from ringkv.boards.ulx3s import POR_HOLD_CYCLES, SIM_LOCK_CYCLES, ULX3STop
-    top = board_top(config, gate=gate, **top_kwargs)
+    with progress("building the pin-level board top: elaborating (Amaranth)"):
+        top = board_top(config, gate=gate, **top_kwargs)
     core = top.top
     defaults = {k: p.default for k, p in inspect.signature(ULX3STop).parameters.items()}
     info = {"sectors": core.base_lba + core.regions * core.record_layout.sectors_per_region,
@@ -394,10 +395,12 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
         if (old != current or not binary.exists() or not flags.exists()
                 or flags.read_text() != wanted):
             flags.unlink(missing_ok=True)
-            _pins_only_runner(vlt).build(
-                sources=[source, *models], includes=includes, hdl_toplevel=BOARD_TOP,
-                build_dir=build_dir, build_args=args, timescale=("1ns", "1ps"), always=True,
-                log_file=build_dir / "verilator-build.log")
+            with progress("building the pin-level board top: Verilator and the C++ compiler "
+                          f"(log: {build_dir / 'verilator-build.log'})"):
+                _pins_only_runner(vlt).build(
+                    sources=[source, *models], includes=includes, hdl_toplevel=BOARD_TOP,
+                    build_dir=build_dir, build_args=args, timescale=("1ns", "1ps"),
+                    always=True, log_file=build_dir / "verilator-build.log")
             flags.write_text(wanted)
             if gate:
                 (build_dir / "built.key").write_text(current)
@@ -428,6 +431,7 @@ def serve_board(image, *, config: RingKVConfig = TRAINED_CONFIG, port: int = 0,
                                        "card": card or {},
                                        "config": config.__dict__}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
+           "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING"),
            **(extra_env or {})}
     return runner.test(hdl_toplevel=BOARD_TOP, hdl_toplevel_lang="verilog",
                        test_module=test_module, testcase=testcase, build_dir=build_dir,
@@ -453,12 +457,16 @@ class GateBoardDevice(SimDevice):
 
 
 def main(argv=None, *, gate: bool = False):
-    parser = argparse.ArgumentParser(prog="ringkv sim --board",
+    parser = ArgumentParser(prog="ringkv sim --board",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--gate", action="store_true", default=gate,
                         help="simulate the synth_ecp5 netlist (gate level) instead of the RTL")
     parser.add_argument("--board", default="ulx3s-85f", choices=BOARDS)
-    parser.add_argument("--image", default="ringkv.img", help="SD card image file (created)")
+    parser.add_argument("--image", default="ringkv.img",
+                        help="SD card image file (created when missing; one that is not a "
+                             "card image of this configuration is refused, unchanged)")
+    parser.add_argument("--create", action="store_true",
+                        help="start a new blank image at --image, replacing what it holds")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
     parser.add_argument("--config", default=None,
                         help="'default' (the board build's: the default shape in ringkv-fx1c "
@@ -478,14 +486,35 @@ def main(argv=None, *, gate: bool = False):
                         help='the SD card model\'s keyword arguments as JSON ({"sdhc": false}: '
                              'an SDSC card)')
     args = parser.parse_args(argv)
-    config = named_config(args.config, args.numerics)
-    print(f"building the pin-level {args.board} top" + (" (gate level)" if args.gate else "")
-          + f" (config digest {config.digest().hex()[:16]}) ...", file=sys.stderr, flush=True)
-    serve_board(args.image, config=config, port=args.port, once=args.once,
-                prebuilt=args.prebuilt, cut_after=args.cut_after, gate=args.gate,
-                card=json.loads(args.card), **json.loads(args.top))
+    import inspect
+
+    from ringkv.boards.ulx3s import ULX3STop
+    from ringkv.defs.record import RecordLayout
+    try:
+        config = named_config(args.config, args.numerics)
+        top, card = json.loads(args.top), json.loads(args.card)
+        if not isinstance(top, dict) or not isinstance(card, dict):
+            raise ValueError("--top and --card are JSON objects")
+        regions = top.get("regions", inspect.signature(ULX3STop).parameters["regions"].default)
+        sectors = regions * RecordLayout(config).sectors_per_region
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad --config, --top or --card: {e}", param="config") from None
+    check_port(args.port)
+    what = check_image(args.image, config, sectors, create=args.create)
+    image = Path(args.image).resolve()
+    if args.create:
+        image.write_bytes(b"")
+    print(f"ringkv sim --board {args.board}" + (" (gate level)" if args.gate else "")
+          + f": image {image} ({what}); config digest {config.digest().hex()[:16]}",
+          file=sys.stderr, flush=True)
+    try:
+        serve_board(image, config=config, port=args.port, once=args.once,
+                    prebuilt=args.prebuilt, cut_after=args.cut_after, gate=args.gate,
+                    card=card, **top)
+    except RuntimeError as e:            # the simulator exited non-zero
+        raise RingKVError(f"the board simulator stopped: {e}") from None
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -28,6 +28,7 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
 import json
 import os
 import queue
+import signal
 import sys
 from fractions import Fraction
 from types import SimpleNamespace
@@ -248,6 +249,9 @@ def start_board(dut, params: dict, on_bytes=None):
 @cocotb.test(timeout_time=None)
 async def serve(dut):
     params = json.loads(os.environ["RINGKV_BOARD"])
+    # Ctrl-C at a terminal reaches the whole foreground process group: the ringkv process
+    # that started this simulator stops it; here it would only print a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = _Socket(params["port"])
     line, image, _ = start_board(dut, params, on_bytes=sock.send)
     period_ps = round(10**12 / params["sys_hz"])

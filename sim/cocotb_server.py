@@ -17,7 +17,9 @@ callback per 256 clocks) while the socket is quiet. Verilator runs free in betwe
 import json
 import os
 import queue
+import signal
 import socket
+import sys
 import threading
 
 import cocotb
@@ -26,11 +28,13 @@ from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
 from .sector_model import CocotbStorageServer, SectorImage
 
-__all__ = ["serve", "POWER_CUT_EXIT"]
+__all__ = ["serve", "POWER_CUT_EXIT", "LISTEN_FAILED_EXIT"]
 
 CLOCK_NS = 10
 #: Exit status of the simulator after a power cut (``cut_after``).
 POWER_CUT_EXIT = 75
+#: Exit status of the simulator when it cannot listen on its port (in use, not allowed).
+LISTEN_FAILED_EXIT = 76
 
 
 class _EventStorage(CocotbStorageServer):
@@ -92,6 +96,9 @@ class _Socket:
 @cocotb.test(timeout_time=None)
 async def serve(dut):
     params = json.loads(os.environ["RINGKV_SERVE"])
+    # Ctrl-C at a terminal reaches the whole foreground process group: the ringkv process
+    # that started this simulator stops it; here it would only print a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     Clock(dut.clk, CLOCK_NS, unit="ns").start()
     dut.rst.value = 1
     dut.rx__valid.value = 0
@@ -103,7 +110,12 @@ async def serve(dut):
     image = SectorImage(params["image"], params["sectors"])
     storage = _EventStorage(dut, "storage", dut.clk, image, cut_after=params.get("cut_after"))
     cocotb.start_soon(_storage(storage))
-    sock = _Socket(params["port"])
+    try:
+        sock = _Socket(params["port"])
+    except OSError as e:
+        print(f"ringkv: cannot listen on 127.0.0.1:{params['port']}: {e.strerror or e}",
+              file=sys.stderr, flush=True)
+        os._exit(LISTEN_FAILED_EXIT)
     cocotb.start_soon(_tx_to_socket(dut, sock))
     # The parent process waits for this line to know where to connect.
     print(f"RINGKV-SIM listening on socket://127.0.0.1:{sock.port}", flush=True)

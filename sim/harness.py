@@ -10,24 +10,47 @@ simulator, waits for the URL, and ``stop()`` / ``kill()`` end it (``kill`` is a 
 image keeps what was written, sector by sector).
 """
 
-import argparse
-import fcntl
+import hashlib
 import json
+import logging
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig, named_config
+from ringkv.defs.record import SECTOR
+from ringkv.host.errors import (
+    ArgumentParser,
+    ConfigError,
+    LinkError,
+    NotACardImage,
+    RingKVError,
+    UsageError,
+    run_main,
+)
 
+from . import procs
 from .cocotb_run import BUILD_ROOT
 from .toolchain import setup_environ
 from .verilog import write_verilog
 
-__all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME"]
+__all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME", "DEMO_TOP", "build_key",
+           "check_image", "check_port", "progress"]
+
+log = logging.getLogger(__name__)
 
 TOP_NAME = "ringkv_top"
+#: ``RingKVTop`` parameters of the demo's simulated devices (``make demo``), which ``ringkv sim
+#: --config demo`` uses too (so it reuses the demo's build): a 2-region store, so that the
+#: allocator must evict, 4 lanes of 8 MACs.
+DEMO_TOP = {"regions": 2, "lanes": 4, "macs": 8}
+#: Verilator's options for the top; part of the build key.
+BUILD_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"]
 
 
 def _top(config, top_kwargs):
@@ -35,35 +58,98 @@ def _top(config, top_kwargs):
     return RingKVTop(config, **top_kwargs)
 
 
+def _sources_digest() -> str:
+    """Digest of every source the top's Verilog comes from (``ringkv.hw`` and ``ringkv.defs``)
+    and of the tool versions that turn it into a model (Amaranth, Verilator, cocotb)."""
+    from importlib.metadata import PackageNotFoundError, version
+    h = hashlib.blake2b(digest_size=16)
+    root = Path(__file__).resolve().parent.parent
+    import ringkv.defs
+    import ringkv.hw
+    for package in (ringkv.hw, ringkv.defs):
+        folder = Path(package.__file__).parent
+        for f in sorted(folder.glob("*.py")):
+            h.update(f.name.encode() + b"\0" + f.read_bytes())
+    for dist in ("amaranth", "verilator", "cocotb"):
+        try:
+            h.update(f"{dist}={version(dist)};".encode())
+        except PackageNotFoundError:
+            h.update(f"{dist}=none;".encode())
+    del root
+    return h.hexdigest()
+
+
+def build_key(config: RingKVConfig, top_kwargs: dict) -> str:
+    """The build cache's key: everything that determines the simulated model -- the
+    configuration, the top's parameters, the gateware sources, the tool versions and the
+    Verilator options. A build with the same key is reused as it is, without elaborating."""
+    recipe = json.dumps({"config": config.canonical().decode(), "top": top_kwargs,
+                         "sources": _sources_digest(), "args": BUILD_ARGS, "name": TOP_NAME},
+                        sort_keys=True)
+    return hashlib.blake2b(recipe.encode(), digest_size=8).hexdigest()
+
+
 def _build_dir(config: RingKVConfig, top_kwargs: dict) -> Path:
-    key = config.digest().hex()[:12] + "".join(f"_{k}{v}" for k, v in sorted(top_kwargs.items()))
-    return BUILD_ROOT / "sim" / key
+    return BUILD_ROOT / "sim" / build_key(config, top_kwargs)
+
+
+@contextmanager
+def progress(what: str, every: float = 10.0):
+    """Log ``what`` at the start, then its elapsed time every ``every`` seconds until the
+    block ends, and the total at the end (``ringkv`` shows INFO messages by default; ``-q``
+    hides them)."""
+    started = time.monotonic()
+    done = threading.Event()
+    log.info("%s ...", what)
+
+    def tick():
+        while not done.wait(every):
+            log.info("%s ... %.0f s", what, time.monotonic() - started)
+
+    thread = threading.Thread(target=tick, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+    log.info("%s: done in %.0f s", what, time.monotonic() - started)
 
 
 def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path, int]:
-    """Verilate the top (skipped when the Verilog is unchanged); return (build dir, sectors)."""
+    """Verilate the top unless the build cache holds it (:func:`build_key`); return (build
+    dir, sectors)."""
     setup_environ()
-    from cocotb_tools.runner import get_runner
-
-    top = _top(config, top_kwargs)
-    sectors = top.base_lba + top.regions * top.record_layout.sectors_per_region
     build_dir = _build_dir(config, top_kwargs)
     build_dir.mkdir(parents=True, exist_ok=True)
     # One build at a time per directory: parallel test workers (and a `ringkv sim` started
     # beside a test run) would otherwise verilate into the same files at once.
+    import fcntl
     with open(build_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        source = build_dir / f"{TOP_NAME}.v"
-        old = source.read_text() if source.exists() else None
-        write_verilog(top, TOP_NAME, source)
-        binary = build_dir / TOP_NAME
-        if old != source.read_text() or not binary.exists():
+        binary, stamp = build_dir / TOP_NAME, build_dir / "sectors"
+        if binary.exists() and stamp.exists():
+            log.debug("reusing the simulated top built in %s", build_dir)
+            return build_dir, int(stamp.read_text())
+        from cocotb_tools.runner import get_runner
+        tag = f"config {config.digest().hex()[:8]}" + "".join(
+            f", {k} {v}" for k, v in sorted(top_kwargs.items()))
+        with progress(f"building the simulated RingKV top ({tag}): elaborating (Amaranth)"):
+            top = _top(config, top_kwargs)
+            sectors = top.base_lba + top.regions * top.record_layout.sectors_per_region
+            source = build_dir / f"{TOP_NAME}.v"
+            write_verilog(top, TOP_NAME, source)
+        with progress("building the simulated RingKV top: Verilator and the C++ compiler "
+                      f"(log: {build_dir / 'verilator-build.log'})"):
             runner = get_runner("verilator")
-            runner.build(sources=[source], hdl_toplevel=TOP_NAME, build_dir=build_dir,
-                         build_args=["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"],
-                         timescale=("1ns", "1ps"), always=True,
-                         log_file=build_dir / "verilator-build.log")
-    (build_dir / "sectors").write_text(str(sectors))
+            try:
+                runner.build(sources=[source], hdl_toplevel=TOP_NAME, build_dir=build_dir,
+                             build_args=BUILD_ARGS, timescale=("1ns", "1ps"), always=True,
+                             log_file=build_dir / "verilator-build.log")
+            except RuntimeError as e:
+                raise RingKVError(f"the Verilator build failed ({e})",
+                                  hint=f"see {build_dir / 'verilator-build.log'}") from None
+        stamp.write_text(str(sectors))
     return build_dir, sectors
 
 
@@ -71,27 +157,123 @@ def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: 
           prebuilt: bool = False, cut_after: int | None = None, **top_kwargs):
     """Build if needed, then run the simulated device until killed (or one connection).
 
-    ``prebuilt``: the caller has just run :func:`build_top` with the same arguments; skip the
-    elaboration (tens of seconds for a large top) and use the build directory as it is.
+    ``prebuilt``: kept for callers that have just run :func:`build_top` (the build cache makes
+    every call after the first one fast anyway).
     ``cut_after``: the power fails after that many bytes written to storage (the sector being
     written is torn, holding the bytes received so far) and the simulator exits at once.
+    Raises :class:`~ringkv.host.errors.RingKVError` when the simulator stops with an error
+    (it cannot listen on ``port``, the image cannot be used).
     """
-    build_dir = _build_dir(config, top_kwargs)
-    if prebuilt and (build_dir / TOP_NAME).exists() and (build_dir / "sectors").exists():
-        sectors = int((build_dir / "sectors").read_text())
-        setup_environ()
-    else:
-        build_dir, sectors = build_top(config, **top_kwargs)
+    build_dir, sectors = build_top(config, **top_kwargs)
     from cocotb_tools.runner import get_runner
     runner = get_runner("verilator")
     env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
                                        "sectors": sectors, "once": once,
                                        "cut_after": cut_after}),
-           "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING")}
-    runner.test(hdl_toplevel=TOP_NAME, hdl_toplevel_lang="verilog",
-                test_module="ringkv.sim.cocotb_server",
-                build_dir=build_dir, test_dir=build_dir / "run", extra_env=env,
-                timescale=("1ns", "1ps"))
+           "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
+           "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING")}
+    try:
+        runner.test(hdl_toplevel=TOP_NAME, hdl_toplevel_lang="verilog",
+                    test_module="ringkv.sim.cocotb_server",
+                    build_dir=build_dir, test_dir=build_dir / "run", extra_env=env,
+                    timescale=("1ns", "1ps"))
+    except RuntimeError as e:           # the simulator exited non-zero
+        from .cocotb_server import LISTEN_FAILED_EXIT, POWER_CUT_EXIT
+        if f"return code: {POWER_CUT_EXIT}" in str(e):
+            return
+        if f"return code: {LISTEN_FAILED_EXIT}" in str(e):
+            raise LinkError(f"the simulator cannot listen on 127.0.0.1:{port}",
+                            hint="choose another --port, or --port 0 for any free port") \
+                from None
+        raise RingKVError(f"the simulator stopped: {e}") from None
+
+
+def check_port(port: int, host: str = "127.0.0.1") -> None:
+    """Raise :class:`~ringkv.host.errors.LinkError` when ``host:port`` cannot be listened on
+    (in use, not allowed), before anything is built; port 0 (any free port) always can."""
+    if port == 0:
+        return
+    if not 0 < port < 65536:
+        raise UsageError(f"--port must be 0..65535, not {port}", param="port")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise LinkError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                            hint="choose another --port, or --port 0 for any free port") \
+                from None
+
+
+def _foreign_header_sector(sector: bytes) -> bool:
+    """A region's header sector that no export of this device wrote: neither erased (all
+    0x00 or 0xFF), nor a header (the magic), nor a header torn within its magic (a prefix of
+    it, then the erased value)."""
+    from ringkv.defs.record import MAGIC
+    if not sector.strip(b"\0") or not sector.strip(b"\xff") or sector.startswith(MAGIC):
+        return False
+    for erased in (b"\0", b"\xff"):
+        head = sector.rstrip(erased)
+        if head and MAGIC.startswith(head):
+            return False
+    return True
+
+
+def check_image(path, config: RingKVConfig, sectors: int, *, create: bool = False) -> str:
+    """Decide whether the simulator may use ``path`` as its card image; changes nothing.
+
+    Usable: a missing file (created), an empty or blank one (all 0x00 or 0xFF), a card image
+    of ``config`` -- every region header sector of its layout erased or a record header
+    (intact, torn or corrupt: the device's recovery frees those), no intact header of another
+    configuration. Refused, untouched: a directory or unreadable file (:class:`UsageError`),
+    a file that is not a RingKV card image (:class:`NotACardImage`: text, random bytes, not a
+    whole number of sectors, larger than the device's storage), a card image of another
+    configuration (:class:`ConfigError`). ``create``: the file will be replaced by a new blank
+    image, whatever it holds (only a directory is refused). Returns what the image is, in
+    words.
+    """
+    from ringkv.defs.record import RecordLayout
+    from ringkv.host.record import read_image_file, survey_image
+    path = Path(path)
+    if path.is_dir():
+        raise UsageError(f"--image {path} is a directory", param="image")
+    if create:
+        return "new blank image (--create)"
+    if not path.exists():
+        return "new image"
+    data = read_image_file(path)
+    size = len(data)
+    if size == 0:
+        return "empty file, made a blank image"
+    keep = "; the simulator leaves it as it is"
+    hint = "use a new file, or --create to replace it by a blank card image"
+    if size % SECTOR:
+        raise NotACardImage(f"{path} is {size} bytes, not a whole number of {SECTOR}-byte "
+                            f"sectors: not a RingKV card image{keep}", param="image", hint=hint)
+    survey = survey_image(data)
+    ours = survey.intact.get(config.digest(), (config, []))[1]
+    others = [c for d, (c, _) in survey.intact.items() if d != config.digest()]
+    if others and not ours:
+        raise ConfigError(f"{path} holds records of another configuration "
+                          f"({'; '.join(others[0].diff(config))}){keep}", param="image",
+                          fields=others[0].diff(config),
+                          hint="start the simulator with the image's --config, or use "
+                               "another --image")
+    spr = RecordLayout(config).sectors_per_region
+    if any(_foreign_header_sector(bytes(data[lba * SECTOR:(lba + 1) * SECTOR]))
+           for lba in range(0, size // SECTOR, spr)):
+        raise NotACardImage(f"{path} is not a RingKV card image of this configuration (a "
+                            f"region's header sector holds something else){keep}",
+                            param="image", hint=hint)
+    if size > sectors * SECTOR:
+        raise NotACardImage(f"{path} is {size} bytes, larger than this device's storage "
+                            f"({sectors} sectors){keep}", param="image",
+                            hint="start the simulator with the image's --top regions, or "
+                                 "use another --image")
+    if survey.blank:
+        return f"blank image ({size // SECTOR} sectors)"
+    return (f"card image: {len(ours)} intact record header(s)"
+            + (f", {len(survey.damaged)} damaged" if survey.damaged else ""))
 
 
 class SimDevice:
@@ -113,20 +295,28 @@ class SimDevice:
             cmd += ["--cut-after", str(cut_after)]
         cmd += list(server_args)            # the server module's own options
         self.log = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True,
-                                     start_new_session=True)
+        # its own process group, stopped with it by Ctrl-C or SIGTERM of this process
+        self.proc = procs.spawn(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.url = None
         deadline = time.monotonic() + startup_timeout
-        for line in self.proc.stdout:
-            if line.startswith("RINGKV-SIM listening on "):
-                self.url = line.split()[-1]
-                break
-            if time.monotonic() > deadline:
-                break
+        try:
+            for line in self.proc.stdout:
+                if line.startswith("RINGKV-SIM listening on "):
+                    self.url = line.split()[-1]
+                    break
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            if self.url is None:
+                self.kill()
         if self.url is None:
-            self.kill()
-            raise RuntimeError(f"the simulator did not start (exit {self.proc.poll()}); "
-                               f"see {log or 'its log'}")
+            why = ""
+            if log:
+                lines = [x for x in Path(log).read_text().splitlines()
+                         if x.startswith("ringkv: ")]
+                why = f": {lines[-1][len('ringkv: '):]}" if lines else ""
+            raise RingKVError(f"the simulator did not start (exit {self.proc.returncode})"
+                              f"{why}", hint=f"see {log}" if log else None)
 
     def wait_power_cut(self, timeout: float = 60.0) -> bool:
         """Wait until the simulator has ended by itself (a ``cut_after`` power cut): True if it
@@ -140,21 +330,17 @@ class SimDevice:
 
     def kill(self):
         """Power cut: the process ends at once; the image keeps every completed sector."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)
-        self.proc.wait()
+        import signal
+        procs.stop(self.proc, sig=signal.SIGKILL)
         self._close_log()
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 15)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        procs.stop(self.proc, grace=10)
         self._close_log()
 
     def _close_log(self):
+        if self.proc.stdout is not None and not self.proc.stdout.closed:
+            self.proc.stdout.close()
         if self.log not in (None, subprocess.DEVNULL) and not self.log.closed:
             self.log.close()
 
@@ -165,32 +351,67 @@ class SimDevice:
         self.stop()
 
 
+def _sectors(config: RingKVConfig, top_kwargs: dict) -> int:
+    """Sectors of the top's storage (``base_lba`` + its regions), without elaborating it."""
+    import inspect
+
+    from ringkv.defs.record import RecordLayout
+    from ringkv.hw.top import RingKVTop
+    defaults = {k: p.default for k, p in inspect.signature(RingKVTop).parameters.items()}
+    kw = {**defaults, **top_kwargs}
+    return kw["base_lba"] + kw["regions"] * RecordLayout(config).sectors_per_region
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="ringkv sim", description=__doc__.splitlines()[0])
-    parser.add_argument("--image", default="ringkv.img", help="storage image file (created)")
+    parser = ArgumentParser(prog="ringkv sim", description=__doc__.splitlines()[0],
+                            epilog="It refuses an --image that is not a RingKV card image of "
+                                   "its configuration (and leaves it as it is), unless the "
+                                   "file is new, empty or blank, or --create is given. It "
+                                   "exits non-zero when it cannot serve.")
+    parser.add_argument("--image", default="ringkv.img",
+                        help="card image file (created when missing)")
+    parser.add_argument("--create", action="store_true",
+                        help="start a new blank image at --image, replacing what the file "
+                             "holds")
     parser.add_argument("--port", type=int, default=0, help="TCP port (0: any free port)")
     parser.add_argument("--config", default=None,
                         help="'default' (the board build's: the default shape in ringkv-fx1c "
                              "with the trained model's scales, TRAINED_CONFIG), 'demo' (the "
-                             "demo shape, likewise) or RingKVConfig fields as JSON")
+                             "demo shape, likewise, and the demo's top: DEMO_TOP) or "
+                             "RingKVConfig fields as JSON")
     parser.add_argument("--numerics", default=None,
                         choices=["ringkv-fx1", "ringkv-fx2", "ringkv-fx1c"],
                         help="override the configuration's attention numerics")
-    parser.add_argument("--top", default="{}", help="RingKVTop keyword arguments as JSON")
+    parser.add_argument("--top", default=None,
+                        help="RingKVTop keyword arguments as JSON (default: {} -- 64 regions "
+                             "--, with --config demo the demo's)")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
-                        help="use the existing Verilator build without re-elaborating")
+                        help="(kept for scripts: a matching build is always reused)")
     parser.add_argument("--cut-after", type=int, default=None, metavar="BYTES",
                         help="power cut after BYTES written to storage (the sector being "
                              "written is torn); the simulator then exits")
     args = parser.parse_args(argv)
-    config = named_config(args.config, args.numerics)
-    print(f"building the simulated RingKV top (config digest {config.digest().hex()[:16]}) ...",
+    try:
+        config = named_config(args.config, args.numerics)
+        top = json.loads(args.top) if args.top is not None else (
+            dict(DEMO_TOP) if args.config == "demo" else {})
+        if not isinstance(top, dict):
+            raise ValueError("--top is a JSON object")
+        sectors = _sectors(config, top)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad --config or --top: {e}", param="config") from None
+    check_port(args.port)
+    what = check_image(args.image, config, sectors, create=args.create)
+    image = Path(args.image).resolve()
+    if args.create:
+        image.write_bytes(b"")
+    print(f"ringkv sim: image {image} ({what}); config digest {config.digest().hex()[:16]}",
           file=sys.stderr, flush=True)
-    serve(args.image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
-          cut_after=args.cut_after, **json.loads(args.top))
+    serve(image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
+          cut_after=args.cut_after, **top)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -159,8 +159,27 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
 
     config = DEMO_CONFIG if config is None else config
     say = print if verbose else (lambda *a, **k: None)
+    temporary = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="ringkv-demo-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    devices = {}
+    keep = False
+    try:
+        status = _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top)
+        keep = status != 0 and temporary       # the simulators' logs tell what went wrong
+        if keep:
+            say(f"the simulators' logs are in {workdir}")
+        return status
+    finally:
+        # whatever ended the run (a failure, Ctrl-C, SIGTERM): no simulator left running
+        for dev, fpga in devices.values():
+            fpga.link.close()
+            dev.stop()
+        if temporary and not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top) -> int:
     image_a, image_b = workdir / "device-a.img", workdir / "device-b.img"
     for image in (image_a, image_b):
         image.unlink(missing_ok=True)
@@ -173,26 +192,29 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         f"P={LANES} lanes x M={MACS} MACs")
     t0 = time.monotonic()
     build_top(config, **top_kwargs)
-    say(f"Verilator model ready ({time.monotonic() - t0:.0f} s); work dir {workdir}\n")
+    say(f"Verilator model ready ({time.monotonic() - t0:.0f} s); work dir {workdir}\n",
+        flush=True)
 
     model = (Model.trained(config) if weights_path(config).exists()
              else Model(config, hidden=64, ffn=128, seed=seed))
     steps = [tuple(s) + ({},) * (6 - len(s)) for s in steps]
     plan = [s for s in steps if s[2] is not None]
+    t1 = time.monotonic()
+    say("computing the software-only reference and the software device's decisions ...",
+        flush=True)
     reference = plain_run(model, [(sid, toks, n, opts) for _, _, sid, toks, n, opts in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
     # what the software device decides for the same scenario (ringkv demo --software's device)
     twin = [(e["path"], e["reused"]) for e in software_run(steps, config, model)[0].events]
-
-    devices = {}
+    say(f"  done in {time.monotonic() - t1:.0f} s; starting device A ...", flush=True)
 
     def start(name, image):
         dev = SimDevice(image, config=config, log=workdir / f"sim-{name}.log", prebuilt=True,
                         **top_kwargs)
         fpga = FpgaDevice(Link(dev.url, timeout=120), config)
+        devices[name] = (dev, fpga)     # stopped and closed however the run ends
         fpga.check_config()
         st = fpga.wait_ready()          # the device's own recovery scan (power-on)
-        devices[name] = (dev, fpga)
         return fpga, st["live"], st["freed"]
 
     t1 = time.monotonic()
@@ -209,7 +231,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     for label, devname, sid, tokens, n_new, opts in steps:
         if sid is None:
             if label == "power cut":
-                dev, _ = devices.pop("A")
+                dev, old = devices.pop("A")
+                old.link.close()
                 dev.kill()
                 fpga, inserts, frees = start("A", image_a)
                 sched.device, sched.resident = fpga, None
@@ -258,8 +281,10 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         note = event_notes(e)
         if note:
             say(note)
-    for dev, _ in devices.values():
+    for dev, fpga in devices.values():
+        fpga.link.close()
         dev.stop()
+    devices.clear()
 
     say("\nsummary")
     for line in path_summary(e for e, _ in rows):
@@ -283,7 +308,6 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
         "scenario")
     say(f"all {sum(map(len, outputs))} generated tokens identical to the software-only run "
         f"({time.monotonic() - t0:.0f} s)")
-    shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

@@ -58,8 +58,8 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     from ringkv.host.record import scan_image
     from ringkv.sim.board_harness import BoardDevice
     image = tmp_path / "card.img"
-    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255",
-            "--timeout", "120"]
+    # no --timeout: the check adapts its timeouts to the simulated link (and says so)
+    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255"]
     with BoardDevice(image, config=CFG, prebuilt=True, log=tmp_path / "sim.log", **TOP) as dev:
         assert main(["board", "check", "--link", dev.url, *args]) == 0
         first = capsys.readouterr().out
@@ -88,6 +88,7 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
         assert f"[PASS] {step}" in first, first
         assert f"[PASS] {step}" in second, second
     assert "board check: 7/7 steps passed" in first
+    assert "timeouts: " in first and "us per byte; --timeout sets them)" in first
     # STORAGE_INFO in the storage step: the bitstream's SD mode and clock, the card model's
     # type (OCR) and capacity (its CSD: the image rounded up to 1024 sectors)
     card = 1024 * -(-TOP["regions"] * RecordLayout(CFG).sectors_per_region // 1024)
@@ -142,16 +143,16 @@ def test_board_check_on_the_spi_variant(tmp_path, capsys):
 
 
 def test_board_check_without_a_device(capsys):
-    """No device behind the URL: one FAIL line and exit status 1, no traceback."""
+    """No device behind the URL: one line, exit status 4 (the link), no traceback."""
     import socket
 
     from ringkv.cli import main
     with socket.socket() as s:          # a port with nothing listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    assert main(["board", "check", "--link", f"socket://127.0.0.1:{port}"]) == 1
-    out = capsys.readouterr().out
-    assert "[FAIL] link" in out and "cannot open" in out, out
+    assert main(["board", "check", "--link", f"socket://127.0.0.1:{port}"]) == 4
+    err = capsys.readouterr().err
+    assert err.startswith(f"ringkv: cannot open socket://127.0.0.1:{port}: "), err
     assert main(["board"]) == 2
 
 

@@ -205,7 +205,8 @@ def test_record_kind_golden():
                                                    (RecordStatus.OK, 7)]
     rows = format_listing(infos).splitlines()
     assert rows[0].split()[7] == "kind"
-    assert [row.split()[6:8] for row in rows[1:4]] == [["turn"], ["checkpoint"], ["kind", "7"]]
+    assert [row.split()[6:8] for row in rows[1:4]] == [["turn", "live"], ["checkpoint", "live"],
+                                                        ["kind", "7"]]
     assert rows[1].split()[2] == "10" and rows[2].split()[2] == "11"       # token counts
     report, _ = fsck_report(infos)
     assert "count      11  hash 0x0000000000000001  seq 2  checkpoint" in report

@@ -7,6 +7,7 @@ import pytest
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, header_template
+from ringkv.host.errors import ConfigError
 from ringkv.host.record import (
     RecordError,
     crc32,
@@ -380,8 +381,12 @@ def test_inspect_cli_fx2(tmp_path, capsys):
                                       prefix_hash=0xDEF, commit_seq=3))
     path = tmp_path / "sd2.img"
     path.write_bytes(img.data)
-    assert main([str(path), "--numerics", "ringkv-fx2"]) == 0
-    out = capsys.readouterr().out
-    assert "     0 OK" in out and "0x0000000000000def" in out and "1 valid" in out
-    assert main([str(path), "--regions", "1"]) == 0         # an fx1 scan: foreign
-    assert "FOREIGN_CONFIG" in capsys.readouterr().out
+    for options in ([], ["--numerics", "ringkv-fx2"]):      # the records state fx2
+        assert main([str(path), *options]) == 0
+        out = capsys.readouterr().out
+        assert "     0 OK" in out and "0x0000000000000def" in out and "1 valid" in out
+        assert "ringkv-fx2" in out.splitlines()[0]
+    # read as fx1 (another element size: another region layout): refused, not misread
+    with pytest.raises(ConfigError, match="another region layout") as e:
+        main([str(path), "--numerics", "ringkv-fx1"])
+    assert e.value.exit_code == 3

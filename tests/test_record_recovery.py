@@ -364,14 +364,17 @@ def test_listing_and_fsck_show_reasons_and_age_across_the_wrap(tmp_path, capsys)
     assert "superseded by commit 0 in region 1" in rows["0"]
     assert rows["1"].split()[1:6] == ["OK", "6", "0x0000000000000003", "0", "0"]
     assert rows["2"].split()[1:5] == ["BAD_HEADER", "-", "-", "-"]
-    assert "header CRC mismatch" in rows["2"] and "4294967295" not in rows["2"]
+    assert "torn header" in rows["2"] and "4294967295" not in rows["2"]
+    assert rows["0"].split()[7] == "superseded" and rows["2"].split()[7] == "torn"
     assert listing.splitlines()[-1] == ("4 regions, 3 shown, 2 valid, 1 live, 2 to free; next "
                                         "commit sequence 1")
-    report, to_free = fsck_report(infos)
-    assert to_free == 2
+    report, problems = fsck_report(infos)
+    assert problems == 1                       # the torn header; superseded is normal
     assert "region     1  count       6  hash 0x0000000000000003  seq 0" in report
     assert "region     0  superseded by commit 0 in region 1" in report
-    assert "region     2  BAD_HEADER: header CRC mismatch" in report
+    assert "region     2  BAD_HEADER: torn header (its write was cut: no header CRC)  [torn]" \
+        in report
+    assert "repairable: 1 torn" in report
 
     # the command line, on an image file of the default layout (a small config's regions
     # are not that layout: scan them with python -m ringkv.host.record's own layout)
@@ -399,17 +402,17 @@ def test_listing_and_fsck_show_reasons_and_age_across_the_wrap(tmp_path, capsys)
     path.write_bytes(image)
     assert cli(["storage", "fsck", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "region     1  BAD_HEADER: header CRC mismatch" in out
-    assert "found 1 region(s) to free" in out and "next commit sequence: 0" in out
+    assert "region     1  BAD_HEADER: torn header" in out
+    assert "repairable: 1 torn" in out and "next commit sequence: 0" in out
     assert main([str(path), "--fsck", "--regions", "1"]) == 0     # region 0 alone is clean
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         cli(["storage", "--help"])
     assert e.value.code == 0
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "exit status 0 when clean, 1 when it found a region to free" in help_text
+    assert "0 clean (superseded records are normal), 1 repairable" in help_text
     assert cli(["storage", "fsck", str(tmp_path / "no-such.img")]) == 2
-    assert "cannot read the image" in capsys.readouterr().err
+    assert "ringkv: cannot read " in capsys.readouterr().err
 
 
 # --- the gateware's record checks (DMA VERIFY) agree on the same bytes ---------------------
