@@ -3,7 +3,7 @@ the model's :class:`~ringkv.host.model.AttentionBackend`, over a :class:`~ringkv
 
 Every call is one or more requests of :mod:`ringkv.defs.protocol`, packed with its layouts
 and the tail codecs of :mod:`ringkv.host.ops`; transfers larger than the device's payload bound
-are split. The device's ``QUERY`` verifies **and imports** on a hit (seed 001: hash, lookup,
+are split. The device's ``QUERY`` verifies **and imports** on a hit (hash, lookup,
 token comparison, config digest, payload CRC), so :meth:`FpgaDevice.import_` only reports the
 bytes moved.
 
@@ -221,7 +221,7 @@ class FpgaDevice(Device):
     def hash_prefix(self, n: int) -> int:
         return RESPONSES[Op.HASH_QUERY].unpack(self._call(Op.HASH_QUERY, n=n))["hash"]
 
-    # -- snapshot store (seed 001) ----------------------------------------------------------
+    # -- snapshot store -----------------------------------------------------------------------
     def query(self, tokens) -> QueryResult:
         """Write ``tokens`` to token memory, then ``QUERY``: on a hit the device has verified
         the record and imported it into the rings."""

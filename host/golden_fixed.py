@@ -7,7 +7,7 @@ the datapath those constants drive, integer for integer.
 Three numerics, chosen per device (``RingKVConfig.numerics``, ``AttentionCore(numerics=...)``);
 they differ only in the width and scale of q, k, v and of the output (:class:`Numerics`):
 
-* ``ringkv-fx1`` (the default, SPEC's int8 K/V): q, k, v int8 with real = x / 32, output
+* ``ringkv-fx1`` (the default, int8 K/V): q, k, v int8 with real = x / 32, output
   int16 with real = o / 8192.
 * ``ringkv-fx2`` (wide K/V, for accuracy): q, k, v int16 with real = x / 2048 (range
   -16 .. 16), output int16 with real = o / 2048 (the range of v, so a convex combination of

@@ -1,6 +1,6 @@
 """Golden model of the chained prefix hash (bit-exact with ``hw/hash_engine.py``).
 
-The hash of a token sequence is chained (SPEC §2): ``h_0 = seed`` (from
+The hash of a token sequence is chained (``docs/CONVENTIONS.md#hash``): ``h_0 = seed`` (from
 :func:`ringkv.defs.hash.hash_seed`, which folds in the model-config digest and an optional
 tenant salt) and ``h_{i+1} = f(h_i, t_i)``. The engine emits ``h_i`` after every token, so the
 hash of every prefix is available, one token per clock.
@@ -17,7 +17,7 @@ XORed into ``y``, and ``rounds`` ARX rounds of the Speck cipher's round function
 Each round is a bijection of ``(x, y)``, so for a fixed prefix state two different last tokens
 never collide, and sequences of equal length that first differ at one position keep different
 states as long as the remaining tokens agree. A hash match alone never counts as a hit: the
-import compares the stored tokens (SPEC §5).
+import compares the stored tokens (``docs/CONVENTIONS.md#records``).
 """
 
 from ringkv.defs.hash import ROUND_CONSTANTS, check_params

@@ -1,24 +1,28 @@
-"""Seed 002's sliding-window masks, and the block-tiled use of its compressed 512x512 mask.
+"""Sliding-window masks, and the block-tiled use of a compressed 512x512 mask.
 
-The RTL needs no stored mask (it compares positions); these masks are the reference for
-software kernels and the proof that the seed's mask conventions agree with SPEC §2.
+The masks follow the reference mask generator of block-tiled sliding-window attention kernels
+(it exists as Python and as C++ code; "the reference" below). The RTL needs no stored mask (it
+compares positions); these masks are the reference for software kernels and the proof that the
+reference's mask conventions agree with the window rule (``docs/CONVENTIONS.md#window``,
+``#masks``).
 
 **Full masks** (``max_seq x max_seq``, row = query position ``i``, column = key position ``j``),
-generated exactly as the seed's numpy code: ``triu(M, 1) + tril(M, -window)`` of a matrix ``M``
+generated exactly as the reference's numpy code: ``triu(M, 1) + tril(M, -window)`` of a matrix ``M``
 full of the "masked" value. An entry is masked iff ``j > i`` or ``j <= i - window``, so row ``i``
-keeps ``i - W < j <= i``: **W keys including itself**, the SPEC §2 window. The seed's prose
-("skip when m - n > windowLen") would keep W + 1 keys: it is off by one, its code is right.
-When ``window >= max_seq`` the mask is plain causal, as the seed says.
+keeps ``i - W < j <= i``: **W keys including itself**, RingKV's window. The reference's prose ("skip
+when m - n > windowLen") would keep W + 1 keys: it is off by one, its code is right. When
+``window >= max_seq`` the mask is plain causal, as the reference says.
 
 * :func:`swa_mask_additive`: ``-65536.0`` masked, ``0.0`` kept (added to the scores).
-* :func:`swa_mask_bool`: ``1`` masked, ``0`` kept (``uint8``; the seed builds it as floats).
+* :func:`swa_mask_bool`: ``1`` masked, ``0`` kept (``uint8``; the reference builds it as floats).
 
-(The seed's C++ version of the full mask indexes rows with ``SWA_COMPRESS_MASK_SIZE`` instead of
-``SWA_MASK_SIZE``, which is only right when ``maxSeq == 512``; we follow its Python code.)
+(The reference's C++ version of the full mask indexes rows with ``SWA_COMPRESS_MASK_SIZE``
+instead of ``SWA_MASK_SIZE``, which is only right when ``maxSeq == 512``; we follow its Python
+code.)
 
 **Compressed mask** (:func:`swa_mask_compressed`): the same band construction on a fixed
-``512 x 512`` matrix with window ``true_size`` (:func:`compressed_mask_true_size`, the seed's
-Python)::
+``512 x 512`` matrix with window ``true_size`` (:func:`compressed_mask_true_size`, the
+reference's Python)::
 
     pp_n = 128 if head_size <= 128 else 64
     true_size = window                      if window <= 3 * pp_n
@@ -53,18 +57,19 @@ full mask for every window, sequence length and head size (tested over a sweep).
 If the query tiles start at the first query instead (``align="query"``, e.g. chunked prefill or
 decode with ``(Sk - Sq) % B != 0``) and the kernel loads whole ``B x B`` mask tiles, ``delta`` is
 not a multiple of ``B``: the needed diagonal ``d`` can reach ``true_size + B - 2``, while a tile
-must start at ``d <= 512 - B``. That always holds for ``pp_n = 64`` (``head_size > 128``), but
-for ``pp_n = 128`` (``head_size <= 128``) and ``true_size > 258`` (e.g. ``W = 300``, ``W = 400``;
-not for ``W <= 258``, nor for ``W > 384`` with ``W % 128`` equal to 1 or 2) some offsets need mask
-rows beyond 511: **the seed's 512x512 mask is too small for 128-tiles that are not aligned to the
-key tiles.** :func:`tiled_mask_block` raises ``ValueError`` in those cases (tested over a sweep
-of windows: some offset fails if and only if ``true_size > 258``).
+must start at ``d <= 512 - B``. That always holds for ``pp_n = 64`` (``head_size > 128``), but for
+``pp_n = 128`` (``head_size <= 128``) and ``true_size > 258`` (e.g. ``W = 300``, ``W = 400``; not
+for ``W <= 258``, nor for ``W > 384`` with ``W % 128`` equal to 1 or 2) some offsets need mask rows
+beyond 511: **the reference's 512x512 mask is too small for 128-tiles that are not aligned to the
+key tiles.** :func:`tiled_mask_block` raises ``ValueError`` in those cases (tested over a sweep of
+windows: some offset fails if and only if ``true_size > 258``).
 
-The seed's C++ variant differs (``variant="cpp"``): block size ``16384 // head_size // 16 * 16``
-for ``head_size > 128`` (64 for 256, but 80 for 192, 32 for 512), and ``true_size = 2 * B +
-window % B`` also for exact multiples (``2B`` instead of the Python's ``3B``). Both variants give
-correct tiled results with the offsets above; they just are not the same mask, and reading
-one variant's mask at the other's offsets is wrong for exact multiples above ``3B`` (tested).
+The reference's C++ variant differs (``variant="cpp"``): block size
+``16384 // head_size // 16 * 16`` for ``head_size > 128`` (64 for 256, but 80 for 192, 32 for
+512), and ``true_size = 2 * B + window % B`` also for exact multiples (``2B`` instead of the
+Python's ``3B``). Both variants give correct tiled results with the offsets above; they just are
+not the same mask, and reading one variant's mask at the other's offsets is wrong for exact
+multiples above ``3B`` (tested).
 """
 
 import math
@@ -105,12 +110,12 @@ def _band(size, window, fill):
 
 
 def swa_mask_additive(max_seq, window):
-    """Full ``(max_seq, max_seq)`` float64 mask: ``-65536.0`` masked, ``0.0`` kept (seed 002)."""
+    """Full ``(max_seq, max_seq)`` float64 mask: ``-65536.0`` masked, ``0.0`` kept."""
     return _band(_pos_int("max_seq", max_seq), _pos_int("window", window), MASK_VALUE)
 
 
 def swa_mask_bool(max_seq, window):
-    """Full ``(max_seq, max_seq)`` ``uint8`` mask: ``1`` masked, ``0`` kept (seed 002)."""
+    """Full ``(max_seq, max_seq)`` ``uint8`` mask: ``1`` masked, ``0`` kept."""
     m = _band(_pos_int("max_seq", max_seq), _pos_int("window", window), 1.0)
     return m.astype(np.uint8)
 
@@ -118,8 +123,9 @@ def swa_mask_bool(max_seq, window):
 def compressed_block_size(head_size, variant="python"):
     """Tile size ``pp_n`` the compressed mask is built for.
 
-    ``"python"`` (seed's Python, the default): 128 if ``head_size <= 128`` else 64.
-    ``"cpp"`` (seed's C++): 128 if ``head_size <= 128`` else ``16384 // head_size // 16 * 16``.
+    ``"python"`` (the reference's Python, the default): 128 if ``head_size <= 128`` else 64.
+    ``"cpp"`` (the reference's C++): 128 if ``head_size <= 128`` else
+    ``16384 // head_size // 16 * 16``.
     """
     head_size = _pos_int("head_size", head_size)
     if variant not in _VARIANTS:
@@ -135,7 +141,7 @@ def compressed_block_size(head_size, variant="python"):
 
 
 def compressed_mask_true_size(window, head_size, variant="python"):
-    """Band width of the compressed mask (``true_size`` in the seed's Python)."""
+    """Band width of the compressed mask (``true_size`` in the reference's Python)."""
     window = _pos_int("window", window)
     pp_n = compressed_block_size(head_size, variant)
     if window <= pp_n * 3:
@@ -148,7 +154,7 @@ def compressed_mask_true_size(window, head_size, variant="python"):
 
 
 def swa_mask_compressed(window, head_size, form="additive", variant="python"):
-    """The seed's compressed ``(512, 512)`` mask (the seed's array has a leading axis of 1).
+    """The compressed ``(512, 512)`` mask (the reference's array has a leading axis of 1).
 
     ``form="additive"``: ``-65536.0``/``0.0``; ``form="bool"``: ``uint8`` ``1``/``0``.
     """

@@ -1,19 +1,20 @@
-"""Float64 reference of the ring-buffer KV cache of one decoder layer (seeds 000 and 004).
+"""Float64 reference of the ring-buffer KV cache of one decoder layer.
 
 The cache holds ``W`` slots of K and ``W`` slots of V for each of the layer's ``Hkv`` KV heads
-(``k_slots``/``v_slots``, shape ``(W, Hkv, D)``), so it never grows. Conventions (SPEC §2):
+(``k_slots``/``v_slots``, shape ``(W, Hkv, D)``), so it never grows. Conventions:
+``docs/CONVENTIONS.md`` (``#ring-buffer``, ``#slots``, ``#chunked-prefill``):
 
 * Tokens have absolute positions ``0, 1, 2, ...``; ``n`` counts the tokens seen so far, so the
   next token is at position ``n``. ``slot_pos[s]`` is the absolute position stored in slot ``s``
   (``-1``: empty) and ``head`` the slot of the newest token (``-1`` while empty).
 * **Slot rules.**
 
-  - ``"seed000"`` (seed 000): a prefill of ``k`` tokens into the empty cache puts them in slots
+  - ``"packed"``: a prefill of ``k`` tokens into the empty cache puts them in slots
     ``0..k-1`` if ``k <= W``, else the last ``W`` tokens in slots ``0..W-1`` in order; each
     decoded token goes to ``(last + 1) % W`` where ``last`` (= ``head``) is the slot written most
-    recently. Chunked prefill (not covered by seed 000) uses the same rule token by token: the
-    chunk's cached tokens take ``head + 1, head + 2, ...`` (mod W).
-  - ``"mod"`` (Mixtral, seed 004): the token at position ``p`` goes to slot ``p % W``.
+    recently. Chunked prefill uses the same rule token by token: the chunk's cached tokens take
+    ``head + 1, head + 2, ...`` (mod W).
+  - ``"mod"`` (Mixtral's): the token at position ``p`` goes to slot ``p % W``.
 
   The two rules fill different slots but hold the same set of tokens, so every attention output
   is the same; the hardware implements one and the snapshot stores ``head`` so either resumes.
@@ -35,7 +36,7 @@ from .golden_swa import split_kv_decode, swa_attention
 
 __all__ = ["RingKVCache", "SLOT_RULES"]
 
-SLOT_RULES = ("seed000", "mod")
+SLOT_RULES = ("packed", "mod")
 
 
 class RingKVCache:
@@ -45,7 +46,7 @@ class RingKVCache:
     one of :data:`SLOT_RULES`.
     """
 
-    def __init__(self, W, Hkv, D, rule="seed000"):
+    def __init__(self, W, Hkv, D, rule="packed"):
         for name, val in (("W", W), ("Hkv", Hkv), ("D", D)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
                 raise ValueError(f"{name} must be a positive integer, not {val!r}")
@@ -62,7 +63,7 @@ class RingKVCache:
 
     def slot_for(self, p):
         """Slot that the token at absolute position ``p`` goes to (``p`` must be the next one
-        to be written: for ``"seed000"`` the answer depends on ``head``)."""
+        to be written: for ``"packed"`` the answer depends on ``head``)."""
         if self.rule == "mod":
             return int(p) % self.W
         return (self.head + 1) % self.W

@@ -3,7 +3,7 @@
 This is the reference every later attention block (fixed-point golden model, RTL) is checked
 against. Everything is float64 numpy; nothing here is tuned for speed.
 
-Conventions (SPEC §2; FlashAttention layout without the batch dimension):
+Conventions (``docs/CONVENTIONS.md``; FlashAttention layout without the batch dimension):
 
 * Shapes: ``q`` is ``(Sq, Hq, D)``, ``k`` and ``v`` are ``(Sk, Hkv, D)`` (``v`` may have its own
   last dimension ``Dv``); the output is ``(Sq, Hq, Dv)``.
@@ -27,8 +27,8 @@ Conventions (SPEC §2; FlashAttention layout without the batch dimension):
 * **Key positions below 0** mark empty slots (a ring buffer that is not full yet) and are never
   attended, whatever the window.
 
-Split-KV decoding (seed 003, Flash-Decoding): the valid keys are cut into ``P`` contiguous
-segments (:func:`split_segments`), each lane produces ``(m, l, acc)`` with
+Split-KV decoding (Flash-Decoding, ``docs/CONVENTIONS.md#split-kv``): the valid keys are cut
+into ``P`` contiguous segments (:func:`split_segments`), each lane produces ``(m, l, acc)`` with
 :func:`partial_attention`, and :func:`lse_merge` combines them::
 
     m = max_i m_i,   l = sum_i l_i * exp(m_i - m),   o = sum_i acc_i * exp(m_i - m) / l

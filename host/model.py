@@ -1,13 +1,12 @@
 """A small Mistral-style decoder in numpy, with attention behind a pluggable backend.
 
 Architecture (per layer): ``x += Wo · attn(RoPE(Wq·n1(x)), RoPE(Wk·n1(x)), Wv·n1(x))`` then
-``x += W2 · (silu(W1·n2(x)) * W3·n2(x))`` with RMSNorm ``n1``/``n2``; GQA (query head ``h``
-uses KV head ``h // G``), sliding-window attention of ``W`` keys (SPEC §2), RoPE applied to q
-and k before k enters the cache. Byte tokenizer: tokens 0..255 are bytes, 256 is BOS.
-Weights come from a fixed seed (scaled so that
-activations stay O(1) through the layers; q/k/v stay inside the range of the fixed-point
-core: -4 .. 4 for ``ringkv-fx1``, -16 .. 16 for ``ringkv-fx2``) or from an ``.npz`` file
-(:meth:`Model.save` / :meth:`Model.load`).
+``x += W2 · (silu(W1·n2(x)) * W3·n2(x))`` with RMSNorm ``n1``/``n2``; GQA (query head ``h`` uses KV
+head ``h // G``), sliding-window attention of ``W`` keys (``docs/CONVENTIONS.md#window``), RoPE
+applied to q and k before k enters the cache. Byte tokenizer: tokens 0..255 are bytes, 256 is BOS.
+Weights come from a fixed seed (scaled so that activations stay O(1) through the layers; q/k/v stay
+inside the range of the fixed-point core: -4 .. 4 for ``ringkv-fx1``, -16 .. 16 for ``ringkv-fx2``)
+or from an ``.npz`` file (:meth:`Model.save` / :meth:`Model.load`).
 
 The host runs everything but attention; :class:`AttentionBackend` is the seam where the
 accelerator plugs in:

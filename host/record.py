@@ -1,4 +1,6 @@
-"""Snapshot records in external storage (SPEC §5): golden encoder/decoder, scan and inspection.
+"""Snapshot records in external storage: golden encoder/decoder, scan and inspection.
+
+The format is ``docs/blocks/record-format.md``; its rules of use ``docs/CONVENTIONS.md#records``.
 
 This module is the bit-exact reference of what ``hw/dma.py`` writes and checks. The format's
 definitions (header fields, :class:`~ringkv.defs.record.RecordLayout`, ``RecordStatus``, the
@@ -18,7 +20,7 @@ of 512 bytes, storage region ``r`` starting at sector ``r * sectors_per_region``
   - K: ``for layer, for kv_head, for t in 0..v-1, for dim: K[layer][kv_head][s_t][dim]``
     (token order, each token's K vector contiguous);
   - V: ``for layer, for kv_head, for dim, for t in 0..v-1: V[layer][kv_head][s_t][dim]``
-    (column-wise: all tokens of dim 0, then dim 1, ...; seed 001 claim 9).
+    (column-wise: all tokens of dim 0, then dim 1, ...).
 
 The payload CRC (CRC-32/ISO-HDLC) covers the token bytes, then K, then V, without padding.
 Write order is payload first, header last: an interrupted export leaves no valid header, so the

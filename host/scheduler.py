@@ -1,6 +1,7 @@
 """The CPU scheduler with longest-prefix reuse, against an abstract device.
 
-Per request ``(session, new tokens)`` the :class:`Scheduler` decides (SPEC §4, issue #16):
+Per request ``(session, new tokens)`` the :class:`Scheduler` decides (``docs/blocks/host.md``,
+section Scheduler):
 
 * a continuation of the session resident in the accelerator: run inference directly
   (path ``continue``);
@@ -218,8 +219,8 @@ class Scheduler:
     ``chunk``: prefill chunk (tokens per attention request); ``checkpoint_every``: an
     automatic checkpoint at every multiple of it that a prefill crosses (``None`` or ``0``:
     only the caller's; default :data:`CHECKPOINT_EVERY`, why there); ``keep_turns``: turn
-    snapshots a session keeps (default :data:`KEEP_TURNS`; 1 is seed 001's "replace the
-    previous one"); ``prefix_reuse=False`` never asks for a stored prefix (every new session
+    snapshots a session keeps (default :data:`KEEP_TURNS`; 1 replaces the previous
+    one); ``prefix_reuse=False`` never asks for a stored prefix (every new session
     computes its tokens: the no-reuse baseline of the benchmarks).
     """
 

@@ -232,7 +232,7 @@ def test_empty_lanes_contribute_nothing():
 
 
 @pytest.mark.parametrize("nx", [nm.FX1, nm.FX2], ids=lambda n: n.name)
-@pytest.mark.parametrize("rule", ["mod", "seed000"])
+@pytest.mark.parametrize("rule", ["mod", "packed"])
 @pytest.mark.parametrize("chunks", [[1] * 12, [3, 1, 5, 1], [8, 1, 1], [11, 2], [1, 2, 17]])
 def test_fixed_core_matches_float_ring(rule, chunks, nx):
     """Decode and chunked prefill on the fixed core track the float64 ring cache (both slot

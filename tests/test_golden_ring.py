@@ -104,13 +104,13 @@ def test_decode_split_kv_lanes(P):
 
 # ---- slot rules ------------------------------------------------------------------------------
 
-def test_seed000_slot_rule():
+def test_packed_slot_rule():
     W = 4
     _, k, v = sequence(12, seed=6)
-    c = RingKVCache(W, HKV, D, "seed000")
+    c = RingKVCache(W, HKV, D, "packed")
     c.prefill(k[:3], v[:3])  # k <= W: slots 0..k-1
     assert list(c.slot_pos) == [0, 1, 2, -1] and c.head == 2
-    c = RingKVCache(W, HKV, D, "seed000")
+    c = RingKVCache(W, HKV, D, "packed")
     c.prefill(k[:7], v[:7])  # k > W: last W tokens in slots 0..W-1, in order
     assert list(c.slot_pos) == [3, 4, 5, 6] and c.head == 3
     q = np.zeros((HQ, D))
@@ -122,16 +122,16 @@ def test_seed000_slot_rule():
     assert list(c.slot_pos) == [11, 8, 9, 10]
 
 
-def test_mod_slot_rule_matches_seed004_example():
-    """Seed 004: chunk_size 5, W 3: after chunk 0 the cache holds [3, 4, 2], after chunk 1
-    [9, 7, 8]."""
+def test_mod_slot_rule_matches_mixtral_example():
+    """Mixtral's chunked-prefill example: chunk_size 5, W 3: after chunk 0 the cache holds
+    [3, 4, 2], after chunk 1 [9, 7, 8]."""
     q, k, v = sequence(10, seed=7)
     c = RingKVCache(3, HKV, D, "mod")
     c.chunked_prefill(q[:5], k[:5], v[:5])
     assert list(c.slot_pos) == [3, 4, 2]
     c.chunked_prefill(q[5:], k[5:], v[5:])
     assert list(c.slot_pos) == [9, 7, 8]
-    s = RingKVCache(3, HKV, D, "seed000")
+    s = RingKVCache(3, HKV, D, "packed")
     s.chunked_prefill(q[:5], k[:5], v[:5])
     assert list(s.slot_pos) == [2, 3, 4]
 
@@ -141,7 +141,7 @@ def test_both_rules_same_outputs_different_layout(W):
     N = 5 * W + 3
     q, k, v = sequence(N, seed=20 + W)
     plan = [("prefill", W + 1), ("decode", 2), ("chunk", W), ("decode", N - 2 * W - 3)]
-    oa, ca = run(W, "seed000", q, k, v, plan)
+    oa, ca = run(W, "packed", q, k, v, plan)
     ob, cb = run(W, "mod", q, k, v, plan)
     np.testing.assert_allclose(oa, ob, rtol=0, atol=1e-12)
     if W > 1:  # the rules really do place tokens differently (prompt W + 1: offset by 1)

@@ -1,9 +1,10 @@
 """The device/model configuration every part of RingKV agrees on, and its digest.
 
-A snapshot record is only usable by a device with the same configuration: the record header
-stores :meth:`RingKVConfig.digest` and the fields themselves, so a foreign record is refused with
-a message naming the differing field. The hash engine's seed folds in the same digest (SPEC §2,
-:func:`ringkv.defs.hash.hash_seed`), so prefix hashes of different configurations never match.
+A snapshot record is only usable by a device with the same configuration: the record header stores
+:meth:`RingKVConfig.digest` and the fields themselves, so a foreign record is refused with a message
+naming the differing field. The hash engine's seed folds in the same digest
+(``docs/CONVENTIONS.md#hash``, :func:`ringkv.defs.hash.hash_seed`), so prefix hashes of different
+configurations never match.
 """
 
 import hashlib

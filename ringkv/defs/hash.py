@@ -1,4 +1,4 @@
-"""The chained prefix hash's constants and parameter rules (SPEC §2).
+"""The chained prefix hash's constants and parameter rules (``docs/CONVENTIONS.md#hash``).
 
 Shared by the gateware (:class:`ringkv.hw.hash_engine.HashEngine`) and its golden model
 (:mod:`ringkv.host.golden_hash`, which also documents the round function): the round constants,

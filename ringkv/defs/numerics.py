@@ -3,7 +3,7 @@
 A numerics names the fixed-point scheme of q, k, v and the output (``RingKVConfig.numerics``,
 in the config digest and every record header). Three are defined:
 
-* ``ringkv-fx1`` (the default, SPEC's int8 K/V): q, k, v int8 with real = x / 32, output int16
+* ``ringkv-fx1`` (the default, int8 K/V): q, k, v int8 with real = x / 32, output int16
   with real = o / 8192;
 * ``ringkv-fx2`` (wide K/V, for accuracy): q, k, v int16 with real = x / 2048, output int16 with
   real = o / 2048;

@@ -90,7 +90,7 @@ class Op(enum.Enum):
     DIR_EXPIRE     = 0x24
     DIR_READ       = 0x25
     DIR_CLEAR      = 0x26
-    # snapshot store (seed 001): query = hash + lookup + token verification
+    # snapshot store: query = hash + lookup + token verification
     QUERY          = 0x30
     IMPORT         = 0x31
     EXPORT         = 0x32

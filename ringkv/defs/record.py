@@ -1,4 +1,4 @@
-"""The snapshot record format (SPEC §5), defined once for the DMA engine and the host.
+"""The snapshot record format, defined once for the DMA engine and the host.
 
 The byte layout (``docs/blocks/record-format.md``): region sector 0 is the 512-byte **header**
 (:data:`HEADER_FIELDS`, header CRC last); sectors ``1 .. 1+T`` the **tokens**; then the **KV
