@@ -7,7 +7,7 @@ card drives in the next clock cycle, from the following falling edge: default-sp
 It is independent of any simulator; two adapters put it on pins: :func:`amaranth_sd4_card`
 (Amaranth simulator) and :class:`CocotbSD4Card` (cocotb on Verilator); once high speed is
 switched on (``CMD6``) they change the card's outputs right after the rising edge instead, as
-the spec's high-speed timing has it.
+the SD specification's high-speed timing has it.
 
 It follows the SD Physical Layer Simplified Specification (states idle, ready, ident, stby,
 tran, data, rcv, prg) and is strict where a sloppy host would get away on some cards:
@@ -22,9 +22,9 @@ tran, data, rcv, prg) and is strict where a sloppy host would get away on some c
   after the previous response (N_CC / N_RC), write data less than 2 clocks after the response
   (N_WR), the host driving a line while the card drives it, a missing end bit); tests assert
   the list stays empty;
-* responses come ``ncr`` clocks after the command's end bit (2..64 in the spec), read data
+* responses come ``ncr`` clocks after the command's end bit (2..64 in the SD spec), read data
   ``nac`` clocks after the read command's end bit (possibly while the response is still being
-  sent, as the spec allows) and ``block_gap`` clocks between the blocks of a multi-block read;
+  sent, as the SD spec allows) and ``block_gap`` clocks between the blocks of a multi-block read;
   a write block's CRC status token starts 2 clocks after its end bit and is followed by
   ``busy_clocks`` clocks of busy (DAT0 low); R1b commands (``CMD7``, ``CMD12``) are busy for
   ``busy_clocks`` after their response;
