@@ -32,11 +32,6 @@ _KEYS = ("TRELLIS_COMB", "TRELLIS_FF", "DP16KD", "MULT18X18D", "TRELLIS_RAMW")
 class SynthResult(dict):
     """``{"fmax_mhz", "target_mhz", "utilization": {cell: {"used", "available"}}, "name"}``."""
 
-    @property
-    def lut4(self) -> int:
-        return self["utilization"].get("TRELLIS_COMB", {}).get("used", 0)
-
-
 def synth_core(component, name: str, *, freq_mhz: float = 100.0, seed: int = 1,
                workdir=None) -> SynthResult:
     """Synthesize ``component`` as top module ``name``; return nextpnr's figures."""

@@ -218,9 +218,6 @@ class FpgaDevice(Device):
             out += unpack_tokens(self.config, self._call(Op.TOKENS_READ, offset=s, n=k))
         return out
 
-    def hash_prefix(self, n: int) -> int:
-        return RESPONSES[Op.HASH_QUERY].unpack(self._call(Op.HASH_QUERY, n=n))["hash"]
-
     # -- snapshot store -----------------------------------------------------------------------
     def query(self, tokens) -> QueryResult:
         """Write ``tokens`` to token memory, then ``QUERY``: on a hit the device has verified

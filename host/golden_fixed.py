@@ -85,11 +85,10 @@ __all__ = [
     "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
-# the default numerics' constants (ringkv-fx1), kept for the callers that name them
+# the default numerics' constants (ringkv-fx1)
 NUMERICS = FX1.name
 QKV_FRAC = FX1.qkv_frac     # q, k, v: int8 with real = x * 2**-5
 OUT_FRAC = FX1.out_frac     # output: int16 with real = o * 2**-13
-ACC_SHIFT_BITS = FX1.acc_shift_bits
 
 
 def quantize(x, numerics=None, frac=None):

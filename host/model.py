@@ -186,7 +186,6 @@ class FixedBackend:
     def reset(self):
         c = self.config
         self.core = FixedRingCore.for_config(c, self.lanes)
-        self._n = 0
 
     @property
     def n(self) -> int:

@@ -26,7 +26,7 @@ TESTS_DIR = REPO_ROOT / "tests" / "cocotb"
 
 def run_cocotb(component, *, toplevel: str, test_module: str, params: dict | None = None,
                build_name: str | None = None, testcase=None, seed: int | None = None,
-               extra_sources=(), timeout_build: bool = True) -> Path:
+               extra_sources=()) -> Path:
     """Build ``component`` as Verilog module ``toplevel`` and run cocotb ``test_module``.
 
     ``test_module`` is a module in ``tests/cocotb/``. ``build_name`` separates builds of the same

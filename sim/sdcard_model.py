@@ -179,7 +179,7 @@ class SDCardSPI:
                 return
             self._respond(0x00)
             if index in (17, 18):
-                self.rd_lba, self.rd_left = lba, (1 if index == 17 else None)
+                self.rd_lba = lba
                 self._queue_read_block()
                 if index == 18:
                     self.mode = "read"

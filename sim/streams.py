@@ -6,8 +6,6 @@ without waiting for ``ready`` and the payload holds until the transfer. Both tak
 so every test can run with backpressure.
 """
 
-import random as _random
-
 __all__ = ["tick_until", "stream_put", "stream_get", "stream_put_all", "stream_get_n"]
 
 
@@ -56,7 +54,3 @@ async def stream_put_all(ctx, stream, payloads, *, rng=None, idle=0.0):
 
 async def stream_get_n(ctx, stream, count, *, rng=None, stall=0.0):
     return [await stream_get(ctx, stream, rng=rng, stall=stall) for _ in range(count)]
-
-
-def make_rng(seed):
-    return _random.Random(seed)

@@ -152,7 +152,7 @@ class SimPort:
     allow for the simulator's speed (a few thousand clocks per second).
     """
 
-    def __init__(self, top, image, *, rng=None, idle=0.0, stall=0.0):
+    def __init__(self, top, image):
         self.top, self.image = top, image
         self._in = deque()                 # host -> device bytes
         self._out = bytearray()            # device -> host bytes
@@ -160,7 +160,6 @@ class SimPort:
         self._stop = threading.Event()
         self._error = None
         self.timeout = None
-        self._rng, self._idle, self._stall = rng, idle, stall
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
