@@ -6,7 +6,8 @@ frame decoder and the dispatcher (:mod:`ringkv.hw.framing`, :mod:`ringkv.hw.top`
 constants, argument offsets and response packing from here; the host
 (:mod:`ringkv.host.protocol`, :mod:`ringkv.host.fpga_device`) packs and unpacks with the same
 tables, so the two sides cannot drift apart. ``docs/blocks/link.md`` documents the frames and
-``docs/blocks/top.md`` renders the tables.
+holds the opcode, status and payload tables, written from these definitions by
+``tools/doc_tables.py``.
 
 Request::
 
@@ -66,8 +67,8 @@ STATUS_BITS = 8
 class Op(enum.Enum):
     """Request opcodes of the whole system (bit 7 clear; a response sets it).
 
-    Grouped by block in the high nibble. Payload layouts per opcode are in
-    ``docs/blocks/link.md``.
+    Grouped by block in the high nibble. Payload layouts per opcode: :data:`REQUESTS`,
+    :data:`RESPONSES`, :data:`TAILS`, rendered in ``docs/blocks/link.md``.
     """
 
     # link and device identity

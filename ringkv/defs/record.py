@@ -1,6 +1,7 @@
 """The snapshot record format, defined once for the DMA engine and the host.
 
-The byte layout (``docs/blocks/record-format.md``): region sector 0 is the 512-byte **header**
+The byte layout (``docs/blocks/record-format.md``, whose header table ``tools/doc_tables.py``
+writes from :data:`HEADER_FIELDS`): region sector 0 is the 512-byte **header**
 (:data:`HEADER_FIELDS`, header CRC last); sectors ``1 .. 1+T`` the **tokens**; then the **KV
 area**, K then V, each area zero padded to a sector boundary (:class:`RecordLayout` gives the
 sector map of a configuration). The gateware (:mod:`ringkv.hw.dma`) writes and checks exactly
