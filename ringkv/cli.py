@@ -394,7 +394,8 @@ def run_chat(args) -> int:
     from ringkv.host.scheduler import Scheduler
     from ringkv.host.software_device import SoftwareDevice
     if args.tokens < 1:
-        raise UsageError(f"--max-tokens must be a positive number, not {args.tokens}",
+        raise UsageError(f"--max-tokens (--tokens) must be a positive number, not "
+                         f"{args.tokens}",
                          param="max_tokens")
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, not {args.timeout}", param="timeout")

@@ -308,21 +308,22 @@ def test_a_conversation_moves_with_its_record_when_its_device_is_full():
         msgs = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": "Who went up to the mountain of God?"}]
         r1 = httpx.post(srv.base + "/v1/chat/completions", json={
-            "messages": msgs, "max_tokens": 12, "temperature": 0})
+            "messages": msgs, "max_tokens": 12, "temperature": 0}, timeout=300)
         holder = r1.headers["x-ringkv-device"]
         prompt = list(chat_prompt(msgs).tokens)
         # the same tokens as a completion without a stop: a long request on the holder
         with httpx.stream("POST", srv.base + "/v1/completions", json={
                 "prompt": prompt, "max_tokens": 600, "temperature": 0.7,
-                "stream": True}) as busy:
+                "stream": True}, timeout=300) as busy:
             assert busy.headers["x-ringkv-device"] == holder
             lines = busy.iter_lines()             # (kept: closing it would end the request)
             next(lines)
             msgs2 = msgs + [{"role": "assistant",
                              "content": r1.json()["choices"][0]["message"]["content"]},
                             {"role": "user", "content": "And what did he see?"}]
+            # the copy is taken between two of the holder's requests: after the long one
             r2 = httpx.post(srv.base + "/v1/chat/completions", json={
-                "messages": msgs2, "max_tokens": 12, "temperature": 0})
+                "messages": msgs2, "max_tokens": 12, "temperature": 0}, timeout=300)
         assert r2.status_code == 200 and r2.headers["x-ringkv-device"] != holder
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > len(prompt)
         assert r2.json()["choices"][0]["message"]["content"] == _text(
