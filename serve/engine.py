@@ -115,6 +115,7 @@ class Job:
     predicted: int = 0           # the stored prefix the router expected on its device
     routed: float = 0.0          # when the router queued it
     move: tuple | None = None    # (worker, key): copy that device's record here first
+    counted_by: object = None    # the worker whose load counts it (Worker._release)
 
     @property
     def stops(self) -> tuple:
@@ -265,10 +266,19 @@ class Worker:
                 with self.device_lock:
                     self._serve(job)
             finally:
-                with self.engine.lock:
-                    self.load -= 1
-                self.engine.metrics.device_queue.labels(self.name).set(self.load)
+                self._release(job)
         self.handle.close()
+
+    def _release(self, job):
+        """The job no longer counts in this device's load (once): at its answer, so that the
+        client's next turn, sent as soon as it has the answer, finds the device open while
+        its bookkeeping (index, sessions) finishes."""
+        if job.counted_by is not self:
+            return
+        job.counted_by = None
+        with self.engine.lock:
+            self.load -= 1
+        self.engine.metrics.device_queue.labels(self.name).set(self.load)
 
     # -- one request ---------------------------------------------------------------------------
     def _place(self, tokens, session):
@@ -366,6 +376,7 @@ class Worker:
             recomputed=event["recomputed"], path=event["path"], device=self.name,
             scheduler_s=elapsed, queue_s=queue_s)
         self._account(event, result)
+        self._release(job)
         job.sink("done", result)             # the answer first, the index after
         self._update_index(event, job, result)
         self._forget_sessions(job.session)
@@ -436,6 +447,7 @@ class Worker:
                 self._stop.set()
                 break
             moved.append(queued)
+            queued.counted_by = None
         with self.engine.lock:
             self.load -= len(moved)
         retry = job.emitted == 0 and job.attempts < 2
@@ -561,6 +573,7 @@ class Engine:
                                      hint="retry in a moment; GET /health shows the devices")
             w = self._choose(job, ready)
             w.load += 1
+            job.counted_by = w
             if job.session is not None:
                 self.pins[job.session] = w
                 while len(self.pins) > self.max_sessions * len(self.workers):

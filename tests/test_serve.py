@@ -20,6 +20,9 @@ from ringkv.serve.template import chat_prompt
 
 SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
 
+#: plain HTTP with a timeout for a loaded machine (httpx's default is 5 s)
+http = httpx.Client(timeout=120)
+
 
 class Running:
     def __init__(self, base, engine, name):
@@ -28,7 +31,7 @@ class Running:
                                     timeout=120)
 
     def metric(self, line_start: str) -> float:
-        text = httpx.get(self.base + "/metrics").text
+        text = http.get(self.base + "/metrics").text
         return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
                    if x.startswith(line_start))
 
@@ -74,7 +77,7 @@ def _text(tokens, stop=b"\n\n"):
 
 def test_models_health_and_the_openai_client(srv):
     assert [m.id for m in srv.client.models.list().data] == [srv.name]
-    h = httpx.get(srv.base + "/health").json()
+    h = http.get(srv.base + "/health").json()
     assert h["status"] == "ok" and h["devices"][0]["state"] == "ready"
     r = srv.client.completions.create(model=srv.name, prompt="And God said, Let there be",
                                       max_tokens=12, temperature=0)
@@ -140,7 +143,7 @@ def test_streaming_with_the_openai_client_and_plain_http(srv):
         whole.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
     # the same as plain server-sent events, byte by byte where it matters
-    with httpx.stream("POST", srv.base + "/v1/completions", json={
+    with http.stream("POST", srv.base + "/v1/completions", json={
             "prompt": "In the beginning", "max_tokens": 8, "temperature": 0,
             "stream": True}) as r:
         assert r.status_code == 200
@@ -168,7 +171,7 @@ def test_streaming_with_the_openai_client_and_plain_http(srv):
     ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
 ])
 def test_bad_requests_get_an_openai_error_naming_the_field(srv, body, status, param):
-    r = httpx.post(srv.base + "/v1/completions", json=body)
+    r = http.post(srv.base + "/v1/completions", json=body)
     assert r.status_code == status
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
@@ -178,9 +181,9 @@ def test_bad_requests_get_an_openai_error_naming_the_field(srv, body, status, pa
 
 
 def test_malformed_json_bad_messages_and_the_client_errors(srv):
-    r = httpx.post(srv.base + "/v1/chat/completions", content=b'{"messages": [')
+    r = http.post(srv.base + "/v1/chat/completions", content=b'{"messages": [')
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-    r = httpx.post(srv.base + "/v1/chat/completions",
+    r = http.post(srv.base + "/v1/chat/completions",
                    json={"messages": [{"role": "wizard", "content": "hi"}]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].role"
     with pytest.raises(openai.NotFoundError):
@@ -190,7 +193,7 @@ def test_malformed_json_bad_messages_and_the_client_errors(srv):
         srv.client.chat.completions.create(model=srv.name, temperature=-1,
                                            messages=[{"role": "user", "content": "x"}])
     assert e.value.body["param"] == "temperature"
-    assert httpx.get(srv.base + "/v1/nothing").status_code == 404
+    assert http.get(srv.base + "/v1/nothing").status_code == 404
 
 
 def test_metrics_count_requests_tokens_and_reuse(srv):
@@ -199,7 +202,7 @@ def test_metrics_count_requests_tokens_and_reuse(srv):
     for _ in range(2):          # the second imports the first's snapshot
         srv.client.completions.create(model=srv.name, prompt="Blessed are the meek",
                                       max_tokens=5, temperature=0)
-    text = httpx.get(srv.base + "/metrics").text
+    text = http.get(srv.base + "/metrics").text
     assert srv.metric("ringkv_generation_tokens_total") == before + 10
     for name in ("ringkv_requests_total{", "ringkv_time_to_first_token_seconds_bucket",
                  "ringkv_inter_token_latency_seconds_bucket", "ringkv_tokens_reused_total",
@@ -233,19 +236,19 @@ def test_a_pinned_session_continues_and_forks_at_an_edit(srv):
     fork = chat_prompt(msgs2[:-1]).checkpoints[-1]        # the edited message starts here
     assert r3.usage.prompt_tokens_details.cached_tokens == fork
     assert r3.choices[0].message.content == _text(_reference(srv.engine, p3, 10))
-    r = httpx.post(srv.base + "/v1/chat/completions", json={"messages": msgs,
+    r = http.post(srv.base + "/v1/chat/completions", json={"messages": msgs,
                                                             "session_id": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "session_id"
 
 
 def test_overload_is_429_and_a_client_that_leaves_frees_the_device():
     with running("--device", "software", "--max-queue", "1") as srv:
-        with httpx.stream("POST", srv.base + "/v1/completions", json={
+        with http.stream("POST", srv.base + "/v1/completions", json={
                 "prompt": "And", "max_tokens": 1000, "temperature": 0.7,
                 "stream": True}) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")          # it is generating
-            busy = httpx.post(srv.base + "/v1/completions", json={"prompt": "x"})
+            busy = http.post(srv.base + "/v1/completions", json={"prompt": "x"})
             assert busy.status_code == 429
             assert busy.json()["error"]["code"] == "rate_limit_exceeded"
             with pytest.raises(openai.RateLimitError):
@@ -262,7 +265,7 @@ def test_overload_is_429_and_a_client_that_leaves_frees_the_device():
 def test_two_devices_route_by_stored_prefix(tmp_path):
     with running("--device", "software", "--device", "software") as srv:
         def ask(msgs):
-            r = httpx.post(srv.base + "/v1/chat/completions", json={
+            r = http.post(srv.base + "/v1/chat/completions", json={
                 "messages": msgs, "max_tokens": 8, "temperature": 0})
             assert r.status_code == 200
             return r.headers["x-ringkv-device"], r.json()
@@ -307,12 +310,12 @@ def test_a_conversation_moves_with_its_record_when_its_device_is_full():
     with running("--device", "software", "--device", "software", "--max-queue", "1") as srv:
         msgs = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": "Who went up to the mountain of God?"}]
-        r1 = httpx.post(srv.base + "/v1/chat/completions", json={
+        r1 = http.post(srv.base + "/v1/chat/completions", json={
             "messages": msgs, "max_tokens": 12, "temperature": 0}, timeout=300)
         holder = r1.headers["x-ringkv-device"]
         prompt = list(chat_prompt(msgs).tokens)
         # the same tokens as a completion without a stop: a long request on the holder
-        with httpx.stream("POST", srv.base + "/v1/completions", json={
+        with http.stream("POST", srv.base + "/v1/completions", json={
                 "prompt": prompt, "max_tokens": 600, "temperature": 0.7,
                 "stream": True}, timeout=300) as busy:
             assert busy.headers["x-ringkv-device"] == holder
@@ -322,13 +325,13 @@ def test_a_conversation_moves_with_its_record_when_its_device_is_full():
                              "content": r1.json()["choices"][0]["message"]["content"]},
                             {"role": "user", "content": "And what did he see?"}]
             # the copy is taken between two of the holder's requests: after the long one
-            r2 = httpx.post(srv.base + "/v1/chat/completions", json={
+            r2 = http.post(srv.base + "/v1/chat/completions", json={
                 "messages": msgs2, "max_tokens": 12, "temperature": 0}, timeout=300)
         assert r2.status_code == 200 and r2.headers["x-ringkv-device"] != holder
         assert r2.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > len(prompt)
         assert r2.json()["choices"][0]["message"]["content"] == _text(
             _reference(srv.engine, chat_prompt(msgs2).tokens, 12))
-        moves = [x for x in httpx.get(srv.base + "/metrics").text.splitlines()
+        moves = [x for x in http.get(srv.base + "/metrics").text.splitlines()
                  if x.startswith("ringkv_device_moves_total")]
         assert moves == [f'ringkv_device_moves_total{{device="{r2.headers["x-ringkv-device"]}"'
                          f',source="{holder}"}} 1.0'], moves
@@ -356,11 +359,11 @@ status); a bad ``--device``
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(base + "/health").status_code == 200:
+                if http.get(base + "/health").status_code == 200:
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        r = httpx.post(base + "/v1/completions", timeout=60, json={
+        r = http.post(base + "/v1/completions", timeout=60, json={
             "model": "ringkv-kjv", "prompt": "And Abraham", "max_tokens": 4})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert (tmp_path / "data" / "ringkv" / "card.img").stat().st_size > 0

@@ -23,6 +23,9 @@ from ringkv.serve.engine import Engine
 from ringkv.serve.metrics import Metrics
 from ringkv.serve.template import chat_prompt
 
+#: plain HTTP with a timeout for a loaded machine (httpx's default is 5 s)
+http = httpx.Client(timeout=120)
+
 
 def _serve(engine, name):
     app = create_app(engine, model_name=name)
@@ -73,7 +76,7 @@ def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
         # power cut: the simulator dies; requests go on (retried on the software device)
         board.sim.kill()
         for _ in range(2):
-            r = httpx.post(base + "/v1/chat/completions", timeout=300, json={
+            r = http.post(base + "/v1/chat/completions", timeout=300, json={
                 "messages": msgs, "max_tokens": 10, "temperature": 0})
             assert r.status_code == 200
             assert r.json()["choices"][0]["message"]["content"] == want
@@ -84,11 +87,11 @@ def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
         assert w.state == "ready" and w.recoveries == 1
         # the index is the recovered board's own directory
         assert w.index == {(c, h) for c, h, _ in w.device._device.directory()}
-        assert httpx.get(base + "/health").json()["devices"][0]["recoveries"] == 1
+        assert http.get(base + "/health").json()["devices"][0]["recoveries"] == 1
 
         # a power cut in the middle of a stream: the tokens sent stand, the stream ends with
         # an error event, the server keeps serving
-        with httpx.stream("POST", base + "/v1/completions", timeout=300, json={
+        with http.stream("POST", base + "/v1/completions", timeout=300, json={
                 "prompt": "Now these are the generations", "max_tokens": 300,
                 "temperature": 0, "stream": True}) as r:
             assert r.headers["x-ringkv-device"] == "sim"     # the device with fewer records
@@ -98,7 +101,7 @@ def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
             rest = [x for x in lines if x]
         assert '"text_completion"' in first and rest[-1] == "data: [DONE]"
         assert '"error"' in rest[-2] and "sim failed" in rest[-2]
-        r = httpx.post(base + "/v1/chat/completions", timeout=300, json={
+        r = http.post(base + "/v1/chat/completions", timeout=300, json={
             "messages": msgs, "max_tokens": 10, "temperature": 0})
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want
     finally:
