@@ -14,20 +14,81 @@ stopped) and the command exits with status 130.
 import argparse
 import dataclasses
 import logging
+import socket
 import sys
 
 from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
-from ringkv.host.errors import ConfigError, ExitCode, RingKVError, UsageError
+from ringkv.host.errors import (
+    ArgumentParser,
+    ConfigError,
+    ExitCode,
+    LinkError,
+    RingKVError,
+    UsageError,
+    error_lines,
+)
 
-__all__ = ["main", "build_parser", "build_server", "NUMERICS_CHOICES"]
+__all__ = ["main", "build_parser", "build_server", "listen", "NUMERICS_CHOICES"]
 
 NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
 
 log = logging.getLogger("ringkv.serve")
 
 
+def _count(minimum: int):
+    """An argparse type: a whole number at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {value}")
+        return value
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _count(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be 0..65535, not {value}")
+    return value
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before any device starts, so that a port in use
+    (or a host that is not this machine's) is one line and exit status 4, not a traceback
+    after the devices came up; port 0 takes any free port."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise UsageError(f"--host {host!r}: {e.strerror or e}", param="host") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise LinkError(f"cannot listen on {host}:{port}: {e.strerror or e}",
+                        hint="choose another --port, or --port 0 for any free port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = ArgumentParser(
         prog="ringkv serve",
         description="An OpenAI-compatible server (completions, chat completions, streaming) "
                     "putting many conversations on one or many RingKV devices.",
@@ -35,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
                "built with Verilator on first use), socket://HOST:PORT, or a serial port; "
                "default: the software device on a card image in the user's data directory.")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (0: any free port)")
     p.add_argument("--device", action="append", default=None, metavar="SPEC",
                    help="a device to serve on (repeatable)")
     p.add_argument("--config", choices=["default", "demo"], default="default",
@@ -49,22 +110,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["fixed", "float64"], default="fixed",
                    help="the software device's attention: the bit-exact model of the FPGA core "
                         "(default) or float64 rings")
-    p.add_argument("--capacity", type=int, default=256,
+    p.add_argument("--capacity", type=_count(1), default=256,
                    help="records a software device holds (least recently used evicted)")
-    p.add_argument("--chunk", type=int, default=64, help="prefill chunk (tokens)")
-    p.add_argument("--max-queue", type=int, default=16,
+    p.add_argument("--chunk", type=_count(1), default=64, help="prefill chunk (tokens)")
+    p.add_argument("--max-queue", type=_count(1), default=16,
                    help="requests queued or running per device; beyond on every device: 429")
     p.add_argument("--placement", choices=["prefix", "least-loaded", "round-robin"],
                    default="prefix", help="how the router picks a device")
-    p.add_argument("--max-imbalance", type=int, default=4,
+    p.add_argument("--max-imbalance", type=_count(0), default=4,
                    help="requests by which the device holding a prefix may be busier than the "
                         "least loaded one and still get the request")
-    p.add_argument("--move-min-tokens", type=int, default=64,
+    p.add_argument("--move-min-tokens", type=_count(0), default=64,
                    help="copy a conversation's record to the device that serves it when that "
                         "saves at least this many tokens of prefill (0: never copy)")
     p.add_argument("--model-name", default=None,
                    help="the model's id in the API (default ringkv-kjv, or ringkv-random)")
-    p.add_argument("--timeout", type=float, default=60.0, help="link timeout (s)")
+    p.add_argument("--timeout", type=_seconds, default=60.0, help="link timeout (s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     return p
@@ -133,18 +194,28 @@ def build_server(args):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as e:
+        print("\n".join(error_lines(e, "ringkv serve")), file=sys.stderr)
+        return int(e.exit_code)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        engine, app, name = build_server(args)
+        sock = listen(args.host, args.port)
+        try:
+            engine, app, name = build_server(args)
+        except BaseException:
+            sock.close()
+            raise
     except RingKVError as e:
-        print(f"ringkv serve: {e.one_line()}", file=sys.stderr)
+        print("\n".join(error_lines(e, "ringkv serve")), file=sys.stderr)
         return int(e.exit_code)
     import uvicorn
-    log.info("serving %s on http://%s:%d/v1 with %d device(s): %s", name, args.host, args.port,
+    port = sock.getsockname()[1]
+    log.info("serving %s on http://%s:%d/v1 with %d device(s): %s", name, args.host, port,
              len(engine.workers), ", ".join(w.name for w in engine.workers))
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port,
                                            log_level=args.log_level,
                                            access_log=args.log_level == "debug"))
     import signal
@@ -152,11 +223,13 @@ def main(argv=None) -> int:
     # again for the handler that was there before: this one lets the command end normally
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         return int(ExitCode.INTERRUPTED)
+    finally:
+        sock.close()
     if not server.started:
-        return int(ExitCode.FAILURE)          # the port is taken (uvicorn said so)
+        return int(ExitCode.FAILURE)
     # uvicorn stops only on SIGINT or SIGTERM: the command's interruption
     return int(ExitCode.INTERRUPTED)
 

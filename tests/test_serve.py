@@ -378,3 +378,29 @@ status); a bad ``--device``
                          text=True, timeout=120)
     assert bad.returncode == 2 and "ringkv serve: --device 'ftp://x'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
+    """Bad option values are one line and exit status 2; a port in use is found before any
+    device starts: one line, exit status 4, the card image not created."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, XDG_DATA_HOME=str(tmp_path / "data"))
+    base = [sys.executable, "-m", "ringkv.cli", "serve", "--config", "demo"]
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = [(["--port", "99999"], 2, "--port: must be 0..65535"),
+                 (["--capacity", "0"], 2, "--capacity: must be at least 1"),
+                 (["--timeout", "-1"], 2, "--timeout: must be positive"),
+                 (["--host", "no.such.host.invalid"], 2, "--host"),
+                 (["--port", str(port)], 4, f"cannot listen on 127.0.0.1:{port}")]
+        for extra, code, message in cases:
+            r = subprocess.run(base + extra, env=env, capture_output=True, text=True,
+                               timeout=120)
+            assert r.returncode == code, (extra, r.stderr)
+            assert message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
+            assert r.stderr.startswith("ringkv serve: "), r.stderr
+    assert not (tmp_path / "data").exists()
