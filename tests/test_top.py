@@ -1,6 +1,8 @@
 """RingKVTop in the Amaranth simulator: every op through byte frames, against golden models."""
 
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +34,7 @@ from ringkv.host.ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from ringkv.host.protocol import encode_request
 from ringkv.host.record import rings_from_image
 from ringkv.hw.top import RingKVTop
+from ringkv.sim import cycle_signature
 from ringkv.sim.top_bench import image_for, run_top
 
 CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
@@ -39,6 +42,25 @@ CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_to
 CFG2 = RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx2"})
 REGIONS = 4
 LANES, MACS = 2, 4
+CYCLES = Path(__file__).parent / "data" / "top_cycles"
+
+
+@pytest.fixture(autouse=True)
+def same_cycles(request):
+    """Every scenario's response bytes leave at the clocks recorded in ``data/top_cycles``
+    (``ringkv.sim.cycle_signature``; ``RINGKV_UPDATE_CYCLES=1`` rewrites them)."""
+    with cycle_signature.recording() as rec:
+        yield
+    if not rec.runs:
+        return
+    path = CYCLES / f"{request.node.name}.json"
+    if os.environ.get("RINGKV_UPDATE_CYCLES") == "1":
+        cycle_signature.save(path, rec.runs)
+        return
+    want = cycle_signature.load(path)
+    assert want is not None, f"no cycle signature {path.name}: run with RINGKV_UPDATE_CYCLES=1"
+    diff = cycle_signature.compare(want, rec.runs)
+    assert diff is None, f"response timing changed: {diff}"
 
 
 def make_top(config=CFG, **kw):
