@@ -12,6 +12,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int, check_pow2, log2_exact
 from ringkv.defs.numerics import (
     CS_SHIFT,
     EXP_TABLE,
@@ -44,14 +45,6 @@ class AttnErr(enum.Enum, shape=2):
     RANGE = 1       # layer >= L or kv_head >= Hkv
     COUNT = 2       # ATTEND with count == 0
     OP = 3          # unknown opcode
-
-
-def _pow2(x):
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and x & (x - 1) == 0
-
-
-def _log2(x):
-    return x.bit_length() - 1
 
 
 def _bits(x):
@@ -125,19 +118,13 @@ class AttentionCore(wiring.Component):
     def __init__(self, *, layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4,
                  macs=8, scale=None, numerics=None, qkv_fracs=()):
         for name, value in (("layers", layers), ("q_heads", q_heads), ("kv_heads", kv_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
-                raise ValueError(f"{name} must be an integer in 1..256, not {value!r}")
+            check_int(name, value, low=1, high=256)
         if q_heads % kv_heads:
             raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-        for name, value in (("head_dim", head_dim), ("window", window)):
-            if not _pow2(value):
-                raise ValueError(f"{name} must be a positive power of two, not {value!r}")
-        if not _pow2(lanes) or lanes > window:
-            raise ValueError(f"lanes must be a power of two no larger than window ({window}), "
-                             f"not {lanes!r}")
-        if not _pow2(macs) or macs > head_dim:
-            raise ValueError(f"macs must be a power of two no larger than head_dim "
-                             f"({head_dim}), not {macs!r}")
+        check_pow2("head_dim", head_dim)
+        check_pow2("window", window)
+        check_pow2("lanes", lanes, high=window)
+        check_pow2("macs", macs, high=head_dim)
         if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
                                   or not scale > 0):
             raise ValueError(f"scale must be a positive number or None, not {scale!r}")
@@ -203,7 +190,7 @@ class AttentionCore(wiring.Component):
         lane_depth = 2 * R * S * CH
         nx = self._nx
         EW, EB = nx.elem_bits, nx.elem_bytes    # q/k/v element: bits, bytes
-        LEB = _log2(EB)
+        LEB = log2_exact(EB)
         total = 2 * R * W * d * EB              # bytes behind the ring port
 
         # ---- widths (see ringkv/defs/numerics.py, host/golden_fixed.py) ----
@@ -213,14 +200,14 @@ class AttentionCore(wiring.Component):
         s_max = ((dot_max >> DSH) * max(self._cs_layers) >> CS_SHIFT) + 1
         SW = _bits(s_max) + 1                       # score, signed
         YW = _bits(2 * s_max)                       # m - s, unsigned
-        LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
-        AW = EW + 16 + _log2(S) + 1                 # lane accumulator, signed
-        LSW = LW + _log2(P) + 1                     # merged sum L
+        LW = 16 + log2_exact(S) + 1                      # lane exp sum, unsigned
+        AW = EW + 16 + log2_exact(S) + 1                 # lane accumulator, signed
+        LSW = LW + log2_exact(P) + 1                     # merged sum L
         DW = _bits(dot_max) + 2                     # dot product, signed
         ASH = nx.acc_shift_bits                     # sh = bitlength(l) - ASH
         BSH = nx.beta_shift                         # beta = (alpha * R) >> (e + BSH - sh)
-        ADD_LAT_A = math.ceil(_log2(M) / 2)         # registered adder-tree stages (2 levels)
-        ADD_LAT_M = math.ceil(_log2(P) / 2)
+        ADD_LAT_A = math.ceil(log2_exact(M) / 2)         # registered adder-tree stages (2 levels)
+        ADD_LAT_M = math.ceil(log2_exact(P) / 2)
 
         # ---- timing rules of this datapath (LFE5U-85F, nextpnr's timing model) ----
         # * A DP16KD (the K/V banks, the exp tables) has a clock-to-output of about 5.6 ns: its
@@ -315,12 +302,12 @@ class AttentionCore(wiring.Component):
         dma_in = Signal()
         elem_addr = self.ring_addr[LEB:]
         dma_byte = self.ring_addr[:LEB] if EB > 1 else Const(0, 1)
-        dma_dim = elem_addr[:_log2(d)] if d > 1 else Const(0, 1)
-        dma_slot = elem_addr[_log2(d):_log2(d) + _log2(W)] if W > 1 else Const(0, 1)
+        dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
+        dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
         dma_rk = Signal(32)
         m.d.comb += [
             dma_in.eq(self.ring_addr < total),
-            dma_rk.eq(elem_addr >> (_log2(d) + _log2(W))),
+            dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
         ]
         dma_lane = Signal(range(P))
         dma_t = Signal(range(S))
@@ -329,9 +316,9 @@ class AttentionCore(wiring.Component):
         dma_bb = Signal(range(M * EB))  # the byte within the bank word
         dma_word = Signal(range(lane_depth))
         m.d.comb += [
-            dma_lane.eq(dma_slot >> _log2(S)),
+            dma_lane.eq(dma_slot >> log2_exact(S)),
             dma_t.eq(dma_slot & (S - 1)),
-            dma_c.eq(dma_dim >> _log2(M)),
+            dma_c.eq(dma_dim >> log2_exact(M)),
             dma_b.eq(dma_dim & (M - 1)),
             dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
             dma_bb.eq(dma_b * EB + dma_byte),
@@ -364,7 +351,7 @@ class AttentionCore(wiring.Component):
         ]
         new_lane = Signal(range(P))
         new_t = Signal(range(S))
-        m.d.comb += [new_lane.eq(new_slot >> _log2(S)), new_t.eq(new_slot & (S - 1))]
+        m.d.comb += [new_lane.eq(new_slot >> log2_exact(S)), new_t.eq(new_slot & (S - 1))]
 
         # ---- merge unit state ----
         mg_g = Signal(range(G))
@@ -630,7 +617,7 @@ class AttentionCore(wiring.Component):
                 nxt.append((v, ok))
             level = nxt
         m.d.comb += mg_m.eq(level[0][0])
-        MAX_LAT = 1 + _log2(P)
+        MAX_LAT = 1 + log2_exact(P)
 
         # ---- merge across lanes: output adder tree ----
         OUT_LAT = 6 + ADD_LAT_M         # M0 issue .. M5 prod, the tree, the rounded word

@@ -52,6 +52,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ringkv.defs import record as record_defs
+from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import (
     CONST_RANGES,
@@ -182,10 +183,6 @@ class _Seg(enum.Enum, shape=2):
     KV = 2
 
 
-def _is_pow2(x):
-    return x > 0 and x & (x - 1) == 0
-
-
 class DmaEngine(wiring.Component):
     """Snapshot DMA between the ring port / token memory and a storage port.
 
@@ -199,18 +196,12 @@ class DmaEngine(wiring.Component):
     """
 
     def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
-        if not isinstance(config, RingKVConfig):
-            raise TypeError(f"config must be a RingKVConfig, not {config!r}")
-        if not isinstance(regions, int) or isinstance(regions, bool) or regions <= 0:
-            raise TypeError(f"regions must be a positive integer, not {regions!r}")
-        if not isinstance(base_lba, int) or isinstance(base_lba, bool) or base_lba < 0:
-            raise TypeError(f"base_lba must be a non-negative integer, not {base_lba!r}")
-        if not _is_pow2(config.window):
-            raise ValueError(f"window must be a power of two, not {config.window!r}")
-        if not _is_pow2(config.head_dim):
-            raise ValueError(f"head_dim must be a power of two, not {config.head_dim!r}")
-        if config.token_width > 32:
-            raise ValueError(f"token_width must be at most 32, not {config.token_width!r}")
+        check_type("config", config, RingKVConfig)
+        check_int("regions", regions, low=1, high=(1 << 16) - 1)
+        check_int("base_lba", base_lba, low=0)
+        check_pow2("window", config.window)
+        check_pow2("head_dim", config.head_dim)
+        check_int("token_width", config.token_width, high=32)
         layout = RecordLayout(config)
         if base_lba + regions * layout.sectors_per_region > 1 << 32:
             raise ValueError(f"{regions} regions of {layout.sectors_per_region} sectors do not "
@@ -220,8 +211,6 @@ class DmaEngine(wiring.Component):
                              f"{config.layers * config.kv_heads}")
         if max(layout.kv_sectors_max, layout.token_sectors_max) >= 1 << 16:
             raise ValueError("a record area must be less than 65536 sectors")
-        if regions >= 1 << 16:
-            raise ValueError(f"regions must be less than 65536, not {regions!r}")
         self._config, self._regions, self._base_lba, self._layout = (config, regions, base_lba,
                                                                      layout)
         super().__init__({

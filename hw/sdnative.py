@@ -74,13 +74,14 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
+
 from .storage import (
     SECTOR_BYTES,
     CardType,
     StorageError,
     StorageOp,
     StoragePortSignature,
-    check_int,
 )
 
 __all__ = ["SDBusSignature", "SDNativeController"]
@@ -137,17 +138,17 @@ class SDNativeController(wiring.Component):
                  hs_half_period: int | None = None, resp_timeout: int = 64,
                  data_timeout: int = 1 << 21, busy_timeout: int = 1 << 23,
                  init_retries: int = 1 << 12):
-        check_int("init_half_period", init_half_period, 1)
-        check_int("half_period", half_period, 1)
+        check_int("init_half_period", init_half_period, low=1)
+        check_int("half_period", half_period, low=1)
         if hs_half_period is not None:
-            check_int("hs_half_period", hs_half_period, 1)
+            check_int("hs_half_period", hs_half_period, low=1)
             if hs_half_period > half_period:
                 raise ValueError(f"hs_half_period ({hs_half_period}) must not exceed "
                                  f"half_period ({half_period})")
-        check_int("resp_timeout", resp_timeout, 2)
-        check_int("data_timeout", data_timeout, 2)
-        check_int("busy_timeout", busy_timeout, 2)
-        check_int("init_retries", init_retries, 1)
+        check_int("resp_timeout", resp_timeout, low=2)
+        check_int("data_timeout", data_timeout, low=2)
+        check_int("busy_timeout", busy_timeout, low=2)
+        check_int("init_retries", init_retries, low=1)
         if half_period > init_half_period:
             raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
                              f"({init_half_period})")

@@ -39,13 +39,14 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
+
 from .storage import (
     SECTOR_BYTES,
     CardType,
     StorageError,
     StorageOp,
     StoragePortSignature,
-    check_int,
 )
 
 __all__ = ["SPISignature", "SDSPIController"]
@@ -79,12 +80,12 @@ class SDSPIController(wiring.Component):
     def __init__(self, *, init_half_period: int = 63, half_period: int = 1,
                  resp_timeout: int = 16, token_timeout: int = 1 << 16,
                  busy_timeout: int = 1 << 20, init_retries: int = 1 << 12):
-        check_int("init_half_period", init_half_period, 1)
-        check_int("half_period", half_period, 1)
-        check_int("resp_timeout", resp_timeout, 2)
-        check_int("token_timeout", token_timeout, 2)
-        check_int("busy_timeout", busy_timeout, 2)
-        check_int("init_retries", init_retries, 1)
+        check_int("init_half_period", init_half_period, low=1)
+        check_int("half_period", half_period, low=1)
+        check_int("resp_timeout", resp_timeout, low=2)
+        check_int("token_timeout", token_timeout, low=2)
+        check_int("busy_timeout", busy_timeout, low=2)
+        check_int("init_retries", init_retries, low=1)
         if half_period > init_half_period:
             raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
                              f"({init_half_period})")

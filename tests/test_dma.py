@@ -145,17 +145,19 @@ def valid_slots(config, count, head):
 def test_parameter_errors():
     with pytest.raises(TypeError, match=r"^config must be a RingKVConfig, not 3$"):
         DmaEngine(3, 4)
-    with pytest.raises(TypeError, match=r"^regions must be a positive integer, not 0$"):
+    with pytest.raises(ValueError, match=r"^regions must be between 1 and 65535, not 0$"):
         DmaEngine(SMALL, 0)
-    with pytest.raises(TypeError, match=r"^base_lba must be a non-negative integer, not -1$"):
+    with pytest.raises(TypeError, match=r"^regions must be an integer, not 2\.0$"):
+        DmaEngine(SMALL, 2.0)
+    with pytest.raises(ValueError, match=r"^base_lba must be a non-negative integer, not -1$"):
         DmaEngine(SMALL, 2, base_lba=-1)
-    with pytest.raises(ValueError, match=r"^window must be a power of two, not 12$"):
+    with pytest.raises(ValueError, match=r"^window must be a positive power of two, not 12$"):
         DmaEngine(RingKVConfig(window=12), 2)
-    with pytest.raises(ValueError, match=r"^head_dim must be a power of two, not 48$"):
+    with pytest.raises(ValueError, match=r"^head_dim must be a positive power of two, not 48$"):
         DmaEngine(RingKVConfig(head_dim=48), 2)
     with pytest.raises(ValueError, match=r"^token_width must be at most 32, not 40$"):
         DmaEngine(RingKVConfig(token_width=40), 2)
-    with pytest.raises(ValueError, match=r"^regions must be less than 65536, not 70000$"):
+    with pytest.raises(ValueError, match=r"^regions must be between 1 and 65535, not 70000$"):
         DmaEngine(TINY, 70000)
     sig = RingPortSignature.for_config(DEFAULT_CONFIG)
     assert sig == DmaEngine(DEFAULT_CONFIG, 4).signature.members["ring"].signature
