@@ -12,9 +12,8 @@ a list of *segments*: runs of response bytes on consecutive clocks.
 * A :class:`SimPort` simulation is fed by a host thread, so when a request arrives depends on
   the wall clock. A segment is ``[clock, bytes]``: the clock relative to the last request byte
   accepted before it, and the number of bytes, not their values (the sequence numbers and the
-  device's clock counter differ from run to run). Only exchanges that start after the power-on
-  recovery scan ended are kept (while it runs, the host polls ``STORAGE_STATUS`` a varying
-  number of times).
+  device's clock counter differ from run to run). ``STORAGE_STATUS`` responses are left out:
+  the host polls it while the power-on recovery scan runs, a varying number of times.
 
 The signatures are checked in (``tests/data/top_cycles/<test>.json``); setting
 ``RINGKV_UPDATE_CYCLES=1`` rewrites them when a change of timing is intended.
@@ -24,6 +23,8 @@ import json
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+
+from ringkv.defs.protocol import RESPONSE_FLAG, Op
 
 __all__ = ["Recorder", "recording", "tap", "signature", "compare", "load", "save"]
 
@@ -57,23 +58,19 @@ def tap(sim, top, *, relative: bool) -> None:
         recorders = list(_active)
     if not recorders:
         return
-    run = {"relative": relative, "rx": [], "tx": [], "ready_at": 0}
+    run = {"relative": relative, "rx": [], "tx": []}
     for rec in recorders:
         rec.runs.append(run)
     rx, tx = top.rx, top.tx
 
     async def watch(ctx):
         clock = 0
-        recovering = True
-        async for _, _, rxv, rxr, txv, txr, byte, busy in ctx.tick().sample(
-                rx.valid, rx.ready, tx.valid, tx.ready, tx.payload, top.recovering):
+        async for _, _, rxv, rxr, txv, txr, byte in ctx.tick().sample(
+                rx.valid, rx.ready, tx.valid, tx.ready, tx.payload):
             if rxv and rxr:
                 run["rx"].append(clock)
             if txv and txr:
                 run["tx"].append((clock, byte))
-            if recovering and not busy:
-                run["ready_at"] = clock
-            recovering = bool(busy)
             clock += 1
 
     sim.add_testbench(watch, background=True)
@@ -85,13 +82,14 @@ def signature(run: dict) -> list[list]:
     if run["relative"]:
         rx = run["rx"]
         kept, i = [], 0
-        for clock, byte in events:
-            while i < len(rx) and rx[i] < clock:
-                i += 1
-            anchor = rx[i - 1] if i else None
-            if anchor is None or anchor < run["ready_at"]:
+        for frame in _frames(events):
+            if frame[1][1] & ~RESPONSE_FLAG == Op.STORAGE_STATUS.value:
                 continue
-            kept.append((clock - anchor, clock, byte))
+            for clock, byte in frame:
+                while i < len(rx) and rx[i] < clock:
+                    i += 1
+                if i:
+                    kept.append((clock - rx[i - 1], clock, byte))
         events_rel = kept
     else:
         events_rel = [(clock, clock, byte) for clock, byte in events]
@@ -106,6 +104,16 @@ def signature(run: dict) -> list[list]:
             segments[-1][1] += f"{byte:02x}"
         last = clock
     return segments
+
+
+def _frames(events):
+    """Split response bytes ``(clock, byte)`` into frames: SYNC, op, seq, status, a 16-bit
+    little-endian length, the payload and a 16-bit CRC."""
+    i = 0
+    while i + 6 <= len(events):
+        length = events[i + 4][1] | events[i + 5][1] << 8
+        yield events[i:i + 8 + length]
+        i += 8 + length
 
 
 def load(path) -> list | None:
