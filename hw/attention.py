@@ -20,6 +20,9 @@ from ringkv.defs.numerics import (
     numerics_of,
     score_const,
 )
+from ringkv.defs.record import ring_space
+
+from .ring_port import RingPortSignature
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
 
@@ -37,6 +40,7 @@ class AttnOp(enum.Enum, shape=2):
     ATTEND = 0      # C = count tokens: write each token's K/V, then attend (decode, prefill)
     CLEAR = 1       # empty every ring of ``layer``
     CLEAR_ALL = 2   # empty every ring (new session)
+    RESERVED = 3    # no command: answered with AttnErr.OP, nothing changes
 
 
 class AttnErr(enum.Enum, shape=2):
@@ -91,14 +95,11 @@ class AttentionCore(wiring.Component):
     :class:`AttnErr`), ``count`` (the ring's token count after the command). A rejected command
     consumes no ``i`` beat and emits no ``o`` beat.
 
-    Ring port (only while ``busy`` is low), byte-addressed: ``ring_addr`` (32 bits,
-    ``(((ring*2 + kind)*W + slot)*d + dim)*EB + byte``, ``EB = EW/8`` bytes per element,
-    little-endian, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V), ``ring_re``
-    (``ring_rdata``, 8 bits, valid two clocks later; 0 outside the rings or while busy),
-    ``ring_we`` + ``ring_wdata`` (one byte; ignored outside the rings or while busy). Meta port
-    (per ring): ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time
-    (0 for a bad ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
-    (ignored for a bad ring index or ``meta_whead >= W``).
+    ``ring`` (In :class:`~ringkv.hw.ring_port.RingPortSignature`, its members described there):
+    the byte-addressed ring and metadata port, served only while ``busy`` is low. Ring reads
+    give 0 outside the rings or while busy; ring writes outside the rings or while busy are
+    ignored. Metadata reads are combinational at any time (0 for a bad ring index); metadata
+    writes take effect while idle (ignored for a bad ring index or ``meta_whead >= W``).
 
     Latency and throughput
     ----------------------
@@ -133,7 +134,7 @@ class AttentionCore(wiring.Component):
             raise ValueError(f"scale {scale!r} gives a score constant {cs} outside 1..2**17-1")
         nx = numerics_of(numerics)
         cs_layers = layer_score_consts(nx, head_dim, layers, qkv_fracs, scale)
-        if layers * kv_heads * 2 * window * head_dim * nx.elem_bytes > (1 << 32):
+        if ring_space(layers, kv_heads, window, head_dim, nx.elem_bytes) > (1 << 32):
             raise ValueError("the rings exceed the 32-bit ring_addr space")
 
         self._L, self._Hq, self._Hkv = layers, q_heads, kv_heads
@@ -147,18 +148,15 @@ class AttentionCore(wiring.Component):
         EW = nx.elem_bits
 
         self.cmd_layout = data.StructLayout({
-            "op": 2, "layer": 8, "kv_head": 8, "count": 16})
-        self.status_layout = data.StructLayout({"op": 2, "err": 2, "count": 32})
+            "op": AttnOp, "layer": 8, "kv_head": 8, "count": 16})
+        self.status_layout = data.StructLayout({"op": AttnOp, "err": AttnErr, "count": 32})
         super().__init__({
             "cmd": In(stream.Signature(self.cmd_layout)),
             "i": In(stream.Signature(data.ArrayLayout(signed(EW), macs))),
             "o": Out(stream.Signature(data.ArrayLayout(signed(16), macs))),
             "status": Out(stream.Signature(self.status_layout)),
             "busy": Out(1),
-            "ring_addr": In(32), "ring_re": In(1), "ring_rdata": Out(8),
-            "ring_we": In(1), "ring_wdata": In(8),
-            "meta_ring": In(8), "meta_count": Out(32), "meta_head": Out(16),
-            "meta_we": In(1), "meta_wcount": In(32), "meta_whead": In(16),
+            "ring": In(RingPortSignature(layers, kv_heads, head_dim, window, nx.elem_bytes)),
         })
 
     layers = property(lambda self: self._L)
@@ -191,7 +189,7 @@ class AttentionCore(wiring.Component):
         nx = self._nx
         EW, EB = nx.elem_bits, nx.elem_bytes    # q/k/v element: bits, bytes
         LEB = log2_exact(EB)
-        total = 2 * R * W * d * EB              # bytes behind the ring port
+        total = ring_space(L, Hkv, W, d, EB)     # bytes behind the ring port
 
         # ---- widths (see ringkv/defs/numerics.py, host/golden_fixed.py) ----
         PW = 2 * EW + 1                             # q*k product, signed
@@ -239,9 +237,9 @@ class AttentionCore(wiring.Component):
         ring_head = Array(Signal(range(W), name=f"ring_head{r}", init=W - 1) for r in range(R))
 
         # ---- command latch and FSM state ----
-        cmd_op = Signal(2)
+        cmd_op = Signal(AttnOp)
         cmd_left = Signal(16)           # tokens still to process
-        cmd_err = Signal(2)
+        cmd_err = Signal(AttnErr)
         ring = Signal(range(R))
         cur_count = Signal(32)
         cur_count_inc = Signal(32)
@@ -300,13 +298,13 @@ class AttentionCore(wiring.Component):
 
         # ring port decode: byte address = element address * EB + byte
         dma_in = Signal()
-        elem_addr = self.ring_addr[LEB:]
-        dma_byte = self.ring_addr[:LEB] if EB > 1 else Const(0, 1)
+        elem_addr = self.ring.ring_addr[LEB:]
+        dma_byte = self.ring.ring_addr[:LEB] if EB > 1 else Const(0, 1)
         dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
         dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
         dma_rk = Signal(32)
         m.d.comb += [
-            dma_in.eq(self.ring_addr < total),
+            dma_in.eq(self.ring.ring_addr < total),
             dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
         ]
         dma_lane = Signal(range(P))
@@ -327,7 +325,7 @@ class AttentionCore(wiring.Component):
         dma_rd_b = Signal(range(M * EB))
         dma_rd_ok = Signal()
         m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
-                     dma_rd_ok.eq(self.ring_re & ~self.ring_we & dma_in & ~busy)]
+                     dma_rd_ok.eq(self.ring.ring_re & ~self.ring.ring_we & dma_in & ~busy)]
 
         # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
         load_c = Signal(range(CH))
@@ -439,8 +437,8 @@ class AttentionCore(wiring.Component):
             with m.Else():
                 m.d.comb += [
                     kv_wr.addr.eq(dma_word),
-                    kv_wr.data.eq(Cat(*[self.ring_wdata] * (M * EB))),
-                    kv_wr.en.eq(Mux(self.ring_we & dma_in & (dma_lane == lane),
+                    kv_wr.data.eq(Cat(*[self.ring.ring_wdata] * (M * EB))),
+                    kv_wr.en.eq(Mux(self.ring.ring_we & dma_in & (dma_lane == lane),
                                     Const(1, M * EB) << dma_bb, 0)),
                 ]
 
@@ -693,14 +691,14 @@ class AttentionCore(wiring.Component):
 
         # ---- meta port ----
         meta_ok = Signal()
-        m.d.comb += meta_ok.eq(self.meta_ring < R)
+        m.d.comb += meta_ok.eq(self.ring.meta_ring < R)
         m.d.comb += [
-            self.meta_count.eq(Mux(meta_ok, ring_count[self.meta_ring], 0)),
-            self.meta_head.eq(Mux(meta_ok, ring_head[self.meta_ring], 0)),
+            self.ring.meta_count.eq(Mux(meta_ok, ring_count[self.ring.meta_ring], 0)),
+            self.ring.meta_head.eq(Mux(meta_ok, ring_head[self.ring.meta_ring], 0)),
         ]
-        with m.If(self.meta_we & ~busy & meta_ok & (self.meta_whead < W)):
-            m.d.sync += [ring_count[self.meta_ring].eq(self.meta_wcount),
-                         ring_head[self.meta_ring].eq(self.meta_whead)]
+        with m.If(self.ring.meta_we & ~busy & meta_ok & (self.ring.meta_whead < W)):
+            m.d.sync += [ring_count[self.ring.meta_ring].eq(self.ring.meta_wcount),
+                         ring_head[self.ring.meta_ring].eq(self.ring.meta_whead)]
 
         # ---- bank collisions ----
         # A read whose data is used never meets a write of the same bank word in the same
@@ -711,7 +709,7 @@ class AttentionCore(wiring.Component):
         # breaks this rule; nothing in the design reads it (synthesis removes it), the
         # simulation tests assert that it stays 0.
         collision_used = Signal()
-        read_used = Mux(busy, issue, self.ring_re & ~self.ring_we)
+        read_used = Mux(busy, issue, self.ring.ring_re & ~self.ring.ring_we)
         m.d.comb += collision_used.eq(read_used & Cat(*[
             (wr.en != 0) & (rd.addr == wr.addr) for rd, wr in bank_ports]).any())
         self._collision_used = collision_used
@@ -726,7 +724,7 @@ class AttentionCore(wiring.Component):
         rd_lane_q = Signal(range(P))
         rd_ok_q = Signal()
         m.d.sync += [rd_lane_q.eq(dma_rd_lane), rd_ok_q.eq(dma_rd_ok)]
-        m.d.comb += self.ring_rdata.eq(Mux(rd_ok_q, Array(lane_bytes)[rd_lane_q], 0))
+        m.d.comb += self.ring.ring_rdata.eq(Mux(rd_ok_q, Array(lane_bytes)[rd_lane_q], 0))
 
         # the ring's new head and count are stored one clock after the token's last beat
         # (from registers: the enables of the 8-way metadata registers stay off the load's
@@ -749,7 +747,7 @@ class AttentionCore(wiring.Component):
                     # the rings a CLEAR empties, decided here so that CLEAR is a plain write
                     m.d.sync += clear_mask.eq(Cat(*[
                         (p.op == AttnOp.CLEAR_ALL) | (p.layer == r // Hkv) for r in range(R)]))
-                    with m.If(p.op == 3):
+                    with m.If(p.op == AttnOp.RESERVED):
                         m.d.sync += cmd_err.eq(AttnErr.OP)
                         m.next = "STATUS"
                     with m.Elif((p.op != AttnOp.CLEAR_ALL) & bad_range):

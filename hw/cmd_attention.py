@@ -21,7 +21,9 @@ from ringkv.defs.protocol import (
     RING_META,
     Op,
     attn_in_bytes,
+    attn_out_bytes,
 )
+from ringkv.defs.record import ring_bytes as ring_space_bytes
 
 from .attention import AttnOp
 from .dispatch import CommandUnit
@@ -47,17 +49,17 @@ class AttentionUnit(CommandUnit):
         self.a_ofull = Signal()
         self.a_opos = Signal(range(2 * M))
         self.a_sent = Signal(17)
-        self.a_clear_op = Signal(2)
+        self.a_clear_op = Signal(AttnOp)
         self.rr_word = Signal(48)
         self.rr_pos = Signal(range(META_BYTES))
 
     def dispatch(self, d):
-        m, arg, c, lay, top = d.m, d.arg, d.config, d.layout, d.top
-        L, Hq, d_head, W = c.layers, c.q_heads, c.head_dim, c.window
+        m, arg, c, top = d.m, d.arg, d.config, d.top
+        L = c.layers
         R = c.layers * c.kv_heads
-        ring_bytes = R * 2 * W * d_head * lay.elem_bytes   # the byte-addressed ring port's space
+        ring_bytes = ring_space_bytes(c)       # the byte-addressed ring port's space
         per_token_in = attn_in_bytes(c, 1)
-        per_token_out = 2 * Hq * d_head
+        per_token_out = attn_out_bytes(c, 1)
         with m.Case(Op.SESSION_BEGIN.value):
             m.d.comb += d.tm.clear.eq(1)
             m.d.sync += self.a_clear_op.eq(AttnOp.CLEAR_ALL)
@@ -162,18 +164,18 @@ class AttentionUnit(CommandUnit):
         tok_i, rr_pos, rr_word = d.tok_i, self.rr_pos, self.rr_word
         with m.State("RR_ISSUE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += [d.top_ring_addr.eq(tok_i), d.top_ring_re.eq(what == RING_ELEMENTS),
-                         d.top_meta_ring.eq(tok_i)]
+            m.d.comb += [d.ring.ring_addr.eq(tok_i), d.ring.ring_re.eq(what == RING_ELEMENTS),
+                         d.ring.meta_ring.eq(tok_i)]
             m.d.sync += rr_pos.eq(0)
             m.next = "RR_WAIT"
         with m.State("RR_WAIT"):            # ring data: two clocks after ring_re
-            m.d.comb += d.top_meta_ring.eq(tok_i)
+            m.d.comb += d.ring.meta_ring.eq(tok_i)
             m.next = "RR_CAP"
         with m.State("RR_CAP"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += d.top_meta_ring.eq(tok_i)
-            m.d.sync += rr_word.eq(Mux(what == RING_ELEMENTS, at.ring_rdata,
-                                       Cat(at.meta_count, at.meta_head)))
+            m.d.comb += d.ring.meta_ring.eq(tok_i)
+            m.d.sync += rr_word.eq(Mux(what == RING_ELEMENTS, d.ring.ring_rdata,
+                                       Cat(d.ring.meta_count, d.ring.meta_head)))
             m.next = "RR_SEND"
         with m.State("RR_SEND"):
             what = arg(Op.RING_READ, "what")

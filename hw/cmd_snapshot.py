@@ -23,6 +23,7 @@ from .directory import Op as DirOp
 from .directory import Status as DirStatus
 from .dispatch import CommandUnit
 from .dma import DmaOp, RecordStatus
+from .dma import RecordKind as HwRecordKind
 from .protocol import Status
 
 __all__ = ["SnapshotUnit"]
@@ -46,7 +47,7 @@ class SnapshotUnit(CommandUnit):
         self.s_bad = Signal()
         self.s_prev_head = Signal(16)
         self.s_cycles = Signal(32)
-        self.s_kind = Signal(8)
+        self.s_kind = Signal(HwRecordKind)
         valid_slots = Mux(self.s_n < c.window, self.s_n, c.window)
         self.s_bytes = (self.s_n * lay.token_bytes
                         + valid_slots * (2 * c.layers * c.kv_heads * c.head_dim * lay.elem_bytes))
@@ -71,7 +72,7 @@ class SnapshotUnit(CommandUnit):
         with m.Case(Op.EXPORT.value):
             n = arg(Op.EXPORT, "n")
             kind = arg(Op.EXPORT, "kind")
-            with m.If((n == 0) | (n > tm.count) | (n != d.at.meta_count)
+            with m.If((n == 0) | (n > tm.count) | (n != d.ring.meta_count)
                       | (kind > max(k.value for k in RecordKind))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
@@ -82,7 +83,7 @@ class SnapshotUnit(CommandUnit):
                 m.next = "E_RINGS"
 
     def states(self, d):
-        m, at, dresp, dma_resp, hash_val = d.m, d.at, d.dresp, d.dma_resp, d.hash_val
+        m, dresp, dma_resp, hash_val = d.m, d.dresp, d.dma_resp, d.hash_val
         R = d.config.layers * d.config.kv_heads
         s_n, s_rec, s_dir, s_link, s_region = (self.s_n, self.s_rec, self.s_dir, self.s_link,
                                                self.s_region)
@@ -117,13 +118,13 @@ class SnapshotUnit(CommandUnit):
 
         # ---- EXPORT: rings agree, hash, lookup old, insert, DMA export, retire ----
         with m.State("E_RINGS"):
-            m.d.comb += d.top_meta_ring.eq(self.s_ring)
+            m.d.comb += d.ring.meta_ring.eq(self.s_ring)
             # every ring must hold the n tokens, with the same head (the DMA checks this
             # too, but after the directory insert: checked here, a refusal changes nothing)
-            with m.If((at.meta_count != s_n)
-                      | ((at.meta_head != self.s_prev_head) & (self.s_ring != 0))):
+            with m.If((d.ring.meta_count != s_n)
+                      | ((d.ring.meta_head != self.s_prev_head) & (self.s_ring != 0))):
                 m.d.sync += self.s_bad.eq(1)
-            m.d.sync += [self.s_ring.eq(self.s_ring + 1), self.s_prev_head.eq(at.meta_head)]
+            m.d.sync += [self.s_ring.eq(self.s_ring + 1), self.s_prev_head.eq(d.ring.meta_head)]
             with m.If(self.s_ring == R - 1):
                 m.next = "E_RINGS_OK"
         with m.State("E_RINGS_OK"):

@@ -11,6 +11,7 @@ from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import REQUESTS, Op
 
 from .dispatch import CommandUnit
+from .protocol import Op as LinkOp
 from .protocol import Status
 
 __all__ = ["TokenUnit"]
@@ -80,7 +81,7 @@ class TokenUnit(CommandUnit):
         op, tok_i, tok_b, tok_acc = d.op, d.tok_i, self.tok_b, self.tok_acc
         # ---- token stream in (TOKENS_APPEND / TOKENS_WRITE) ----
         with m.State("TOK_IN"):
-            is_write = op == Op.TOKENS_WRITE.value
+            is_write = op == LinkOp.TOKENS_WRITE
             n = Mux(is_write, arg(Op.TOKENS_WRITE, "n"), arg(Op.TOKENS_APPEND, "n"))
             off = arg(Op.TOKENS_WRITE, "offset")
             m.d.comb += dec.data.ready.eq(tok_i != n)
@@ -101,7 +102,7 @@ class TokenUnit(CommandUnit):
                 with m.Else():
                     m.d.sync += tok_b.eq(tok_b + 1)
         with m.State("TOK_DONE"):
-            with m.If(op == Op.TOKENS_WRITE.value):
+            with m.If(op == LinkOp.TOKENS_WRITE):
                 m.d.comb += [tm.count_we.eq(1),
                              tm.set_count.eq(arg(Op.TOKENS_WRITE, "offset")
                                              + arg(Op.TOKENS_WRITE, "n"))]

@@ -61,106 +61,21 @@ from ringkv.defs.record import (
     RECORD_STATUS_BITS,
     SECTOR,
     RecordLayout,
-    elem_bytes,
     header_template,
 )
 
 from .enums import shaped
+from .ring_port import RingPortSignature
 from .storage import StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenReadSignature
 
-__all__ = ["RingPortSignature", "RING_PORT_MEMBERS", "RING_READ_LATENCY", "connect_ring", "DmaOp",
-           "DmaCommand", "DmaResponse", "DmaEngine", "RecordStatus"]
+__all__ = ["DmaOp", "DmaCommand", "DmaResponse", "DmaEngine", "RecordStatus", "RecordKind"]
 
 #: :class:`ringkv.defs.record.RecordStatus` as a 4-bit shape (export, import, verify results).
 RecordStatus = shaped(record_defs.RecordStatus, RECORD_STATUS_BITS, module=__name__)
+#: ``kind`` of a record: any byte, the known ones named (:class:`ringkv.defs.record.RecordKind`).
+RecordKind = shaped(record_defs.RecordKind, 8, module=__name__)
 _RECORD_CRC = crc.Algorithm(**RECORD_CRC.algorithm_kwargs())
-
-
-class RingPortSignature(wiring.Signature):
-    """The attention core's ring-access port (``hw/attention.py``), seen from the DMA.
-
-    Same member names and widths as the attention core's ports, so the top connects them one to
-    one (:func:`connect_ring`; ``RingPortSignature(...).flip()`` is the core's side).
-    Byte-addressed, synchronous, 8-bit: a K or V element is ``EB = elem_bytes`` bytes (1 for
-    numerics ``ringkv-fx1``, 2 for ``ringkv-fx2``), little-endian; used only while the core is
-    idle:
-
-    =============== ===== =====================================================================
-    member          dir   meaning
-    =============== ===== =====================================================================
-    ``ring_addr``   Out   32 bits: ``element * EB + byte`` with ``element = ((ring*2 + kind)*W +
-                          slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V
-    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the byte two clocks later
-                          (:data:`RING_READ_LATENCY`)
-    ``ring_rdata``  In    8 bits, read data (one byte of an element)
-    ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``
-    ``ring_wdata``  Out   8 bits, write data (one byte of an element)
-    ``meta_ring``   Out   8 bits, ring whose metadata is read or written
-    ``meta_count``  In    32 bits, tokens seen by the ring (does not wrap)
-    ``meta_head``   In    16 bits, slot of the newest token
-    ``meta_we``     Out   metadata write strobe, with ``meta_wcount``, ``meta_whead``
-    ``meta_wcount`` Out   32 bits
-    ``meta_whead``  Out   16 bits
-    =============== ===== =====================================================================
-
-    The DMA holds ``meta_ring`` for two clocks before it samples ``meta_count``/``meta_head``,
-    so a combinational (the attention core) or a one-clock synchronous metadata read both work.
-    """
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, window: int,
-                 elem_bytes: int = 1):
-        self._params = (layers, kv_heads, head_dim, window, elem_bytes)
-        super().__init__({
-            "ring_addr": Out(32),
-            "ring_re": Out(1),
-            "ring_rdata": In(8),
-            "ring_we": Out(1),
-            "ring_wdata": Out(8),
-            "meta_ring": Out(8),
-            "meta_count": In(32),
-            "meta_head": In(16),
-            "meta_we": Out(1),
-            "meta_wcount": Out(32),
-            "meta_whead": Out(16),
-        })
-
-    @classmethod
-    def for_config(cls, config: RingKVConfig):
-        return cls(config.layers, config.kv_heads, config.head_dim, config.window,
-                   elem_bytes(config))
-
-    @property
-    def ring_bytes(self) -> int:
-        """Size of the byte address space: ``layers * kv_heads * 2 * W * d * EB``."""
-        layers, kv_heads, head_dim, window, eb = self._params
-        return layers * kv_heads * 2 * window * head_dim * eb
-
-    def __eq__(self, other):
-        return type(other) is RingPortSignature and other._params == self._params
-
-    def __hash__(self):
-        return hash((RingPortSignature, self._params))
-
-    def __repr__(self):
-        return "RingPortSignature({}, {}, {}, {}, elem_bytes={})".format(*self._params)
-
-
-#: Clocks from ``ring_re`` to its byte on ``ring_rdata`` (the attention core registers the
-#: addressed byte of each lane's bank word, then selects the lane).
-RING_READ_LATENCY = 2
-
-RING_PORT_MEMBERS = ("ring_addr", "ring_re", "ring_rdata", "ring_we", "ring_wdata", "meta_ring",
-                     "meta_count", "meta_head", "meta_we", "meta_wcount", "meta_whead")
-
-
-def connect_ring(m, dma_ring, core):
-    """Connect the DMA's ``ring`` port to a core with the same members at its top level (the
-    attention core's flat ports) by comb assignments."""
-    for name in RING_PORT_MEMBERS:
-        flow = dma_ring.signature.members[name].flow
-        a, b = getattr(dma_ring, name), getattr(core, name)
-        m.d.comb += (b.eq(a) if flow == Out else a.eq(b))
 
 
 class DmaOp(enum.Enum, shape=2):
@@ -173,7 +88,7 @@ class DmaOp(enum.Enum, shape=2):
 #: ``kind``: the record's :class:`~ringkv.defs.record.RecordKind` value, written by EXPORT into
 #: the header (offset 94); the import's checks ignore it (the header CRC covers it).
 DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32,
-                                "kind": 8})
+                                "kind": RecordKind})
 DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32})
 
 
@@ -250,7 +165,7 @@ class DmaEngine(wiring.Component):
         req_count = Signal(32)
         req_hash = Signal(64)
         req_seq = Signal(32)
-        req_kind = Signal(8)
+        req_kind = Signal(RecordKind)
         base_lba = Signal(32)
         n = Signal(32)                    # token count of the snapshot
         head = Signal(range(W))
@@ -338,7 +253,8 @@ class DmaEngine(wiring.Component):
         # --- export: header bytes, built at issue time --------------------------------------
         var_fields = {"commit_seq": req_seq, "prefix_hash": req_hash, "count": n,
                       "ring_head": head, "token_bytes": tok_payload, "k_bytes": kv_payload >> 1,
-                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc, "kind": req_kind}
+                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc,
+                      "kind": req_kind.as_value()}
         hdr_byte = Signal(8)
         with m.Switch(hdr_pos):
             for name, value in var_fields.items():

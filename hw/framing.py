@@ -18,6 +18,9 @@ from .protocol import CRC16, Op, Status
 __all__ = ["FrameDecoder", "FrameEncoder", "RequestHeader", "ResponseHeader", "PayloadByte",
            "FrameErrorLayout"]
 
+#: ``op`` in these layouts is a byte, not an ``Op``: the decoder passes any opcode on (an
+#: unknown one is answered ``UNKNOWN_OP`` by the dispatcher), values that no member names.
+#:
 #: A checked request's header, offered on ``FrameDecoder.header``.
 RequestHeader = data.StructLayout({"op": 8, "seq": 8, "length": 16})
 #: One payload byte; ``last`` marks the frame's final byte.

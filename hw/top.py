@@ -26,7 +26,14 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
-from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, REQUESTS, Op, StorageKind, attn_in_bytes
+from ringkv.defs.protocol import (
+    DEFAULT_MAX_PAYLOAD,
+    REQUESTS,
+    Op,
+    StorageKind,
+    attn_in_bytes,
+    attn_out_bytes,
+)
 from ringkv.defs.record import RecordLayout
 
 from .attention import AttentionCore
@@ -141,7 +148,7 @@ class RingKVTop(wiring.Component):
         check_int("max_payload", max_payload, low=1, high=0xFFFF)
         need = max(max(lay.size for lay in REQUESTS.values()),
                    REQUESTS[Op.ATTN_PREFILL].size + attn_in_bytes(config, 1),
-                   2 * config.q_heads * config.head_dim)
+                   attn_out_bytes(config, 1))
         if max_payload < need:
             raise ValueError(f"max_payload must be at least {need} bytes (one attention token "
                              f"of this config), not {max_payload!r}")

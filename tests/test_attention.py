@@ -84,7 +84,8 @@ def test_properties_and_ideal():
     wide = AttentionCore(numerics="ringkv-fx2")
     wide._MustUse__silence = True
     assert wide.numerics.elem_bits == 16 and len(wide.i.payload.as_value()) == 8 * 16
-    assert len(wide.o.payload.as_value()) == 8 * 16 and len(wide.ring_rdata) == 8
+    assert len(wide.o.payload.as_value()) == 8 * 16 and len(wide.ring.ring_rdata) == 8
+    assert wide.signature.members["ring"].signature.ring_bytes == 4 * 2 * 2 * 128 * 64 * 2
 
 
 def test_decode_wraps_many_times():
@@ -306,17 +307,17 @@ def test_ring_port_read_with_write_returns_zero():
     got = []
 
     async def bench(ctx):
-        ctx.set(core.ring_addr, 5)
-        ctx.set(core.ring_wdata, 0x5A)
-        ctx.set(core.ring_we, 1)
-        ctx.set(core.ring_re, 1)
+        ctx.set(core.ring.ring_addr, 5)
+        ctx.set(core.ring.ring_wdata, 0x5A)
+        ctx.set(core.ring.ring_we, 1)
+        ctx.set(core.ring.ring_re, 1)
         await ctx.tick()
-        ctx.set(core.ring_we, 0)
+        ctx.set(core.ring.ring_we, 0)
         await ctx.tick()
-        ctx.set(core.ring_re, 0)
-        got.append(ctx.get(core.ring_rdata))    # the colliding read, two clocks later
+        ctx.set(core.ring.ring_re, 0)
+        got.append(ctx.get(core.ring.ring_rdata))    # the colliding read, two clocks later
         await ctx.tick()
-        got.append(ctx.get(core.ring_rdata))    # the read without a write
+        got.append(ctx.get(core.ring.ring_rdata))    # the read without a write
 
     sim = Simulator(core)
     sim.add_clock(1e-8)
