@@ -114,7 +114,7 @@ async def random_scripts(dut):
     Clock(dut.clk, 10, unit="ns").start()
     for name in ("ring_we", "ring_re", "meta_we", "ring_addr", "ring_wdata", "meta_ring",
                  "meta_wcount", "meta_whead"):
-        getattr(dut, name).value = 0
+        getattr(dut, f"ring__{name}").value = 0
     dut.rst.value = 1
     for _ in range(3):
         await RisingEdge(dut.clk)
