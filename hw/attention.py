@@ -831,13 +831,13 @@ class AttentionCore(wiring.Component):
                 with m.Else():
                     with m.If(drain == LAT_B - 1):
                         m.d.sync += [phase.eq(PH_M), mg_g.eq(0)]
-                        m.next = "MG_WAIT"
-            with m.State("MG_WAIT"):
+                        m.next = "MERGE_WAIT"
+            with m.State("MERGE_WAIT"):
                 # the output FIFO holds one token: wait until the previous one has left
                 with m.If(out_fifo.level == 0):
                     m.d.sync += mg_step.eq(0)
-                    m.next = "MG_ALPHA"
-            with m.State("MG_ALPHA"):
+                    m.next = "MERGE_ALPHA"
+            with m.State("MERGE_ALPHA"):
                 # the max tree gives mg_m at step MAX_LAT; then y <- m - m_lane (+1), table
                 # address (+2), table word (+3), p_reg (+4): latch alpha
                 m.d.sync += mg_step.eq(mg_step + 1)
@@ -846,22 +846,22 @@ class AttentionCore(wiring.Component):
                         m.d.sync += lane_alpha[lane].eq(Mux(lane_live[lane],
                                                             lane_p[lane], 0))
                     m.d.sync += [mg_i.eq(0), mg_sum.eq(0)]
-                    m.next = "MG_SUM"
-            with m.State("MG_SUM"):
+                    m.next = "MERGE_SUM"
+            with m.State("MERGE_SUM"):
                 m.d.sync += mg_i.eq(mg_i + 1)
                 with m.If(mg_i < P):
                     m.d.sync += [sum_l.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]),
                                  sum_a.eq(Array(lane_alpha)[mg_i]), sum_v.eq(1)]
                 with m.If(mg_i == P + 2):        # the last term is summed in this clock
-                    m.next = "MG_LOG"
-            with m.State("MG_LOG"):
+                    m.next = "MERGE_LOG"
+            with m.State("MERGE_LOG"):
                 for b in range(LSW):
                     with m.If(mg_sum[b]):
                         m.d.sync += [mg_e.eq(b + 1), mg_rem.eq(Const(1, LSW + 1) << (b - 1)
                                                               if b >= 1 else 0)]
                 m.d.sync += [mg_step.eq(0), mg_recip.eq(0)]
-                m.next = "MG_DIV"
-            with m.State("MG_DIV"):
+                m.next = "MERGE_DIVIDE"
+            with m.State("MERGE_DIVIDE"):
                 # restoring division: R = 2**(e+16) // L, 18 quotient bits
                 rem2 = Cat(Const(0, 1), mg_rem)
                 with m.If(rem2 >= mg_sum):
@@ -875,8 +875,8 @@ class AttentionCore(wiring.Component):
                     m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
                     m.d.sync += mg_i.eq(0)
-                    m.next = "MG_BETA"
-            with m.State("MG_BETA"):
+                    m.next = "MERGE_BETA"
+            with m.State("MERGE_BETA"):
                 m.d.sync += mg_i.eq(mg_i + 1)
                 with m.If(mg_i < P):
                     m.d.sync += [b_alpha.eq(Array(lane_alpha)[mg_i]),
@@ -884,19 +884,19 @@ class AttentionCore(wiring.Component):
                                  b_idx[0].eq(mg_i), b_v[0].eq(1)]
                 with m.If(mg_i == P + 3):        # the last beta is written in this clock
                     m.d.sync += mg_c.eq(0)
-                    m.next = "MG_OUT"
-            with m.State("MG_OUT"):
+                    m.next = "MERGE_OUTPUT"
+            with m.State("MERGE_OUTPUT"):
                 m.d.comb += mg_issue.eq(1)
                 m.d.sync += mg_c.eq(mg_c + 1)
                 with m.If(mg_c == CH - 1):
                     m.d.sync += mg_c.eq(0)
                     with m.If(mg_g == G - 1):
                         m.d.sync += drain.eq(0)
-                        m.next = "MG_DRAIN"
+                        m.next = "MERGE_DRAIN"
                     with m.Else():
                         m.d.sync += [mg_g.eq(mg_g + 1), mg_step.eq(0)]
-                        m.next = "MG_ALPHA"
-            with m.State("MG_DRAIN"):
+                        m.next = "MERGE_ALPHA"
+            with m.State("MERGE_DRAIN"):
                 m.d.sync += drain.eq(drain + 1)
                 with m.If(drain == OUT_LAT - 1):
                     m.d.sync += cmd_left.eq(cmd_left - 1)

@@ -103,7 +103,7 @@ class Dispatcher:
         self.config, self.layout = top.config, top.record_layout
         m = self.m
         # response body modes: the fixed record first, then each unit's, in unit order
-        self.modes = {"BUF": ("SEND_BUF", 0)}
+        self.modes = {"BUF": ("SEND_BUFFER", 0)}
         for unit in self.units:
             for name, state in unit.BODIES.items():
                 self.modes[name] = (state, len(self.modes))
@@ -192,7 +192,7 @@ class Dispatcher:
         m = self.m
         m.d.sync += [self.rstatus.eq(status), self.rlen.eq(n_bytes),
                      self.mode.eq(self.modes[how][1]), self.idx.eq(0)]
-        m.next = "RESP_HDR"
+        m.next = "RESPOND_HEADER"
 
     def reject(self, status):
         """Refuse the request: drain what is left of its payload, then answer."""
@@ -329,9 +329,9 @@ class Dispatcher:
                                      self.answer_not_ready.eq(0),
                                      self.frames.eq(self.frames + 1),
                                      self.cycles_at.eq(self.cycles)]
-                        m.next = "HDR_CHECK"
+                        m.next = "HEADER_CHECK"
 
-            with m.State("HDR_CHECK"):
+            with m.State("HEADER_CHECK"):
                 # the payload length against the op's layout, by its rule in LENGTH
                 with m.Switch(op):
                     for o, rule in LENGTH.items():
@@ -377,11 +377,11 @@ class Dispatcher:
             with m.State("DRAIN"):
                 m.d.comb += dec.data.ready.eq(taken != length)
                 with m.If(taken == length):
-                    m.next = "RESP_HDR"
+                    m.next = "RESPOND_HEADER"
                 with m.Elif(dec.data.valid):
                     m.d.sync += taken.eq(taken + 1)
 
-            with m.State("RESP_HDR"):
+            with m.State("RESPOND_HEADER"):
                 m.d.comb += [enc.header.valid.eq(1), enc.header.payload.op.eq(op),
                              enc.header.payload.seq.eq(self.seq),
                              enc.header.payload.status.eq(self.rstatus),
@@ -396,7 +396,7 @@ class Dispatcher:
                                 with m.Case(number):
                                     m.next = state
 
-            with m.State("SEND_BUF"):
+            with m.State("SEND_BUFFER"):
                 m.d.comb += [enc.data.valid.eq(1),
                              enc.data.payload.eq(resp_word.word_select(self.idx[:7], 8))]
                 with m.If(enc.data.ready):

@@ -381,17 +381,17 @@ class DmaEngine(wiring.Component):
                 m.d.sync += base_lba.eq(self._base_lba + region * lay.sectors_per_region)
                 with m.If(region >= self._regions):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(exporting):
-                    m.next = "META_RD"
+                    m.next = "META_READ"
                 with m.Else():
                     m.d.sync += seg.eq(_Seg.HDR)
-                    m.next = "SEG_CMD"
+                    m.next = "SEGMENT_COMMAND"
             # ---- export: metadata of every ring ----
-            with m.State("META_RD"):
+            with m.State("META_READ"):
                 m.d.comb += self.busy.eq(1)
-                m.next = "META_CAP"
-            with m.State("META_CAP"):
+                m.next = "META_CAPTURE"
+            with m.State("META_CAPTURE"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(self.ring.meta_head >= W):
                     m.d.sync += meta_bad.eq(1)
@@ -404,17 +404,17 @@ class DmaEngine(wiring.Component):
                     m.next = "META_CHECK"
                 with m.Else():
                     m.d.sync += ml.eq(ml + 1)
-                    m.next = "META_RD"
+                    m.next = "META_READ"
             with m.State("META_CHECK"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(meta_bad | (n > c.max_tokens)):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Else():
                     m.d.sync += seg.eq(Mux(n == 0, _Seg.HDR, _Seg.TOK))
-                    m.next = "SEG_CMD"
+                    m.next = "SEGMENT_COMMAND"
             # ---- one storage transfer ----
-            with m.State("SEG_CMD"):
+            with m.State("SEGMENT_COMMAND"):
                 m.d.comb += [self.busy.eq(1), st.cmd.valid.eq(1),
                              st.cmd.payload.op.eq(Mux(exporting, StorageOp.WRITE,
                                                       StorageOp.READ)),
@@ -422,8 +422,8 @@ class DmaEngine(wiring.Component):
                 with m.If(st.cmd.ready):
                     m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
                                  *init_counters()]
-                    m.next = "SEG_DATA"
-            with m.State("SEG_DATA"):
+                    m.next = "SEGMENT_DATA"
+            with m.State("SEGMENT_DATA"):
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
                 with m.If(exporting):
                     room = (wfifo.level + b_valid + b2_valid) < 4
@@ -474,67 +474,67 @@ class DmaEngine(wiring.Component):
                         m.d.sync += [b_valid.eq(0), b2_valid.eq(0)]
                         m.next = "FAIL"
                     with m.Else():
-                        m.next = "SEG_NEXT"
-            with m.State("SEG_NEXT"):
+                        m.next = "SEGMENT_NEXT"
+            with m.State("SEGMENT_NEXT"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(exporting):
                     with m.Switch(seg):
                         with m.Case(_Seg.TOK):
                             m.d.sync += seg.eq(Mux(v == 0, _Seg.HDR, _Seg.KV))
-                            m.next = "SEG_CMD"
+                            m.next = "SEGMENT_COMMAND"
                         with m.Case(_Seg.KV):
                             m.d.sync += seg.eq(_Seg.HDR)
-                            m.next = "SEG_CMD"
+                            m.next = "SEGMENT_COMMAND"
                         with m.Default():
-                            m.next = "RESP"
+                            m.next = "RESPOND"
                 with m.Else():
                     with m.Switch(seg):
                         with m.Case(_Seg.HDR):
                             m.d.sync += [n.eq(hd_count), head.eq(hd_head)]
-                            m.next = "HDR_EVAL"
+                            m.next = "HEADER_EVALUATE"
                         with m.Case(_Seg.TOK):
                             with m.If(importing & tok_bad):
                                 m.d.sync += status.eq(RecordStatus.TOKEN_MISMATCH)
-                                m.next = "RESP"
+                                m.next = "RESPOND"
                             with m.Elif(v == 0):
-                                m.next = "CRC_EVAL"
+                                m.next = "CRC_EVALUATE"
                             with m.Else():
                                 m.d.sync += seg.eq(_Seg.KV)
-                                m.next = "SEG_CMD"
+                                m.next = "SEGMENT_COMMAND"
                         with m.Default():
-                            m.next = "CRC_EVAL"
+                            m.next = "CRC_EVALUATE"
             # ---- import: header checks, in the golden model's order ----
-            with m.State("HDR_EVAL"):
+            with m.State("HEADER_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
                 bad_fields = ((hd_count > c.max_tokens) | (hd_head >= W)
                               | (hd_tok != tok_payload) | (hd_k != kv_payload >> 1)
                               | (hd_v != kv_payload >> 1))
                 with m.If(bad_magic):
                     m.d.sync += status.eq(RecordStatus.EMPTY)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(bad_version):
                     m.d.sync += status.eq(RecordStatus.BAD_VERSION)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(~hcrc.match_detected):
                     m.d.sync += status.eq(RecordStatus.BAD_HEADER)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(bad_config):
                     m.d.sync += status.eq(RecordStatus.FOREIGN_CONFIG)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(bad_fields):
                     m.d.sync += status.eq(RecordStatus.BAD_HEADER)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(op == DmaOp.HEADER):
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(importing & ((hd_count != req_count) | (hd_hash != req_hash))):
                     m.d.sync += status.eq(RecordStatus.NOT_THIS)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(hd_count == 0):
-                    m.next = "CRC_EVAL"
+                    m.next = "CRC_EVALUATE"
                 with m.Else():
                     m.d.sync += seg.eq(_Seg.TOK)
-                    m.next = "SEG_CMD"
-            with m.State("CRC_EVAL"):
+                    m.next = "SEGMENT_COMMAND"
+            with m.State("CRC_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
                 ok = pcrc.crc == hd_pcrc
                 with m.If(~ok):
@@ -542,24 +542,24 @@ class DmaEngine(wiring.Component):
                 with m.If(importing & (ok | kv_started)):
                     m.d.sync += [meta_w_count.eq(Mux(ok, n, 0)), meta_w_head.eq(Mux(ok, head, 0)),
                                  ml.eq(0)]
-                    m.next = "META_WR"
+                    m.next = "META_WRITE"
                 with m.Else():
-                    m.next = "RESP"
+                    m.next = "RESPOND"
             with m.State("FAIL"):
                 # storage error: an import that has started writing the rings empties them
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += [meta_w_count.eq(0), meta_w_head.eq(0), ml.eq(0)]
                 with m.If(importing & kv_started):
-                    m.next = "META_WR"
+                    m.next = "META_WRITE"
                 with m.Else():
-                    m.next = "RESP"
-            with m.State("META_WR"):
+                    m.next = "RESPOND"
+            with m.State("META_WRITE"):
                 m.d.comb += [self.busy.eq(1), self.ring.meta_we.eq(1)]
                 with m.If(ml == LH - 1):
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Else():
                     m.d.sync += ml.eq(ml + 1)
-            with m.State("RESP"):
+            with m.State("RESPOND"):
                 m.d.comb += [self.busy.eq(1), self.resp.valid.eq(1),
                              self.resp.payload.status.eq(status),
                              self.resp.payload.count.eq(Mux(exporting, n, hd_count)),
