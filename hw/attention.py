@@ -12,6 +12,7 @@ from amaranth import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, enum, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int, check_pow2, log2_exact
 from ringkv.defs.numerics import (
     CS_SHIFT,
     EXP_TABLE,
@@ -19,6 +20,9 @@ from ringkv.defs.numerics import (
     numerics_of,
     score_const,
 )
+from ringkv.defs.record import ring_space
+
+from .ring_port import RingPortSignature
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
 
@@ -36,6 +40,7 @@ class AttnOp(enum.Enum, shape=2):
     ATTEND = 0      # C = count tokens: write each token's K/V, then attend (decode, prefill)
     CLEAR = 1       # empty every ring of ``layer``
     CLEAR_ALL = 2   # empty every ring (new session)
+    RESERVED = 3    # no command: answered with AttnErr.OP, nothing changes
 
 
 class AttnErr(enum.Enum, shape=2):
@@ -44,14 +49,6 @@ class AttnErr(enum.Enum, shape=2):
     RANGE = 1       # layer >= L or kv_head >= Hkv
     COUNT = 2       # ATTEND with count == 0
     OP = 3          # unknown opcode
-
-
-def _pow2(x):
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and x & (x - 1) == 0
-
-
-def _log2(x):
-    return x.bit_length() - 1
 
 
 def _bits(x):
@@ -98,14 +95,11 @@ class AttentionCore(wiring.Component):
     :class:`AttnErr`), ``count`` (the ring's token count after the command). A rejected command
     consumes no ``i`` beat and emits no ``o`` beat.
 
-    Ring port (only while ``busy`` is low), byte-addressed: ``ring_addr`` (32 bits,
-    ``(((ring*2 + kind)*W + slot)*d + dim)*EB + byte``, ``EB = EW/8`` bytes per element,
-    little-endian, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V), ``ring_re``
-    (``ring_rdata``, 8 bits, valid two clocks later; 0 outside the rings or while busy),
-    ``ring_we`` + ``ring_wdata`` (one byte; ignored outside the rings or while busy). Meta port
-    (per ring): ``meta_ring`` selects, ``meta_count`` (32) / ``meta_head`` read it at any time
-    (0 for a bad ring index); ``meta_we`` with ``meta_wcount`` / ``meta_whead`` writes it while idle
-    (ignored for a bad ring index or ``meta_whead >= W``).
+    ``ring`` (In :class:`~ringkv.hw.ring_port.RingPortSignature`, its members described there):
+    the byte-addressed ring and metadata port, served only while ``busy`` is low. Ring reads
+    give 0 outside the rings or while busy; ring writes outside the rings or while busy are
+    ignored. Metadata reads are combinational at any time (0 for a bad ring index); metadata
+    writes take effect while idle (ignored for a bad ring index or ``meta_whead >= W``).
 
     Latency and throughput
     ----------------------
@@ -125,19 +119,13 @@ class AttentionCore(wiring.Component):
     def __init__(self, *, layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4,
                  macs=8, scale=None, numerics=None, qkv_fracs=()):
         for name, value in (("layers", layers), ("q_heads", q_heads), ("kv_heads", kv_heads)):
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 256:
-                raise ValueError(f"{name} must be an integer in 1..256, not {value!r}")
+            check_int(name, value, low=1, high=256)
         if q_heads % kv_heads:
             raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-        for name, value in (("head_dim", head_dim), ("window", window)):
-            if not _pow2(value):
-                raise ValueError(f"{name} must be a positive power of two, not {value!r}")
-        if not _pow2(lanes) or lanes > window:
-            raise ValueError(f"lanes must be a power of two no larger than window ({window}), "
-                             f"not {lanes!r}")
-        if not _pow2(macs) or macs > head_dim:
-            raise ValueError(f"macs must be a power of two no larger than head_dim "
-                             f"({head_dim}), not {macs!r}")
+        check_pow2("head_dim", head_dim)
+        check_pow2("window", window)
+        check_pow2("lanes", lanes, high=window)
+        check_pow2("macs", macs, high=head_dim)
         if scale is not None and (not isinstance(scale, (int, float)) or isinstance(scale, bool)
                                   or not scale > 0):
             raise ValueError(f"scale must be a positive number or None, not {scale!r}")
@@ -146,7 +134,7 @@ class AttentionCore(wiring.Component):
             raise ValueError(f"scale {scale!r} gives a score constant {cs} outside 1..2**17-1")
         nx = numerics_of(numerics)
         cs_layers = layer_score_consts(nx, head_dim, layers, qkv_fracs, scale)
-        if layers * kv_heads * 2 * window * head_dim * nx.elem_bytes > (1 << 32):
+        if ring_space(layers, kv_heads, window, head_dim, nx.elem_bytes) > (1 << 32):
             raise ValueError("the rings exceed the 32-bit ring_addr space")
 
         self._L, self._Hq, self._Hkv = layers, q_heads, kv_heads
@@ -160,18 +148,15 @@ class AttentionCore(wiring.Component):
         EW = nx.elem_bits
 
         self.cmd_layout = data.StructLayout({
-            "op": 2, "layer": 8, "kv_head": 8, "count": 16})
-        self.status_layout = data.StructLayout({"op": 2, "err": 2, "count": 32})
+            "op": AttnOp, "layer": 8, "kv_head": 8, "count": 16})
+        self.status_layout = data.StructLayout({"op": AttnOp, "err": AttnErr, "count": 32})
         super().__init__({
             "cmd": In(stream.Signature(self.cmd_layout)),
             "i": In(stream.Signature(data.ArrayLayout(signed(EW), macs))),
             "o": Out(stream.Signature(data.ArrayLayout(signed(16), macs))),
             "status": Out(stream.Signature(self.status_layout)),
             "busy": Out(1),
-            "ring_addr": In(32), "ring_re": In(1), "ring_rdata": Out(8),
-            "ring_we": In(1), "ring_wdata": In(8),
-            "meta_ring": In(8), "meta_count": Out(32), "meta_head": Out(16),
-            "meta_we": In(1), "meta_wcount": In(32), "meta_whead": In(16),
+            "ring": In(RingPortSignature(layers, kv_heads, head_dim, window, nx.elem_bytes)),
         })
 
     layers = property(lambda self: self._L)
@@ -203,8 +188,8 @@ class AttentionCore(wiring.Component):
         lane_depth = 2 * R * S * CH
         nx = self._nx
         EW, EB = nx.elem_bits, nx.elem_bytes    # q/k/v element: bits, bytes
-        LEB = _log2(EB)
-        total = 2 * R * W * d * EB              # bytes behind the ring port
+        LEB = log2_exact(EB)
+        total = ring_space(L, Hkv, W, d, EB)     # bytes behind the ring port
 
         # ---- widths (see ringkv/defs/numerics.py, host/golden_fixed.py) ----
         PW = 2 * EW + 1                             # q*k product, signed
@@ -213,14 +198,14 @@ class AttentionCore(wiring.Component):
         s_max = ((dot_max >> DSH) * max(self._cs_layers) >> CS_SHIFT) + 1
         SW = _bits(s_max) + 1                       # score, signed
         YW = _bits(2 * s_max)                       # m - s, unsigned
-        LW = 16 + _log2(S) + 1                      # lane exp sum, unsigned
-        AW = EW + 16 + _log2(S) + 1                 # lane accumulator, signed
-        LSW = LW + _log2(P) + 1                     # merged sum L
+        LW = 16 + log2_exact(S) + 1                      # lane exp sum, unsigned
+        AW = EW + 16 + log2_exact(S) + 1                 # lane accumulator, signed
+        LSW = LW + log2_exact(P) + 1                     # merged sum L
         DW = _bits(dot_max) + 2                     # dot product, signed
         ASH = nx.acc_shift_bits                     # sh = bitlength(l) - ASH
         BSH = nx.beta_shift                         # beta = (alpha * R) >> (e + BSH - sh)
-        ADD_LAT_A = math.ceil(_log2(M) / 2)         # registered adder-tree stages (2 levels)
-        ADD_LAT_M = math.ceil(_log2(P) / 2)
+        ADD_LAT_A = math.ceil(log2_exact(M) / 2)         # registered adder-tree stages (2 levels)
+        ADD_LAT_M = math.ceil(log2_exact(P) / 2)
 
         # ---- timing rules of this datapath (LFE5U-85F, nextpnr's timing model) ----
         # * A DP16KD (the K/V banks, the exp tables) has a clock-to-output of about 5.6 ns: its
@@ -252,9 +237,9 @@ class AttentionCore(wiring.Component):
         ring_head = Array(Signal(range(W), name=f"ring_head{r}", init=W - 1) for r in range(R))
 
         # ---- command latch and FSM state ----
-        cmd_op = Signal(2)
+        cmd_op = Signal(AttnOp)
         cmd_left = Signal(16)           # tokens still to process
-        cmd_err = Signal(2)
+        cmd_err = Signal(AttnErr)
         ring = Signal(range(R))
         cur_count = Signal(32)
         cur_count_inc = Signal(32)
@@ -313,14 +298,14 @@ class AttentionCore(wiring.Component):
 
         # ring port decode: byte address = element address * EB + byte
         dma_in = Signal()
-        elem_addr = self.ring_addr[LEB:]
-        dma_byte = self.ring_addr[:LEB] if EB > 1 else Const(0, 1)
-        dma_dim = elem_addr[:_log2(d)] if d > 1 else Const(0, 1)
-        dma_slot = elem_addr[_log2(d):_log2(d) + _log2(W)] if W > 1 else Const(0, 1)
+        elem_addr = self.ring.ring_addr[LEB:]
+        dma_byte = self.ring.ring_addr[:LEB] if EB > 1 else Const(0, 1)
+        dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
+        dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
         dma_rk = Signal(32)
         m.d.comb += [
-            dma_in.eq(self.ring_addr < total),
-            dma_rk.eq(elem_addr >> (_log2(d) + _log2(W))),
+            dma_in.eq(self.ring.ring_addr < total),
+            dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
         ]
         dma_lane = Signal(range(P))
         dma_t = Signal(range(S))
@@ -329,9 +314,9 @@ class AttentionCore(wiring.Component):
         dma_bb = Signal(range(M * EB))  # the byte within the bank word
         dma_word = Signal(range(lane_depth))
         m.d.comb += [
-            dma_lane.eq(dma_slot >> _log2(S)),
+            dma_lane.eq(dma_slot >> log2_exact(S)),
             dma_t.eq(dma_slot & (S - 1)),
-            dma_c.eq(dma_dim >> _log2(M)),
+            dma_c.eq(dma_dim >> log2_exact(M)),
             dma_b.eq(dma_dim & (M - 1)),
             dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
             dma_bb.eq(dma_b * EB + dma_byte),
@@ -340,7 +325,7 @@ class AttentionCore(wiring.Component):
         dma_rd_b = Signal(range(M * EB))
         dma_rd_ok = Signal()
         m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
-                     dma_rd_ok.eq(self.ring_re & ~self.ring_we & dma_in & ~busy)]
+                     dma_rd_ok.eq(self.ring.ring_re & ~self.ring.ring_we & dma_in & ~busy)]
 
         # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
         load_c = Signal(range(CH))
@@ -364,7 +349,7 @@ class AttentionCore(wiring.Component):
         ]
         new_lane = Signal(range(P))
         new_t = Signal(range(S))
-        m.d.comb += [new_lane.eq(new_slot >> _log2(S)), new_t.eq(new_slot & (S - 1))]
+        m.d.comb += [new_lane.eq(new_slot >> log2_exact(S)), new_t.eq(new_slot & (S - 1))]
 
         # ---- merge unit state ----
         mg_g = Signal(range(G))
@@ -452,8 +437,8 @@ class AttentionCore(wiring.Component):
             with m.Else():
                 m.d.comb += [
                     kv_wr.addr.eq(dma_word),
-                    kv_wr.data.eq(Cat(*[self.ring_wdata] * (M * EB))),
-                    kv_wr.en.eq(Mux(self.ring_we & dma_in & (dma_lane == lane),
+                    kv_wr.data.eq(Cat(*[self.ring.ring_wdata] * (M * EB))),
+                    kv_wr.en.eq(Mux(self.ring.ring_we & dma_in & (dma_lane == lane),
                                     Const(1, M * EB) << dma_bb, 0)),
                 ]
 
@@ -630,7 +615,7 @@ class AttentionCore(wiring.Component):
                 nxt.append((v, ok))
             level = nxt
         m.d.comb += mg_m.eq(level[0][0])
-        MAX_LAT = 1 + _log2(P)
+        MAX_LAT = 1 + log2_exact(P)
 
         # ---- merge across lanes: output adder tree ----
         OUT_LAT = 6 + ADD_LAT_M         # M0 issue .. M5 prod, the tree, the rounded word
@@ -706,14 +691,14 @@ class AttentionCore(wiring.Component):
 
         # ---- meta port ----
         meta_ok = Signal()
-        m.d.comb += meta_ok.eq(self.meta_ring < R)
+        m.d.comb += meta_ok.eq(self.ring.meta_ring < R)
         m.d.comb += [
-            self.meta_count.eq(Mux(meta_ok, ring_count[self.meta_ring], 0)),
-            self.meta_head.eq(Mux(meta_ok, ring_head[self.meta_ring], 0)),
+            self.ring.meta_count.eq(Mux(meta_ok, ring_count[self.ring.meta_ring], 0)),
+            self.ring.meta_head.eq(Mux(meta_ok, ring_head[self.ring.meta_ring], 0)),
         ]
-        with m.If(self.meta_we & ~busy & meta_ok & (self.meta_whead < W)):
-            m.d.sync += [ring_count[self.meta_ring].eq(self.meta_wcount),
-                         ring_head[self.meta_ring].eq(self.meta_whead)]
+        with m.If(self.ring.meta_we & ~busy & meta_ok & (self.ring.meta_whead < W)):
+            m.d.sync += [ring_count[self.ring.meta_ring].eq(self.ring.meta_wcount),
+                         ring_head[self.ring.meta_ring].eq(self.ring.meta_whead)]
 
         # ---- bank collisions ----
         # A read whose data is used never meets a write of the same bank word in the same
@@ -724,7 +709,7 @@ class AttentionCore(wiring.Component):
         # breaks this rule; nothing in the design reads it (synthesis removes it), the
         # simulation tests assert that it stays 0.
         collision_used = Signal()
-        read_used = Mux(busy, issue, self.ring_re & ~self.ring_we)
+        read_used = Mux(busy, issue, self.ring.ring_re & ~self.ring.ring_we)
         m.d.comb += collision_used.eq(read_used & Cat(*[
             (wr.en != 0) & (rd.addr == wr.addr) for rd, wr in bank_ports]).any())
         self._collision_used = collision_used
@@ -739,7 +724,7 @@ class AttentionCore(wiring.Component):
         rd_lane_q = Signal(range(P))
         rd_ok_q = Signal()
         m.d.sync += [rd_lane_q.eq(dma_rd_lane), rd_ok_q.eq(dma_rd_ok)]
-        m.d.comb += self.ring_rdata.eq(Mux(rd_ok_q, Array(lane_bytes)[rd_lane_q], 0))
+        m.d.comb += self.ring.ring_rdata.eq(Mux(rd_ok_q, Array(lane_bytes)[rd_lane_q], 0))
 
         # the ring's new head and count are stored one clock after the token's last beat
         # (from registers: the enables of the 8-way metadata registers stay off the load's
@@ -762,7 +747,7 @@ class AttentionCore(wiring.Component):
                     # the rings a CLEAR empties, decided here so that CLEAR is a plain write
                     m.d.sync += clear_mask.eq(Cat(*[
                         (p.op == AttnOp.CLEAR_ALL) | (p.layer == r // Hkv) for r in range(R)]))
-                    with m.If(p.op == 3):
+                    with m.If(p.op == AttnOp.RESERVED):
                         m.d.sync += cmd_err.eq(AttnErr.OP)
                         m.next = "STATUS"
                     with m.Elif((p.op != AttnOp.CLEAR_ALL) & bad_range):
@@ -846,13 +831,13 @@ class AttentionCore(wiring.Component):
                 with m.Else():
                     with m.If(drain == LAT_B - 1):
                         m.d.sync += [phase.eq(PH_M), mg_g.eq(0)]
-                        m.next = "MG_WAIT"
-            with m.State("MG_WAIT"):
+                        m.next = "MERGE_WAIT"
+            with m.State("MERGE_WAIT"):
                 # the output FIFO holds one token: wait until the previous one has left
                 with m.If(out_fifo.level == 0):
                     m.d.sync += mg_step.eq(0)
-                    m.next = "MG_ALPHA"
-            with m.State("MG_ALPHA"):
+                    m.next = "MERGE_ALPHA"
+            with m.State("MERGE_ALPHA"):
                 # the max tree gives mg_m at step MAX_LAT; then y <- m - m_lane (+1), table
                 # address (+2), table word (+3), p_reg (+4): latch alpha
                 m.d.sync += mg_step.eq(mg_step + 1)
@@ -861,22 +846,22 @@ class AttentionCore(wiring.Component):
                         m.d.sync += lane_alpha[lane].eq(Mux(lane_live[lane],
                                                             lane_p[lane], 0))
                     m.d.sync += [mg_i.eq(0), mg_sum.eq(0)]
-                    m.next = "MG_SUM"
-            with m.State("MG_SUM"):
+                    m.next = "MERGE_SUM"
+            with m.State("MERGE_SUM"):
                 m.d.sync += mg_i.eq(mg_i + 1)
                 with m.If(mg_i < P):
                     m.d.sync += [sum_l.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]),
                                  sum_a.eq(Array(lane_alpha)[mg_i]), sum_v.eq(1)]
                 with m.If(mg_i == P + 2):        # the last term is summed in this clock
-                    m.next = "MG_LOG"
-            with m.State("MG_LOG"):
+                    m.next = "MERGE_LOG"
+            with m.State("MERGE_LOG"):
                 for b in range(LSW):
                     with m.If(mg_sum[b]):
                         m.d.sync += [mg_e.eq(b + 1), mg_rem.eq(Const(1, LSW + 1) << (b - 1)
                                                               if b >= 1 else 0)]
                 m.d.sync += [mg_step.eq(0), mg_recip.eq(0)]
-                m.next = "MG_DIV"
-            with m.State("MG_DIV"):
+                m.next = "MERGE_DIVIDE"
+            with m.State("MERGE_DIVIDE"):
                 # restoring division: R = 2**(e+16) // L, 18 quotient bits
                 rem2 = Cat(Const(0, 1), mg_rem)
                 with m.If(rem2 >= mg_sum):
@@ -890,8 +875,8 @@ class AttentionCore(wiring.Component):
                     m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
                     m.d.sync += mg_i.eq(0)
-                    m.next = "MG_BETA"
-            with m.State("MG_BETA"):
+                    m.next = "MERGE_BETA"
+            with m.State("MERGE_BETA"):
                 m.d.sync += mg_i.eq(mg_i + 1)
                 with m.If(mg_i < P):
                     m.d.sync += [b_alpha.eq(Array(lane_alpha)[mg_i]),
@@ -899,19 +884,19 @@ class AttentionCore(wiring.Component):
                                  b_idx[0].eq(mg_i), b_v[0].eq(1)]
                 with m.If(mg_i == P + 3):        # the last beta is written in this clock
                     m.d.sync += mg_c.eq(0)
-                    m.next = "MG_OUT"
-            with m.State("MG_OUT"):
+                    m.next = "MERGE_OUTPUT"
+            with m.State("MERGE_OUTPUT"):
                 m.d.comb += mg_issue.eq(1)
                 m.d.sync += mg_c.eq(mg_c + 1)
                 with m.If(mg_c == CH - 1):
                     m.d.sync += mg_c.eq(0)
                     with m.If(mg_g == G - 1):
                         m.d.sync += drain.eq(0)
-                        m.next = "MG_DRAIN"
+                        m.next = "MERGE_DRAIN"
                     with m.Else():
                         m.d.sync += [mg_g.eq(mg_g + 1), mg_step.eq(0)]
-                        m.next = "MG_ALPHA"
-            with m.State("MG_DRAIN"):
+                        m.next = "MERGE_ALPHA"
+            with m.State("MERGE_DRAIN"):
                 m.d.sync += drain.eq(drain + 1)
                 with m.If(drain == OUT_LAT - 1):
                     m.d.sync += cmd_left.eq(cmd_left - 1)

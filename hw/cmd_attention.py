@@ -21,7 +21,9 @@ from ringkv.defs.protocol import (
     RING_META,
     Op,
     attn_in_bytes,
+    attn_out_bytes,
 )
+from ringkv.defs.record import ring_bytes as ring_space_bytes
 
 from .attention import AttnOp
 from .dispatch import CommandUnit
@@ -32,7 +34,7 @@ __all__ = ["AttentionUnit"]
 
 class AttentionUnit(CommandUnit):
     OPS = (Op.SESSION_BEGIN, Op.RING_CLEAR, Op.ATTN_DECODE, Op.ATTN_PREFILL, Op.RING_READ)
-    BODIES = {"RING": "RR_ISSUE", "ATTN": "A_RUN"}
+    BODIES = {"RING": "RING_READ_ISSUE", "ATTN": "ATTEND_RUN"}
 
     def signals(self, d):
         Hkv, M, EB = d.config.kv_heads, d.at.macs, d.layout.elem_bytes
@@ -47,29 +49,29 @@ class AttentionUnit(CommandUnit):
         self.a_ofull = Signal()
         self.a_opos = Signal(range(2 * M))
         self.a_sent = Signal(17)
-        self.a_clear_op = Signal(2)
+        self.a_clear_op = Signal(AttnOp)
         self.rr_word = Signal(48)
         self.rr_pos = Signal(range(META_BYTES))
 
     def dispatch(self, d):
-        m, arg, c, lay, top = d.m, d.arg, d.config, d.layout, d.top
-        L, Hq, d_head, W = c.layers, c.q_heads, c.head_dim, c.window
+        m, arg, c, top = d.m, d.arg, d.config, d.top
+        L = c.layers
         R = c.layers * c.kv_heads
-        ring_bytes = R * 2 * W * d_head * lay.elem_bytes   # the byte-addressed ring port's space
+        ring_bytes = ring_space_bytes(c)       # the byte-addressed ring port's space
         per_token_in = attn_in_bytes(c, 1)
-        per_token_out = 2 * Hq * d_head
+        per_token_out = attn_out_bytes(c, 1)
         with m.Case(Op.SESSION_BEGIN.value):
             m.d.comb += d.tm.clear.eq(1)
             m.d.sync += self.a_clear_op.eq(AttnOp.CLEAR_ALL)
-            m.next = "RING_CLR"
+            m.next = "RING_CLEAR"
         with m.Case(Op.RING_CLEAR.value):
             layer = arg(Op.RING_CLEAR, "layer")
             with m.If(layer == RING_CLEAR_ALL):
                 m.d.sync += [self.a_clear_op.eq(AttnOp.CLEAR_ALL), self.a_layer.eq(0)]
-                m.next = "RING_CLR"
+                m.next = "RING_CLEAR"
             with m.Elif(layer < L):
                 m.d.sync += [self.a_clear_op.eq(AttnOp.CLEAR), self.a_layer.eq(layer)]
-                m.next = "RING_CLR"
+                m.next = "RING_CLEAR"
             with m.Else():
                 d.reject(Status.BAD_ARG)
         for o in (Op.ATTN_DECODE, Op.ATTN_PREFILL):
@@ -112,15 +114,15 @@ class AttentionUnit(CommandUnit):
         m, at, dec, enc, arg = d.m, d.at, d.dec, d.enc, d.arg
         Hkv, M, EB = d.config.kv_heads, d.at.macs, d.layout.elem_bytes
         # ---- ring clear (SESSION_BEGIN, RING_CLEAR) ----
-        d.attn_cmd("RING_CLR", "RING_CLR_DONE", self.a_clear_op, self.a_layer)
-        with m.State("RING_CLR_DONE"):
+        d.attn_cmd("RING_CLEAR", "RING_CLEAR_DONE", self.a_clear_op, self.a_layer)
+        with m.State("RING_CLEAR_DONE"):
             d.respond(Status.OK)
 
         # ---- ATTN_DECODE / ATTN_PREFILL: header sent, then stream both ways ----
         a_kvh, a_inflight, a_done = self.a_kvh, self.a_inflight, self.a_done
         a_fill, a_beat, a_obuf = self.a_fill, self.a_beat, self.a_obuf
         a_ofull, a_opos, a_sent = self.a_ofull, self.a_opos, self.a_sent
-        with m.State("A_RUN"):
+        with m.State("ATTEND_RUN"):
             # one ATTEND command per KV head, in order
             m.d.comb += [at.cmd.valid.eq((a_kvh != Hkv) & ~a_inflight),
                          at.cmd.payload.op.eq(AttnOp.ATTEND),
@@ -160,22 +162,22 @@ class AttentionUnit(CommandUnit):
         # ---- RING_READ: 4 clocks per item (a byte of the byte-addressed ring port, or the
         # metadata of a ring) ----
         tok_i, rr_pos, rr_word = d.tok_i, self.rr_pos, self.rr_word
-        with m.State("RR_ISSUE"):
+        with m.State("RING_READ_ISSUE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += [d.top_ring_addr.eq(tok_i), d.top_ring_re.eq(what == RING_ELEMENTS),
-                         d.top_meta_ring.eq(tok_i)]
+            m.d.comb += [d.ring.ring_addr.eq(tok_i), d.ring.ring_re.eq(what == RING_ELEMENTS),
+                         d.ring.meta_ring.eq(tok_i)]
             m.d.sync += rr_pos.eq(0)
-            m.next = "RR_WAIT"
-        with m.State("RR_WAIT"):            # ring data: two clocks after ring_re
-            m.d.comb += d.top_meta_ring.eq(tok_i)
-            m.next = "RR_CAP"
-        with m.State("RR_CAP"):
+            m.next = "RING_READ_WAIT"
+        with m.State("RING_READ_WAIT"):            # ring data: two clocks after ring_re
+            m.d.comb += d.ring.meta_ring.eq(tok_i)
+            m.next = "RING_READ_CAPTURE"
+        with m.State("RING_READ_CAPTURE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += d.top_meta_ring.eq(tok_i)
-            m.d.sync += rr_word.eq(Mux(what == RING_ELEMENTS, at.ring_rdata,
-                                       Cat(at.meta_count, at.meta_head)))
-            m.next = "RR_SEND"
-        with m.State("RR_SEND"):
+            m.d.comb += d.ring.meta_ring.eq(tok_i)
+            m.d.sync += rr_word.eq(Mux(what == RING_ELEMENTS, d.ring.ring_rdata,
+                                       Cat(d.ring.meta_count, d.ring.meta_head)))
+            m.next = "RING_READ_SEND"
+        with m.State("RING_READ_SEND"):
             what = arg(Op.RING_READ, "what")
             m.d.comb += [enc.data.valid.eq(1),
                          enc.data.payload.eq(rr_word.word_select(rr_pos, 8))]
@@ -185,4 +187,4 @@ class AttentionUnit(CommandUnit):
                     m.next = "IDLE"
                 with m.Elif((what == RING_ELEMENTS) | (rr_pos == META_BYTES - 1)):
                     m.d.sync += tok_i.eq(tok_i + 1)
-                    m.next = "RR_ISSUE"
+                    m.next = "RING_READ_ISSUE"

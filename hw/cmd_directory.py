@@ -40,45 +40,45 @@ class DirectoryUnit(CommandUnit):
             with m.If(arg(Op.DIR_LOOKUP, "count") > MT):
                 d.reject(Status.BAD_ARG)
             with m.Else():
-                m.next = "D_LOOKUP"
+                m.next = "DIR_LOOKUP"
         with m.Case(Op.DIR_INSERT.value):
             with m.If((arg(Op.DIR_INSERT, "count") > MT)
                       | (arg(Op.DIR_INSERT, "region") >= d.top.regions)
                       | (arg(Op.DIR_INSERT, "flags") > 3)):
                 d.reject(Status.BAD_ARG)
             with m.Elif(arg(Op.DIR_INSERT, "flags") & FLAG_EXISTING):
-                m.next = "D_INSERT_X"
+                m.next = "DIR_INSERT_EXISTING"
             with m.Else():
-                m.next = "D_INSERT"
-        for o, state in ((Op.DIR_DELETE, "D_DELETE"), (Op.DIR_TOUCH, "D_TOUCH"),
-                         (Op.DIR_READ, "D_READ")):
+                m.next = "DIR_INSERT"
+        for o, state in ((Op.DIR_DELETE, "DIR_DELETE"), (Op.DIR_TOUCH, "DIR_TOUCH"),
+                         (Op.DIR_READ, "DIR_READ")):
             with m.Case(o.value):
                 with m.If(arg(o, "link") >= d.top.links):
                     d.reject(Status.BAD_ARG)
                 with m.Else():
                     m.next = state
         with m.Case(Op.DIR_EXPIRE.value):
-            m.next = "D_EXPIRE"
+            m.next = "DIR_EXPIRE"
         with m.Case(Op.DIR_CLEAR.value):
             with m.If(d.length == 4):
                 m.d.sync += d.commit_seq.eq(arg(Op.DIR_CLEAR, "next_seq"))
-            m.next = "D_CLEAR"
+            m.next = "DIR_CLEAR"
 
     def states(self, d):
         m, arg = d.m, d.arg
-        d.dir_call("D_LOOKUP", "D_DONE", op=DirOp.LOOKUP, count=arg(Op.DIR_LOOKUP, "count"),
+        d.dir_call("DIR_LOOKUP", "DIR_DONE", op=DirOp.LOOKUP, count=arg(Op.DIR_LOOKUP, "count"),
                    hash=arg(Op.DIR_LOOKUP, "hash"))
-        d.dir_call("D_INSERT", "D_DONE", op=DirOp.INSERT, count=arg(Op.DIR_INSERT, "count"),
+        d.dir_call("DIR_INSERT", "DIR_DONE", op=DirOp.INSERT, count=arg(Op.DIR_INSERT, "count"),
                    hash=arg(Op.DIR_INSERT, "hash"),
                    evict=arg(Op.DIR_INSERT, "flags")[0] if FLAG_EVICT == 1 else 0)
-        d.dir_call("D_INSERT_X", "D_DONE", op=DirOp.INSERT_EXISTING,
+        d.dir_call("DIR_INSERT_EXISTING", "DIR_DONE", op=DirOp.INSERT_EXISTING,
                    count=arg(Op.DIR_INSERT, "count"), hash=arg(Op.DIR_INSERT, "hash"),
                    region=arg(Op.DIR_INSERT, "region"))
-        d.dir_call("D_DELETE", "D_DONE", op=DirOp.DELETE, link=arg(Op.DIR_DELETE, "link"))
-        d.dir_call("D_TOUCH", "D_DONE", op=DirOp.TOUCH, link=arg(Op.DIR_TOUCH, "link"))
-        d.dir_call("D_READ", "D_DONE", op=DirOp.READ, link=arg(Op.DIR_READ, "link"))
-        d.dir_call("D_EXPIRE", "D_DONE", op=DirOp.EXPIRE,
+        d.dir_call("DIR_DELETE", "DIR_DONE", op=DirOp.DELETE, link=arg(Op.DIR_DELETE, "link"))
+        d.dir_call("DIR_TOUCH", "DIR_DONE", op=DirOp.TOUCH, link=arg(Op.DIR_TOUCH, "link"))
+        d.dir_call("DIR_READ", "DIR_DONE", op=DirOp.READ, link=arg(Op.DIR_READ, "link"))
+        d.dir_call("DIR_EXPIRE", "DIR_DONE", op=DirOp.EXPIRE,
                    max_age=arg(Op.DIR_EXPIRE, "max_age"))
-        d.dir_call("D_CLEAR", "D_DONE", op=DirOp.CLEAR)
-        with m.State("D_DONE"):
+        d.dir_call("DIR_CLEAR", "DIR_DONE", op=DirOp.CLEAR)
+        with m.State("DIR_DONE"):
             d.respond(d.dir_to_status(d.dresp.status), RESPONSES[Op.DIR_LOOKUP].size)

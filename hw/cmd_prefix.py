@@ -88,12 +88,12 @@ class PrefixUnit(CommandUnit):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.issued.eq(0)]
-                m.next = "P_RUN"
+                m.next = "PROBE_RUN"
 
     def states(self, d):
         m, dr, hasher, fifo = d.m, d.dr, d.hasher, self.fifo
         h_i, h_n = d.h_i, d.h_n
-        with m.State("P_RUN"):
+        with m.State("PROBE_RUN"):
             # the directory's PROBE command, once (the directory is idle between requests)
             with m.If(~self.issued):
                 m.d.comb += [dr.i.valid.eq(1), dr.i.payload.op.eq(DirOp.PROBE),
@@ -115,8 +115,8 @@ class PrefixUnit(CommandUnit):
             m.d.comb += dr.o.ready.eq(1)
             with m.If(dr.o.valid):
                 m.d.sync += d.dresp.eq(dr.o.payload)
-                m.next = "P_DONE"
-        with m.State("P_DONE"):
+                m.next = "PROBE_DONE"
+        with m.State("PROBE_DONE"):
             m.d.sync += self.cycles.eq(d.cycles - d.cycles_at)
             d.respond(Mux(d.dresp.status == DirStatus.OK, Status.HIT, Status.MISS),
                       RESPONSES[Op.QUERY_PREFIX].size)

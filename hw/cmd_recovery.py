@@ -125,78 +125,78 @@ class RecoveryUnit(CommandUnit):
     def background(self, d):
         m, regions = d.m, d.top.regions
         resp, dresp = d.dma_resp, d.dresp
-        with m.FSM(name="recovery", init="RC_CLEAR"):
-            with m.State("RC_IDLE"):
+        with m.FSM(name="recovery", init="SCAN_CLEAR"):
+            with m.State("SCAN_IDLE"):
                 with m.If(self.start):
                     m.d.sync += [self.state.eq(RecoveryState.SCANNING),
                                  self.error.eq(StorageError.OK), self.scanned.eq(0),
                                  self.live.eq(0), self.freed.eq(0), self.cycles.eq(0),
                                  self.region.eq(0), self.have_newest.eq(0)]
-                    m.next = "RC_CLEAR"
-            d.dir_call("RC_CLEAR", "RC_HDR", op=DirOp.CLEAR)
-            d.dma_call("RC_HDR", "RC_HDR_DONE", op=DmaOp.HEADER, region=self.region)
-            with m.State("RC_HDR_DONE"):
+                    m.next = "SCAN_CLEAR"
+            d.dir_call("SCAN_CLEAR", "SCAN_HEADER", op=DirOp.CLEAR)
+            d.dma_call("SCAN_HEADER", "SCAN_HEADER_DONE", op=DmaOp.HEADER, region=self.region)
+            with m.State("SCAN_HEADER_DONE"):
                 m.d.sync += [self.rec_count.eq(resp.count), self.rec_hash.eq(resp.hash),
                              self.rec_seq.eq(resp.seq)]
                 with m.Switch(resp.status):
                     with m.Case(RecordStatus.STORAGE):
-                        m.next = "RC_FAIL"
+                        m.next = "SCAN_FAILED"
                     with m.Case(RecordStatus.OK):
                         with m.If(~self.have_newest | _seq_newer(resp.seq, self.newest)):
                             m.d.sync += [self.newest.eq(resp.seq), self.have_newest.eq(1)]
                         with m.If(resp.count == 0):
                             m.d.sync += self.freed.eq(self.freed + 1)
-                            m.next = "RC_NEXT"
+                            m.next = "SCAN_NEXT"
                         with m.Else():
-                            m.next = "RC_LOOKUP"
+                            m.next = "SCAN_LOOKUP"
                     with m.Case(RecordStatus.EMPTY):
-                        m.next = "RC_NEXT"
+                        m.next = "SCAN_NEXT"
                     with m.Default():
                         m.d.sync += self.freed.eq(self.freed + 1)
-                        m.next = "RC_NEXT"
-            d.dir_call("RC_LOOKUP", "RC_LOOKED", op=DirOp.LOOKUP, count=self.rec_count,
+                        m.next = "SCAN_NEXT"
+            d.dir_call("SCAN_LOOKUP", "SCAN_LOOKED_UP", op=DirOp.LOOKUP, count=self.rec_count,
                        hash=self.rec_hash)
-            with m.State("RC_LOOKED"):
+            with m.State("SCAN_LOOKED_UP"):
                 m.d.sync += [self.link.eq(dresp.link), self.old_region.eq(dresp.region)]
                 with m.If(dresp.status == DirStatus.OK):
-                    m.next = "RC_OLD"
+                    m.next = "SCAN_OLD"
                 with m.Else():
-                    m.next = "RC_INSERT"
-            d.dma_call("RC_OLD", "RC_OLD_DONE", op=DmaOp.HEADER, region=self.old_region)
-            with m.State("RC_OLD_DONE"):
+                    m.next = "SCAN_INSERT"
+            d.dma_call("SCAN_OLD", "SCAN_OLD_DONE", op=DmaOp.HEADER, region=self.old_region)
+            with m.State("SCAN_OLD_DONE"):
                 # the stored winner's header again: the later record wins unless it is older
                 new_wins = (resp.status != RecordStatus.OK) | ~_seq_newer(resp.seq, self.rec_seq)
                 with m.If(resp.status == RecordStatus.STORAGE):
-                    m.next = "RC_FAIL"
+                    m.next = "SCAN_FAILED"
                 with m.Else():
                     m.d.sync += self.freed.eq(self.freed + 1)
                     with m.If(new_wins):
                         m.d.sync += self.live.eq(self.live - 1)
-                        m.next = "RC_DELETE"
+                        m.next = "SCAN_DELETE"
                     with m.Else():
-                        m.next = "RC_NEXT"
-            d.dir_call("RC_DELETE", "RC_INSERT", op=DirOp.DELETE, link=self.link)
-            d.dir_call("RC_INSERT", "RC_INSERTED", op=DirOp.INSERT_EXISTING,
+                        m.next = "SCAN_NEXT"
+            d.dir_call("SCAN_DELETE", "SCAN_INSERT", op=DirOp.DELETE, link=self.link)
+            d.dir_call("SCAN_INSERT", "SCAN_INSERTED", op=DirOp.INSERT_EXISTING,
                        count=self.rec_count, hash=self.rec_hash, region=self.region)
-            with m.State("RC_INSERTED"):
+            with m.State("SCAN_INSERTED"):
                 with m.If(dresp.status == DirStatus.OK):
                     m.d.sync += self.live.eq(self.live + 1)
                 with m.Else():                      # FULL: fewer links than records
                     m.d.sync += self.freed.eq(self.freed + 1)
-                m.next = "RC_NEXT"
-            with m.State("RC_NEXT"):
+                m.next = "SCAN_NEXT"
+            with m.State("SCAN_NEXT"):
                 m.d.sync += self.scanned.eq(self.scanned + 1)
                 with m.If(self.region == regions - 1):
-                    m.next = "RC_DONE"
+                    m.next = "SCAN_DONE"
                 with m.Else():
                     m.d.sync += self.region.eq(self.region + 1)
-                    m.next = "RC_HDR"
-            with m.State("RC_DONE"):
+                    m.next = "SCAN_HEADER"
+            with m.State("SCAN_DONE"):
                 m.d.sync += [d.commit_seq.eq(Mux(self.have_newest, self.newest + 1, 1)),
                              self.state.eq(RecoveryState.READY)]
-                m.next = "RC_IDLE"
-            with m.State("RC_FAIL"):
+                m.next = "SCAN_IDLE"
+            with m.State("SCAN_FAILED"):
                 m.d.sync += self.state.eq(RecoveryState.FAILED)
-                m.next = "RC_IDLE"
+                m.next = "SCAN_IDLE"
 
 

@@ -23,6 +23,7 @@ from .directory import Op as DirOp
 from .directory import Status as DirStatus
 from .dispatch import CommandUnit
 from .dma import DmaOp, RecordStatus
+from .dma import RecordKind as HwRecordKind
 from .protocol import Status
 
 __all__ = ["SnapshotUnit"]
@@ -46,7 +47,7 @@ class SnapshotUnit(CommandUnit):
         self.s_bad = Signal()
         self.s_prev_head = Signal(16)
         self.s_cycles = Signal(32)
-        self.s_kind = Signal(8)
+        self.s_kind = Signal(HwRecordKind)
         valid_slots = Mux(self.s_n < c.window, self.s_n, c.window)
         self.s_bytes = (self.s_n * lay.token_bytes
                         + valid_slots * (2 * c.layers * c.kv_heads * c.head_dim * lay.elem_bytes))
@@ -67,11 +68,11 @@ class SnapshotUnit(CommandUnit):
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.s_n.eq(n), self.s_rec.eq(NO_RECORD),
                              self.s_dir.eq(DirStatus.MISS), self.s_link.eq(0),
                              self.s_region.eq(0), self.s_seq.eq(0)]
-                m.next = "Q_HASH"
+                m.next = "QUERY_HASH"
         with m.Case(Op.EXPORT.value):
             n = arg(Op.EXPORT, "n")
             kind = arg(Op.EXPORT, "kind")
-            with m.If((n == 0) | (n > tm.count) | (n != d.at.meta_count)
+            with m.If((n == 0) | (n > tm.count) | (n != d.ring.meta_count)
                       | (kind > max(k.value for k in RecordKind))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
@@ -79,26 +80,26 @@ class SnapshotUnit(CommandUnit):
                              self.s_dir.eq(DirStatus.MISS), self.s_link.eq(0),
                              self.s_region.eq(0), self.s_seq.eq(d.commit_seq), self.s_ring.eq(0),
                              self.s_bad.eq(0), self.s_kind.eq(kind)]
-                m.next = "E_RINGS"
+                m.next = "EXPORT_RINGS"
 
     def states(self, d):
-        m, at, dresp, dma_resp, hash_val = d.m, d.at, d.dresp, d.dma_resp, d.hash_val
+        m, dresp, dma_resp, hash_val = d.m, d.dresp, d.dma_resp, d.hash_val
         R = d.config.layers * d.config.kv_heads
         s_n, s_rec, s_dir, s_link, s_region = (self.s_n, self.s_rec, self.s_dir, self.s_link,
                                                self.s_region)
         # ---- QUERY: hash, lookup, verify + import ----
-        d.hash_call("Q_HASH", "Q_LOOKUP")
-        d.dir_call("Q_LOOKUP", "Q_LOOKED", op=DirOp.LOOKUP, count=s_n, hash=hash_val)
-        with m.State("Q_LOOKED"):
+        d.hash_call("QUERY_HASH", "QUERY_LOOKUP")
+        d.dir_call("QUERY_LOOKUP", "QUERY_LOOKED_UP", op=DirOp.LOOKUP, count=s_n, hash=hash_val)
+        with m.State("QUERY_LOOKED_UP"):
             m.d.sync += [s_dir.eq(dresp.status), s_link.eq(dresp.link),
                          s_region.eq(dresp.region), d.queries.eq(d.queries + 1)]
             with m.If(dresp.status == DirStatus.OK):
-                m.next = "Q_IMPORT"
+                m.next = "QUERY_IMPORT"
             with m.Else():
-                m.next = "Q_DONE"
-        d.dma_call("Q_IMPORT", "Q_IMPORTED", op=DmaOp.IMPORT, region=s_region, count=s_n,
+                m.next = "QUERY_DONE"
+        d.dma_call("QUERY_IMPORT", "QUERY_IMPORTED", op=DmaOp.IMPORT, region=s_region, count=s_n,
                    hash=hash_val)
-        with m.State("Q_IMPORTED"):
+        with m.State("QUERY_IMPORTED"):
             status = dma_resp.status
             m.d.sync += [s_rec.eq(status), self.s_seq.eq(dma_resp.seq)]
             drop = ((status != RecordStatus.OK) & (status != RecordStatus.TOKEN_MISMATCH)
@@ -106,65 +107,65 @@ class SnapshotUnit(CommandUnit):
             with m.If(status == RecordStatus.OK):
                 m.d.sync += d.hits.eq(d.hits + 1)
             with m.If(drop):
-                m.next = "Q_DROP"
+                m.next = "QUERY_DROP"
             with m.Else():
-                m.next = "Q_DONE"
-        d.dir_call("Q_DROP", "Q_DONE", op=DirOp.DELETE, link=s_link)
-        with m.State("Q_DONE"):
+                m.next = "QUERY_DONE"
+        d.dir_call("QUERY_DROP", "QUERY_DONE", op=DirOp.DELETE, link=s_link)
+        with m.State("QUERY_DONE"):
             m.d.sync += self.s_cycles.eq(d.cycles - d.cycles_at)
             hit = (s_dir == DirStatus.OK) & (s_rec == RecordStatus.OK)
             d.respond(Mux(hit, Status.HIT, Status.MISS), RESPONSES[Op.QUERY].size)
 
         # ---- EXPORT: rings agree, hash, lookup old, insert, DMA export, retire ----
-        with m.State("E_RINGS"):
-            m.d.comb += d.top_meta_ring.eq(self.s_ring)
+        with m.State("EXPORT_RINGS"):
+            m.d.comb += d.ring.meta_ring.eq(self.s_ring)
             # every ring must hold the n tokens, with the same head (the DMA checks this
             # too, but after the directory insert: checked here, a refusal changes nothing)
-            with m.If((at.meta_count != s_n)
-                      | ((at.meta_head != self.s_prev_head) & (self.s_ring != 0))):
+            with m.If((d.ring.meta_count != s_n)
+                      | ((d.ring.meta_head != self.s_prev_head) & (self.s_ring != 0))):
                 m.d.sync += self.s_bad.eq(1)
-            m.d.sync += [self.s_ring.eq(self.s_ring + 1), self.s_prev_head.eq(at.meta_head)]
+            m.d.sync += [self.s_ring.eq(self.s_ring + 1), self.s_prev_head.eq(d.ring.meta_head)]
             with m.If(self.s_ring == R - 1):
-                m.next = "E_RINGS_OK"
-        with m.State("E_RINGS_OK"):
+                m.next = "EXPORT_RINGS_OK"
+        with m.State("EXPORT_RINGS_OK"):
             with m.If(self.s_bad):
                 m.d.sync += [d.rstatus.eq(Status.BAD_ARG), d.rlen.eq(0),
                              d.rejected.eq(d.rejected + 1)]
-                m.next = "RESP_HDR"
+                m.next = "RESPOND_HEADER"
             with m.Else():
-                m.next = "E_HASH"
-        d.hash_call("E_HASH", "E_LOOKUP")
-        d.dir_call("E_LOOKUP", "E_LOOKED", op=DirOp.LOOKUP, count=s_n, hash=hash_val)
-        with m.State("E_LOOKED"):
+                m.next = "EXPORT_HASH"
+        d.hash_call("EXPORT_HASH", "EXPORT_LOOKUP")
+        d.dir_call("EXPORT_LOOKUP", "EXPORT_LOOKED_UP", op=DirOp.LOOKUP, count=s_n, hash=hash_val)
+        with m.State("EXPORT_LOOKED_UP"):
             m.d.sync += [self.s_old_hit.eq(dresp.status == DirStatus.OK),
                          self.s_old_link.eq(dresp.link)]
-            m.next = "E_INSERT"
-        d.dir_call("E_INSERT", "E_INSERTED", op=DirOp.INSERT, count=s_n, hash=hash_val,
+            m.next = "EXPORT_INSERT"
+        d.dir_call("EXPORT_INSERT", "EXPORT_INSERTED", op=DirOp.INSERT, count=s_n, hash=hash_val,
                    evict=1)
-        with m.State("E_INSERTED"):
+        with m.State("EXPORT_INSERTED"):
             m.d.sync += [s_dir.eq(dresp.status), s_link.eq(dresp.link),
                          s_region.eq(dresp.region)]
             with m.If(dresp.evicted & (dresp.victim == self.s_old_link)):
                 m.d.sync += self.s_old_hit.eq(0)       # the old record was the LRU victim
             with m.If(dresp.status == DirStatus.OK):
-                m.next = "E_DMA"
+                m.next = "EXPORT_WRITE"
             with m.Else():
-                m.next = "E_DONE"
-        d.dma_call("E_DMA", "E_EXPORTED", op=DmaOp.EXPORT, region=s_region, count=s_n,
+                m.next = "EXPORT_DONE"
+        d.dma_call("EXPORT_WRITE", "EXPORT_WRITTEN", op=DmaOp.EXPORT, region=s_region, count=s_n,
                    hash=hash_val, seq=self.s_seq, kind=self.s_kind)
-        with m.State("E_EXPORTED"):
+        with m.State("EXPORT_WRITTEN"):
             m.d.sync += s_rec.eq(dma_resp.status)
             with m.If(dma_resp.status == RecordStatus.OK):
                 m.d.sync += [d.commit_seq.eq(d.commit_seq + 1), d.exports.eq(d.exports + 1)]
                 with m.If(self.s_old_hit):
-                    m.next = "E_RETIRE"
+                    m.next = "EXPORT_RETIRE"
                 with m.Else():
-                    m.next = "E_DONE"
+                    m.next = "EXPORT_DONE"
             with m.Else():
-                m.next = "E_UNDO"
-        d.dir_call("E_RETIRE", "E_DONE", op=DirOp.DELETE, link=self.s_old_link)
-        d.dir_call("E_UNDO", "E_DONE", op=DirOp.DELETE, link=s_link)
-        with m.State("E_DONE"):
+                m.next = "EXPORT_UNDO"
+        d.dir_call("EXPORT_RETIRE", "EXPORT_DONE", op=DirOp.DELETE, link=self.s_old_link)
+        d.dir_call("EXPORT_UNDO", "EXPORT_DONE", op=DirOp.DELETE, link=s_link)
+        with m.State("EXPORT_DONE"):
             m.d.sync += self.s_cycles.eq(d.cycles - d.cycles_at)
             status = Mux(s_dir != DirStatus.OK, d.dir_to_status(s_dir),
                          Mux(s_rec == RecordStatus.OK, Status.OK,

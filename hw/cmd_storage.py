@@ -28,7 +28,7 @@ __all__ = ["StorageUnit"]
 
 class StorageUnit(CommandUnit):
     OPS = (Op.SECTOR_READ, Op.STORAGE_INFO)
-    BODIES = {"SECTOR": "SR_ISSUE"}
+    BODIES = {"SECTOR": "SECTOR_READ_ISSUE"}
 
     def signals(self, d):
         m = d.m
@@ -85,18 +85,18 @@ class StorageUnit(CommandUnit):
             with m.Else():
                 m.d.sync += [self.top_lba.eq(top.base_lba + lba), d.idx.eq(0),
                              self.sec_err.eq(0)]
-                m.next = "S_CMD"
+                m.next = "SECTOR_COMMAND"
         with m.Case(Op.STORAGE_INFO.value):
             d.ok_fixed(Op.STORAGE_INFO)
 
     def states(self, d):
         m, enc, idx, st = d.m, d.enc, d.idx, d.top.storage
         sec_wr, sec_rd = self.sec_wr, self.sec_rd
-        with m.State("S_CMD"):
+        with m.State("SECTOR_COMMAND"):
             m.d.comb += [self.st_top.eq(1), self.top_cmd_valid.eq(1)]
             with m.If(st.cmd.ready):
-                m.next = "S_DATA"
-        with m.State("S_DATA"):
+                m.next = "SECTOR_DATA"
+        with m.State("SECTOR_DATA"):
             # the storage contract: count*512 bytes, then one status (early on an error)
             m.d.comb += [self.st_top.eq(1), self.top_rready.eq(idx != SECTOR_BYTES),
                          sec_wr.addr.eq(idx), sec_wr.data.eq(st.rdata.payload)]
@@ -109,10 +109,10 @@ class StorageUnit(CommandUnit):
                     d.respond(Status.STORAGE_ERROR)
                 with m.Else():
                     d.respond(Status.OK, SECTOR_BYTES, "SECTOR")
-        with m.State("SR_ISSUE"):
+        with m.State("SECTOR_READ_ISSUE"):
             m.d.comb += [sec_rd.addr.eq(idx), sec_rd.en.eq(1)]
-            m.next = "SR_SEND"
-        with m.State("SR_SEND"):
+            m.next = "SECTOR_READ_SEND"
+        with m.State("SECTOR_READ_SEND"):
             m.d.comb += [sec_rd.en.eq(0), enc.data.valid.eq(1),
                          enc.data.payload.eq(sec_rd.data)]
             with m.If(enc.data.ready):
@@ -120,4 +120,4 @@ class StorageUnit(CommandUnit):
                 with m.If(idx == SECTOR_BYTES - 1):
                     m.next = "IDLE"
                 with m.Else():
-                    m.next = "SR_ISSUE"
+                    m.next = "SECTOR_READ_ISSUE"

@@ -11,6 +11,7 @@ from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import REQUESTS, Op
 
 from .dispatch import CommandUnit
+from .protocol import Op as LinkOp
 from .protocol import Status
 
 __all__ = ["TokenUnit"]
@@ -18,7 +19,7 @@ __all__ = ["TokenUnit"]
 
 class TokenUnit(CommandUnit):
     OPS = (Op.TOKENS_APPEND, Op.TOKENS_WRITE, Op.TOKENS_READ, Op.HASH_QUERY)
-    BODIES = {"TOKENS": "TR_ISSUE"}
+    BODIES = {"TOKENS": "TOKENS_READ_ISSUE"}
 
     def signals(self, d):
         TB = d.layout.token_bytes
@@ -42,7 +43,7 @@ class TokenUnit(CommandUnit):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.tok_i.eq(0), self.tok_b.eq(0)]
-                m.next = "TOK_IN"
+                m.next = "TOKENS_IN"
         with m.Case(Op.TOKENS_WRITE.value):
             n = arg(Op.TOKENS_WRITE, "n")
             off = arg(Op.TOKENS_WRITE, "offset")
@@ -52,7 +53,7 @@ class TokenUnit(CommandUnit):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.tok_i.eq(0), self.tok_b.eq(0)]
-                m.next = "TOK_IN"
+                m.next = "TOKENS_IN"
         with m.Case(Op.TOKENS_READ.value):
             n = arg(Op.TOKENS_READ, "n")
             off = arg(Op.TOKENS_READ, "offset")
@@ -72,20 +73,20 @@ class TokenUnit(CommandUnit):
                 d.ok_fixed(Op.HASH_QUERY)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0)]
-                m.next = "HQ_HASH"
+                m.next = "HASH_QUERY_HASH"
 
     def states(self, d):
         m, tm, dec, enc, arg = d.m, d.tm, d.dec, d.enc, d.arg
         TB = d.layout.token_bytes
         op, tok_i, tok_b, tok_acc = d.op, d.tok_i, self.tok_b, self.tok_acc
         # ---- token stream in (TOKENS_APPEND / TOKENS_WRITE) ----
-        with m.State("TOK_IN"):
-            is_write = op == Op.TOKENS_WRITE.value
+        with m.State("TOKENS_IN"):
+            is_write = op == LinkOp.TOKENS_WRITE
             n = Mux(is_write, arg(Op.TOKENS_WRITE, "n"), arg(Op.TOKENS_APPEND, "n"))
             off = arg(Op.TOKENS_WRITE, "offset")
             m.d.comb += dec.data.ready.eq(tok_i != n)
             with m.If(tok_i == n):
-                m.next = "TOK_DONE"
+                m.next = "TOKENS_DONE"
             with m.Elif(dec.data.valid):
                 byte = dec.data.payload.data
                 m.d.sync += [d.taken.eq(d.taken + 1),
@@ -100,21 +101,21 @@ class TokenUnit(CommandUnit):
                         m.d.comb += [tm.append.valid.eq(1), tm.append.payload.eq(token)]
                 with m.Else():
                     m.d.sync += tok_b.eq(tok_b + 1)
-        with m.State("TOK_DONE"):
-            with m.If(op == Op.TOKENS_WRITE.value):
+        with m.State("TOKENS_DONE"):
+            with m.If(op == LinkOp.TOKENS_WRITE):
                 m.d.comb += [tm.count_we.eq(1),
                              tm.set_count.eq(arg(Op.TOKENS_WRITE, "offset")
                                              + arg(Op.TOKENS_WRITE, "n"))]
-            m.next = "TOK_RESP"
-        with m.State("TOK_RESP"):
+            m.next = "TOKENS_RESPOND"
+        with m.State("TOKENS_RESPOND"):
             d.ok_fixed(Op.TOKENS_APPEND)
 
         # ---- TOKENS_READ: 2 clocks per token + TB bytes ----
-        with m.State("TR_ISSUE"):
+        with m.State("TOKENS_READ_ISSUE"):
             m.d.comb += [d.rd0.addr.eq(tok_i), d.rd0.en.eq(1)]
             m.d.sync += tok_b.eq(0)
-            m.next = "TR_SEND"
-        with m.State("TR_SEND"):
+            m.next = "TOKENS_READ_SEND"
+        with m.State("TOKENS_READ_SEND"):
             m.d.comb += [enc.data.valid.eq(1),
                          enc.data.payload.eq(self.tok_word.word_select(tok_b, 8))]
             with m.If(enc.data.ready):
@@ -123,9 +124,9 @@ class TokenUnit(CommandUnit):
                     m.next = "IDLE"
                 with m.Elif(tok_b == TB - 1):
                     m.d.sync += tok_i.eq(tok_i + 1)
-                    m.next = "TR_ISSUE"
+                    m.next = "TOKENS_READ_ISSUE"
 
         # ---- HASH_QUERY ----
-        d.hash_call("HQ_HASH", "HQ_DONE")
-        with m.State("HQ_DONE"):
+        d.hash_call("HASH_QUERY_HASH", "HASH_QUERY_DONE")
+        with m.State("HASH_QUERY_DONE"):
             d.ok_fixed(Op.HASH_QUERY)

@@ -314,7 +314,7 @@ class CacheDirectory(wiring.Component):
             with m.If(self.o.ready):
                 m.next = "IDLE"
             with m.Else():
-                m.next = "RESP"
+                m.next = "RESPOND"
 
         with m.FSM(init="IDLE" if formal else "INIT") as fsm:
             with m.State("INIT"):
@@ -330,7 +330,7 @@ class CacheDirectory(wiring.Component):
                                  fl_rd.eq(0), fl_wr.eq(0), fl_level.eq(nl), idx.eq(0),
                                  clearing.eq(0)]
                     with m.If(clearing):
-                        m.next = "RESP"
+                        m.next = "RESPOND"
                     with m.Else():
                         m.next = "IDLE"
 
@@ -345,37 +345,37 @@ class CacheDirectory(wiring.Component):
                                  exp_ge.eq(self.i.payload.now >= self.i.payload.max_age)]
                     with m.Switch(self.i.payload.op):
                         with m.Case(Op.LOOKUP):
-                            m.next = "LK_HEAD"
+                            m.next = "LOOKUP_HEAD"
                         with m.Case(Op.INSERT, Op.INSERT_EXISTING):
-                            m.next = "INS_CHECK"
+                            m.next = "INSERT_CHECK"
                         with m.Case(Op.DELETE, Op.TOUCH, Op.READ):
                             m.next = "LINK_OP"
                         with m.Case(Op.EXPIRE):
-                            m.next = "EXP_ISSUE"
+                            m.next = "EXPIRE_ISSUE"
                         with m.Case(Op.CLEAR):
                             m.d.sync += clearing.eq(1)
                             m.next = "INIT"
                         with m.Case(Op.PROBE):
                             m.d.sync += [resp.status.eq(Status.MISS), pr_last.eq(0)]
-                            m.next = "PR_NEXT"
+                            m.next = "PROBE_NEXT"
                         with m.Default():
                             m.d.sync += resp.status.eq(Status.BAD_OP)
-                            m.next = "RESP"
+                            m.next = "RESPOND"
 
-            with m.State("LK_HEAD"):
+            with m.State("LOOKUP_HEAD"):
                 m.d.comb += link_raddr.eq(head.rdata[:lb])
                 m.d.sync += cur.eq(head.rdata[:lb])
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(is_nil(head.rdata)):
                     m.d.sync += resp.status.eq(Status.MISS)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Else():
                     m.d.sync += [lk_walk.eq(1), chase.eq(1)]
-                    m.next = "LK_CMP"
+                    m.next = "LOOKUP_COMPARE"
 
-            with m.State("LK_CMP"):
+            with m.State("LOOKUP_COMPARE"):
                 # Follow next in the same cycle. The compare (block RAM output, 64-bit hash and
                 # count) goes into one flip-flop, lk_hit, and nowhere else: it was the critical
                 # path when it also drove the FSM, the response register's enables and the
@@ -385,28 +385,28 @@ class CacheDirectory(wiring.Component):
                     respond()
                 with m.Else():
                     with m.If(walk_step()):
-                        m.next = "RESP"
+                        m.next = "RESPOND"
 
-            with m.State("INS_CHECK"):
+            with m.State("INSERT_CHECK"):
                 existing = cmd.op == Op.INSERT_EXISTING
                 have_link = fl_level != 0
                 have_region = a_avail | b_avail
                 region = Mux(existing, cmd.region[:rb], new_region)
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(existing & ((cmd.region >= nr) | (cmd.region < a_next))):
                     m.d.sync += resp.status.eq(Status.BAD_REGION)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(~have_link | (~existing & ~have_region)):
                     with m.If(~existing & cmd.evict & ~resp.evicted):
                         # Start the LRU scan: read link 0 now.
                         m.d.comb += link_raddr.eq(0)
                         m.d.sync += [idx.eq(0), have_best.eq(0), scan_live.eq(0)]
-                        m.next = "EV_SCAN"
+                        m.next = "EVICT_SCAN"
                     with m.Else():
                         m.d.sync += resp.status.eq(Status.FULL)
-                        m.next = "RESP"
+                        m.next = "RESPOND"
                 with m.Elif(existing & (cmd.region != a_next)):
                     # Rebuild: regions of FIFO A below the record's are skipped into FIFO B.
                     fifo_b.write(m, b_wr, a_next[:rb])
@@ -433,13 +433,13 @@ class CacheDirectory(wiring.Component):
                     m.d.sync += [resp.link.eq(link), resp.region.eq(region),
                                  cur.eq(link), old_head.eq(head.rdata)]
                     with m.If(is_nil(head.rdata)):
-                        m.next = "RESP"
+                        m.next = "RESPOND"
                     with m.Else():
-                        m.next = "INS_PREV"
+                        m.next = "INSERT_PREVIOUS"
 
-            with m.State("INS_PREV"):
+            with m.State("INSERT_PREVIOUS"):
                 prev.write(m, old_head[:lb], cur)
-                m.next = "RESP"
+                m.next = "RESPOND"
 
             def scan_compare():
                 scan_age = age_of(scan_stamp)
@@ -447,7 +447,7 @@ class CacheDirectory(wiring.Component):
                     m.d.sync += [best_link.eq(scan_link), best_age.eq(scan_age),
                                  have_best.eq(1)]
 
-            with m.State("EV_SCAN"):
+            with m.State("EVICT_SCAN"):
                 # One link per clock: the oldest live stamp wins, ties to the lowest index.
                 # Two stages (the stamp is registered, then aged and compared with the best so
                 # far): the stamp read, subtraction and compare in one clock was too slow.
@@ -456,29 +456,29 @@ class CacheDirectory(wiring.Component):
                              scan_live.eq(meta.rdata.valid), idx.eq(idx + 1)]
                 scan_compare()
                 with m.If(idx == nl - 1):
-                    m.next = "EV_LAST"
+                    m.next = "EVICT_LAST"
 
-            with m.State("EV_LAST"):
+            with m.State("EVICT_LAST"):
                 scan_compare()
-                m.next = "EV_READ"
+                m.next = "EVICT_READ"
 
-            with m.State("EV_READ"):
+            with m.State("EVICT_READ"):
                 m.d.comb += link_raddr.eq(best_link)
                 m.d.sync += cur.eq(best_link)
                 with m.If(have_best):
-                    m.next = "EV_UNLINK"
+                    m.next = "EVICT_UNLINK"
                 with m.Else():
                     m.d.sync += resp.status.eq(Status.FULL)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
 
-            with m.State("EV_UNLINK"):
+            with m.State("EVICT_UNLINK"):
                 unlink(cur)
                 m.d.sync += [resp.evicted.eq(1), resp.victim.eq(cur)]
-                m.next = "EV_WAIT"
+                m.next = "EVICT_WAIT"
 
-            with m.State("EV_WAIT"):
+            with m.State("EVICT_WAIT"):
                 # The tables' read ports see EV_UNLINK's writes one clock later.
-                m.next = "INS_CHECK"
+                m.next = "INSERT_CHECK"
 
             with m.State("LINK_OP"):
                 link = cmd.link[:lb]
@@ -501,13 +501,13 @@ class CacheDirectory(wiring.Component):
                                          resp.stamp.eq(stamp.rdata),
                                          resp.prev.eq(to_field(prev.rdata)),
                                          resp.next.eq(to_field(nxt.rdata))]
-                m.next = "RESP"
+                m.next = "RESPOND"
 
-            with m.State("EXP_ISSUE"):
+            with m.State("EXPIRE_ISSUE"):
                 m.d.comb += link_raddr.eq(idx)
-                m.next = "EXP_CHECK"
+                m.next = "EXPIRE_CHECK"
 
-            with m.State("EXP_CHECK"):
+            with m.State("EXPIRE_CHECK"):
                 # The age compare goes into a register, not straight into the unlink's write
                 # enables: that path (stamp read, subtract, compare, write) was the critical one.
                 m.d.comb += link_raddr.eq(idx)
@@ -518,9 +518,9 @@ class CacheDirectory(wiring.Component):
                 below = s < exp_diff
                 old = Mux(s <= cmd.now, exp_ge & below, exp_ge | below)
                 m.d.sync += expire_now.eq(meta.rdata.valid & old)
-                m.next = "EXP_ACT"
+                m.next = "EXPIRE_ACT"
 
-            with m.State("EXP_ACT"):
+            with m.State("EXPIRE_ACT"):
                 last = idx == nl - 1
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(expire_now):
@@ -528,15 +528,15 @@ class CacheDirectory(wiring.Component):
                     m.d.sync += resp.expired.eq(resp.expired + 1)
                     # The next link may be a neighbour just rewritten: read it afresh.
                     with m.If(last):
-                        m.next = "RESP"
+                        m.next = "RESPOND"
                     with m.Else():
-                        m.next = "EXP_ISSUE"
+                        m.next = "EXPIRE_ISSUE"
                 with m.Else():
                     m.d.comb += link_raddr.eq(idx + 1)
                     with m.If(last):
-                        m.next = "RESP"
+                        m.next = "RESPOND"
                     with m.Else():
-                        m.next = "EXP_CHECK"
+                        m.next = "EXPIRE_CHECK"
 
             # ---- PROBE: a run of lookups that do not refresh stamps (a probe is not a use),
             # one key per clock while buckets are empty. The bucket-head table's read address
@@ -550,24 +550,24 @@ class CacheDirectory(wiring.Component):
 
             def next_key():
                 with m.If(pr_last):
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Else():
                     m.d.comb += self.probe.ready.eq(1)
                     with m.If(self.probe.valid):
                         p = self.probe.payload
                         m.d.sync += [cmd.count.eq(p.count), cmd.hash.eq(p.hash),
                                      pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0)]
-                        m.next = "PR_HEAD"
+                        m.next = "PROBE_HEAD"
                     with m.Else():
-                        m.next = "PR_NEXT"
+                        m.next = "PROBE_NEXT"
 
-            with m.State("PR_NEXT"):
+            with m.State("PROBE_NEXT"):
                 # between keys: the previous key's last compare (lk_hit) is settled here
                 with m.If(lk_hit):
                     record_hit()
                 next_key()
 
-            with m.State("PR_HEAD"):
+            with m.State("PROBE_HEAD"):
                 # an empty bucket is a miss in this clock, and the next key is taken at once
                 m.d.comb += link_raddr.eq(head.rdata[:lb])
                 m.d.sync += cur.eq(head.rdata[:lb])
@@ -575,9 +575,9 @@ class CacheDirectory(wiring.Component):
                     next_key()
                 with m.Else():
                     m.d.sync += chase.eq(1)
-                    m.next = "PR_CMP"
+                    m.next = "PROBE_COMPARE"
 
-            with m.State("PR_CMP"):
+            with m.State("PROBE_COMPARE"):
                 # LK_CMP's walk: the compare goes into lk_hit only, the walk goes on while it
                 # settles; a set lk_hit ends this key (a later link cannot be the first hit)
                 with m.If(lk_hit):
@@ -585,12 +585,13 @@ class CacheDirectory(wiring.Component):
                     next_key()
                 with m.Else():
                     with m.If(walk_step(resp.probes.eq(resp.probes + 1))):
-                        m.next = "PR_NEXT"
+                        m.next = "PROBE_NEXT"
 
-            with m.State("RESP"):
+            with m.State("RESPOND"):
                 respond()
 
-        with m.If(fsm.ongoing("PR_NEXT") | fsm.ongoing("PR_HEAD") | fsm.ongoing("PR_CMP")):
+        with m.If(fsm.ongoing("PROBE_NEXT") | fsm.ongoing("PROBE_HEAD")
+                  | fsm.ongoing("PROBE_COMPARE")):
             m.d.comb += head.raddr.eq(self.probe.payload.hash[:bb])
 
         # ``chase`` is high exactly in the LK_CMP clocks that follow the list, and it comes from

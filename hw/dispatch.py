@@ -29,12 +29,15 @@ and the commit sequence) live here, with helpers that emit the states of one cal
 """
 
 from amaranth import Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import wiring
 
 from ringkv.defs.protocol import LENGTH, RECOVERY_STATUS, REQUESTS, RESPONSES, Length
 
 from .directory import Op as DirOp
 from .directory import Status as DirStatus
+from .protocol import Op as LinkOp
 from .protocol import Status
+from .ring_port import RingPortArbiter
 
 __all__ = ["Dispatcher", "CommandUnit", "pack_layout"]
 
@@ -100,7 +103,7 @@ class Dispatcher:
         self.config, self.layout = top.config, top.record_layout
         m = self.m
         # response body modes: the fixed record first, then each unit's, in unit order
-        self.modes = {"BUF": ("SEND_BUF", 0)}
+        self.modes = {"BUF": ("SEND_BUFFER", 0)}
         for unit in self.units:
             for name, state in unit.BODIES.items():
                 self.modes[name] = (state, len(self.modes))
@@ -123,12 +126,12 @@ class Dispatcher:
 
         # ---- request registers -------------------------------------------------------------
         arg_max = max(lay_.size for lay_ in REQUESTS.values())
-        self.op = Signal(8)
+        self.op = LinkOp(Signal(8, name="op"))     # any byte; reset value 0 is no Op
         self.seq = Signal(8)
         self.length = Signal(16)
         self.taken = Signal(16)              # payload bytes consumed so far
         self.args = Signal(8 * arg_max)
-        self.rstatus = Signal(8)             # a Status value
+        self.rstatus = Signal(Status)
         self.rlen = Signal(16)
         self.mode = Signal(range(len(self.modes)))
         self.idx = Signal(17)                # response byte / item index
@@ -167,29 +170,16 @@ class Dispatcher:
         # ---- DMA ---------------------------------------------------------------------------
         self.dma_resp = Signal(dma.resp.payload.shape())
 
-        # ---- attention ring / meta ports: the DMA while busy, else the dispatcher ---------
-        self.top_ring_addr = Signal(32)
-        self.top_ring_re = Signal()
-        self.top_meta_ring = Signal(8)
-        dr_ring, at = dma.ring, attention
-        # The DMA's ring port has the core's member names (hw/dma.RingPortSignature); it owns
-        # the port while busy with an import or export, the dispatcher (RING_READ, EXPORT's
-        # ring check) otherwise -- also while the recovery scan has the DMA read headers.
-        dma_ring = Signal()
-        m.d.comb += dma_ring.eq(dma.busy & ~self.scan_busy)
-        m.d.comb += [
-            at.ring_addr.eq(Mux(dma_ring, dr_ring.ring_addr, self.top_ring_addr)),
-            at.ring_re.eq(Mux(dma_ring, dr_ring.ring_re, self.top_ring_re)),
-            at.ring_we.eq(dr_ring.ring_we & dma_ring),
-            at.ring_wdata.eq(dr_ring.ring_wdata),
-            dr_ring.ring_rdata.eq(at.ring_rdata),
-            at.meta_ring.eq(Mux(dma_ring, dr_ring.meta_ring, self.top_meta_ring)),
-            dr_ring.meta_count.eq(at.meta_count),
-            dr_ring.meta_head.eq(at.meta_head),
-            at.meta_we.eq(dr_ring.meta_we & dma_ring),
-            at.meta_wcount.eq(dr_ring.meta_wcount),
-            at.meta_whead.eq(dr_ring.meta_whead),
-        ]
+        # ---- the attention core's ring port: the DMA while busy, else the dispatcher -------
+        # The DMA owns the port while busy with an import or export, the dispatcher (RING_READ,
+        # EXPORT's ring check) otherwise -- also while the recovery scan has the DMA read
+        # headers. ``self.ring`` is the dispatcher's read-only side (the units drive its
+        # ``ring_addr``, ``ring_re``, ``meta_ring`` and read the rest).
+        m.submodules.ring_arbiter = arbiter = RingPortArbiter(dma.ring.signature)
+        wiring.connect(m, dma.ring, arbiter.dma)
+        wiring.connect(m, arbiter.core, attention.ring)
+        m.d.comb += arbiter.dma_owns.eq(dma.busy & ~self.scan_busy)
+        self.ring = arbiter.reader
 
     # ---- helpers for the units -------------------------------------------------------------
     def arg(self, op, name):
@@ -202,7 +192,7 @@ class Dispatcher:
         m = self.m
         m.d.sync += [self.rstatus.eq(status), self.rlen.eq(n_bytes),
                      self.mode.eq(self.modes[how][1]), self.idx.eq(0)]
-        m.next = "RESP_HDR"
+        m.next = "RESPOND_HEADER"
 
     def reject(self, status):
         """Refuse the request: drain what is left of its payload, then answer."""
@@ -339,9 +329,9 @@ class Dispatcher:
                                      self.answer_not_ready.eq(0),
                                      self.frames.eq(self.frames + 1),
                                      self.cycles_at.eq(self.cycles)]
-                        m.next = "HDR_CHECK"
+                        m.next = "HEADER_CHECK"
 
-            with m.State("HDR_CHECK"):
+            with m.State("HEADER_CHECK"):
                 # the payload length against the op's layout, by its rule in LENGTH
                 with m.Switch(op):
                     for o, rule in LENGTH.items():
@@ -387,14 +377,14 @@ class Dispatcher:
             with m.State("DRAIN"):
                 m.d.comb += dec.data.ready.eq(taken != length)
                 with m.If(taken == length):
-                    m.next = "RESP_HDR"
+                    m.next = "RESPOND_HEADER"
                 with m.Elif(dec.data.valid):
                     m.d.sync += taken.eq(taken + 1)
 
-            with m.State("RESP_HDR"):
+            with m.State("RESPOND_HEADER"):
                 m.d.comb += [enc.header.valid.eq(1), enc.header.payload.op.eq(op),
                              enc.header.payload.seq.eq(self.seq),
-                             enc.header.payload.status.as_value().eq(self.rstatus),
+                             enc.header.payload.status.eq(self.rstatus),
                              enc.header.payload.length.eq(self.rlen)]
                 with m.If(enc.header.ready):
                     m.d.sync += self.idx.eq(0)
@@ -406,7 +396,7 @@ class Dispatcher:
                                 with m.Case(number):
                                     m.next = state
 
-            with m.State("SEND_BUF"):
+            with m.State("SEND_BUFFER"):
                 m.d.comb += [enc.data.valid.eq(1),
                              enc.data.payload.eq(resp_word.word_select(self.idx[:7], 8))]
                 with m.If(enc.data.ready):

@@ -52,6 +52,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ringkv.defs import record as record_defs
+from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import (
     CONST_RANGES,
@@ -60,106 +61,21 @@ from ringkv.defs.record import (
     RECORD_STATUS_BITS,
     SECTOR,
     RecordLayout,
-    elem_bytes,
     header_template,
 )
 
 from .enums import shaped
+from .ring_port import RingPortSignature
 from .storage import StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenReadSignature
 
-__all__ = ["RingPortSignature", "RING_PORT_MEMBERS", "RING_READ_LATENCY", "connect_ring", "DmaOp",
-           "DmaCommand", "DmaResponse", "DmaEngine", "RecordStatus"]
+__all__ = ["DmaOp", "DmaCommand", "DmaResponse", "DmaEngine", "RecordStatus", "RecordKind"]
 
 #: :class:`ringkv.defs.record.RecordStatus` as a 4-bit shape (export, import, verify results).
 RecordStatus = shaped(record_defs.RecordStatus, RECORD_STATUS_BITS, module=__name__)
+#: ``kind`` of a record: any byte, the known ones named (:class:`ringkv.defs.record.RecordKind`).
+RecordKind = shaped(record_defs.RecordKind, 8, module=__name__)
 _RECORD_CRC = crc.Algorithm(**RECORD_CRC.algorithm_kwargs())
-
-
-class RingPortSignature(wiring.Signature):
-    """The attention core's ring-access port (``hw/attention.py``), seen from the DMA.
-
-    Same member names and widths as the attention core's ports, so the top connects them one to
-    one (:func:`connect_ring`; ``RingPortSignature(...).flip()`` is the core's side).
-    Byte-addressed, synchronous, 8-bit: a K or V element is ``EB = elem_bytes`` bytes (1 for
-    numerics ``ringkv-fx1``, 2 for ``ringkv-fx2``), little-endian; used only while the core is
-    idle:
-
-    =============== ===== =====================================================================
-    member          dir   meaning
-    =============== ===== =====================================================================
-    ``ring_addr``   Out   32 bits: ``element * EB + byte`` with ``element = ((ring*2 + kind)*W +
-                          slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V
-    ``ring_re``     Out   read strobe; ``ring_rdata`` holds the byte two clocks later
-                          (:data:`RING_READ_LATENCY`)
-    ``ring_rdata``  In    8 bits, read data (one byte of an element)
-    ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``
-    ``ring_wdata``  Out   8 bits, write data (one byte of an element)
-    ``meta_ring``   Out   8 bits, ring whose metadata is read or written
-    ``meta_count``  In    32 bits, tokens seen by the ring (does not wrap)
-    ``meta_head``   In    16 bits, slot of the newest token
-    ``meta_we``     Out   metadata write strobe, with ``meta_wcount``, ``meta_whead``
-    ``meta_wcount`` Out   32 bits
-    ``meta_whead``  Out   16 bits
-    =============== ===== =====================================================================
-
-    The DMA holds ``meta_ring`` for two clocks before it samples ``meta_count``/``meta_head``,
-    so a combinational (the attention core) or a one-clock synchronous metadata read both work.
-    """
-
-    def __init__(self, layers: int, kv_heads: int, head_dim: int, window: int,
-                 elem_bytes: int = 1):
-        self._params = (layers, kv_heads, head_dim, window, elem_bytes)
-        super().__init__({
-            "ring_addr": Out(32),
-            "ring_re": Out(1),
-            "ring_rdata": In(8),
-            "ring_we": Out(1),
-            "ring_wdata": Out(8),
-            "meta_ring": Out(8),
-            "meta_count": In(32),
-            "meta_head": In(16),
-            "meta_we": Out(1),
-            "meta_wcount": Out(32),
-            "meta_whead": Out(16),
-        })
-
-    @classmethod
-    def for_config(cls, config: RingKVConfig):
-        return cls(config.layers, config.kv_heads, config.head_dim, config.window,
-                   elem_bytes(config))
-
-    @property
-    def ring_bytes(self) -> int:
-        """Size of the byte address space: ``layers * kv_heads * 2 * W * d * EB``."""
-        layers, kv_heads, head_dim, window, eb = self._params
-        return layers * kv_heads * 2 * window * head_dim * eb
-
-    def __eq__(self, other):
-        return type(other) is RingPortSignature and other._params == self._params
-
-    def __hash__(self):
-        return hash((RingPortSignature, self._params))
-
-    def __repr__(self):
-        return "RingPortSignature({}, {}, {}, {}, elem_bytes={})".format(*self._params)
-
-
-#: Clocks from ``ring_re`` to its byte on ``ring_rdata`` (the attention core registers the
-#: addressed byte of each lane's bank word, then selects the lane).
-RING_READ_LATENCY = 2
-
-RING_PORT_MEMBERS = ("ring_addr", "ring_re", "ring_rdata", "ring_we", "ring_wdata", "meta_ring",
-                     "meta_count", "meta_head", "meta_we", "meta_wcount", "meta_whead")
-
-
-def connect_ring(m, dma_ring, core):
-    """Connect the DMA's ``ring`` port to a core with the same members at its top level (the
-    attention core's flat ports) by comb assignments."""
-    for name in RING_PORT_MEMBERS:
-        flow = dma_ring.signature.members[name].flow
-        a, b = getattr(dma_ring, name), getattr(core, name)
-        m.d.comb += (b.eq(a) if flow == Out else a.eq(b))
 
 
 class DmaOp(enum.Enum, shape=2):
@@ -172,7 +88,7 @@ class DmaOp(enum.Enum, shape=2):
 #: ``kind``: the record's :class:`~ringkv.defs.record.RecordKind` value, written by EXPORT into
 #: the header (offset 94); the import's checks ignore it (the header CRC covers it).
 DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32,
-                                "kind": 8})
+                                "kind": RecordKind})
 DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32})
 
 
@@ -180,10 +96,6 @@ class _Seg(enum.Enum, shape=2):
     HDR = 0
     TOK = 1
     KV = 2
-
-
-def _is_pow2(x):
-    return x > 0 and x & (x - 1) == 0
 
 
 class DmaEngine(wiring.Component):
@@ -199,18 +111,12 @@ class DmaEngine(wiring.Component):
     """
 
     def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
-        if not isinstance(config, RingKVConfig):
-            raise TypeError(f"config must be a RingKVConfig, not {config!r}")
-        if not isinstance(regions, int) or isinstance(regions, bool) or regions <= 0:
-            raise TypeError(f"regions must be a positive integer, not {regions!r}")
-        if not isinstance(base_lba, int) or isinstance(base_lba, bool) or base_lba < 0:
-            raise TypeError(f"base_lba must be a non-negative integer, not {base_lba!r}")
-        if not _is_pow2(config.window):
-            raise ValueError(f"window must be a power of two, not {config.window!r}")
-        if not _is_pow2(config.head_dim):
-            raise ValueError(f"head_dim must be a power of two, not {config.head_dim!r}")
-        if config.token_width > 32:
-            raise ValueError(f"token_width must be at most 32, not {config.token_width!r}")
+        check_type("config", config, RingKVConfig)
+        check_int("regions", regions, low=1, high=(1 << 16) - 1)
+        check_int("base_lba", base_lba, low=0)
+        check_pow2("window", config.window)
+        check_pow2("head_dim", config.head_dim)
+        check_int("token_width", config.token_width, high=32)
         layout = RecordLayout(config)
         if base_lba + regions * layout.sectors_per_region > 1 << 32:
             raise ValueError(f"{regions} regions of {layout.sectors_per_region} sectors do not "
@@ -220,8 +126,6 @@ class DmaEngine(wiring.Component):
                              f"{config.layers * config.kv_heads}")
         if max(layout.kv_sectors_max, layout.token_sectors_max) >= 1 << 16:
             raise ValueError("a record area must be less than 65536 sectors")
-        if regions >= 1 << 16:
-            raise ValueError(f"regions must be less than 65536, not {regions!r}")
         self._config, self._regions, self._base_lba, self._layout = (config, regions, base_lba,
                                                                      layout)
         super().__init__({
@@ -261,7 +165,7 @@ class DmaEngine(wiring.Component):
         req_count = Signal(32)
         req_hash = Signal(64)
         req_seq = Signal(32)
-        req_kind = Signal(8)
+        req_kind = Signal(RecordKind)
         base_lba = Signal(32)
         n = Signal(32)                    # token count of the snapshot
         head = Signal(range(W))
@@ -349,7 +253,8 @@ class DmaEngine(wiring.Component):
         # --- export: header bytes, built at issue time --------------------------------------
         var_fields = {"commit_seq": req_seq, "prefix_hash": req_hash, "count": n,
                       "ring_head": head, "token_bytes": tok_payload, "k_bytes": kv_payload >> 1,
-                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc, "kind": req_kind}
+                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc,
+                      "kind": req_kind.as_value()}
         hdr_byte = Signal(8)
         with m.Switch(hdr_pos):
             for name, value in var_fields.items():
@@ -476,17 +381,17 @@ class DmaEngine(wiring.Component):
                 m.d.sync += base_lba.eq(self._base_lba + region * lay.sectors_per_region)
                 with m.If(region >= self._regions):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(exporting):
-                    m.next = "META_RD"
+                    m.next = "META_READ"
                 with m.Else():
                     m.d.sync += seg.eq(_Seg.HDR)
-                    m.next = "SEG_CMD"
+                    m.next = "SEGMENT_COMMAND"
             # ---- export: metadata of every ring ----
-            with m.State("META_RD"):
+            with m.State("META_READ"):
                 m.d.comb += self.busy.eq(1)
-                m.next = "META_CAP"
-            with m.State("META_CAP"):
+                m.next = "META_CAPTURE"
+            with m.State("META_CAPTURE"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(self.ring.meta_head >= W):
                     m.d.sync += meta_bad.eq(1)
@@ -499,17 +404,17 @@ class DmaEngine(wiring.Component):
                     m.next = "META_CHECK"
                 with m.Else():
                     m.d.sync += ml.eq(ml + 1)
-                    m.next = "META_RD"
+                    m.next = "META_READ"
             with m.State("META_CHECK"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(meta_bad | (n > c.max_tokens)):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Else():
                     m.d.sync += seg.eq(Mux(n == 0, _Seg.HDR, _Seg.TOK))
-                    m.next = "SEG_CMD"
+                    m.next = "SEGMENT_COMMAND"
             # ---- one storage transfer ----
-            with m.State("SEG_CMD"):
+            with m.State("SEGMENT_COMMAND"):
                 m.d.comb += [self.busy.eq(1), st.cmd.valid.eq(1),
                              st.cmd.payload.op.eq(Mux(exporting, StorageOp.WRITE,
                                                       StorageOp.READ)),
@@ -517,8 +422,8 @@ class DmaEngine(wiring.Component):
                 with m.If(st.cmd.ready):
                     m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
                                  *init_counters()]
-                    m.next = "SEG_DATA"
-            with m.State("SEG_DATA"):
+                    m.next = "SEGMENT_DATA"
+            with m.State("SEGMENT_DATA"):
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
                 with m.If(exporting):
                     room = (wfifo.level + b_valid + b2_valid) < 4
@@ -569,67 +474,67 @@ class DmaEngine(wiring.Component):
                         m.d.sync += [b_valid.eq(0), b2_valid.eq(0)]
                         m.next = "FAIL"
                     with m.Else():
-                        m.next = "SEG_NEXT"
-            with m.State("SEG_NEXT"):
+                        m.next = "SEGMENT_NEXT"
+            with m.State("SEGMENT_NEXT"):
                 m.d.comb += self.busy.eq(1)
                 with m.If(exporting):
                     with m.Switch(seg):
                         with m.Case(_Seg.TOK):
                             m.d.sync += seg.eq(Mux(v == 0, _Seg.HDR, _Seg.KV))
-                            m.next = "SEG_CMD"
+                            m.next = "SEGMENT_COMMAND"
                         with m.Case(_Seg.KV):
                             m.d.sync += seg.eq(_Seg.HDR)
-                            m.next = "SEG_CMD"
+                            m.next = "SEGMENT_COMMAND"
                         with m.Default():
-                            m.next = "RESP"
+                            m.next = "RESPOND"
                 with m.Else():
                     with m.Switch(seg):
                         with m.Case(_Seg.HDR):
                             m.d.sync += [n.eq(hd_count), head.eq(hd_head)]
-                            m.next = "HDR_EVAL"
+                            m.next = "HEADER_EVALUATE"
                         with m.Case(_Seg.TOK):
                             with m.If(importing & tok_bad):
                                 m.d.sync += status.eq(RecordStatus.TOKEN_MISMATCH)
-                                m.next = "RESP"
+                                m.next = "RESPOND"
                             with m.Elif(v == 0):
-                                m.next = "CRC_EVAL"
+                                m.next = "CRC_EVALUATE"
                             with m.Else():
                                 m.d.sync += seg.eq(_Seg.KV)
-                                m.next = "SEG_CMD"
+                                m.next = "SEGMENT_COMMAND"
                         with m.Default():
-                            m.next = "CRC_EVAL"
+                            m.next = "CRC_EVALUATE"
             # ---- import: header checks, in the golden model's order ----
-            with m.State("HDR_EVAL"):
+            with m.State("HEADER_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
                 bad_fields = ((hd_count > c.max_tokens) | (hd_head >= W)
                               | (hd_tok != tok_payload) | (hd_k != kv_payload >> 1)
                               | (hd_v != kv_payload >> 1))
                 with m.If(bad_magic):
                     m.d.sync += status.eq(RecordStatus.EMPTY)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(bad_version):
                     m.d.sync += status.eq(RecordStatus.BAD_VERSION)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(~hcrc.match_detected):
                     m.d.sync += status.eq(RecordStatus.BAD_HEADER)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(bad_config):
                     m.d.sync += status.eq(RecordStatus.FOREIGN_CONFIG)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(bad_fields):
                     m.d.sync += status.eq(RecordStatus.BAD_HEADER)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(op == DmaOp.HEADER):
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(importing & ((hd_count != req_count) | (hd_hash != req_hash))):
                     m.d.sync += status.eq(RecordStatus.NOT_THIS)
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Elif(hd_count == 0):
-                    m.next = "CRC_EVAL"
+                    m.next = "CRC_EVALUATE"
                 with m.Else():
                     m.d.sync += seg.eq(_Seg.TOK)
-                    m.next = "SEG_CMD"
-            with m.State("CRC_EVAL"):
+                    m.next = "SEGMENT_COMMAND"
+            with m.State("CRC_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
                 ok = pcrc.crc == hd_pcrc
                 with m.If(~ok):
@@ -637,24 +542,24 @@ class DmaEngine(wiring.Component):
                 with m.If(importing & (ok | kv_started)):
                     m.d.sync += [meta_w_count.eq(Mux(ok, n, 0)), meta_w_head.eq(Mux(ok, head, 0)),
                                  ml.eq(0)]
-                    m.next = "META_WR"
+                    m.next = "META_WRITE"
                 with m.Else():
-                    m.next = "RESP"
+                    m.next = "RESPOND"
             with m.State("FAIL"):
                 # storage error: an import that has started writing the rings empties them
                 m.d.comb += self.busy.eq(1)
                 m.d.sync += [meta_w_count.eq(0), meta_w_head.eq(0), ml.eq(0)]
                 with m.If(importing & kv_started):
-                    m.next = "META_WR"
+                    m.next = "META_WRITE"
                 with m.Else():
-                    m.next = "RESP"
-            with m.State("META_WR"):
+                    m.next = "RESPOND"
+            with m.State("META_WRITE"):
                 m.d.comb += [self.busy.eq(1), self.ring.meta_we.eq(1)]
                 with m.If(ml == LH - 1):
-                    m.next = "RESP"
+                    m.next = "RESPOND"
                 with m.Else():
                     m.d.sync += ml.eq(ml + 1)
-            with m.State("RESP"):
+            with m.State("RESPOND"):
                 m.d.comb += [self.busy.eq(1), self.resp.valid.eq(1),
                              self.resp.payload.status.eq(status),
                              self.resp.payload.count.eq(Mux(exporting, n, hd_count)),

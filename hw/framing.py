@@ -10,6 +10,7 @@ from amaranth import *
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
 from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, RESPONSE_FLAG, SYNC
 
 from .protocol import CRC16, Op, Status
@@ -17,6 +18,9 @@ from .protocol import CRC16, Op, Status
 __all__ = ["FrameDecoder", "FrameEncoder", "RequestHeader", "ResponseHeader", "PayloadByte",
            "FrameErrorLayout"]
 
+#: ``op`` in these layouts is a byte, not an ``Op``: the decoder passes any opcode on (an
+#: unknown one is answered ``UNKNOWN_OP`` by the dispatcher), values that no member names.
+#:
 #: A checked request's header, offered on ``FrameDecoder.header``.
 RequestHeader = data.StructLayout({"op": 8, "seq": 8, "length": 16})
 #: One payload byte; ``last`` marks the frame's final byte.
@@ -25,13 +29,6 @@ PayloadByte = data.StructLayout({"data": 8, "last": 1})
 FrameErrorLayout = data.StructLayout({"status": Status, "op": 8, "seq": 8})
 #: A response's header, taken by ``FrameEncoder.header``.
 ResponseHeader = data.StructLayout({"op": 8, "seq": 8, "status": Status, "length": 16})
-
-
-def _check_positive(name, value, upper=None):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TypeError(f"{name} must be a positive integer, not {value!r}")
-    if upper is not None and value > upper:
-        raise ValueError(f"{name} must be at most {upper}, not {value!r}")
 
 
 class FrameDecoder(wiring.Component):
@@ -75,8 +72,8 @@ class FrameDecoder(wiring.Component):
     error: Out(stream.Signature(FrameErrorLayout))
 
     def __init__(self, *, max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16):
-        _check_positive("Maximum payload", max_payload, 0xFFFF)
-        _check_positive("Timeout", timeout)
+        check_int("Maximum payload", max_payload, low=1, high=0xFFFF)
+        check_int("Timeout", timeout, low=1)
         self._max_payload = max_payload
         self._timeout = timeout
         super().__init__()

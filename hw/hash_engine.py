@@ -7,6 +7,7 @@ from amaranth import *
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
 from ringkv.defs.hash import ROUND_CONSTANTS, check_params
 
 __all__ = ["HashEngine", "hash_input_layout", "hash_output_layout"]
@@ -66,12 +67,8 @@ class HashEngine(wiring.Component):
 
     def __init__(self, *, token_width=16, hash_width=64, count_width=24, seed=0, rounds=2):
         check_params(token_width, hash_width, rounds)
-        if not isinstance(count_width, int) or isinstance(count_width, bool):
-            raise TypeError(f"Count width must be an integer, not {count_width!r}")
-        if not 1 <= count_width <= 64:
-            raise ValueError(f"Count width must be between 1 and 64 bits, not {count_width!r}")
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise TypeError(f"Seed must be an integer, not {seed!r}")
+        check_int("Count width", count_width, low=1, high=64, unit=" bits")
+        check_int("Seed", seed)
         if not 0 <= seed < 2 ** hash_width:
             raise ValueError(f"Seed must fit in {hash_width} bits, not {seed!r}")
         self._token_width = token_width

@@ -74,13 +74,14 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
+
 from .storage import (
     SECTOR_BYTES,
     CardType,
     StorageError,
     StorageOp,
     StoragePortSignature,
-    check_int,
 )
 
 __all__ = ["SDBusSignature", "SDNativeController"]
@@ -137,17 +138,17 @@ class SDNativeController(wiring.Component):
                  hs_half_period: int | None = None, resp_timeout: int = 64,
                  data_timeout: int = 1 << 21, busy_timeout: int = 1 << 23,
                  init_retries: int = 1 << 12):
-        check_int("init_half_period", init_half_period, 1)
-        check_int("half_period", half_period, 1)
+        check_int("init_half_period", init_half_period, low=1)
+        check_int("half_period", half_period, low=1)
         if hs_half_period is not None:
-            check_int("hs_half_period", hs_half_period, 1)
+            check_int("hs_half_period", hs_half_period, low=1)
             if hs_half_period > half_period:
                 raise ValueError(f"hs_half_period ({hs_half_period}) must not exceed "
                                  f"half_period ({half_period})")
-        check_int("resp_timeout", resp_timeout, 2)
-        check_int("data_timeout", data_timeout, 2)
-        check_int("busy_timeout", busy_timeout, 2)
-        check_int("init_retries", init_retries, 1)
+        check_int("resp_timeout", resp_timeout, low=2)
+        check_int("data_timeout", data_timeout, low=2)
+        check_int("busy_timeout", busy_timeout, low=2)
+        check_int("init_retries", init_retries, low=1)
         if half_period > init_half_period:
             raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
                              f"({init_half_period})")
@@ -632,13 +633,13 @@ class SDNativeController(wiring.Component):
                             m.d.comb += d_stop.eq(1)
                             fail(StorageError.CARD)
                         with m.Else():
-                            m.next = "RD_BLOCK"
+                            m.next = "READ_BLOCK"
                     with m.Case(_After.WRITE):
                         with m.If(resp_err):
                             fail(StorageError.CARD)
                         with m.Else():
                             m.d.sync += [wait.eq(0), w_taken.eq(0)]
-                            m.next = "WR_NWR"
+                            m.next = "WRITE_NWR"
                     with m.Case(_After.CMD13):
                         # after a write: the card is still there and reports no error from
                         # programming the data
@@ -712,7 +713,7 @@ class SDNativeController(wiring.Component):
                 with m.Else():
                     send_cmd(Mux(multi, 25, 24), lba, _Resp.R1, _After.WRITE)
             # ---- reads ---------------------------------------------------------------------------
-            with m.State("RD_BLOCK"):
+            with m.State("READ_BLOCK"):
                 with m.If(d_done):
                     m.d.comb += fsm_wait.eq(1)
                     with m.If(d_timeout):
@@ -735,15 +736,15 @@ class SDNativeController(wiring.Component):
                         m.d.comb += d_stop.eq(1)
                         m.next = "STATUS"
             # ---- writes --------------------------------------------------------------------------
-            with m.State("WR_NWR"):
+            with m.State("WRITE_NWR"):
                 # N_WR: at least 2 clocks after the response (or the busy phase)
                 m.d.comb += w_accept.eq(1)
                 with m.If(rise):
                     m.d.sync += wait.eq(wait + 1)
                 with m.If((wait >= 2) & wbyte_valid):
                     m.d.comb += w_go.eq(1)
-                    m.next = "WR_BLOCK"
-            with m.State("WR_BLOCK"):
+                    m.next = "WRITE_BLOCK"
+            with m.State("WRITE_BLOCK"):
                 m.d.comb += w_accept.eq(1)
                 with m.If(t_done):
                     m.d.comb += fsm_wait.eq(1)
@@ -758,7 +759,7 @@ class SDNativeController(wiring.Component):
                             m.next = "STATUS"
                     with m.Elif(blocks != 0):
                         m.d.sync += blocks.eq(blocks - 1)
-                        m.next = "WR_NWR"
+                        m.next = "WRITE_NWR"
                     with m.Elif(multi):
                         send_cmd(12, 0, _Resp.R1B, _After.CMD12)
                     with m.Else():
@@ -792,7 +793,7 @@ class SDNativeController(wiring.Component):
         # a finished block holds SD CLK until the state machine that consumes it has (one
         # system clock); elsewhere (a short block done while the response is still due, a data
         # timeout) it waits without stopping the clock, so the response still arrives
-        d_consumer = fsm.ongoing("RD_BLOCK") | fsm.ongoing("SWITCH_DATA")
+        d_consumer = fsm.ongoing("READ_BLOCK") | fsm.ongoing("SWITCH_DATA")
         m.d.comb += run.eq(~rd_stall & ~wr_stall & ~fsm_wait & ~rx_done & ~(d_done & d_consumer)
                            & ~t_done)
         return m

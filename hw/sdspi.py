@@ -39,13 +39,14 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
+
 from .storage import (
     SECTOR_BYTES,
     CardType,
     StorageError,
     StorageOp,
     StoragePortSignature,
-    check_int,
 )
 
 __all__ = ["SPISignature", "SDSPIController"]
@@ -79,12 +80,12 @@ class SDSPIController(wiring.Component):
     def __init__(self, *, init_half_period: int = 63, half_period: int = 1,
                  resp_timeout: int = 16, token_timeout: int = 1 << 16,
                  busy_timeout: int = 1 << 20, init_retries: int = 1 << 12):
-        check_int("init_half_period", init_half_period, 1)
-        check_int("half_period", half_period, 1)
-        check_int("resp_timeout", resp_timeout, 2)
-        check_int("token_timeout", token_timeout, 2)
-        check_int("busy_timeout", busy_timeout, 2)
-        check_int("init_retries", init_retries, 1)
+        check_int("init_half_period", init_half_period, low=1)
+        check_int("half_period", half_period, low=1)
+        check_int("resp_timeout", resp_timeout, low=2)
+        check_int("token_timeout", token_timeout, low=2)
+        check_int("busy_timeout", busy_timeout, low=2)
+        check_int("init_retries", init_retries, low=1)
         if half_period > init_half_period:
             raise ValueError(f"half_period ({half_period}) must not exceed init_half_period "
                              f"({init_half_period})")
@@ -178,7 +179,7 @@ class SDSPIController(wiring.Component):
         def send_cmd(index, arg, then):
             m.d.sync += [cmd_idx.eq(index), cmd_arg.eq(arg), after.eq(then), byte_i.eq(0),
                          skip.eq(index == 12)]
-            m.next = "CMD_PRE"
+            m.next = "COMMAND_PREAMBLE"
 
         def fail(code):
             m.d.sync += err.eq(code)
@@ -195,12 +196,12 @@ class SDSPIController(wiring.Component):
                     with m.If(nbytes == 9):
                         m.d.sync += [retries.eq(0), v2.eq(0), self.sdhc.eq(0)]
                         send_cmd(0, 0, _After.CMD0)
-            with m.State("CMD_PRE"):
+            with m.State("COMMAND_PREAMBLE"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free),
                              crc7.start.eq(1)]
                 with m.If(done):
-                    m.next = "CMD_SEND"
-            with m.State("CMD_SEND"):
+                    m.next = "COMMAND_SEND"
+            with m.State("COMMAND_SEND"):
                 frame = Signal(8)
                 with m.Switch(byte_i):
                     with m.Case(0):
@@ -229,7 +230,7 @@ class SDSPIController(wiring.Component):
                         fail(StorageError.TIMEOUT)
                     with m.Else():
                         m.d.sync += wait.eq(wait + 1)
-            with m.State("GET4"):
+            with m.State("GET_FOUR_BYTES"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free)]
                 with m.If(done):
                     m.d.sync += [resp32.eq(Cat(rx, resp32[:24])), byte_i.eq(byte_i + 1)]
@@ -249,7 +250,7 @@ class SDSPIController(wiring.Component):
                             send_cmd(55, 0, _After.CMD55)
                         with m.Elif(r1 == 0x01):
                             m.d.sync += [after.eq(_After.CMD8_R7), byte_i.eq(0)]
-                            m.next = "GET4"
+                            m.next = "GET_FOUR_BYTES"
                         with m.Else():
                             fail(init_fail)
                     with m.Case(_After.CMD8_R7):
@@ -277,7 +278,7 @@ class SDSPIController(wiring.Component):
                     with m.Case(_After.CMD58):
                         with m.If(r1 == 0x00):
                             m.d.sync += [after.eq(_After.OCR), byte_i.eq(0)]
-                            m.next = "GET4"
+                            m.next = "GET_FOUR_BYTES"
                         with m.Else():
                             fail(init_fail)
                     with m.Case(_After.OCR):
@@ -296,12 +297,12 @@ class SDSPIController(wiring.Component):
                     with m.Case(_After.READ):
                         with m.If(r1 == 0x00):
                             m.d.sync += wait.eq(0)
-                            m.next = "RD_TOKEN"
+                            m.next = "READ_TOKEN"
                         with m.Else():
                             fail(StorageError.CARD)
                     with m.Case(_After.WRITE):
                         with m.If(r1 == 0x00):
-                            m.next = "WR_GAP"
+                            m.next = "WRITE_GAP"
                         with m.Else():
                             fail(StorageError.CARD)
                     with m.Case(_After.CMD12):
@@ -338,20 +339,20 @@ class SDSPIController(wiring.Component):
                 with m.Else():
                     send_cmd(Mux(multi, 25, 24), addr, _After.WRITE)
             # ---- reads ---------------------------------------------------------------------------
-            with m.State("RD_TOKEN"):
+            with m.State("READ_TOKEN"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free),
                              crc16.start.eq(1)]
                 with m.If(done):
                     with m.If(rx == 0xFE):
                         m.d.sync += [todo.eq(SECTOR_BYTES), nbytes.eq(0)]
-                        m.next = "RD_DATA"
+                        m.next = "READ_DATA"
                     with m.Elif(rx[4:] == 0):          # data error token
                         fail(StorageError.CARD)
                     with m.Elif(wait == self._token_timeout - 1):
                         fail(StorageError.TIMEOUT)
                     with m.Else():
                         m.d.sync += wait.eq(wait + 1)
-            with m.State("RD_DATA"):
+            with m.State("READ_DATA"):
                 can_store = ~rbuf_valid | st.rdata.ready
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF),
                              start.eq((todo != 0) & (free | (done & can_store)))]
@@ -363,26 +364,26 @@ class SDSPIController(wiring.Component):
                         m.d.comb += [crc16.valid.eq(1), crc16.data.eq(rx)]
                         with m.If(nbytes == SECTOR_BYTES - 1):
                             m.d.sync += byte_i.eq(0)
-                            m.next = "RD_CRC"
+                            m.next = "READ_CRC"
                     with m.Else():
-                        m.next = "RD_HOLD"
-            with m.State("RD_HOLD"):
+                        m.next = "READ_HOLD"
+            with m.State("READ_HOLD"):
                 m.d.comb += spi.cs_n.eq(0)
                 with m.If(~rbuf_valid | st.rdata.ready):
                     m.d.sync += [rbuf.eq(rx), rbuf_valid.eq(1), nbytes.eq(nbytes + 1)]
                     m.d.comb += [crc16.valid.eq(1), crc16.data.eq(rx)]
                     with m.If(nbytes == SECTOR_BYTES - 1):
                         m.d.sync += byte_i.eq(0)
-                        m.next = "RD_CRC"
+                        m.next = "READ_CRC"
                     with m.Else():
-                        m.next = "RD_DATA"
-            with m.State("RD_CRC"):
+                        m.next = "READ_DATA"
+            with m.State("READ_CRC"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free)]
                 with m.If(done):
                     m.d.sync += [crc_rx.eq(Cat(rx, crc_rx[:8])), byte_i.eq(byte_i + 1)]
                     with m.If(byte_i == 1):
-                        m.next = "RD_CHECK"
-            with m.State("RD_CHECK"):
+                        m.next = "READ_CHECK"
+            with m.State("READ_CHECK"):
                 m.d.comb += spi.cs_n.eq(0)
                 with m.If(crc_rx != crc16.crc):
                     with m.If(multi):
@@ -392,24 +393,24 @@ class SDSPIController(wiring.Component):
                         fail(StorageError.CRC)
                 with m.Elif(blocks != 0):
                     m.d.sync += [blocks.eq(blocks - 1), wait.eq(0)]
-                    m.next = "RD_TOKEN"
+                    m.next = "READ_TOKEN"
                 with m.Elif(multi):
                     send_cmd(12, 0, _After.CMD12)
                 with m.Else():
                     m.next = "DESELECT"
             # ---- writes --------------------------------------------------------------------------
-            with m.State("WR_GAP"):
+            with m.State("WRITE_GAP"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free),
                              crc16.start.eq(1)]
                 with m.If(done):
-                    m.next = "WR_TOKEN"
-            with m.State("WR_TOKEN"):
+                    m.next = "WRITE_TOKEN"
+            with m.State("WRITE_TOKEN"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(Mux(multi, 0xFC, 0xFE)),
                              start.eq(free)]
                 with m.If(done):
                     m.d.sync += todo.eq(SECTOR_BYTES)
-                    m.next = "WR_DATA"
-            with m.State("WR_DATA"):
+                    m.next = "WRITE_DATA"
+            with m.State("WRITE_DATA"):
                 take = (todo != 0) & (free | done)
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(st.wdata.payload),
                              st.wdata.ready.eq(take), start.eq(take & st.wdata.valid),
@@ -419,15 +420,15 @@ class SDSPIController(wiring.Component):
                     m.d.sync += todo.eq(todo - 1)
                 with m.If((todo == 0) & done):
                     m.d.sync += byte_i.eq(0)
-                    m.next = "WR_CRC"
-            with m.State("WR_CRC"):
+                    m.next = "WRITE_CRC"
+            with m.State("WRITE_CRC"):
                 m.d.comb += [spi.cs_n.eq(0), start.eq(free),
                              tx_next.eq(Mux(byte_i == 0, crc16.crc[8:], crc16.crc[:8]))]
                 with m.If(done):
                     m.d.sync += byte_i.eq(byte_i + 1)
                     with m.If(byte_i == 1):
-                        m.next = "WR_RESP"
-            with m.State("WR_RESP"):
+                        m.next = "WRITE_RESPONSE"
+            with m.State("WRITE_RESPONSE"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free)]
                 with m.If(done):
                     m.d.sync += [wait.eq(0), after_busy.eq(0)]
@@ -435,11 +436,11 @@ class SDSPIController(wiring.Component):
                         m.next = "BUSY"
                     with m.Elif(rx[:5] == 0b01011):
                         m.d.sync += err.eq(StorageError.CRC)
-                        m.next = "WR_ABORT"
+                        m.next = "WRITE_ABORT"
                     with m.Else():
                         m.d.sync += err.eq(StorageError.CARD)
-                        m.next = "WR_ABORT"
-            with m.State("WR_ABORT"):
+                        m.next = "WRITE_ABORT"
+            with m.State("WRITE_ABORT"):
                 # wait out the busy phase, then stop a multi-block write
                 m.d.comb += spi.cs_n.eq(0)
                 m.d.sync += [blocks.eq(0), wait.eq(0), after_busy.eq(0)]
@@ -452,20 +453,20 @@ class SDSPIController(wiring.Component):
                             m.next = "DESELECT"
                         with m.Elif(blocks != 0):
                             m.d.sync += blocks.eq(blocks - 1)
-                            m.next = "WR_GAP"
+                            m.next = "WRITE_GAP"
                         with m.Elif(multi):
-                            m.next = "WR_STOP"
+                            m.next = "WRITE_STOP"
                         with m.Else():
                             m.next = "DESELECT"
                     with m.Elif(wait == self._busy_timeout - 1):
                         fail(StorageError.TIMEOUT)
                     with m.Else():
                         m.d.sync += wait.eq(wait + 1)
-            with m.State("WR_STOP"):
+            with m.State("WRITE_STOP"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFD), start.eq(free)]
                 with m.If(done):
-                    m.next = "WR_STOP_GAP"
-            with m.State("WR_STOP_GAP"):
+                    m.next = "WRITE_STOP_GAP"
+            with m.State("WRITE_STOP_GAP"):
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(0xFF), start.eq(free)]
                 with m.If(done):
                     m.d.sync += [wait.eq(0), after_busy.eq(1)]

@@ -33,7 +33,7 @@ from ringkv.defs.record import SECTOR
 from .enums import shaped
 
 __all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
-           "StoragePortSignature", "StorageInfoSignature", "CardType", "check_int"]
+           "StoragePortSignature", "StorageInfoSignature", "CardType"]
 
 #: Bytes per sector (the record format's sector, :data:`ringkv.defs.record.SECTOR`).
 SECTOR_BYTES = SECTOR
@@ -107,11 +107,3 @@ class StorageInfoSignature(wiring.Signature):
 
     def __repr__(self):
         return "StorageInfoSignature()"
-
-
-def check_int(name: str, value, minimum: int) -> None:
-    """A storage controller's integer parameter (a clock divider, a timeout): ``TypeError``
-    unless ``value`` is an ``int`` (not a ``bool``) of at least ``minimum``."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise TypeError(f"{name} must be {kind}, not {value!r}")

@@ -28,6 +28,8 @@ from amaranth import Module, Mux
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
+
 __all__ = ["TokenReadSignature", "TokenMemory"]
 
 
@@ -54,12 +56,9 @@ class TokenMemory(wiring.Component):
     """Per-session token store; see the module docstring for ports and timing."""
 
     def __init__(self, max_tokens: int, token_width: int, read_ports: int = 2):
-        for name, value in (("max_tokens", max_tokens), ("token_width", token_width),
-                            ("read_ports", read_ports)):
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise TypeError(f"{name} must be a positive integer, not {value!r}")
-        if token_width > 32:
-            raise ValueError(f"token_width must be at most 32, not {token_width!r}")
+        check_int("max_tokens", max_tokens, low=1)
+        check_int("token_width", token_width, low=1, high=32)
+        check_int("read_ports", read_ports, low=1)
         self._max_tokens, self._token_width, self._read_ports = max_tokens, token_width, read_ports
         super().__init__({
             "append": In(stream.Signature(token_width)),

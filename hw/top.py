@@ -23,9 +23,17 @@ from amaranth import Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
-from ringkv.defs.protocol import DEFAULT_MAX_PAYLOAD, REQUESTS, Op, StorageKind, attn_in_bytes
+from ringkv.defs.protocol import (
+    DEFAULT_MAX_PAYLOAD,
+    REQUESTS,
+    Op,
+    StorageKind,
+    attn_in_bytes,
+    attn_out_bytes,
+)
 from ringkv.defs.record import RecordLayout
 
 from .attention import AttentionCore
@@ -51,10 +59,6 @@ __all__ = ["RingKVTop", "UNITS"]
 #: opcode of :data:`ringkv.defs.protocol.REQUESTS` (checked at construction).
 UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, AttentionUnit,
          StorageUnit, RecoveryUnit)
-
-
-def _pow2(x):
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0 and x & (x - 1) == 0
 
 
 class RingKVTop(wiring.Component):
@@ -129,38 +133,27 @@ class RingKVTop(wiring.Component):
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
                  sd_clock_hz: int = 0):
-        if not isinstance(config, RingKVConfig):
-            raise TypeError(f"config must be a RingKVConfig, not {config!r}")
-        if not _pow2(regions) or not 2 <= regions <= 1 << 15:
-            raise ValueError(f"regions must be a power of two between 2 and 32768, "
-                             f"not {regions!r}")
+        check_type("config", config, RingKVConfig)
+        check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
         buckets = max(regions // 2, 2) if buckets is None else buckets
-        for name, value in (("links", links), ("buckets", buckets)):
-            if not _pow2(value) or not 2 <= value <= 1 << 15:
-                raise ValueError(f"{name} must be a power of two between 2 and 32768, "
-                                 f"not {value!r}")
+        check_pow2("links", links, low=2, high=1 << 15)
+        check_pow2("buckets", buckets, low=2, high=1 << 15)
         if config.layers > 255 or config.layers * config.kv_heads > 256:
             raise ValueError(f"at most 255 layers and 256 rings, not {config.layers} layers "
                              f"of {config.kv_heads} KV heads")
         if config.max_tokens >= 1 << 24:
             raise ValueError(f"max_tokens must be below 2**24 (the directory's count field), "
                              f"not {config.max_tokens!r}")
-        if (isinstance(max_payload, bool) or not isinstance(max_payload, int)
-                or not 1 <= max_payload <= 0xFFFF):
-            raise ValueError(f"max_payload must be an integer in 1..65535, not {max_payload!r}")
+        check_int("max_payload", max_payload, low=1, high=0xFFFF)
         need = max(max(lay.size for lay in REQUESTS.values()),
                    REQUESTS[Op.ATTN_PREFILL].size + attn_in_bytes(config, 1),
-                   2 * config.q_heads * config.head_dim)
+                   attn_out_bytes(config, 1))
         if max_payload < need:
             raise ValueError(f"max_payload must be at least {need} bytes (one attention token "
                              f"of this config), not {max_payload!r}")
-        if not isinstance(storage_kind, StorageKind):
-            raise TypeError(f"storage_kind must be a StorageKind, not {storage_kind!r}")
-        if (isinstance(sd_clock_hz, bool) or not isinstance(sd_clock_hz, int)
-                or not 0 <= sd_clock_hz < 1 << 32):
-            raise ValueError(f"sd_clock_hz must be an integer in 0..2**32-1, not "
-                             f"{sd_clock_hz!r}")
+        check_type("storage_kind", storage_kind, StorageKind)
+        check_int("sd_clock_hz", sd_clock_hz, low=0, high=(1 << 32) - 1)
         handled = [o for unit in UNITS for o in unit.OPS]
         if sorted(handled, key=lambda o: o.value) != sorted(REQUESTS, key=lambda o: o.value):
             raise AssertionError(f"command units {sorted(o.name for o in handled)} do not "

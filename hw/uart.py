@@ -38,6 +38,8 @@ from amaranth import *
 from amaranth.lib import cdc, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ringkv.defs.checks import check_int
+
 __all__ = ["UARTReceiver", "UARTTransmitter", "UART", "divisor_for", "baud_error"]
 
 
@@ -145,8 +147,7 @@ class UARTReceiver(wiring.Component):
 
     def __init__(self, divisor, *, fifo_depth: int = 16):
         self._divisor = _check_divisor(divisor)
-        if isinstance(fifo_depth, bool) or not isinstance(fifo_depth, int) or fifo_depth < 1:
-            raise TypeError(f"FIFO depth must be a positive integer, not {fifo_depth!r}")
+        check_int("FIFO depth", fifo_depth, low=1)
         self._fifo_depth = fifo_depth
         super().__init__()
 

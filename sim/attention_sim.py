@@ -82,29 +82,29 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
             while ctx.get(core.busy):
                 await ctx.tick()
             if op[0] == "ring_write":
-                ctx.set(core.ring_addr, op[1])
-                ctx.set(core.ring_wdata, op[2])
-                ctx.set(core.ring_we, 1)
+                ctx.set(core.ring.ring_addr, op[1])
+                ctx.set(core.ring.ring_wdata, op[2])
+                ctx.set(core.ring.ring_we, 1)
                 await ctx.tick()
-                ctx.set(core.ring_we, 0)
+                ctx.set(core.ring.ring_we, 0)
             elif op[0] == "ring_read":
-                ctx.set(core.ring_addr, op[1])
-                ctx.set(core.ring_re, 1)
+                ctx.set(core.ring.ring_addr, op[1])
+                ctx.set(core.ring.ring_re, 1)
                 await ctx.tick()
-                ctx.set(core.ring_re, 0)
+                ctx.set(core.ring.ring_re, 0)
                 await ctx.tick()                # ring data: two clocks after ring_re
-                res["reads"].append(ctx.get(core.ring_rdata))
+                res["reads"].append(ctx.get(core.ring.ring_rdata))
             elif op[0] == "meta_write":
-                ctx.set(core.meta_ring, op[1])
-                ctx.set(core.meta_wcount, op[2])
-                ctx.set(core.meta_whead, op[3])
-                ctx.set(core.meta_we, 1)
+                ctx.set(core.ring.meta_ring, op[1])
+                ctx.set(core.ring.meta_wcount, op[2])
+                ctx.set(core.ring.meta_whead, op[3])
+                ctx.set(core.ring.meta_we, 1)
                 await ctx.tick()
-                ctx.set(core.meta_we, 0)
+                ctx.set(core.ring.meta_we, 0)
             elif op[0] == "meta_read":
-                ctx.set(core.meta_ring, op[1])
+                ctx.set(core.ring.meta_ring, op[1])
                 await ctx.delay(1e-9)
-                res["reads"].append((ctx.get(core.meta_count), ctx.get(core.meta_head)))
+                res["reads"].append((ctx.get(core.ring.meta_count), ctx.get(core.ring.meta_head)))
             else:
                 raise ValueError(f"unknown operation {op[0]!r}")
 
@@ -120,7 +120,7 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
     async def status(ctx):
         for _ in range(n_cmds):
             p = await stream_get(ctx, core.status, rng=rng_st, stall=stall)
-            res["status"].append((int(p.op), int(p.err), int(p.count)))
+            res["status"].append((p.op.value, p.err.value, int(p.count)))
             res["cycles"].append(clock[0])
 
     sim = Simulator(core)

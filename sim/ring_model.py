@@ -1,9 +1,9 @@
 """A small ring-memory model implementing the attention core's ring-access port, and the DMA
 test harness built around it.
 
-:class:`RingMemoryModel` serves :class:`~ringkv.hw.dma.RingPortSignature` (flipped) from one
-block RAM of ``ring_bytes = layers * kv_heads * 2 * window * head_dim * EB`` bytes (``EB``
-bytes per element from the configuration's numerics, byte address ``element * EB + byte``,
+:class:`RingMemoryModel` serves :class:`~ringkv.hw.ring_port.RingPortSignature` (flipped) from one
+block RAM of :func:`ringkv.defs.record.ring_bytes` bytes (``EB`` bytes per element from the
+configuration's numerics, byte address ``element * EB + byte``,
 little-endian) plus per-layer (count, head) registers, with the attention core's timing (ring
 data two clocks after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
 kv_head``). A test access port ``tap`` lets a testbench load and read the rings byte by byte in
@@ -20,7 +20,8 @@ from amaranth import Module, Signal
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ringkv.hw.dma import DmaEngine, RingPortSignature
+from ringkv.hw.dma import DmaEngine
+from ringkv.hw.ring_port import RingPortSignature
 from ringkv.hw.sdnative import SDBusSignature, SDNativeController
 from ringkv.hw.sdspi import SDSPIController, SPISignature
 from ringkv.hw.token_memory import TokenMemory

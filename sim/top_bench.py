@@ -29,6 +29,7 @@ from amaranth.sim import Simulator
 from ringkv.defs.protocol import Status
 from ringkv.host.protocol import Decoder, Frame, encode_request
 
+from . import cycle_signature
 from .sector_model import SectorImage, serve_storage
 from .streams import tick_until
 
@@ -135,6 +136,7 @@ def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=
     sim.add_testbench(storage, background=True)
     sim.add_testbench(link.tx_process, background=True)
     sim.add_testbench(body)
+    cycle_signature.tap(sim, top, relative=False)
     if vcd:
         with sim.write_vcd(vcd):
             sim.run()
@@ -236,6 +238,7 @@ class SimPort:
         sim.add_testbench(storage, background=True)
         sim.add_testbench(tx, background=True)
         sim.add_testbench(rx)
+        cycle_signature.tap(sim, top, relative=True)
         try:
             sim.run()
         except BaseException as e:      # surfaced to the host thread by _check()

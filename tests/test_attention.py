@@ -34,14 +34,14 @@ def attend(rng, layer, kvh, C, G, d, numerics=FX1):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(layers=0), "layers must be an integer in 1..256, not 0"),
+    (dict(layers=0), "layers must be between 1 and 256, not 0"),
     (dict(q_heads=3, kv_heads=2), "q_heads (3) must be a multiple of kv_heads (2)"),
-    (dict(kv_heads=True), "kv_heads must be an integer in 1..256, not True"),
+    (dict(kv_heads=257), "kv_heads must be between 1 and 256, not 257"),
     (dict(head_dim=48), "head_dim must be a positive power of two, not 48"),
     (dict(window=100), "window must be a positive power of two, not 100"),
-    (dict(window=4, lanes=8), "lanes must be a power of two no larger than window (4), not 8"),
-    (dict(lanes=3), "lanes must be a power of two no larger than window (128), not 3"),
-    (dict(head_dim=8, macs=16), "macs must be a power of two no larger than head_dim (8), not 16"),
+    (dict(window=4, lanes=8), "lanes must be a power of two between 1 and 4, not 8"),
+    (dict(lanes=3), "lanes must be a power of two between 1 and 128, not 3"),
+    (dict(head_dim=8, macs=16), "macs must be a power of two between 1 and 8, not 16"),
     (dict(scale=-1.0), "scale must be a positive number or None, not -1.0"),
     (dict(scale=1e-9), "scale 1e-09 gives a score constant 0 outside 1..2**17-1"),
     (dict(numerics="ringkv-fx9"),
@@ -61,6 +61,17 @@ def test_parameter_errors(kwargs, message):
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(kv_heads=True), "kv_heads must be an integer, not True"),
+    (dict(window=128.0), "window must be an integer, not 128.0"),
+    (dict(macs="8"), "macs must be an integer, not '8'"),
+])
+def test_parameter_type_errors(kwargs, message):
+    with pytest.raises(TypeError) as info:
+        AttentionCore(**kwargs)
+    assert str(info.value) == message
+
+
 def test_properties_and_ideal():
     core = AttentionCore()
     core._MustUse__silence = True       # inspected, never elaborated
@@ -73,7 +84,8 @@ def test_properties_and_ideal():
     wide = AttentionCore(numerics="ringkv-fx2")
     wide._MustUse__silence = True
     assert wide.numerics.elem_bits == 16 and len(wide.i.payload.as_value()) == 8 * 16
-    assert len(wide.o.payload.as_value()) == 8 * 16 and len(wide.ring_rdata) == 8
+    assert len(wide.o.payload.as_value()) == 8 * 16 and len(wide.ring.ring_rdata) == 8
+    assert wide.signature.members["ring"].signature.ring_bytes == 4 * 2 * 2 * 128 * 64 * 2
 
 
 def test_decode_wraps_many_times():
@@ -295,17 +307,17 @@ def test_ring_port_read_with_write_returns_zero():
     got = []
 
     async def bench(ctx):
-        ctx.set(core.ring_addr, 5)
-        ctx.set(core.ring_wdata, 0x5A)
-        ctx.set(core.ring_we, 1)
-        ctx.set(core.ring_re, 1)
+        ctx.set(core.ring.ring_addr, 5)
+        ctx.set(core.ring.ring_wdata, 0x5A)
+        ctx.set(core.ring.ring_we, 1)
+        ctx.set(core.ring.ring_re, 1)
         await ctx.tick()
-        ctx.set(core.ring_we, 0)
+        ctx.set(core.ring.ring_we, 0)
         await ctx.tick()
-        ctx.set(core.ring_re, 0)
-        got.append(ctx.get(core.ring_rdata))    # the colliding read, two clocks later
+        ctx.set(core.ring.ring_re, 0)
+        got.append(ctx.get(core.ring.ring_rdata))    # the colliding read, two clocks later
         await ctx.tick()
-        got.append(ctx.get(core.ring_rdata))    # the read without a write
+        got.append(ctx.get(core.ring.ring_rdata))    # the read without a write
 
     sim = Simulator(core)
     sim.add_clock(1e-8)

@@ -10,8 +10,8 @@ from amaranth.lib import crc
 from amaranth.lib import enum as hdl_enum
 from amaranth.lib.crc import catalog
 
+from ringkv.defs import checks, protocol, record
 from ringkv.defs import directory as dir_defs
-from ringkv.defs import protocol, record
 from ringkv.defs.crc import CrcSpec
 from ringkv.hw import directory as hw_directory
 from ringkv.hw import dma as hw_dma
@@ -100,3 +100,38 @@ def test_sequence_numbers_follow_serial_arithmetic():
         seqs = [(start + a) % record.SEQ_MOD for a in arc]
         rng.shuffle(seqs)
         assert record.seq_newest(seqs) == (start + arc[-1]) % record.SEQ_MOD
+
+
+@pytest.mark.parametrize("call, exc, message", [
+    (lambda: checks.check_int("n", 1.0), TypeError, "n must be an integer, not 1.0"),
+    (lambda: checks.check_int("n", True, low=0), TypeError, "n must be an integer, not True"),
+    (lambda: checks.check_int("n", 0, low=1), ValueError, "n must be a positive integer, not 0"),
+    (lambda: checks.check_int("n", -1, low=0), ValueError,
+     "n must be a non-negative integer, not -1"),
+    (lambda: checks.check_int("n", 1, low=2), ValueError, "n must be at least 2, not 1"),
+    (lambda: checks.check_int("n", 33, high=32), ValueError, "n must be at most 32, not 33"),
+    (lambda: checks.check_int("Width", 0, low=1, high=8, unit=" bits"), ValueError,
+     "Width must be between 1 and 8 bits, not 0"),
+    (lambda: checks.check_pow2("n", "4"), TypeError, "n must be an integer, not '4'"),
+    (lambda: checks.check_pow2("n", 6), ValueError, "n must be a positive power of two, not 6"),
+    (lambda: checks.check_pow2("n", 0), ValueError, "n must be a positive power of two, not 0"),
+    (lambda: checks.check_pow2("n", 2, low=4), ValueError,
+     "n must be a power of two of at least 4, not 2"),
+    (lambda: checks.check_pow2("n", 64, low=2, high=32), ValueError,
+     "n must be a power of two between 2 and 32, not 64"),
+    (lambda: checks.check_type("config", 3, dict), TypeError, "config must be a dict, not 3"),
+    (lambda: checks.log2_exact(12), ValueError, "12 is not a power of two"),
+])
+def test_parameter_checks_one_rule(call, exc, message):
+    """Wrong type: TypeError; right type, bad value: ValueError; the message names both."""
+    with pytest.raises(exc) as info:
+        call()
+    assert str(info.value) == message
+
+
+def test_parameter_checks_pass_values_through():
+    assert checks.check_int("n", 5, low=1, high=5) == 5
+    assert checks.check_pow2("n", 1) == 1 and checks.check_pow2("n", 32, low=2, high=32) == 32
+    assert checks.check_type("d", {}, dict) == {}
+    assert [checks.log2_exact(1 << k) for k in range(6)] == list(range(6))
+    assert not checks.is_int(True) and checks.is_int(0) and not checks.is_pow2(True)

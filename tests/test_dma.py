@@ -18,7 +18,8 @@ from ringkv.host.record import (
     rings_from_image,
     scan_image,
 )
-from ringkv.hw.dma import DmaEngine, DmaOp, RingPortSignature
+from ringkv.hw.dma import DmaEngine, DmaOp
+from ringkv.hw.ring_port import RingPortSignature
 from ringkv.hw.storage import StorageOp
 from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sector_model import PowerCut, SectorImage, serve_storage
@@ -145,17 +146,19 @@ def valid_slots(config, count, head):
 def test_parameter_errors():
     with pytest.raises(TypeError, match=r"^config must be a RingKVConfig, not 3$"):
         DmaEngine(3, 4)
-    with pytest.raises(TypeError, match=r"^regions must be a positive integer, not 0$"):
+    with pytest.raises(ValueError, match=r"^regions must be between 1 and 65535, not 0$"):
         DmaEngine(SMALL, 0)
-    with pytest.raises(TypeError, match=r"^base_lba must be a non-negative integer, not -1$"):
+    with pytest.raises(TypeError, match=r"^regions must be an integer, not 2\.0$"):
+        DmaEngine(SMALL, 2.0)
+    with pytest.raises(ValueError, match=r"^base_lba must be a non-negative integer, not -1$"):
         DmaEngine(SMALL, 2, base_lba=-1)
-    with pytest.raises(ValueError, match=r"^window must be a power of two, not 12$"):
+    with pytest.raises(ValueError, match=r"^window must be a positive power of two, not 12$"):
         DmaEngine(RingKVConfig(window=12), 2)
-    with pytest.raises(ValueError, match=r"^head_dim must be a power of two, not 48$"):
+    with pytest.raises(ValueError, match=r"^head_dim must be a positive power of two, not 48$"):
         DmaEngine(RingKVConfig(head_dim=48), 2)
     with pytest.raises(ValueError, match=r"^token_width must be at most 32, not 40$"):
         DmaEngine(RingKVConfig(token_width=40), 2)
-    with pytest.raises(ValueError, match=r"^regions must be less than 65536, not 70000$"):
+    with pytest.raises(ValueError, match=r"^regions must be between 1 and 65535, not 70000$"):
         DmaEngine(TINY, 70000)
     sig = RingPortSignature.for_config(DEFAULT_CONFIG)
     assert sig == DmaEngine(DEFAULT_CONFIG, 4).signature.members["ring"].signature
@@ -434,7 +437,6 @@ def test_with_attention_core(config):
     from amaranth.lib import wiring
 
     from ringkv.hw.attention import AttentionCore
-    from ringkv.hw.dma import connect_ring
     from ringkv.hw.token_memory import TokenMemory
 
     rng = random.Random(50)
@@ -464,7 +466,7 @@ def test_with_attention_core(config):
             wiring.connect(m, wiring.flipped(self.resp), self.dma.resp)
             wiring.connect(m, wiring.flipped(self.storage), self.dma.storage)
             wiring.connect(m, self.dma.tokens, self.tmem.read_port(0))
-            connect_ring(m, self.dma.ring, self.core)
+            wiring.connect(m, self.dma.ring, self.core.ring)
             m.d.comb += [self.tmem.append.valid.eq(self.tok.valid),
                          self.tmem.append.payload.eq(self.tok.payload)]
             return m
@@ -484,7 +486,7 @@ def test_with_attention_core(config):
             await ctx.tick()
         ctx.set(top.tok.valid, 0)
         out["imp"] = await dma_op(ctx, top, DmaOp.IMPORT, 0, count=count, hash=0x77)
-        out["meta"] = [(ctx.get(top.core.meta_count), ctx.get(top.core.meta_head))]
+        out["meta"] = [(ctx.get(top.core.ring.meta_count), ctx.get(top.core.ring.meta_head))]
         out["exp"] = await dma_op(ctx, top, DmaOp.EXPORT, 1, hash=0x77, seq=2)
         if config is SMALLC:    # region 0 now holds an fx1 record of the same shape
             write_golden(config, image, 0, random.Random(51), 21, hash=0x78, seq=3,

@@ -102,11 +102,15 @@ def check(items, **kw):
 
 
 def test_parameter_errors():
-    with pytest.raises(TypeError, match=r"^Maximum payload must be a positive integer, not 0$"):
+    with pytest.raises(ValueError, match=r"^Maximum payload must be between 1 and 65535, "
+                                         r"not 0$"):
         FrameDecoder(max_payload=0)
-    with pytest.raises(ValueError, match=r"^Maximum payload must be at most 65535, not 65536$"):
+    with pytest.raises(ValueError, match=r"^Maximum payload must be between 1 and 65535, "
+                                         r"not 65536$"):
         FrameDecoder(max_payload=65536)
-    with pytest.raises(TypeError, match=r"^Timeout must be a positive integer, not 2\.0$"):
+    with pytest.raises(ValueError, match=r"^Timeout must be a positive integer, not 0$"):
+        FrameDecoder(timeout=0)
+    with pytest.raises(TypeError, match=r"^Timeout must be an integer, not 2\.0$"):
         FrameDecoder(timeout=2.0)
     d = FrameDecoder(max_payload=100, timeout=7)
     Fragment.get(d, None)  # elaborates

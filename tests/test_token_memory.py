@@ -9,13 +9,13 @@ from ringkv.hw.token_memory import TokenMemory, TokenReadSignature
 
 
 def test_parameter_errors():
-    with pytest.raises(TypeError, match=r"^max_tokens must be a positive integer, not 0$"):
+    with pytest.raises(ValueError, match=r"^max_tokens must be a positive integer, not 0$"):
         TokenMemory(0, 16)
-    with pytest.raises(TypeError, match=r"^token_width must be a positive integer, not 'x'$"):
+    with pytest.raises(TypeError, match=r"^token_width must be an integer, not 'x'$"):
         TokenMemory(8, "x")
-    with pytest.raises(TypeError, match=r"^read_ports must be a positive integer, not True$"):
+    with pytest.raises(TypeError, match=r"^read_ports must be an integer, not True$"):
         TokenMemory(8, 16, True)
-    with pytest.raises(ValueError, match=r"^token_width must be at most 32, not 33$"):
+    with pytest.raises(ValueError, match=r"^token_width must be between 1 and 32, not 33$"):
         TokenMemory(8, 33)
     assert TokenReadSignature(8, 16) == TokenReadSignature(8, 16) != TokenReadSignature(8, 15)
 

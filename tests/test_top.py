@@ -1,6 +1,8 @@
 """RingKVTop in the Amaranth simulator: every op through byte frames, against golden models."""
 
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,6 +34,7 @@ from ringkv.host.ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from ringkv.host.protocol import encode_request
 from ringkv.host.record import rings_from_image
 from ringkv.hw.top import RingKVTop
+from ringkv.sim import cycle_signature
 from ringkv.sim.top_bench import image_for, run_top
 
 CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
@@ -39,6 +42,25 @@ CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_to
 CFG2 = RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx2"})
 REGIONS = 4
 LANES, MACS = 2, 4
+CYCLES = Path(__file__).parent / "data" / "top_cycles"
+
+
+@pytest.fixture(autouse=True)
+def same_cycles(request):
+    """Every scenario's response bytes leave at the clocks recorded in ``data/top_cycles``
+    (``ringkv.sim.cycle_signature``; ``RINGKV_UPDATE_CYCLES=1`` rewrites them)."""
+    with cycle_signature.recording() as rec:
+        yield
+    if not rec.runs:
+        return
+    path = CYCLES / f"{request.node.name}.json"
+    if os.environ.get("RINGKV_UPDATE_CYCLES") == "1":
+        cycle_signature.save(path, rec.runs)
+        return
+    want = cycle_signature.load(path)
+    assert want is not None, f"no cycle signature {path.name}: run with RINGKV_UPDATE_CYCLES=1"
+    diff = cycle_signature.compare(want, rec.runs)
+    assert diff is None, f"response timing changed: {diff}"
 
 
 def make_top(config=CFG, **kw):
@@ -101,7 +123,7 @@ def test_parameter_checks():
     with pytest.raises(ValueError, match=r"^links must be a power of two between 2 and 32768, "
                                          r"not 5$"):
         RingKVTop(CFG, links=5)
-    with pytest.raises(ValueError, match=r"^max_payload must be an integer in 1\.\.65535, "
+    with pytest.raises(ValueError, match=r"^max_payload must be between 1 and 65535, "
                                          r"not 0$"):
         RingKVTop(CFG, max_payload=0)
     with pytest.raises(ValueError, match=r"^max_payload must be at least 68 bytes \(one "
@@ -116,9 +138,11 @@ def test_parameter_checks():
         RingKVTop(RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx7"}))
     with pytest.raises(TypeError, match=r"^storage_kind must be a StorageKind, not 2$"):
         RingKVTop(CFG, storage_kind=2)
-    with pytest.raises(ValueError, match=r"^sd_clock_hz must be an integer in 0\.\.2\*\*32-1, "
+    with pytest.raises(ValueError, match=r"^sd_clock_hz must be between 0 and 4294967295, "
                                          r"not -1$"):
         RingKVTop(CFG, sd_clock_hz=-1)
+    with pytest.raises(TypeError, match=r"^regions must be an integer, not 4\.0$"):
+        RingKVTop(CFG, regions=4.0)
 
 
 def test_storage_info():

@@ -28,7 +28,7 @@ def test_parameter_errors():
         UARTTransmitter(Fraction(7, 2))
     with pytest.raises(ValueError, match=r"^Divisor denominator must be at most 65536"):
         UARTReceiver(Fraction(10**9 + 7, 10**6 + 3))
-    with pytest.raises(TypeError, match=r"^FIFO depth must be a positive integer, not 0$"):
+    with pytest.raises(ValueError, match=r"^FIFO depth must be a positive integer, not 0$"):
         UARTReceiver(8, fifo_depth=0)
     assert UART(ULX3S).divisor == ULX3S
     assert UARTReceiver(5, fifo_depth=3).fifo_depth == 3

@@ -11,6 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
+from .checks import check_int
 from .numerics import NUMERICS_TABLE, layer_score_consts
 
 __all__ = ["RingKVConfig", "DEFAULT_CONFIG", "DEMO_CONFIG", "TRAINED_FRACS", "TRAINED_CONFIG",
@@ -43,8 +44,7 @@ class RingKVConfig:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type is int or f.type == "int":
-                if not isinstance(value, int) or value <= 0:
-                    raise ValueError(f"{f.name} must be a positive integer, not {value!r}")
+                check_int(f.name, value, low=1)
         if self.q_heads % self.kv_heads:
             raise ValueError(f"q_heads ({self.q_heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads})")

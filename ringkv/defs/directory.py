@@ -8,6 +8,8 @@ model :class:`ringkv.host.golden_directory.GoldenDirectory` depends on these, no
 
 import enum
 
+from .checks import check_int, check_pow2
+
 __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "LINK_FIELD_WIDTH", "REGION_FIELD_WIDTH",
            "PROBES_FIELD_WIDTH", "NIL", "command_fields", "response_fields", "probe_fields",
            "check_directory_params"]
@@ -95,37 +97,16 @@ def probe_fields(count_width=24, hash_width=64) -> dict:
     return {"hash": hash_width, "count": count_width, "last": 1}
 
 
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_pow2(what, value, low, high):
-    if not _is_int(value):
-        raise TypeError(f"{what} must be an integer, not {value!r}")
-    if not (low <= value <= high and value & (value - 1) == 0):
-        raise ValueError(f"{what} must be a power of two between {low} and {high}, not {value!r}")
-
-
-def _check_width(what, value, low, high):
-    if not _is_int(value):
-        raise TypeError(f"{what} must be an integer, not {value!r}")
-    if not low <= value <= high:
-        raise ValueError(f"{what} must be between {low} and {high} bits, not {value!r}")
-
-
 def check_directory_params(buckets, links, regions, count_width, hash_width, stamp_width,
                            b_threshold):
     """Check the parameters shared by the RTL and the golden model; return ``b_threshold``."""
-    _check_pow2("Bucket count", buckets, 2, 1 << 16)
-    _check_pow2("Link count", links, 2, 1 << (LINK_FIELD_WIDTH - 1))
-    _check_pow2("Region count", regions, 2, 1 << REGION_FIELD_WIDTH)
-    _check_width("Count width", count_width, 1, 32)
-    _check_width("Hash width", hash_width, buckets.bit_length() - 1, 128)
-    _check_width("Stamp width", stamp_width, 1, 32)
+    check_pow2("Bucket count", buckets, low=2, high=1 << 16)
+    check_pow2("Link count", links, low=2, high=1 << (LINK_FIELD_WIDTH - 1))
+    check_pow2("Region count", regions, low=2, high=1 << REGION_FIELD_WIDTH)
+    check_int("Count width", count_width, low=1, high=32, unit=" bits")
+    check_int("Hash width", hash_width, low=buckets.bit_length() - 1, high=128, unit=" bits")
+    check_int("Stamp width", stamp_width, low=1, high=32, unit=" bits")
     if b_threshold is None:
         b_threshold = max(1, regions // 2)
-    if not _is_int(b_threshold):
-        raise TypeError(f"FIFO B threshold must be an integer, not {b_threshold!r}")
-    if not 1 <= b_threshold <= regions:
-        raise ValueError(f"FIFO B threshold must be between 1 and {regions}, not {b_threshold!r}")
+    check_int("FIFO B threshold", b_threshold, low=1, high=regions)
     return b_threshold

@@ -8,6 +8,7 @@ and an optional tenant salt so that prefix hashes of different configurations ne
 
 import hashlib
 
+from .checks import check_int
 from .config import DEFAULT_CONFIG, RingKVConfig
 
 __all__ = ["ROUND_CONSTANTS", "HASH_WIDTH", "HASH_ROUNDS", "check_params", "hash_seed"]
@@ -23,19 +24,11 @@ HASH_ROUNDS = 2
 
 def check_params(token_width, hash_width, rounds):
     """Validate hash parameters; raise ``TypeError``/``ValueError`` with a clear message."""
-    if not isinstance(hash_width, int) or isinstance(hash_width, bool):
-        raise TypeError(f"Hash width must be an integer, not {hash_width!r}")
+    check_int("Hash width", hash_width)
     if hash_width not in (64, 96, 128):
         raise ValueError(f"Hash width must be 64, 96 or 128 bits, not {hash_width!r}")
-    if not isinstance(token_width, int) or isinstance(token_width, bool):
-        raise TypeError(f"Token width must be an integer, not {token_width!r}")
-    if not 1 <= token_width <= hash_width // 2:
-        raise ValueError(f"Token width must be between 1 and {hash_width // 2} bits, "
-                         f"not {token_width!r}")
-    if not isinstance(rounds, int) or isinstance(rounds, bool):
-        raise TypeError(f"Rounds must be an integer, not {rounds!r}")
-    if not 1 <= rounds <= len(ROUND_CONSTANTS):
-        raise ValueError(f"Rounds must be between 1 and {len(ROUND_CONSTANTS)}, not {rounds!r}")
+    check_int("Token width", token_width, low=1, high=hash_width // 2, unit=" bits")
+    check_int("Rounds", rounds, low=1, high=len(ROUND_CONSTANTS))
 
 
 def hash_seed(config: RingKVConfig = DEFAULT_CONFIG, salt: bytes = b"",

@@ -29,7 +29,8 @@ __all__ = [
     "CONFIG_FIELDS", "CONST_RANGES", "RecordKind", "RecordStatus", "RECORD_STATUS_BITS",
     "RECORD_CRC",
     "SEQ_BITS", "SEQ_MOD", "seq_newer", "seq_next", "seq_newest", "elem_bytes", "token_bytes",
-    "kv_bytes_of", "ring_elements", "RecordLayout", "put_field", "header_template",
+    "kv_bytes_of", "ring_elements", "ring_space", "ring_bytes", "RecordLayout", "put_field",
+    "header_template",
 ]
 
 SECTOR = 512
@@ -174,9 +175,24 @@ def kv_bytes_of(config: RingKVConfig, count: int) -> int:
             * elem_bytes(config))
 
 
+def ring_space(layers: int, kv_heads: int, window: int, head_dim: int,
+               elem_bytes: int = 1) -> int:
+    """Bytes behind the attention core's byte-addressed ring port (its address space):
+    ``layers * kv_heads`` rings, each a K and a V ring of ``window`` slots of ``head_dim``
+    elements of ``elem_bytes`` bytes. With ``elem_bytes = 1``: the number of elements."""
+    return layers * kv_heads * 2 * window * head_dim * elem_bytes
+
+
 def ring_elements(config: RingKVConfig) -> int:
     """K/V elements in all rings: ``layers * kv_heads * 2 * window * head_dim``."""
-    return config.layers * config.kv_heads * 2 * config.window * config.head_dim
+    return ring_space(config.layers, config.kv_heads, config.window, config.head_dim)
+
+
+def ring_bytes(config: RingKVConfig) -> int:
+    """Bytes of all rings (:func:`ring_elements` times :func:`elem_bytes`): the ring port's
+    address space."""
+    return ring_space(config.layers, config.kv_heads, config.window, config.head_dim,
+                      elem_bytes(config))
 
 
 @dataclass(frozen=True)

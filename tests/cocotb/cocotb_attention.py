@@ -69,31 +69,31 @@ async def run(dut, p, ops, rng, idle, stall):
                 break
         await RisingEdge(dut.clk)
         if op[0] in ("ring_write", "ring_read"):
-            dut.ring_addr.value = op[1]
+            dut.ring__ring_addr.value = op[1]
             if op[0] == "ring_write":
-                dut.ring_wdata.value = op[2]
-                dut.ring_we.value = 1
+                dut.ring__ring_wdata.value = op[2]
+                dut.ring__ring_we.value = 1
             else:
-                dut.ring_re.value = 1
+                dut.ring__ring_re.value = 1
             await RisingEdge(dut.clk)
-            dut.ring_we.value = 0
-            dut.ring_re.value = 0
+            dut.ring__ring_we.value = 0
+            dut.ring__ring_re.value = 0
             if op[0] == "ring_read":
                 await RisingEdge(dut.clk)       # ring data: two clocks after ring_re
                 await ReadOnly()
-                res["reads"].append(int(dut.ring_rdata.value))
+                res["reads"].append(int(dut.ring__ring_rdata.value))
                 await RisingEdge(dut.clk)
         elif op[0] == "meta_write":
-            dut.meta_ring.value = op[1]
-            dut.meta_wcount.value = op[2]
-            dut.meta_whead.value = op[3]
-            dut.meta_we.value = 1
+            dut.ring__meta_ring.value = op[1]
+            dut.ring__meta_wcount.value = op[2]
+            dut.ring__meta_whead.value = op[3]
+            dut.ring__meta_we.value = 1
             await RisingEdge(dut.clk)
-            dut.meta_we.value = 0
+            dut.ring__meta_we.value = 0
         else:
-            dut.meta_ring.value = op[1]
+            dut.ring__meta_ring.value = op[1]
             await Timer(1, unit="ns")
-            res["reads"].append((int(dut.meta_count.value), int(dut.meta_head.value)))
+            res["reads"].append((int(dut.ring__meta_count.value), int(dut.ring__meta_head.value)))
     for task in tasks:
         await task
     flat = np.array(words, dtype=np.int64).reshape(-1)
@@ -114,7 +114,7 @@ async def random_scripts(dut):
     Clock(dut.clk, 10, unit="ns").start()
     for name in ("ring_we", "ring_re", "meta_we", "ring_addr", "ring_wdata", "meta_ring",
                  "meta_wcount", "meta_whead"):
-        getattr(dut, name).value = 0
+        getattr(dut, f"ring__{name}").value = 0
     dut.rst.value = 1
     for _ in range(3):
         await RisingEdge(dut.clk)
