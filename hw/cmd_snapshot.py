@@ -1,4 +1,4 @@
-"""Dispatcher unit: the snapshot store (QUERY and EXPORT, seed 001).
+"""Dispatcher unit: the snapshot store (QUERY and EXPORT).
 
 A :class:`~ringkv.hw.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`.
 

@@ -1,4 +1,4 @@
-"""Cache directory and region allocator (seed 001): hash -> bucket -> doubly linked links.
+"""Cache directory and region allocator: hash -> bucket -> doubly linked links.
 
 The golden model is :class:`ringkv.host.golden_directory.GoldenDirectory`; the block's document
 is ``docs/blocks/directory.md``.
@@ -101,7 +101,7 @@ class _Table:
 
 
 class CacheDirectory(wiring.Component):
-    """The cache directory of seed 001 with its two-FIFO region allocator.
+    """The snapshot store's cache directory with its two-FIFO region allocator.
 
     A bucket table (``buckets`` heads, indexed by the low ``log2(buckets)`` bits of the hash)
     heads doubly linked lists of links; a link holds valid, token count, full hash, storage

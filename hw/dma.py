@@ -1,6 +1,6 @@
 """The DMA engine: snapshot export (rings + tokens -> storage) and import (storage -> rings).
 
-The record layout is ``host/record.py``'s (SPEC §5, ``docs/blocks/record-format.md``); this
+The record layout is ``host/record.py``'s (``docs/blocks/record-format.md``); this
 engine is bit-exact with its golden ``encode_record`` / ``import_record``.
 
 **Export** (``op = EXPORT``, region ``r``): reads the metadata of every ring (all

@@ -12,7 +12,7 @@ which holds as long as the card's output delay (<= 14 ns) plus the board's round
 below one SD clock period minus the input setup time. The controller stops SD CLK (low) when
 it must wait: ``rdata`` stalled when the next nibble would complete a byte that cannot be
 stored, ``wdata`` late when the next nibble to send is not there yet, and while its own state
-machine acts on a finished response or block (the spec lets the host stop SD CLK at any time in
+machine acts on a finished response or block (the SD spec lets the host stop SD CLK at any time in
 native mode; the card only sees a longer clock cycle). Every timeout counts SD clocks, so a
 stalled initiator never causes one.
 

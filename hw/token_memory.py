@@ -1,4 +1,4 @@
-"""Token memory: the computed tokens of the resident session (seed 001).
+"""Token memory: the computed tokens of the resident session.
 
 ``max_tokens`` x ``token_width`` block RAM with one write port, used by the link (append at the
 running count, or write at an index), and ``read_ports`` synchronous read ports (by default two:

@@ -62,7 +62,7 @@ UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, Attention
 
 
 class RingKVTop(wiring.Component):
-    """The RingKV device: a framed byte link in, every block of SPEC §3 inside.
+    """The RingKV device: a framed byte link in, every block of docs/ARCHITECTURE.md inside.
 
     Parameters
     ----------
