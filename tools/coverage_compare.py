@@ -1,0 +1,125 @@
+"""Lines one coverage run covered that none of the others does: what moving tests lost.
+
+Compares coverage.py data files. ``--before`` is the data of the old suite (its checkout's root
+with ``--before-root``); ``--after`` one or more data files of the new tiers (``make test`` and
+the slow tests of ``make test-all``; checkout root ``--after-root``, default this repository).
+Files are matched by their path inside the checkout (``hw/attention.py``). Where a file's text
+differs between the two checkouts, the old line numbers are carried to the new ones with
+:mod:`difflib`; a covered line whose text was changed or deleted is listed apart (not a loss:
+it is not in the new code).
+
+Prints every line covered before and by no ``--after`` file, grouped by file, with its text,
+and exits 1 when there is one. coverage.py reads the data (``coverage combine`` first when a run
+wrote parallel files); nothing else is needed.
+
+    python tools/coverage_compare.py --before build/coverage-before/.coverage \\
+        --before-root build/baseline-src \\
+        --after build/coverage/test/.coverage build/coverage/slow/.coverage
+"""
+
+import argparse
+import difflib
+import sys
+from pathlib import Path
+
+from coverage import CoverageData
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def covered(data_file: Path, root: Path) -> dict[str, set[int]]:
+    """``{path inside the checkout: covered line numbers}`` of one data file."""
+    data = CoverageData(str(data_file))
+    data.read()
+    out: dict[str, set[int]] = {}
+    root = root.resolve()
+    for name in data.measured_files():
+        path = Path(name).resolve()
+        try:
+            rel = path.relative_to(root).as_posix()
+        except ValueError:
+            continue                    # a file outside the checkout (a tool's, a temporary)
+        lines = data.lines(name) or []
+        if lines:
+            out.setdefault(rel, set()).update(lines)
+    return out
+
+
+def line_map(old: list[str], new: list[str]) -> dict[int, int]:
+    """Old line number -> new line number for the lines the two texts share (1-based)."""
+    out = {}
+    matcher = difflib.SequenceMatcher(a=old, b=new, autojunk=False)
+    for a, b, size in matcher.get_matching_blocks():
+        for i in range(size):
+            out[a + i + 1] = b + i + 1
+    return out
+
+
+def _read(path: Path) -> list[str] | None:
+    try:
+        return path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+
+
+def compare(before, before_root: Path, afters, after_root: Path):
+    """``(lost, changed)``: ``{file: [(line, text)]}`` covered before and by no ``afters``
+    (numbered in the new file), and ``{file: [(old line, old text)]}`` covered before in code
+    that the new checkout changed or deleted."""
+    union: dict[str, set[int]] = {}
+    for data in afters:
+        for rel, lines in data.items():
+            union.setdefault(rel, set()).update(lines)
+    lost: dict[str, list] = {}
+    changed: dict[str, list] = {}
+    for rel, lines in sorted(before.items()):
+        old, new = _read(before_root / rel), _read(after_root / rel)
+        if new is None:
+            changed[rel] = [(n, old[n - 1] if old and n <= len(old) else "")
+                            for n in sorted(lines)]
+            continue
+        mapping = ({n: n for n in lines} if old == new or old is None
+                   else line_map(old, new))
+        got = union.get(rel, set())
+        for n in sorted(lines):
+            m = mapping.get(n)
+            if m is None:
+                changed.setdefault(rel, []).append((n, old[n - 1] if old else ""))
+            elif m not in got:
+                lost.setdefault(rel, []).append((m, new[m - 1]))
+    return lost, changed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="the old suite's data file")
+    parser.add_argument("--before-root", type=Path, default=REPO,
+                        help="the checkout the old suite ran in")
+    parser.add_argument("--after", type=Path, nargs="+", required=True,
+                        help="the new tiers' data files")
+    parser.add_argument("--after-root", type=Path, default=REPO,
+                        help="the checkout the new tiers ran in")
+    args = parser.parse_args(argv)
+    for f in [args.before, *args.after]:
+        if not f.exists():
+            parser.error(f"no coverage data at {f} (run `coverage combine` in its folder?)")
+    before = covered(args.before, args.before_root)
+    afters = [covered(f, args.after_root) for f in args.after]
+    lost, changed = compare(before, args.before_root, afters, args.after_root)
+    n_before = sum(map(len, before.values()))
+    n_after = len(set().union(*({(f, n) for f, ls in a.items() for n in ls} for a in afters)))
+    print(f"covered before: {n_before} lines in {len(before)} files; after (union of "
+          f"{len(afters)}): {n_after} lines")
+    for rel, rows in changed.items():
+        print(f"\n{rel}: {len(rows)} line(s) covered before in code changed or deleted since")
+    n_lost = sum(map(len, lost.values()))
+    print(f"\nlines covered before and by none of the tiers now: {n_lost}")
+    for rel, rows in lost.items():
+        print(f"\n{rel}")
+        for n, text in rows:
+            print(f"  {n:5d}  {text}")
+    return 1 if n_lost else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
