@@ -9,12 +9,18 @@ import pytest
 
 from bench.run import groups, load, run_group
 
+#: groups whose smallest configuration still builds a whole top (Verilator at the default
+#: shape, a bitstream, the gate-level board, yosys on the board top): ``make test-all``
+HEAVY = {"board", "board_bram", "model", "system"}
+
 
 def test_groups_found():
-    assert {"attention", "directory", "hash", "link", "storage"} <= set(groups())
+    assert {"attention", "directory", "hash", "link", "storage", "system_prefix"} | HEAVY \
+        <= set(groups())
 
 
-@pytest.mark.parametrize("group", groups())
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.slow) if g in HEAVY else g
+                                   for g in groups()])
 def test_bench_group_smoke(group):
     results = run_group(group, smoke=True)
     assert results, f"bench group {group} returned no results"
