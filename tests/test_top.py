@@ -4,6 +4,7 @@ import random
 
 import numpy as np
 import pytest
+from top_helpers import CFG, CFG2, LANES, REGIONS, make_top, req
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
@@ -11,7 +12,6 @@ from ringkv.defs.protocol import (
     DIR_RESPONSE,
     FLAG_EXISTING,
     NO_RECORD,
-    REQUESTS,
     RESPONSES,
     RING_CLEAR_ALL,
     RING_ELEMENTS,
@@ -33,21 +33,6 @@ from ringkv.host.protocol import encode_request
 from ringkv.host.record import rings_from_image
 from ringkv.hw.top import RingKVTop
 from ringkv.sim.top_bench import image_for, run_top
-
-CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
-#: the same device with numerics ringkv-fx2 (int16 q/k/v: two bytes per element)
-CFG2 = RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx2"})
-REGIONS = 4
-LANES, MACS = 2, 4
-
-
-def make_top(config=CFG, **kw):
-    kw = {"regions": REGIONS, "lanes": LANES, "macs": MACS, "max_payload": 1024, **kw}
-    return RingKVTop(config, **kw)
-
-
-def req(op, **fields):
-    return REQUESTS[op].pack(**fields)
 
 
 def rand_qkv(rng, count, config=CFG):
