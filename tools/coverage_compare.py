@@ -2,7 +2,8 @@
 
 Compares coverage.py data files. ``--before`` is the data of the old suite (its checkout's root
 with ``--before-root``); ``--after`` one or more data files of the new tiers (``make test`` and
-the slow tests of ``make test-all``; checkout root ``--after-root``, default this repository).
+the slow tests of ``make test-all``; checkout root ``--after-root``, default this repository,
+or ``DATA@ROOT`` for a run in another checkout of the same tree).
 Files are matched by their path inside the checkout (``hw/attention.py``). Where a file's text
 differs between the two checkouts, the old line numbers are carried to the new ones with
 :mod:`difflib`; a covered line whose text was changed or deleted is listed apart (not a loss:
@@ -95,16 +96,19 @@ def main(argv=None) -> int:
     parser.add_argument("--before", type=Path, required=True, help="the old suite's data file")
     parser.add_argument("--before-root", type=Path, default=REPO,
                         help="the checkout the old suite ran in")
-    parser.add_argument("--after", type=Path, nargs="+", required=True,
-                        help="the new tiers' data files")
+    parser.add_argument("--after", nargs="+", required=True,
+                        help="the new tiers' data files; DATA@ROOT for one that ran in "
+                             "another checkout of the same tree than --after-root")
     parser.add_argument("--after-root", type=Path, default=REPO,
                         help="the checkout the new tiers ran in")
     args = parser.parse_args(argv)
-    for f in [args.before, *args.after]:
+    after = [(Path(a), Path(r)) if r else (Path(a), args.after_root)
+             for a, _, r in (x.partition("@") for x in args.after)]
+    for f in [args.before, *(a for a, _ in after)]:
         if not f.exists():
             parser.error(f"no coverage data at {f} (run `coverage combine` in its folder?)")
     before = covered(args.before, args.before_root)
-    afters = [covered(f, args.after_root) for f in args.after]
+    afters = [covered(f, root) for f, root in after]
     lost, changed = compare(before, args.before_root, afters, args.after_root)
     n_before = sum(map(len, before.values()))
     n_after = len(set().union(*({(f, n) for f, ls in a.items() for n in ls} for a in afters)))
