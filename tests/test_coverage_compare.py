@@ -35,9 +35,18 @@ def test_lost_moved_and_changed_lines(tmp_path):
     assert code == 1
     lost, changed = coverage_compare.compare(
         coverage_compare.covered(before, old), old,
-        [coverage_compare.covered(f, new) for f in (fast, slow)], new)
-    assert lost == {"hw/a.py": [(3, "b = 2")]}
+        [(coverage_compare.covered(f, new), new) for f in (fast, slow)])
+    assert lost == {"hw/a.py": [(2, "b = 2")]}
     assert changed == {"hw/a.py": [(3, "c = 3")], "hw/gone.py": [(1, "z = 1")]}
+    # a run in another checkout (here: the old one) is matched in its own version of the file
+    other = _data(tmp_path / "other", old, {"hw/a.py": [2, 3], "hw/gone.py": [1]})
+    assert coverage_compare.compare(
+        coverage_compare.covered(before, old), old,
+        [(coverage_compare.covered(fast, new), new), (coverage_compare.covered(other, old), old)]
+    ) == ({"hw/a.py": [(4, "d = 4")]}, {})
+    assert coverage_compare.main(["--before", str(before), "--before-root", str(old),
+                                  "--after", str(slow), f"{other}@{old}", str(fast),
+                                  "--after-root", str(new)]) == 0
     both = _data(tmp_path / "both", new, {"hw/a.py": [2, 3, 5]})
     assert coverage_compare.main(["--before", str(before), "--before-root", str(old),
                                   "--after", str(both), "--after-root", str(new)]) == 0

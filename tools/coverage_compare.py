@@ -9,9 +9,9 @@ differs between the two checkouts, the old line numbers are carried to the new o
 :mod:`difflib`; a covered line whose text was changed or deleted is listed apart (not a loss:
 it is not in the new code).
 
-Prints every line covered before and by no ``--after`` file, grouped by file, with its text,
-and exits 1 when there is one. coverage.py reads the data (``coverage combine`` first when a run
-wrote parallel files); nothing else is needed.
+Prints every line covered before and by no ``--after`` file, grouped by file, with its old
+line number and text, and exits 1 when there is one. coverage.py reads the data (``coverage
+combine`` first when a run wrote parallel files); nothing else is needed.
 
     python tools/coverage_compare.py --before build/coverage-before/.coverage \\
         --before-root build/baseline-src \\
@@ -63,31 +63,35 @@ def _read(path: Path) -> list[str] | None:
         return None
 
 
-def compare(before, before_root: Path, afters, after_root: Path):
-    """``(lost, changed)``: ``{file: [(line, text)]}`` covered before and by no ``afters``
-    (numbered in the new file), and ``{file: [(old line, old text)]}`` covered before in code
-    that the new checkout changed or deleted."""
-    union: dict[str, set[int]] = {}
-    for data in afters:
-        for rel, lines in data.items():
-            union.setdefault(rel, set()).update(lines)
+def compare(before, before_root: Path, afters):
+    """``(lost, changed)`` for ``before`` (:func:`covered` of the old run in ``before_root``)
+    against ``afters``, a list of ``(covered, root)`` of the new runs: ``{file: [(old line,
+    text)]}`` covered before and by no new run, and ``{file: [(old line, text)]}`` covered
+    before in code that no new run's checkout still has (changed or deleted). Each new run's
+    lines are matched in its own checkout's version of the file."""
     lost: dict[str, list] = {}
     changed: dict[str, list] = {}
     for rel, lines in sorted(before.items()):
-        old, new = _read(before_root / rel), _read(after_root / rel)
-        if new is None:
-            changed[rel] = [(n, old[n - 1] if old and n <= len(old) else "")
-                            for n in sorted(lines)]
-            continue
-        mapping = ({n: n for n in lines} if old == new or old is None
-                   else line_map(old, new))
-        got = union.get(rel, set())
+        old = _read(before_root / rel)
+        present, hit = set(), set()
+        for data, root in afters:
+            new = _read(root / rel)
+            if new is None:
+                continue
+            mapping = {n: n for n in lines} if old is None or old == new else line_map(old, new)
+            got = data.get(rel, set())
+            for n in lines:
+                m = mapping.get(n)
+                if m is not None:
+                    present.add(n)
+                    if m in got:
+                        hit.add(n)
         for n in sorted(lines):
-            m = mapping.get(n)
-            if m is None:
-                changed.setdefault(rel, []).append((n, old[n - 1] if old else ""))
-            elif m not in got:
-                lost.setdefault(rel, []).append((m, new[m - 1]))
+            text = old[n - 1] if old and n <= len(old) else ""
+            if n not in present:
+                changed.setdefault(rel, []).append((n, text))
+            elif n not in hit:
+                lost.setdefault(rel, []).append((n, text))
     return lost, changed
 
 
@@ -108,12 +112,12 @@ def main(argv=None) -> int:
         if not f.exists():
             parser.error(f"no coverage data at {f} (run `coverage combine` in its folder?)")
     before = covered(args.before, args.before_root)
-    afters = [covered(f, root) for f, root in after]
-    lost, changed = compare(before, args.before_root, afters, args.after_root)
+    afters = [(covered(f, root), root) for f, root in after]
+    lost, changed = compare(before, args.before_root, afters)
     n_before = sum(map(len, before.values()))
-    n_after = len(set().union(*({(f, n) for f, ls in a.items() for n in ls} for a in afters)))
-    print(f"covered before: {n_before} lines in {len(before)} files; after (union of "
-          f"{len(afters)}): {n_after} lines")
+    n_after = sum(len(ls) for a, _ in afters for ls in a.values())
+    print(f"covered before: {n_before} lines in {len(before)} files; after: {n_after} "
+          f"lines in {len(afters)} runs (a line covered by several runs counts in each)")
     for rel, rows in changed.items():
         print(f"\n{rel}: {len(rows)} line(s) covered before in code changed or deleted since")
     n_lost = sum(map(len, lost.values()))
