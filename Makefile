@@ -6,8 +6,8 @@ STAMP  := $(VENV)/.ringkv-installed
 BOARD  ?= ulx3s-85f
 JOBS   ?= 2
 
-.PHONY: all demo demo-board gatesim test test-all formal bench bitstream lint clean distclean \
-	venv train
+.PHONY: all demo demo-board gatesim test test-all test-slow formal bench bitstream lint clean \
+	distclean venv train coverage coverage-test coverage-slow coverage-compare
 
 all: test
 
@@ -31,16 +31,49 @@ demo-board: $(STAMP)
 gatesim: $(STAMP)
 	$(PY) -m ringkv.sim.gatesim smoke
 
-## make test: the whole suite but the long sweeps (CI runs this)
+## make test: the fast tier (CI runs this; at most 10 minutes on 2 cores from a clean clone):
+## every unit's model-based tests, one end-to-end path per level, the bench groups' smoke runs;
+## property tests with the `fast` hypothesis budget (docs/DEVELOPING.md, "Test tiers")
 test: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -m "not slow" --durations=15
+	RINGKV_HYPOTHESIS_PROFILE=fast $(PY) -m pytest -n $(JOBS) -m "not slow" --durations=15
 
-## make test-all: including the long sweeps
+## make test-all: both tiers: the fast one and the slow one (repeats of a flow at other levels,
+## shapes or numerics, long sweeps), property tests with the `thorough` budget
 test-all: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) --durations=25
+	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) --durations=25
+
+## make test-slow: only what test-all adds to test (the slow tier)
+test-slow: $(STAMP)
+	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) -m slow --durations=25
+
+## make coverage: line coverage of each tier (build/coverage/{test,slow}/.coverage; coverage.py
+## follows the test workers, the simulator servers and cocotb's Python inside the Verilator
+## models), then the lines a reference run covered that neither tier covers now
+## (COVERAGE_BEFORE=<data file> COVERAGE_BEFORE_ROOT=<its checkout>; see docs/DEVELOPING.md)
+COV := $(PY) -m coverage
+COVERAGE_BEFORE ?= build/coverage-before/.coverage
+COVERAGE_BEFORE_ROOT ?= build/baseline-src
+coverage: coverage-test coverage-slow coverage-compare
+
+coverage-test: $(STAMP)
+	rm -rf build/coverage/test && mkdir -p build/coverage/test
+	COVERAGE_FILE=$(CURDIR)/build/coverage/test/.coverage RINGKV_HYPOTHESIS_PROFILE=fast \
+		$(COV) run -m pytest -n $(JOBS) -m "not slow" --durations=0
+	COVERAGE_FILE=$(CURDIR)/build/coverage/test/.coverage $(COV) combine -q
+
+coverage-slow: $(STAMP)
+	rm -rf build/coverage/slow && mkdir -p build/coverage/slow
+	COVERAGE_FILE=$(CURDIR)/build/coverage/slow/.coverage RINGKV_HYPOTHESIS_PROFILE=thorough \
+		$(COV) run -m pytest -n $(JOBS) -m slow --durations=0
+	COVERAGE_FILE=$(CURDIR)/build/coverage/slow/.coverage $(COV) combine -q
+
+coverage-compare: $(STAMP)
+	$(PY) tools/coverage_compare.py --before $(COVERAGE_BEFORE) \
+		--before-root $(COVERAGE_BEFORE_ROOT) \
+		--after build/coverage/test/.coverage build/coverage/slow/.coverage
 
 formal: $(STAMP)
-	$(PY) -m pytest -n $(JOBS) -k formal
+	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) -k formal
 
 ## make train: train the shipped model on the corpus (host/weights, docs/train_*.png); the
 ## optional `train` extra (torch CPU, the corpus package, matplotlib); fixed seed

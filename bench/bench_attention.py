@@ -3,7 +3,8 @@ the fixed-point datapath against float64, and synthesis on the LFE5U-85F."""
 
 import numpy as np
 
-from bench.run import SYNTH_HEADER, synth_result, synth_rows, table
+from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
+from ringkv.defs.numerics import FX1, FX2, numerics_of
 from ringkv.host import golden_fixed as gf
 from ringkv.hw.attention import AttentionCore
 from ringkv.sim.attention_sim import core_params, rtl_run
@@ -11,6 +12,13 @@ from ringkv.sim.attention_sim import core_params, rtl_run
 TITLE = "SWA attention core"
 
 DEFAULT = dict(layers=4, q_heads=4, kv_heads=2, head_dim=64, window=128, lanes=4, macs=8)
+#: the published sweep: window x lanes at G=2, d=64, M=8; accuracy over ``TRIALS`` draws
+WINDOWS, LANES, TRIALS = (32, 64, 128, 256, 512), (1, 2, 4, 8), 20
+#: the smoke run (``run(smoke=True)``): the smallest core and sweep that take the same paths
+SMOKE = dict(layers=1, q_heads=2, kv_heads=1, head_dim=8, window=8, lanes=2, macs=4)
+SMOKE_WINDOWS, SMOKE_LANES, SMOKE_TRIALS = (4, 8), (1, 2), 2
+#: fx2's accuracy at other window sizes: (window, lanes)
+FX2_WINDOWS, SMOKE_FX2_WINDOWS = ((32, 2), (512, 8)), ((4, 1), (8, 2))
 
 
 def decode_cycles(config, seed=0, numerics=None):
@@ -37,8 +45,8 @@ def decode_cycles(config, seed=0, numerics=None):
     return {"cycles": total, "load_beats": load, "ideal": core.ideal_cycles()}
 
 
-def accuracy(window=128, lanes=4, d=64, G=2, trials=20, seed=0, numerics=gf.FX1):
-    nx = gf.numerics_of(numerics)
+def accuracy(window=128, lanes=4, d=64, G=2, trials=TRIALS, seed=0, numerics=FX1):
+    nx = numerics_of(numerics)
     rng = np.random.default_rng(seed)
     s = 2.0 ** -nx.qkv_frac
     dp, tot = [], []
@@ -74,7 +82,7 @@ def _quant(x, fmt):
     return np.clip(np.rint(x * (1 << frac)), -lim, lim - 1) / (1 << frac)
 
 
-def quantization_floor(window=128, lanes=4, d=64, G=2, trials=20, seed=0):
+def quantization_floor(window=128, lanes=4, d=64, G=2, trials=TRIALS, seed=0):
     """Error of exact float64 attention on quantized inputs against float64 on the unquantized
     N(0, 1) inputs: what the input format alone costs, whatever the datapath. Same draws as
     :func:`accuracy`. Returns ``[(label, mean, max)]``."""
@@ -93,10 +101,16 @@ def quantization_floor(window=128, lanes=4, d=64, G=2, trials=20, seed=0):
     return out
 
 
-def run():
+def run(smoke: bool = False):
+    base = SMOKE if smoke else DEFAULT
+    windows, lanes_swept, trials, fx2_windows = (
+        (SMOKE_WINDOWS, SMOKE_LANES, SMOKE_TRIALS, SMOKE_FX2_WINDOWS) if smoke
+        else (WINDOWS, LANES, TRIALS, FX2_WINDOWS))
+    d = base["head_dim"]
+    acc_shape = dict(window=base["window"], lanes=base["lanes"], d=d, G=2, trials=trials)
     results = []
-    r = decode_cycles(DEFAULT)
-    params = dict(DEFAULT, **r)
+    r = decode_cycles(base)
+    params = dict(base, **r)
     results.append({"name": "attention.decode_cycles", "value": r["cycles"], "unit": "cycles",
                     "params": params})
     results.append({"name": "attention.decode_efficiency", "unit": "%",
@@ -104,42 +118,42 @@ def run():
     results.append({"name": "attention.decode_efficiency_after_load", "unit": "%",
                     "value": round(100 * r["ideal"] / (r["cycles"] - r["load_beats"]), 1),
                     "params": params})
-    for window in (32, 64, 128, 256, 512):
-        for lanes in (1, 2, 4, 8):
-            cfg = dict(layers=1, q_heads=2, kv_heads=1, head_dim=64, window=window,
-                       lanes=lanes, macs=8)
+    for window in windows:
+        for lanes in lanes_swept:
+            cfg = dict(layers=1, q_heads=2, kv_heads=1, head_dim=d, window=window,
+                       lanes=lanes, macs=base["macs"])
             r = decode_cycles(cfg)
             results.append({"name": "attention.scaling", "value": r["cycles"], "unit": "cycles",
                             "params": dict(cfg, **r)})
-    r = decode_cycles(DEFAULT, numerics="ringkv-fx2")
+    r = decode_cycles(base, numerics="ringkv-fx2")
     results.append({"name": "attention.decode_cycles_fx2", "value": r["cycles"],
-                    "unit": "cycles", "params": dict(DEFAULT, numerics="ringkv-fx2", **r)})
-    acc_params = {"window": 128, "lanes": 4, "head_dim": 64, "group": 2, "trials": 20,
-                  "inputs": "q, k, v ~ N(0, 1)"}
-    for nx in (gf.FX1, gf.FX2):
-        suffix = "" if nx is gf.FX1 else "_fx2"
-        mean_dp, max_dp, mean_tot, max_tot = accuracy(numerics=nx)
+                    "unit": "cycles", "params": dict(base, numerics="ringkv-fx2", **r)})
+    acc_params = {"window": acc_shape["window"], "lanes": acc_shape["lanes"], "head_dim": d,
+                  "group": 2, "trials": trials, "inputs": "q, k, v ~ N(0, 1)"}
+    for nx in (FX1, FX2):
+        suffix = "" if nx is FX1 else "_fx2"
+        mean_dp, max_dp, mean_tot, max_tot = accuracy(**acc_shape, numerics=nx)
         par = dict(acc_params, numerics=nx.name)
         results.append({"name": "attention.nrmse_datapath" + suffix, "unit": "%",
                         "value": round(100 * max_dp, 3), "params": dict(par, mean=mean_dp)})
         results.append({"name": "attention.nrmse_total" + suffix, "unit": "%",
                         "value": round(100 * max_tot, 3), "params": dict(par, mean=mean_tot)})
-    for window, lanes in ((32, 2), (512, 8)):
-        mean_dp, max_dp, mean_tot, max_tot = accuracy(window=window, lanes=lanes,
-                                                      numerics=gf.FX2)
+    for window, lanes in fx2_windows:
+        mean_dp, max_dp, mean_tot, max_tot = accuracy(
+            **dict(acc_shape, window=window, lanes=lanes), numerics=FX2)
         results.append({"name": "attention.nrmse_total_fx2_window", "unit": "%",
                         "value": round(100 * max_tot, 3),
                         "params": dict(acc_params, window=window, lanes=lanes,
-                                       numerics=gf.FX2.name, mean=mean_tot)})
-    for label, mean, worst in quantization_floor():
+                                       numerics=FX2.name, mean=mean_tot)})
+    for label, mean, worst in quantization_floor(**acc_shape):
         results.append({"name": "attention.quantization_floor", "unit": "%",
                         "value": round(100 * worst, 3),
                         "params": dict(acc_params, mean=mean, format=label)})
-    from ringkv.boards.synth import synth_core
-    for cfg, name in ((DEFAULT, "attention_default"),
-                      (dict(DEFAULT, numerics="ringkv-fx2"), "attention_default_fx2")):
-        synth = synth_core(AttentionCore(**cfg), name, freq_mhz=100)
-        results.append(synth_result("attention", cfg, synth))
+    for cfg, name in ((base, "attention_default"),
+                      (dict(base, numerics="ringkv-fx2"), "attention_default_fx2")):
+        synth = synth_or_elaborate(AttentionCore(**cfg), name, smoke=smoke, freq_mhz=100)
+        if synth is not None:
+            results.append(synth_result("attention", cfg, synth))
     return results
 
 
@@ -162,7 +176,8 @@ def markdown(results):
     lanes = sorted({r["params"]["lanes"] for r in scal})
     cyc = {(r["params"]["window"], r["params"]["lanes"]): r["value"] for r in scal}
     text += ("\n\nScaling with lanes (Flash-Decoding in hardware): clocks per decode step with "
-             "a full ring, G=2, d=64, M=8; speedup against P=1 in parentheses.\n\n")
+             f"a full ring, G=2, d={scal[0]['params']['head_dim']}, "
+             f"M={scal[0]['params']['macs']}; speedup against P=1 in parentheses.\n\n")
     rows = [[w] + [f"{cyc[w, p]} ({cyc[w, 1] / cyc[w, p]:.2f}×)" for p in lanes]
             for w in windows]
     text += table(["W"] + [f"P={p}" for p in lanes], rows)
@@ -173,7 +188,9 @@ def markdown(results):
                  "the same decode step takes "
                  f"{by['attention.decode_cycles_fx2']['value']} clocks: the schedule does not "
                  "depend on the element width.")
-    text += ("\n\nAccuracy (W=128, P=4, d=64, G=2, 20 draws of q, k, v from N(0, 1)): "
+    a = by["attention.nrmse_datapath"]["params"]
+    text += (f"\n\nAccuracy (W={a['window']}, P={a['lanes']}, d={a['head_dim']}, "
+             f"G={a['group']}, {a['trials']} draws of q, k, v from N(0, 1)): "
              "normalized RMS error of the int16 output against float64. The target is 1 % "
              "against the unquantized inputs.\n\n")
     rows = []

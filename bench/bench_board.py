@@ -27,6 +27,9 @@ import os
 from bench.run import table
 
 TITLE = "Whole device on the ULX3S-85F (board build)"
+#: the smoke run (``run(smoke=True)``): the bitstream of the reduced board top of ``make
+#: gatesim`` (every block, small) in its own build folder, and the gate-level smoke as usual
+SMOKE_TOP = {"regions": 4, "lanes": 2, "macs": 4}
 
 
 def _gatesim() -> list[dict]:
@@ -94,10 +97,15 @@ def _seed_sweep(fmax_record, build=None) -> list[dict]:
              "params": {"by_seed": seeds, "design": design}}]
 
 
-def run():
+def run(smoke: bool = False):
     from ringkv.boards.build import build, report_figures
     from ringkv.boards.ulx3s import ULX3STop
-    if os.environ.get("RINGKV_BENCH_BOARD_KEEP"):
+    if smoke:
+        from ringkv.boards.build import _REPO
+        from ringkv.sim.gatesim import SMOKE_CONFIG
+        r = build("ulx3s-85f", config=SMOKE_CONFIG, **SMOKE_TOP,
+                  build_dir=_REPO / "build" / "ulx3s-85f-smoke")
+    elif os.environ.get("RINGKV_BENCH_BOARD_KEEP"):
         from bench.run import RESULTS
         kept = _kept(("board.fmax", "board.slack_pct", "board.build_s"))
         if not kept:
@@ -108,7 +116,7 @@ def run():
             from ringkv.boards.build import _REPO
             other = json.loads((_REPO / "build" / "ulx3s-85f" / "figures.json").read_text())
         return kept + _seed_sweep(kept[0], other) + _gatesim()
-    if os.environ.get("RINGKV_BENCH_BOARD_REPORT"):
+    elif os.environ.get("RINGKV_BENCH_BOARD_REPORT"):
         from ringkv.boards.build import _REPO
         where = _REPO / "build" / "ulx3s-85f"
         if (where / "figures.json").exists():

@@ -21,6 +21,9 @@ from bench.run import table
 TITLE = "Block RAM budget of the board top: ringkv-fx1c (the board's numerics) and ringkv-fx2"
 
 DP16KD_AVAILABLE = 208      # LFE5U-85F
+#: the smoke run (``run(smoke=True)``): the reduced board top of ``make gatesim`` (every block,
+#: small: 4 regions, P=2, M=4) in both numerics, through the same yosys flow
+SMOKE_TOP = {"regions": 4, "lanes": 2, "macs": 4}
 
 
 def blocks(modules: dict) -> dict:
@@ -41,24 +44,29 @@ def blocks(modules: dict) -> dict:
     return out
 
 
-def run():
+def run(smoke: bool = False):
     from ringkv.boards.synth import synth_board_cells
     from ringkv.boards.ulx3s import ULX3STop
     from ringkv.defs.config import TRAINED_CONFIG
     from ringkv.sim.cocotb_run import BUILD_ROOT
+    from ringkv.sim.gatesim import SMOKE_CONFIG
     results = []
-    configs = {"fx1c": TRAINED_CONFIG,
-               "fx2": dataclasses.replace(TRAINED_CONFIG, numerics="ringkv-fx2", qkv_fracs=())}
+    base, top_kwargs = (SMOKE_CONFIG, SMOKE_TOP) if smoke else (TRAINED_CONFIG, {})
+    configs = {"fx1c": base,
+               "fx2": dataclasses.replace(base, numerics="ringkv-fx2", qkv_fracs=())}
     for short, config in configs.items():
         t0 = time.monotonic()
-        top = ULX3STop(config)
-        r = synth_board_cells(top, BUILD_ROOT / f"board_synth_{short}", through_ram=True)
+        top = ULX3STop(config, **top_kwargs)
+        where = BUILD_ROOT / (f"board_synth_smoke_{short}" if smoke else f"board_synth_{short}")
+        r = synth_board_cells(top, where, through_ram=True)
         total = r["total"].get("DP16KD", 0)
         results.append({"name": f"board.dp16kd.{short}", "value": total, "unit": "DP16KD",
                         "params": {"numerics": config.numerics, "available": DP16KD_AVAILABLE,
                                    "per_block": blocks(r["modules"]),
                                    "mult18x18d": r["total"].get("MULT18X18D", 0),
-                                   "regions": top.top.regions, "lanes": 4, "macs": 8,
+                                   "regions": top.top.regions,
+                                   "lanes": top_kwargs.get("lanes", 4),
+                                   "macs": top_kwargs.get("macs", 8),
                                    "tool": "yosys synth_ecp5 -noflatten -run begin:map_gates "
                                            "(through the block RAM and DSP mapping; no "
                                            "logic mapping, no place and route)",

@@ -7,8 +7,7 @@ from collections import defaultdict
 from amaranth.lib import data
 from amaranth.sim import Simulator
 
-from bench.run import SYNTH_HEADER, synth_result, synth_rows, table
-from ringkv.boards.synth import synth_core
+from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.directory import Op
 from ringkv.host.golden_directory import GoldenDirectory
 from ringkv.hw.directory import CacheDirectory, layout_fields
@@ -19,6 +18,9 @@ __all__ = ["TITLE", "run", "markdown", "measure_cycles"]
 
 TITLE = "Cache directory and allocator"
 CONFIG = dict(buckets=1024, links=4096, regions=4096)
+#: the smoke run's directory and samples per kind and load (the full run: 256 lookups, 64 churn)
+SMOKE_CONFIG = dict(buckets=16, links=32, regions=32)
+SAMPLES, CHURN, SMOKE_SAMPLES, SMOKE_CHURN = 256, 64, 4, 2
 
 
 def measure_cycles(params, commands):
@@ -46,7 +48,7 @@ def measure_cycles(params, commands):
     return out
 
 
-def _workload(rng, g):
+def _workload(rng, g, samples=SAMPLES, churn=CHURN):
     """Commands and, per command, a label: (kind, load factor, chain position)."""
     cmds, labels = [], []
     keys = []
@@ -64,26 +66,27 @@ def _workload(rng, g):
             add({"op": Op.INSERT, "count": key[0], "hash": key[1], "now": now},
                 ("insert", load, None))
             now += 1
-        for count, hash_value in rng.sample(keys, 256):
+        for count, hash_value in rng.sample(keys, samples):
             link = next(n for n, row in g.live.items()
                         if row["count"] == count and row["hash"] == hash_value)
             position = g.chain(g.bucket(hash_value)).index(link)
             add({"op": Op.LOOKUP, "count": count, "hash": hash_value, "now": now},
                 ("hit", load, position))
-        for _ in range(256):
+        for _ in range(samples):
             hash_value = rng.getrandbits(64)
             add({"op": Op.LOOKUP, "count": 1, "hash": hash_value, "now": now},
                 ("miss", load, len(g.chain(g.bucket(hash_value)))))
-        # Delete and re-insert 64 keys: delete cycles at this load, load unchanged.
-        for count, hash_value in rng.sample(keys, 64):
+        # Delete and re-insert some keys: delete cycles at this load, load unchanged.
+        for count, hash_value in rng.sample(keys, churn):
             link = next(n for n, row in g.live.items()
                         if row["count"] == count and row["hash"] == hash_value)
             add({"op": Op.DELETE, "link": link}, ("delete", load, None))
             add({"op": Op.INSERT, "count": count, "hash": hash_value, "now": now},
                 ("insert", load, None))
-    # Expire: nothing old enough, then every link untouched since the first 256 inserts.
+    # Expire: nothing old enough, then every link untouched since the first buckets/4 inserts.
+    first = g.buckets // 4
     add({"op": Op.EXPIRE, "now": now, "max_age": 1 << 30}, ("expire", 0, None))
-    add({"op": Op.EXPIRE, "now": now, "max_age": now - 257}, ("expire", 1, None))
+    add({"op": Op.EXPIRE, "now": now, "max_age": now - (first + 1)}, ("expire", 1, None))
     # Fill the link pool, then insert with eviction (an LRU scan over all links).
     while len(g.live) < g.links:
         key = (rng.randrange(1, 1 << 14), rng.getrandbits(64))
@@ -96,12 +99,13 @@ def _workload(rng, g):
     return cmds, labels
 
 
-def run():
+def run(smoke: bool = False):
+    config = SMOKE_CONFIG if smoke else CONFIG
     rng = random.Random(2024)
-    g = GoldenDirectory(**CONFIG)
-    cmds, labels = _workload(rng, g)
-    check = GoldenDirectory(**CONFIG)
-    measured = measure_cycles(CONFIG, cmds)
+    g = GoldenDirectory(**config)
+    cmds, labels = _workload(rng, g, *((SMOKE_SAMPLES, SMOKE_CHURN) if smoke else ()))
+    check = GoldenDirectory(**config)
+    measured = measure_cycles(config, cmds)
     groups = defaultdict(list)
     expired = {}
     for cmd, label, (resp, cycles) in zip(cmds, labels, measured):
@@ -116,7 +120,7 @@ def run():
             groups[("hit_at", position)].append(cycles)
         if kind == "miss":
             groups[("miss_after", position)].append(cycles)
-    base = {**CONFIG, "count_width": 24, "hash_width": 64, "stamp_width": 32}
+    base = {**config, "count_width": 24, "hash_width": 64, "stamp_width": 32}
     results = []
 
     def add(name, values, unit, **params):
@@ -133,11 +137,13 @@ def run():
             add(f"{kind}.{key}", values, "cycles", chain_position=key)
     add("expire.none", groups[("expire", 0)], "cycles", expired=expired[0])
     add("expire.some", groups[("expire", 1)], "cycles", expired=expired[1])
-    add("insert_evict", groups[("evict", 0)], "cycles", live_links=CONFIG["links"])
-    add("insert_full", groups[("full", 0)], "cycles", live_links=CONFIG["links"])
+    add("insert_evict", groups[("evict", 0)], "cycles", live_links=config["links"])
+    add("insert_full", groups[("full", 0)], "cycles", live_links=config["links"])
     add("clear", groups[("clear", 0)], "cycles")
-    synth = synth_core(CacheDirectory(**CONFIG), "directory", freq_mhz=100)
-    results.append(synth_result("CacheDirectory", CONFIG, synth))
+    synth = synth_or_elaborate(CacheDirectory(**config), "directory", smoke=smoke,
+                               freq_mhz=100)
+    if synth is not None:
+        results.append(synth_result("CacheDirectory", config, synth))
     return results
 
 
@@ -151,8 +157,10 @@ def markdown(results) -> str:
         p = r["params"]
         return f"{r['value']:g}" + (f" ({p['min']}–{p['max']})" if p["min"] != p["max"] else "")
 
+    p = by["clear"]["params"]
     lines = ["Cycles from the command transfer to `o.valid` (Amaranth simulator, exact; mean "
-             "and range over the samples), for 1024 buckets, 4096 links, 4096 regions, 64-bit "
+             f"and range over the samples), for {p['buckets']} buckets, {p['links']} links, "
+             f"{p['regions']} regions, 64-bit "
              "hashes. Load factor = live links / buckets; random 64-bit hashes.", ""]
     lines.append(table(["load factor", "lookup hit", "lookup miss", "insert", "delete"],
                        [[load, *(cell(f"{k}.load{load}") for k in
@@ -172,8 +180,9 @@ def markdown(results) -> str:
             row += [f"{r['value']:g}", r["params"]["samples"]] if r else ["—", 0]
         rows.append(row)
     lines.append(table(["k or n", "hit at k", "samples", "miss after n", "samples"], rows))
-    lines += ["", "Scans over the link pool (4096 links): expire takes 2 * links + e + 2 cycles "
-              "for e expired links; an insert that evicts scans the pool once (links + 8).", ""]
+    lines += ["", f"Scans over the link pool ({p['links']} links): expire takes "
+              "2 * links + e + 2 cycles for e expired links; an insert that evicts scans the "
+              "pool once (links + 8).", ""]
     lines.append(table(["operation", "cycles"], [
         ["expire, nothing expired", cell("expire.none")],
         [f"expire, {by['expire.some']['params']['expired']} links expired",

@@ -61,6 +61,10 @@ RANGE = {"ringkv-fx1": 4.0, "ringkv-fx2": 16.0}
 RESUME_PROMPT, RESUME_NEW = 300, 48
 RTL_PREFILL, RTL_DECODE = 192, 8
 LANES, MACS, REGIONS = 4, 8, 16          # the board top's core (bench_system's build)
+#: the smoke run (``run(smoke=True)``): one short session (the rings still wrap), one chapter
+#: for the calibration and for the whole-split figure, a short resume and RTL slice
+SMOKE = dict(sessions=1, tokens=192, prefill=64, cal_sessions=1, cal_tokens=192, all_docs=1,
+             resume_prompt=140, resume_new=4, rtl_prefill=64, rtl_decode=2)
 
 
 def log2_probs(logits, targets):
@@ -187,12 +191,12 @@ class Int8Floor:
         return self.inner.decode(layer, *self._q(layer, (q, k, v)))
 
 
-def shared_fracs(model, train_docs):
+def shared_fracs(model, train_docs, n=None, tokens=None):
     """The calibration rule with one fraction per layer for q, k and v together (the largest
     that clips at most the same share of the three pooled): the alternative to separate
-    fractions."""
+    fractions. ``n`` sessions of ``tokens`` (default: the calibration's)."""
     from ringkv.host.calibrate import CAL_SESSIONS, CAL_TOKENS, activations, choose_fracs, sessions
-    acts = activations(model, sessions(train_docs, CAL_SESSIONS, CAL_TOKENS))
+    acts = activations(model, sessions(train_docs, n or CAL_SESSIONS, tokens or CAL_TOKENS))
     return choose_fracs([[np.concatenate(layer)] * 3 for layer in acts], model.config.head_dim)
 
 
@@ -286,31 +290,37 @@ def rtl_slice(model, tokens, workdir: Path, prefill=RTL_PREFILL, decode=RTL_DECO
             "max_abs_diff": float(np.max(np.abs(got - golden[:len(got)])))}
 
 
-def run():
+def run(smoke: bool = False):
     import dataclasses
 
     from ringkv.defs.config import DEFAULT_CONFIG, TRAINED_CONFIG
     from ringkv.host import corpus
     from ringkv.host.calibrate import CAL_SESSIONS, CAL_TOKENS, CLIP_SHARE, calibrate_fracs
     from ringkv.host.model import BOS, Model, limit_blas_threads, weights_path
+    size = SMOKE if smoke else dict(
+        sessions=SESSIONS, tokens=TOKENS, prefill=PREFILL, cal_sessions=CAL_SESSIONS,
+        cal_tokens=CAL_TOKENS, all_docs=None, resume_prompt=RESUME_PROMPT,
+        resume_new=RESUME_NEW, rtl_prefill=RTL_PREFILL, rtl_decode=RTL_DECODE)
     limit_blas_threads(1)
     model = Model.trained(DEFAULT_CONFIG)
     train_docs, held = corpus.split()
-    sessions = eval_sessions(held)
+    sessions = eval_sessions(held, size["sessions"], size["tokens"])
     cal_t0 = time.monotonic()
-    fracs = calibrate_fracs(model, train_docs)
+    fracs = calibrate_fracs(model, train_docs, size["cal_sessions"], size["cal_tokens"])
     cal_s = time.monotonic() - cal_t0
-    shared = shared_fracs(model, train_docs)
+    shared = shared_fracs(model, train_docs, size["cal_sessions"], size["cal_tokens"])
     names = ("float64",) + NUMERICS
     fx1c_shared = dataclasses.replace(numerics_config(model, "ringkv-fx1c"), qkv_fracs=shared)
-    ev = evaluate(model, sessions, names + ("fx1c_shared",),
+    ev = evaluate(model, sessions, names + ("fx1c_shared",), prefill=size["prefill"],
                   configs={"fx1c_shared": fx1c_shared})
-    base = dict(sessions=SESSIONS, tokens=TOKENS, prefill=PREFILL, chunk=CHUNK,
+    base = dict(sessions=size["sessions"], tokens=size["tokens"], prefill=size["prefill"],
+                chunk=CHUNK,
                 window=DEFAULT_CONFIG.window, lanes=LANES,
                 corpus=f"{corpus.PACKAGE_DIST}=={corpus.PACKAGE_VERSION} held-out split",
                 weights=weights_path(DEFAULT_CONFIG).name,
                 train_step=model.meta.get("step"))
-    calibration = (f"{CAL_SESSIONS} x {CAL_TOKENS} training tokens, <= {CLIP_SHARE:g} "
+    calibration = (f"{size['cal_sessions']} x {size['cal_tokens']} training tokens, "
+                   f"<= {CLIP_SHARE:g} "
                    f"clipped per layer and kind")
     results = []
     ref = ev["float64"]
@@ -362,7 +372,7 @@ def run():
     for label, fr in (("fixed", [(5, 5, 5)] * DEFAULT_CONFIG.layers), ("calibrated", fracs)):
         lp, top = [], []
         for toks in sessions:
-            lg = session_logits(model, toks, Int8Floor(DEFAULT_CONFIG, fr))
+            lg = session_logits(model, toks, Int8Floor(DEFAULT_CONFIG, fr), size["prefill"])
             lp.append(log2_probs(lg, toks[1:len(lg) + 1]))
             top.append(lg.argmax(axis=1))
         bpb = -float(np.mean(np.concatenate(lp)))
@@ -374,30 +384,35 @@ def run():
                                            np.concatenate(top) == ref_top)), 3),
                                        calibration=calibration)})
     t0 = time.monotonic()
-    all_bpb, all_n = bpb_all(model, held)
+    all_bpb, all_n = bpb_all(model, held[:size["all_docs"]])
     results.append({"name": "model.bpb.float64_all", "value": round(all_bpb, 4),
                     "unit": "bits/byte", "params": dict(base, bytes=all_n,
                                                         chunk=256, seconds=round(
                                                             time.monotonic() - t0, 1))})
-    prompt = [BOS] + list(held[1].encode()[:RESUME_PROMPT - 1])
+    prompt = [BOS] + list(held[1].encode()[:size["resume_prompt"] - 1])
     other = [BOS] + list(held[2].encode()[:100])
     resume = {}
     for name in names:
-        same, a, b, paths = resume_identity(model, prompt, other, numerics=name)
+        same, a, b, paths = resume_identity(model, prompt, other, size["resume_new"],
+                                            numerics=name)
         resume[name] = {"identical": same, "paths": paths,
                         "tokens": bytes(t for t in a if t < 256).decode("latin-1")}
     with tempfile.TemporaryDirectory(prefix="ringkv-bench-model-") as tmp:
-        rtl = rtl_slice(model, sessions[0], Path(tmp), config=TRAINED_CONFIG)
+        rtl = rtl_slice(model, sessions[0], Path(tmp), size["rtl_prefill"], size["rtl_decode"],
+                        config=TRAINED_CONFIG)
     results.append({"name": "model.resume_identical", "unit": "",
                     "value": int(all(r["identical"] for r in resume.values())
                                  and rtl["identical"]),
-                    "params": dict(prompt_tokens=RESUME_PROMPT, new_tokens=RESUME_NEW,
+                    "params": dict(prompt_tokens=size["resume_prompt"],
+                                   new_tokens=size["resume_new"],
                                    per_numerics=resume)})
     results.append({"name": "model.rtl_identical", "unit": "", "value": int(rtl["identical"]),
                     "params": dict(rtl, numerics=TRAINED_CONFIG.numerics,
                                    qkv_fracs=[list(t) for t in TRAINED_CONFIG.qkv_fracs],
-                                   prefill=RTL_PREFILL, decode_before_export=RTL_DECODE,
-                                   decode_after_import=RTL_DECODE, lanes=LANES, macs=MACS)})
+                                   prefill=size["rtl_prefill"],
+                                   decode_before_export=size["rtl_decode"],
+                                   decode_after_import=size["rtl_decode"], lanes=LANES,
+                                   macs=MACS)})
     return results
 
 

@@ -30,7 +30,7 @@ from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
 from ringkv.sim.sector_model import SectorImage, serve_storage
 from ringkv.sim.streams import tick_until
 
-from .run import SYNTH_HEADER, synth_result, synth_rows, table
+from .run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 
 TITLE = "Storage path (DMA engine, snapshot records, SD card in SPI mode)"
 
@@ -41,6 +41,8 @@ SD_BENCH = dict(init_half_period=2, half_period=1, resp_timeout=16, token_timeou
 SD_BOARD = dict(init_half_period=63, half_period=1, resp_timeout=16, token_timeout=1 << 19,
                 busy_timeout=1 << 20, init_retries=1 << 12)
 REGIONS = 1024
+#: the smoke run (``run(smoke=True)``): one record size, one DMA count, 1-sector transfers
+SMOKE_COUNTS, SMOKE_SECTORS = (1,), (1,)
 #: SD native controller in the bench: SD CLK = clk / 2 after initialisation
 SD4_BENCH = dict(init_half_period=2, half_period=1, resp_timeout=64, data_timeout=1 << 12,
                  busy_timeout=1 << 12, init_retries=8)
@@ -291,11 +293,11 @@ def sd4_record_cycles(sd: dict, op: str, lay: RecordLayout, count: int) -> int:
                      for k in (1, lay.token_sectors(count), lay.kv_sectors(count)) if k))
 
 
-def sd4_results():
+def sd4_results(sector_counts=(1, 8)):
     """The ``storage.sd4.*`` figures: efficiency against the 4-bit limit, 1 and 8 sectors."""
     results = []
     for op in (StorageOp.READ, StorageOp.WRITE):
-        for sectors in (1, 8):
+        for sectors in sector_counts:
             sd_clocks, cycles = sd4_clocks(op, sectors)
             ideal = 2 * SECTOR_BYTES * sectors          # 4 bits per SD clock
             name = f"storage.sd4.{op.name.lower()}_efficiency"
@@ -319,37 +321,37 @@ def sd_record_cycles(sd: dict, op: str, lay: RecordLayout, count: int) -> float:
                if k)
 
 
-def run():
-    from ringkv.boards.synth import synth_core
+def run(smoke: bool = False):
     config = DEFAULT_CONFIG
+    sizes, dma_counts = (SMOKE_COUNTS, SMOKE_COUNTS) if smoke else (SIZE_COUNTS, DMA_COUNTS)
+    sectors = SMOKE_SECTORS if smoke else (1, 8)
     cfg = {"layers": config.layers, "kv_heads": config.kv_heads, "head_dim": config.head_dim,
            "window": config.window, "max_tokens": config.max_tokens}
     results = []
     lay = RecordLayout(config)
-    for n in SIZE_COUNTS:
+    for n in sizes:
         results.append({"name": "snapshot.bytes", "value": lay.record_bytes(n), "unit": "bytes",
                         "params": {**cfg, "count": n,
                                    "token_bytes": n * lay.token_bytes,
                                    "kv_bytes": 2 * config.layers * config.kv_heads
                                    * min(n, config.window) * config.head_dim}})
-    for n in DMA_COUNTS:
+    for n in dma_counts:
         exp, imp, size = _dma_cycles(config, n)
         for name, cycles in (("export", exp), ("import", imp)):
             results.append({"name": f"dma.{name}.cycles", "value": cycles, "unit": "cycles",
                             "params": {**cfg, "count": n, "record_bytes": size,
                                        "efficiency": round(size / cycles, 4),
                                        "peak_bytes_per_clock": 1}})
-    for op, sectors in ((StorageOp.READ, 1), (StorageOp.READ, 8), (StorageOp.WRITE, 1),
-                        (StorageOp.WRITE, 8)):
-        cycles = sd_cycles(op, sectors)
+    for op, n in ((op, n) for op in (StorageOp.READ, StorageOp.WRITE) for n in sectors):
+        cycles = sd_cycles(op, n)
         sclk = cycles / (2 * SD_BENCH["half_period"])
         results.append({"name": f"sdspi.{op.name.lower()}.cycles", "value": cycles,
                         "unit": "cycles",
-                        "params": {"sectors": sectors, "half_period": SD_BENCH["half_period"],
+                        "params": {"sectors": n, "half_period": SD_BENCH["half_period"],
                                    "sclk_cycles": sclk,
-                                   "efficiency_vs_1bit": round(8 * 512 * sectors / sclk, 4),
+                                   "efficiency_vs_1bit": round(8 * 512 * n / sclk, 4),
                                    "card": "read_latency=2 bytes, busy=3 bytes"}})
-    results += sd4_results()
+    results += sd4_results(sectors)
     for core, comp, conf in (
             ("sdspi", SDSPIController(**SD_BOARD), SD_BOARD),
             ("sdnative", SDNativeController(**SD4_BOARD), SD4_BOARD),
@@ -357,7 +359,9 @@ def run():
             ("token_memory", TokenMemory(config.max_tokens, config.token_width, 2),
              {"max_tokens": config.max_tokens, "token_width": config.token_width,
               "read_ports": 2})):
-        results.append(synth_result(core, conf, synth_core(comp, f"storage_{core}")))
+        synth = synth_or_elaborate(comp, f"storage_{core}", smoke=smoke)
+        if synth is not None:
+            results.append(synth_result(core, conf, synth))
     return results
 
 

@@ -70,6 +70,7 @@ bound) and the controller's initialisation of the model card from reset is added
 answers ``ACMD41`` ready after a few polls; a real card may take up to a second there).
 """
 
+import dataclasses
 import random
 import tempfile
 import time
@@ -94,6 +95,29 @@ UART_BITS = 10          # start + 8 data + stop
 PREFIX_N = 1024         # issue #16: a shared prefix of 1,024 tokens (a crafted record) ...
 PREFIX_Q = 32           # ... and a question of 32 tokens of the new conversation's own
 SHARED_N, SHARED_CONVERSATIONS = 512, 100   # 100 conversations behind one 512-token prefix
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What one run measures: the published sizes (the module's constants) or the smoke's.
+    ``full_regions``: the recovery's store (``None``: the board top's)."""
+    sweep: tuple = SWEEP
+    direct_n: int = DIRECT_N
+    chunk: int = CHUNK
+    decode: int = DECODE
+    regions: int = REGIONS
+    full_regions: int | None = None
+    prefix_n: int = PREFIX_N
+    prefix_q: int = PREFIX_Q
+    shared_n: int = SHARED_N
+    shared_conversations: int = SHARED_CONVERSATIONS
+
+
+#: the smoke run (``run(smoke=True)``): the same flow on the same top, short sessions (chunks of
+#: 32, so that the direct run still has steady chunks after the ring fills), the recovery on the
+#: 16-region store, 4 conversations behind a 64-token prefix
+SMOKE = Sizes(sweep=(256, 512), direct_n=256, chunk=32, decode=2, full_regions=REGIONS,
+              prefix_n=512, prefix_q=8, shared_n=64, shared_conversations=4)
 
 
 def board_params() -> dict:
@@ -240,7 +264,7 @@ def _measure_recovery(workdir: Path, regions: int) -> dict:
     return out
 
 
-def _measure(workdir: Path) -> dict:
+def _measure(workdir: Path, sz: Sizes = Sizes()) -> dict:
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.defs.record import RecordLayout
     from ringkv.host.fpga_device import FpgaDevice
@@ -252,9 +276,9 @@ def _measure(workdir: Path) -> dict:
     limit_blas_threads(1)
     lay = RecordLayout(config)
     rng = random.Random(11)
-    tokens = [BOS] + [rng.randrange(256) for _ in range(max(SWEEP) - 1)]
-    crafted = [n for n in SWEEP if n != DIRECT_N]
-    top = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
+    tokens = [BOS] + [rng.randrange(256) for _ in range(max(sz.sweep) - 1)]
+    crafted = [n for n in sz.sweep if n != sz.direct_n]
+    top = {"regions": sz.regions, "lanes": LANES, "macs": MACS}
     _, sectors = build_top(config, **top)
     image = workdir / "system.img"
     _craft_image(image, config, tokens, crafted, sectors)
@@ -276,22 +300,22 @@ def _measure(workdir: Path) -> dict:
             raise RuntimeError(f"recovery found {found}, expected records of {crafted}")
         meter = _Meter(link, dev)
 
-        # recompute DIRECT_N tokens, chunk by chunk, as the scheduler's miss path does
+        # recompute sz.direct_n tokens, chunk by chunk, as the scheduler's miss path does
         dev.reset()
-        dev.write_tokens(tokens[:DIRECT_N])
+        dev.write_tokens(tokens[:sz.direct_n])
         last = None
-        for s in range(0, DIRECT_N, CHUNK):
-            last, cost = meter.run(lambda s=s: model.forward(tokens[s:s + CHUNK], s, dev)[-1])
+        for s in range(0, sz.direct_n, sz.chunk):
+            last, cost = meter.run(lambda s=s: model.forward(tokens[s:s + sz.chunk], s, dev)[-1])
             out["chunks"].append(cost)
         pending = int(np.argmax(last))      # the next token, fed after the resume
         exported, _ = dev.snapshot()
         before = dev.counters["device_cycles"]
-        (_, moved), out["export"] = meter.run(lambda: dev.export(tokens[:DIRECT_N]))
+        (_, moved), out["export"] = meter.run(lambda: dev.export(tokens[:sz.direct_n]))
         out["export"]["record_bytes"] = moved
         out["export"]["cycles"] = dev.counters["device_cycles"] - before
 
         # resume by import at every N (a fresh ring each time)
-        for n in SWEEP:
+        for n in sz.sweep:
             _, out.setdefault("write", {})[n] = meter.run(lambda n=n: dev.write_tokens(tokens[:n]))
             dev.reset()
             before = dev.counters["device_cycles"]
@@ -301,28 +325,28 @@ def _measure(workdir: Path) -> dict:
             cost["query_cycles"] = dev.counters["device_cycles"] - before
             cost["record_bytes"] = lay.record_bytes(n)
             out["import"][n] = cost
-            if n == DIRECT_N:
+            if n == sz.direct_n:
                 imported, _ = dev.snapshot()
                 if not np.array_equal(imported, exported):
                     raise RuntimeError("the imported rings differ from the exported ones")
                 # decode from the imported state; every token against the software-only run
-                generated, pos = [pending], DIRECT_N
-                for _ in range(DECODE):
+                generated, pos = [pending], sz.direct_n
+                for _ in range(sz.decode):
                     logits, cost = meter.run(
                         lambda t=generated[-1], p=pos: model.forward([t], p, dev)[0])
                     out["decode"].append(cost)
                     generated.append(int(np.argmax(logits)))
                     pos += 1
-                expect = model.generate(tokens[:DIRECT_N], 0, FixedBackend(config, lanes=LANES),
-                                        DECODE + 1, CHUNK)
+                expect = model.generate(tokens[:sz.direct_n], 0, FixedBackend(config, lanes=LANES),
+                                        sz.decode + 1, sz.chunk)
                 if generated != expect:
                     raise RuntimeError(f"decode after import: {generated} != {expect}")
                 out["decode_tokens"] = generated
-        out["prefix"] = _measure_prefix(dev, meter, model, tokens, lay, rng)
+        out["prefix"] = _measure_prefix(dev, meter, model, tokens, lay, rng, sz)
     return out
 
 
-def _measure_prefix(dev, meter, model, tokens, lay, rng):
+def _measure_prefix(dev, meter, model, tokens, lay, rng, sz: Sizes = Sizes()):
     """Issue #16's time to first token of a new conversation behind the stored
     ``PREFIX_N``-token prefix (the crafted record of ``tokens[:PREFIX_N]``; the records of 256
     and 512 tokens are shorter prefixes of it, 2,048 a longer one) with a ``PREFIX_Q``-token
@@ -346,24 +370,24 @@ def _measure_prefix(dev, meter, model, tokens, lay, rng):
         print("bench system: FpgaDevice has no query_prefix (QUERY_PREFIX); the prefix "
               "time-to-first-token figures are not measured", file=sys.stderr)
         return None
-    question = [rng.randrange(256) for _ in range(PREFIX_Q)]
-    ask = tokens[:PREFIX_N] + question
+    question = [rng.randrange(256) for _ in range(sz.prefix_q)]
+    ask = tokens[:sz.prefix_n] + question
     out = {}
     _, out["write_all"] = meter.run(lambda: dev.write_tokens(ask))
     dev.reset()
     before = dev.counters["device_cycles"]
     result, cost = meter.run(lambda: dev.query_prefix(ask, len(ask) - 1))
-    if not result.hit or result.count != PREFIX_N:
+    if not result.hit or result.count != sz.prefix_n:
         raise RuntimeError(f"QUERY_PREFIX of {len(ask)} tokens: {result}, expected a hit of "
-                           f"{PREFIX_N}")
+                           f"{sz.prefix_n}")
     cost["query_cycles"] = dev.counters["device_cycles"] - before
     if cost["query_cycles"] <= 0:
         raise RuntimeError("FpgaDevice.query_prefix did not count the device's cycles")
-    cost["record_bytes"] = lay.record_bytes(PREFIX_N)
+    cost["record_bytes"] = lay.record_bytes(sz.prefix_n)
     out["query"] = cost
-    if dev.read_tokens(0, PREFIX_N) != ask[:PREFIX_N] or dev.n != PREFIX_N:
+    if dev.read_tokens(0, sz.prefix_n) != ask[:sz.prefix_n] or dev.n != sz.prefix_n:
         raise RuntimeError("after QUERY_PREFIX the device does not hold the prefix's state")
-    _, out["question"] = meter.run(lambda: model.forward(question, PREFIX_N, dev)[-1])
+    _, out["question"] = meter.run(lambda: model.forward(question, sz.prefix_n, dev)[-1])
     _, out["append"] = meter.run(lambda: dev.append_tokens(question))
     return out
 
@@ -413,7 +437,8 @@ def _same(a, b):
     return all(a[k] == b[k] for k in keys)
 
 
-def run():
+def run(smoke: bool = False):
+    sz = SMOKE if smoke else Sizes()
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.defs.record import SECTOR, RecordLayout
     from ringkv.hw.storage import StorageOp
@@ -427,12 +452,14 @@ def run():
     spi = sd_session_cycles("spi", board["spi"],
                             [(op, k) for op in (StorageOp.READ, StorageOp.WRITE) for k in (1, 8)])
     with tempfile.TemporaryDirectory(prefix="ringkv-bench-") as tmp:
-        m = _measure(Path(tmp))
-        m["recovery_full"] = _measure_recovery(Path(tmp), board["regions"])
-    shared = {"marked": prefix_tokens_computed(),
-              "automatic": prefix_tokens_computed(mark=False,
+        m = _measure(Path(tmp), sz)
+        m["recovery_full"] = _measure_recovery(Path(tmp), sz.full_regions or board["regions"])
+    behind = dict(conversations=sz.shared_conversations, shared=sz.shared_n,
+                  question=sz.prefix_q)
+    shared = {"marked": prefix_tokens_computed(**behind),
+              "automatic": prefix_tokens_computed(**behind, mark=False,
                                                   checkpoint_every=CHECKPOINT_EVERY),
-              "none": prefix_tokens_computed(mark=False)}
+              "none": prefix_tokens_computed(**behind, mark=False)}
 
     clk, baud = board["clk_hz"], board["baud"]
 
@@ -446,19 +473,19 @@ def run():
 
     # steady state: once the ring is full, every chunk costs the same
     chunks = m["chunks"]
-    full = -(-config.window // CHUNK)          # chunks before the ring is full
+    full = -(-config.window // sz.chunk)          # chunks before the ring is full
     steady = chunks[-1]
     if len(chunks) - full < 3 or not all(_same(c, steady) for c in chunks[full:]):
         raise RuntimeError(f"prefill chunks after the ring filled are not identical: {chunks}")
     host_steady = sum(c["host_s"] for c in chunks[full:]) / (len(chunks) - full)
     common = {"layers": config.layers, "q_heads": config.q_heads, "kv_heads": config.kv_heads,
               "head_dim": config.head_dim, "window": config.window, "lanes": LANES,
-              "macs": MACS, "chunk": CHUNK, "clk_mhz": clk / 1e6, "uart_baud": baud,
+              "macs": MACS, "chunk": sz.chunk, "clk_mhz": clk / 1e6, "uart_baud": baud,
               "storage": "sd4", "sd4_clk_mhz": board["sd4_clk_hz"] / 1e6,
               "spi_sclk_mhz": board["spi_sclk_hz"] / 1e6,
               "sd4_card": ", ".join(f"{k}={v}" for k, v in SD4_CARD.items())}
     results = []
-    for n in SWEEP:
+    for n in sz.sweep:
         imp = m["import"][n]
         board_imp = {}
         for mode in ("sd4", "spi"):
@@ -467,7 +494,7 @@ def run():
             board_imp[mode] = {"sd_read_cycles": sd_read, "device_cycles_board": dev,
                                "s": link_s(imp) + dev / clk + imp["host_s"]}
         imp_s = board_imp["sd4"]["s"]
-        k = n // CHUNK
+        k = n // sz.chunk
         direct = chunks[:min(k, len(chunks))]
         extra = max(0, k - len(chunks))
         rec = {key: sum(c[key] for c in direct) + extra * steady[key]
@@ -494,11 +521,11 @@ def run():
         results.append({"name": "resume.recompute", "value": round(rec_s, 3), "unit": "s",
                         "params": {**common, "tokens": n, **rec,
                                    "host_s": round(rec["host_s"], 3),
-                                   "composed": n > DIRECT_N, "link_s": round(link_s(rec), 3),
+                                   "composed": n > sz.direct_n, "link_s": round(link_s(rec), 3),
                                    "board_cycles": round(rec_s * clk),
                                    "speedup": round(rec_s / imp_s, 1)}})
     results += _prefix_results(m, shared, common, clk, link_s, record_cycles, steady,
-                                host_steady)
+                                host_steady, sz)
     dec = m["decode"]
     first = dec[0]
     if not all(_same(d, first) for d in dec):
@@ -507,7 +534,7 @@ def run():
     tok_s = link_s(first) + first["attn_cycles"] / clk + host
     results.append({"name": "decode.tokens_per_s", "value": round(1 / tok_s, 2),
                     "unit": "tokens/s",
-                    "params": {**common, "ring_tokens": DIRECT_N, "steps": len(dec),
+                    "params": {**common, "ring_tokens": sz.direct_n, "steps": len(dec),
                                "bytes_to_device": first["bytes_to_device"],
                                "bytes_from_device": first["bytes_from_device"],
                                "requests": first["requests"],
@@ -519,11 +546,11 @@ def run():
     exp = m["export"]
     exp_board = {}
     for mode in ("sd4", "spi"):
-        sd_write = record_cycles(mode, "write", DIRECT_N)
+        sd_write = record_cycles(mode, "write", sz.direct_n)
         dev = exp["cycles"] - exp["record_bytes"] + sd_write
         exp_board[mode] = {"sd_write_cycles": sd_write, "device_cycles_board": dev,
                            "s": link_s(exp) + dev / clk + exp["host_s"]}
-    exp_params = {**common, "tokens": DIRECT_N, "record_bytes": exp["record_bytes"],
+    exp_params = {**common, "tokens": sz.direct_n, "record_bytes": exp["record_bytes"],
                   "bytes_to_device": exp["bytes_to_device"],
                   "bytes_from_device": exp["bytes_from_device"], "requests": exp["requests"],
                   "dma_cycles": exp["dma_cycles"], "device_cycles": exp["cycles"],
@@ -535,7 +562,7 @@ def run():
                   "spi_board_s": round(exp_board["spi"]["s"], 4)}
     results.append({"name": "export.record", "value": exp["cycles"], "unit": "cycles",
                     "params": exp_params})
-    results.append({"name": f"system.export_s.n{DIRECT_N}", "value": exp_params["board_s"],
+    results.append({"name": f"system.export_s.n{sz.direct_n}", "value": exp_params["board_s"],
                     "unit": "s", "params": {**exp_params, "target_s": 0.020}})
     for card, st in m["recovery"].items():
         results.append({"name": f"recovery_cycles.{card}_sector_model", "value": st["cycles"],
@@ -570,7 +597,8 @@ def run():
     return results
 
 
-def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_steady):
+def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_steady,
+                    sz: Sizes = Sizes()):
     """Issue #16's figures: time to first token behind a stored 1,024-token prefix (reuse and
     recompute, on the board) when the device answers ``QUERY_PREFIX``; tokens computed by 100
     conversations behind one 512-token prefix (scheduler decisions, software device)."""
@@ -588,13 +616,13 @@ def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_
     if pf is None:
         return out
     q, qu, ap, wa = pf["query"], pf["question"], pf["append"], pf["write_all"]
-    sd_read = record_cycles("sd4", "read", PREFIX_N)
+    sd_read = record_cycles("sd4", "read", sz.prefix_n)
     q_dev = q["query_cycles"] - q["record_bytes"] + sd_read      # the record read at SD speed
     question_s = link_s(qu) + qu["attn_cycles"] / clk + qu["host_s"]
     reuse = {"query_s": link_s(q) + q_dev / clk + q["host_s"], "question_s": question_s,
              "append_s": link_s(ap) + ap["host_s"]}
     reuse_s = sum(reuse.values())
-    k = PREFIX_N // CHUNK
+    k = sz.prefix_n // sz.chunk
     chunks = m["chunks"]
     direct, extra = chunks[:min(k, len(chunks))], max(0, k - len(chunks))
     rec = {key: sum(c[key] for c in direct) + extra * steady[key]
@@ -604,9 +632,9 @@ def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_
                  "prefill_s": link_s(rec) + rec["attn_cycles"] / clk + rec["host_s"],
                  "question_s": question_s}
     rec_s = sum(recompute.values())
-    base = {**common, "prefix_tokens": PREFIX_N, "question_tokens": PREFIX_Q,
+    base = {**common, "prefix_tokens": sz.prefix_n, "question_tokens": sz.prefix_q,
             "board": "4-bit SD; link at the UART baud; host numpy wall clock"}
-    out.append({"name": f"system.prefix.ttft_s.reuse_n{PREFIX_N}", "value": round(reuse_s, 4),
+    out.append({"name": f"system.prefix.ttft_s.reuse_n{sz.prefix_n}", "value": round(reuse_s, 4),
                 "unit": "s", "params": {
                     **base, **{k: round(v, 4) for k, v in reuse.items()},
                     "query_bytes_to_device": q["bytes_to_device"],
@@ -615,7 +643,7 @@ def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_
                     "query_device_cycles_board": q_dev, "record_bytes": q["record_bytes"],
                     "question_attn_cycles": qu["attn_cycles"],
                     "speedup": round(rec_s / reuse_s, 1), "target_speedup": 20}})
-    out.append({"name": f"system.prefix.ttft_s.recompute_n{PREFIX_N}",
+    out.append({"name": f"system.prefix.ttft_s.recompute_n{sz.prefix_n}",
                 "value": round(rec_s, 3), "unit": "s", "params": {
                     **base, **{k: round(v, 3) for k, v in recompute.items()},
                     "attn_cycles": rec["attn_cycles"] + qu["attn_cycles"],
@@ -784,8 +812,10 @@ def _prefix_markdown(results) -> list[str]:
                               if k.endswith("_s") and k != "host_s")
             rows.append([f"`{name}`", f"**{r['value']:.4g}**", parts,
                          p.get("speedup", ""), p.get("target_speedup", "")])
+        p = next(iter(ttft.values()))["params"]
         out.append(f"\nTime to the first generated token of a new conversation behind a "
-                   f"stored {PREFIX_N}-token prefix with a {PREFIX_Q}-token question of its "
+                   f"stored {p['prefix_tokens']}-token prefix with a {p['question_tokens']}-token "
+                   "question of its "
                    "own, on the board (link at the UART baud, device cycles with the record "
                    "read at 4-bit SD speed, host numpy wall clock). Reuse: `QUERY_PREFIX` "
                    "(tokens written, every length hashed and probed, the longest record "

@@ -33,18 +33,21 @@ REGIONS, LANES, MACS = 64, 4, 8
 N = 1024
 CHECKPOINTS = (256, 768)
 LOADS = (0.5, 0.75, 1.0)
+#: the smoke run (``run(smoke=True)``): a 64-token conversation, checkpoints at 16 and 48, 16
+#: regions (16 links in 8 buckets)
+SMOKE_REGIONS, SMOKE_N, SMOKE_CHECKPOINTS = 16, 64, (16, 48)
 
 
-def _measure():
+def _measure(regions=REGIONS, n_tokens=N, checkpoints=CHECKPOINTS):
     from ringkv.hw.top import RingKVTop
     from ringkv.sim.top_bench import image_for, run_top
 
     config = DEFAULT_CONFIG
-    top = RingKVTop(config, regions=REGIONS, lanes=LANES, macs=MACS)
+    top = RingKVTop(config, regions=regions, lanes=LANES, macs=MACS)
     seed = hash_seed(config)
     rng = random.Random(16)
-    tokens = [rng.randrange(1 << config.token_width) for _ in range(N)]
-    keys = dict(prefix_keys(tokens, seed, N))
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(n_tokens)]
+    keys = dict(prefix_keys(tokens, seed, n_tokens))
     out = {}
 
     def req(op, **fields):
@@ -63,16 +66,16 @@ def _measure():
         return got
 
     async def scenario(ctx, link):
-        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=N)
+        await call(ctx, link, Op.TOKENS_WRITE, req(Op.TOKENS_WRITE, offset=0, n=n_tokens)
                    + pack_tokens(config, tokens))
         for load in LOADS:
             await call(ctx, link, Op.DIR_CLEAR)
             g = GoldenDirectory(buckets=top.buckets, links=top.links, regions=top.regions)
             if load == LOADS[0]:
                 out["fixed"] = (await prefix(ctx, link, 1, g))["cycles"] - 1
-            entries = [(c, keys[c]) for c in CHECKPOINTS]
+            entries = [(c, keys[c]) for c in checkpoints]
             while len(entries) < int(load * top.buckets):
-                entries.append((rng.randrange(1, N + 1), rng.getrandbits(64)))
+                entries.append((rng.randrange(1, n_tokens + 1), rng.getrandbits(64)))
             for count, h in entries:
                 _, data = await call(ctx, link, Op.ALLOC_STATUS)
                 now = RESPONSES[Op.ALLOC_STATUS].unpack(data)["dir_now"]
@@ -82,17 +85,19 @@ def _measure():
                 if (status, DIR_RESPONSE.unpack(data)["link"]) != (Status.OK, want["link"]):
                     raise AssertionError("directory insert disagrees with the golden model")
             chains = [len(g.chain(b)) for b in range(g.buckets)]
-            out[load] = {"response": await prefix(ctx, link, N, g), "live": len(g.live),
+            out[load] = {"response": await prefix(ctx, link, n_tokens, g), "live": len(g.live),
                          "empty_buckets": chains.count(0)}
 
     run_top(top, image_for(top), scenario)
     return top, out
 
 
-def run():
-    top, out = _measure()
-    base = {"config": "DEFAULT_CONFIG", "regions": REGIONS, "links": top.links,
-            "buckets": top.buckets, "n": N, "checkpoints": list(CHECKPOINTS),
+def run(smoke: bool = False):
+    regions, n, checkpoints = ((SMOKE_REGIONS, SMOKE_N, SMOKE_CHECKPOINTS) if smoke
+                               else (REGIONS, N, CHECKPOINTS))
+    top, out = _measure(regions, n, checkpoints)
+    base = {"config": "DEFAULT_CONFIG", "regions": regions, "links": top.links,
+            "buckets": top.buckets, "n": n, "checkpoints": list(checkpoints),
             "simulator": "Amaranth"}
     fixed = out["fixed"]
     if fixed != QUERY_PREFIX_FIXED:
@@ -101,7 +106,7 @@ def run():
                 "params": {**base, "how": "n = 1 on an empty directory, minus its one key"}}]
     for load in LOADS:
         r, live = out[load]["response"], out[load]["live"]
-        per_token = (r["cycles"] - fixed) / N
+        per_token = (r["cycles"] - fixed) / n
         params = {**base, "load_factor": load, "live_links": live,
                   "empty_buckets": out[load]["empty_buckets"], "cycles": r["cycles"],
                   "answer_count": r["count"], "links_compared": r["probes"],

@@ -5,6 +5,12 @@ Each ``bench/bench_<group>.py`` module defines ``TITLE``, ``run() -> list[dict]`
 ``"group"``. ``--only GROUP ...`` re-runs some groups and keeps the others' stored results, so one
 block's figures can be refreshed without the whole sweep. Cycle counts come from simulation and
 are exact; synthesis figures are copied from nextpnr's report.
+
+``run(smoke=True)`` runs a group's smallest configuration: every measurement of the group on the
+smallest sizes it accepts, checked as the full run checks it, so that a broken benchmark fails
+``make test`` (``tests/test_bench.py``) in seconds rather than at the next ``make bench``. The
+smoke figures are not the published ones: ``--smoke`` prints them and renders the group's
+Markdown into ``build/bench-smoke/`` without touching ``bench/results.json``.
 """
 
 import argparse
@@ -38,12 +44,26 @@ def load(group):
     return importlib.import_module(f"bench.bench_{group}")
 
 
+def run_group(group: str, *, smoke: bool = False) -> list[dict]:
+    """The results of one group's ``run()``, each checked for its keys and given ``"group"``."""
+    results = []
+    for r in load(group).run(smoke=smoke):
+        missing = {"name", "value", "unit", "params"} - set(r)
+        if missing:
+            raise ValueError(f"bench {group}: result {r!r} lacks {sorted(missing)}")
+        results.append({**r, "group": group})
+    return results
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="groups to run")
     parser.add_argument("--list", action="store_true", help="list the groups")
     parser.add_argument("--render", action="store_true",
                         help="only regenerate docs/BENCHMARKS.md from bench/results.json")
+    parser.add_argument("--smoke", action="store_true",
+                        help="run the groups' smallest configurations; write only "
+                             "build/bench-smoke/ (not the published results)")
     args = parser.parse_args(argv)
     from ringkv.sim.toolchain import setup_environ
     setup_environ()
@@ -55,16 +75,14 @@ def main(argv=None):
     unknown = sorted(set(selected) - set(all_groups))
     if unknown:
         parser.error(f"unknown group(s) {unknown}; known: {all_groups}")
+    if args.smoke:
+        return _smoke(selected)
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     results = [r for r in stored if r.get("group") not in selected and r.get("group") in all_groups]
     for group in selected:
         started = time.monotonic()
         print(f"[bench] {group} ...", flush=True)
-        for r in load(group).run():
-            missing = {"name", "value", "unit", "params"} - set(r)
-            if missing:
-                raise ValueError(f"bench {group}: result {r!r} lacks {sorted(missing)}")
-            results.append({**r, "group": group})
+        results += run_group(group)
         print(f"[bench] {group} done in {time.monotonic() - started:.0f} s", flush=True)
     order = {g: i for i, g in enumerate(all_groups)}
     results.sort(key=lambda r: order[r["group"]])
@@ -79,6 +97,33 @@ def main(argv=None):
     print(f"wrote {RESULTS.relative_to(HERE.parent)} ({len(results)} results) and "
           f"{DOC.relative_to(HERE.parent)}")
     return 0
+
+
+def _smoke(selected) -> int:
+    out = HERE.parent / "build" / "bench-smoke"
+    out.mkdir(parents=True, exist_ok=True)
+    for group in selected:
+        started = time.monotonic()
+        results = run_group(group, smoke=True)
+        text = f"## {load(group).TITLE} (smoke sizes)\n\n{load(group).markdown(results).strip()}\n"
+        (out / f"{group}.json").write_text(json.dumps(results, indent=1) + "\n")
+        (out / f"{group}.md").write_text(text)
+        print(f"[bench smoke] {group}: {len(results)} results in "
+              f"{time.monotonic() - started:.0f} s -> {out / (group + '.md')}", flush=True)
+    return 0
+
+
+def synth_or_elaborate(component, name: str, *, smoke: bool, **kwargs):
+    """:func:`ringkv.boards.synth.synth_core` for the published run. In a smoke run the
+    component is only converted to RTLIL (its parameters and elaboration are checked, in a
+    fraction of a second) and ``None`` is returned: the place and route of every group's cores
+    would take most of the smoke budget, and one smoke group (``link``) synthesizes for real."""
+    if smoke:
+        from amaranth.back import rtlil
+        rtlil.convert(component, name=name, emit_src=False)
+        return None
+    from ringkv.boards.synth import synth_core
+    return synth_core(component, name, **kwargs)
 
 
 def table(header, rows) -> str:

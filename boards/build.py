@@ -192,12 +192,15 @@ def _run_script(build_dir: Path, script: str, log_path: Path, progress: _Progres
 
 def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 4096,
           build_dir=None, seed: int = 1, storage: str = "sd4", out=None,
-          heartbeat_s: float = 60.0, constrain_mhz: float | None = None) -> dict:
+          heartbeat_s: float = 60.0, constrain_mhz: float | None = None,
+          config=None, lanes: int = 4, macs: int = 8) -> dict:
     """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
     ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
     (default standard error); the tools' output to ``<build_dir>/build.log``.
     ``constrain_mhz``: the clock nextpnr places and routes against (default ``sys_mhz`` plus
-    :data:`OVERCONSTRAIN_PCT`; ``sys_mhz`` itself: no over-constraint)."""
+    :data:`OVERCONSTRAIN_PCT`; ``sys_mhz`` itself: no over-constraint). ``config``, ``lanes``
+    and ``macs``: the device's shape (default: the board's, ``TRAINED_CONFIG`` at P=4, M=8; a
+    reduced one builds in minutes, as the benchmark's smoke run does)."""
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {sorted(BOARDS)}")
     setup_environ()
@@ -208,7 +211,9 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     build_dir = Path(build_dir or _REPO / "build" / board)
     progress.enter("elaboration", f"elaboration: the {board} top -> {build_dir}")
     platform = getattr(ulx3s, BOARDS[board])()
-    top = ULX3STop(sys_mhz=sys_mhz, regions=regions, storage=storage)
+    shape = {} if config is None else {"config": config}
+    top = ULX3STop(**shape, sys_mhz=sys_mhz, regions=regions, storage=storage, lanes=lanes,
+                   macs=macs)
     name = "ringkv_ulx3s"
     real_mhz = top.sys_hz / 1e6
     if constrain_mhz is None:

@@ -22,7 +22,8 @@ def hash_output_layout(hash_width: int, count_width: int) -> data.StructLayout:
 
 
 class HashEngine(wiring.Component):
-    """Chained prefix hash over a token stream (``docs/CONVENTIONS.md#hash``), ``h_{i+1} = f(h_i, t_i)``.
+    """Chained prefix hash over a token stream, ``h_{i+1} = f(h_i, t_i)``
+    (``docs/CONVENTIONS.md#hash``).
 
     Parameters
     ----------

@@ -9,6 +9,7 @@ Waveforms only on request: set ``RINGKV_WAVES=1`` and an FST trace is written to
 directory, named after the top level.
 """
 
+import fcntl
 import json
 import os
 import sys
@@ -31,11 +32,25 @@ def run_cocotb(component, *, toplevel: str, test_module: str, params: dict | Non
 
     ``test_module`` is a module in ``tests/cocotb/``. ``build_name`` separates builds of the same
     top level with different parameters (defaults to ``toplevel``). Returns the results file.
+
+    Calls with the same ``build_name`` share the build (Verilator runs again only when the
+    Verilog changed) and take turns on it: a lock on the build directory, held for the build
+    and the run, keeps parallel test workers from verilating into the same files at once.
     """
     setup_environ()
+    build_dir = BUILD_ROOT / "cocotb" / (build_name or toplevel)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_and_test(component, build_dir, toplevel=toplevel,
+                               test_module=test_module, params=params, testcase=testcase,
+                               seed=seed, extra_sources=extra_sources)
+
+
+def _build_and_test(component, build_dir: Path, *, toplevel, test_module, params, testcase,
+                    seed, extra_sources) -> Path:
     from cocotb_tools.runner import get_runner
 
-    build_dir = BUILD_ROOT / "cocotb" / (build_name or toplevel)
     source = write_verilog(component, toplevel, build_dir / f"{toplevel}.v")
     waves = os.environ.get("RINGKV_WAVES", "") not in ("", "0")
     runner = get_runner("verilator")

@@ -37,6 +37,8 @@ def test_clock_seam_is_checked():
 
 
 @requires_verilator
+@pytest.mark.slow       # the board's pins again, driven by cocotbext-uart (the board check is
+                        # the pin-level end-to-end path of make test)
 @pytest.mark.parametrize("testcase", ["ping_version_attention_bad_crc",
                                       "framing_error_lights_the_error_led"])
 def test_board_pins_with_cocotbext_uart(board_build, tmp_path, testcase):

@@ -21,7 +21,8 @@ CONFIGS = {
 
 
 @requires_verilator
-@pytest.mark.parametrize("name", ["small", "fx2", pytest.param("odd", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["small", pytest.param("fx2", marks=pytest.mark.slow),
+                                  pytest.param("odd", marks=pytest.mark.slow)])
 def test_dma_cocotb(name):
     config, regions, trials = CONFIGS[name]
     run_cocotb(DmaHarness(config, regions), toplevel="dma_harness", test_module="cocotb_dma",

@@ -4,6 +4,9 @@ import random
 
 import numpy as np
 import pytest
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, header_template
@@ -97,7 +100,8 @@ def test_v_column_wise_and_k_token_order():
     assert list(v1[8:16]) == [16 * s + 129 for s in order]        # then dim 1
 
 
-@pytest.mark.parametrize("seed", range(6))
+@settings(max_examples=examples(fast=12, thorough=200))
+@given(seed=st.integers(0, 2**32 - 1))
 def test_round_trip_random(seed):
     rng = random.Random(seed)
     img = Image(SMALL, 3)
@@ -316,7 +320,8 @@ def test_fx2_elements_little_endian_k_token_order_v_column_wise():
     assert len(kv) == 2 * 2 * 8 * 8 * 2
 
 
-@pytest.mark.parametrize("seed", range(4))
+@settings(max_examples=examples(fast=8, thorough=100))
+@given(seed=st.integers(0, 2**32 - 1))
 def test_fx2_round_trip_random(seed):
     from ringkv.host.record import ring_image, rings_from_image
     rng = random.Random(100 + seed)

@@ -58,7 +58,10 @@ SPAN = LAY.sectors_per_region * SECTOR
 N_A, N_B = 6, 9
 TOP = SEQ_MOD - 1
 
-pytestmark = requires_verilator
+#: the recovery after a power cut again, on the Verilator top: the Amaranth-simulator top
+#: (tests/test_recovery_device.py) and the short end-to-end scenario (tests/test_system.py: a
+#: power cut and the recovery of its record) are in ``make test``; this module in test-all
+pytestmark = [requires_verilator, pytest.mark.slow]
 
 
 def _top_kwargs():

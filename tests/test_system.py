@@ -1,6 +1,7 @@
 """End to end through the Verilator-built top: host scheduler and model, TCP link, simulated
 storage image, power cut and move to a second device (the short form of ``make demo``)."""
 
+import pytest
 from conftest import requires_verilator
 
 from ringkv.sim.system_demo import run_system_demo, short_scenario
@@ -18,6 +19,7 @@ def test_short_end_to_end_scenario(tmp_path, capsys):
 
 
 @requires_verilator
+@pytest.mark.slow       # the scenario again in the other numerics (a second Verilator build)
 def test_end_to_end_with_numerics_fx2(tmp_path, capsys):
     """The same scenario on a top built with numerics ringkv-fx2 (int16 q/k/v in the attention
     core, two bytes per element on the link, in the rings and in the records): decode, export,
@@ -39,6 +41,7 @@ def test_end_to_end_with_numerics_fx2(tmp_path, capsys):
 
 
 @requires_verilator
+@pytest.mark.slow       # the link fuzz again at this level (test_top.py fuzzes the Amaranth top)
 def test_link_fuzz_on_verilator_keeps_snapshots(tmp_path):
     """Thousands of random and malformed frames into the Verilator-built top over TCP: it
     still answers valid frames correctly afterwards, and no stored snapshot changed (the image

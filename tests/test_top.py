@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from top_helpers import CFG, CFG2, LANES, REGIONS, make_top, req
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
@@ -13,7 +14,6 @@ from ringkv.defs.protocol import (
     DIR_RESPONSE,
     FLAG_EXISTING,
     NO_RECORD,
-    REQUESTS,
     RESPONSES,
     RING_CLEAR_ALL,
     RING_ELEMENTS,
@@ -37,11 +37,6 @@ from ringkv.hw.top import RingKVTop
 from ringkv.sim import cycle_signature
 from ringkv.sim.top_bench import image_for, run_top
 
-CFG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8, max_tokens=64)
-#: the same device with numerics ringkv-fx2 (int16 q/k/v: two bytes per element)
-CFG2 = RingKVConfig(**{**CFG.__dict__, "numerics": "ringkv-fx2"})
-REGIONS = 4
-LANES, MACS = 2, 4
 CYCLES = Path(__file__).parent / "data" / "top_cycles"
 
 
@@ -61,15 +56,6 @@ def same_cycles(request):
     assert want is not None, f"no cycle signature {path.name}: run with RINGKV_UPDATE_CYCLES=1"
     diff = cycle_signature.compare(want, rec.runs)
     assert diff is None, f"response timing changed: {diff}"
-
-
-def make_top(config=CFG, **kw):
-    kw = {"regions": REGIONS, "lanes": LANES, "macs": MACS, "max_payload": 1024, **kw}
-    return RingKVTop(config, **kw)
-
-
-def req(op, **fields):
-    return REQUESTS[op].pack(**fields)
 
 
 def rand_qkv(rng, count, config=CFG):

@@ -1,0 +1,33 @@
+"""Every benchmark group runs at its smallest configuration (``run(smoke=True)``) and renders
+its section of ``docs/BENCHMARKS.md``: a broken benchmark fails ``make test``, not the next
+``make bench``. The figures themselves are checked by each group as in the full run (outputs
+against the golden models); here only their shape."""
+
+import numbers
+
+import pytest
+
+from bench.run import groups, load, run_group
+
+#: groups whose smallest configuration still builds a whole top (Verilator at the default
+#: shape, a bitstream, the gate-level board, yosys on the board top): ``make test-all``
+HEAVY = {"board", "board_bram", "model", "system"}
+
+
+def test_groups_found():
+    assert {"attention", "directory", "hash", "link", "storage", "system_prefix"} | HEAVY \
+        <= set(groups())
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.slow) if g in HEAVY else g
+                                   for g in groups()])
+def test_bench_group_smoke(group):
+    results = run_group(group, smoke=True)
+    assert results, f"bench group {group} returned no results"
+    for r in results:
+        assert r["group"] == group
+        assert isinstance(r["name"], str) and r["name"]
+        assert isinstance(r["value"], numbers.Real), r
+        assert isinstance(r["params"], dict), r
+    text = load(group).markdown(results)
+    assert isinstance(text, str) and text.strip()
