@@ -46,7 +46,7 @@ read token, 3 busy bytes after a written block) are not a real card's. Link, dev
 times are added (no overlap assumed: an upper bound where the device computes while the UART
 is still sending).
 
-**Prefix reuse** (issue #16): ``system.prefix.ttft_s.reuse_n1024`` and ``..recompute_n1024``
+**Prefix reuse**: ``system.prefix.ttft_s.reuse_n1024`` and ``..recompute_n1024``
 are the time to the first generated token of a new conversation behind a stored 1,024-token
 prefix with a 32-token question of its own. Reuse is measured on the same top: the crafted
 record of the sweep's first 1,024 tokens is found by ``QUERY_PREFIX`` (``FpgaDevice.query_prefix``
@@ -92,7 +92,7 @@ REGIONS = 16
 FULL_REGIONS = 4096     # the board top's default store: the full-card recovery
 LANES, MACS = 4, 8      # the board top's core
 UART_BITS = 10          # start + 8 data + stop
-PREFIX_N = 1024         # issue #16: a shared prefix of 1,024 tokens (a crafted record) ...
+PREFIX_N = 1024         # a shared prefix of 1,024 tokens (a crafted record) ...
 PREFIX_Q = 32           # ... and a question of 32 tokens of the new conversation's own
 SHARED_N, SHARED_CONVERSATIONS = 512, 100   # 100 conversations behind one 512-token prefix
 
@@ -347,7 +347,7 @@ def _measure(workdir: Path, sz: Sizes = Sizes()) -> dict:
 
 
 def _measure_prefix(dev, meter, model, tokens, lay, rng, sz: Sizes = Sizes()):
-    """Issue #16's time to first token of a new conversation behind the stored
+    """The time to first token of a new conversation behind the stored
     ``PREFIX_N``-token prefix (the crafted record of ``tokens[:PREFIX_N]``; the records of 256
     and 512 tokens are shorter prefixes of it, 2,048 a longer one) with a ``PREFIX_Q``-token
     question of its own, on the device, as the scheduler runs it:
@@ -362,7 +362,7 @@ def _measure_prefix(dev, meter, model, tokens, lay, rng, sz: Sizes = Sizes()):
       positions, full ring).
 
     Needs ``FpgaDevice.query_prefix`` (``QUERY_PREFIX``); without it (a tree without the
-    gateware side of issue #16) nothing is measured and :func:`run` publishes no prefix time.
+    gateware's QUERY_PREFIX) nothing is measured and :func:`run` publishes no prefix time.
     """
     from ringkv.host.scheduler import Device
     if type(dev).query_prefix is Device.query_prefix:
@@ -599,7 +599,7 @@ def run(smoke: bool = False):
 
 def _prefix_results(m, shared, common, clk, link_s, record_cycles, steady, host_steady,
                     sz: Sizes = Sizes()):
-    """Issue #16's figures: time to first token behind a stored 1,024-token prefix (reuse and
+    """Prefix reuse figures: time to first token behind a stored 1,024-token prefix (reuse and
     recompute, on the board) when the device answers ``QUERY_PREFIX``; tokens computed by 100
     conversations behind one 512-token prefix (scheduler decisions, software device)."""
     out = []
@@ -774,7 +774,7 @@ def markdown(results) -> str:
     named = [r for r in results if r["name"].startswith(("system.resume_s.",
                                                           "system.export_s."))]
     if named:
-        out.append("\nIssue #12 figures (board, 4-bit bus; SPI mode for comparison):\n")
+        out.append("\nStorage figures (board, 4-bit bus; SPI mode for comparison):\n")
         out.append(table(["figure", "board s (4-bit)", "SPI s", "target s"],
                          [[f"`{r['name']}`", f"**{r['value']:.4f}**",
                            f"{r['params'].get('spi_s', r['params'].get('spi_board_s')):.4f}",
@@ -790,7 +790,7 @@ def _prefix_markdown(results) -> list[str]:
             continue
         p = r["params"]
         out.append(
-            f"\nIssue #16, prefix reuse: {p['conversations']} new conversations behind one "
+            f"\nPrefix reuse: {p['conversations']} new conversations behind one "
             f"{p['shared']}-token prefix (a system prompt or a document), each with a "
             f"{p['question']}-token question of its own, through the scheduler ({p['device']}): "
             f"`{r['name']}` = **{r['value']}** tokens prefilled in all (target "

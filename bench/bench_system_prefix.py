@@ -1,5 +1,5 @@
 """The longest stored prefix: what ``QUERY_PREFIX`` costs the device per token, at directory
-loads 0.5, 0.75 and 1.0 (issue 16's ``prefix.query_clk_per_token``, target <= 4 at 0.75).
+loads 0.5, 0.75 and 1.0 (``prefix.query_clk_per_token``, target <= 4 at 0.75).
 
 ``RingKVTop`` at the default configuration (``DEFAULT_CONFIG``, 64 regions: 64 directory links
 in 32 buckets, P=4 lanes x M=8 MACs) in the Amaranth simulator, driven through byte frames as
@@ -135,7 +135,7 @@ def markdown(results) -> str:
              f"cost = (cycles - {fixed['value']}) / n, {fixed['value']} being the constant "
              "(measured: n = 1 on an empty directory). Per key the directory takes 1 clock "
              "when the bucket is empty, else 2 + links compared; the last column is that "
-             "cost's mean for Poisson chain lengths, 2 - exp(-load) + load. Target (issue 16): "
+             "cost's mean for Poisson chain lengths, 2 - exp(-load) + load. Target: "
              "at most 4 clocks per token at load 0.75.", ""]
     lines.append(table(["load", "live links", "empty buckets", f"cycles (n={p['n']})",
                         "answer", "links compared", "clk/token", "Poisson model"], rows))

@@ -248,7 +248,7 @@ def test_cocotb_decoder_fuzz():
 @pytest.mark.slow
 @requires_verilator
 def test_cocotb_decoder_fuzz_thousands():
-    """The whole-system issue's link fuzz: 4000 random and malformed frames."""
+    """Link fuzz: 4000 random and malformed frames."""
     _cocotb_fuzz(4000, 8)
 
 

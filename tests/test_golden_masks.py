@@ -1,4 +1,4 @@
-"""Seed 002 masks: full masks, the compressed 512x512 mask and its block-tiled use."""
+"""Sliding-window masks: full masks, the compressed 512x512 mask and its block-tiled use."""
 
 import numpy as np
 import pytest
@@ -20,7 +20,8 @@ from ringkv.host.golden_swa import positions_mask, swa_attention
 
 
 def cpp_mask(size, window, masked):
-    """The seed's C++ loop (``create_attention_mask``), row index fixed to the mask's size."""
+    """The reference generator's C++ loop (``create_attention_mask``), row index fixed to the
+    mask's size."""
     m = np.full((size, size), masked)
     for i in range(size):
         offset = i - window + 1 if i >= window else 0
@@ -29,7 +30,7 @@ def cpp_mask(size, window, masked):
 
 
 def cpp_true_size(window, head_size):
-    """The seed's C++ ``blockSize``/``compressWindow``."""
+    """The reference generator's C++ ``blockSize``/``compressWindow``."""
     b = (16384 // head_size // 16 * 16) if head_size > 128 else 128
     return 2 * b + window % b if window > 3 * b else window
 
@@ -54,15 +55,16 @@ def test_full_masks_match_cpp_and_spec_window(max_seq, window):
     assert np.array_equal(add, cpp_mask(max_seq, window, MASK_VALUE))
     assert np.array_equal(boo, cpp_mask(max_seq, window, 1.0))
     pos = np.arange(max_seq)
-    keep = positions_mask(pos, pos, window, True)  # SPEC §2: i - W < j <= i
+    keep = positions_mask(pos, pos, window, True)  # docs/CONVENTIONS.md#window: i - W < j <= i
     assert np.array_equal(boo == 0, keep) and np.array_equal(add == 0, keep)
     assert list((boo == 0).sum(axis=1)) == [min(i + 1, window) for i in pos]  # W keys incl. self
-    if window >= max_seq:  # the seed: then the mask is the plain causal (upper-triangle) mask
+    if window >= max_seq:  # the reference: then the mask is the plain causal (upper-triangle) mask
         assert np.array_equal(boo, np.triu(np.ones((max_seq, max_seq)), 1))
 
 
-def test_seed_prose_is_off_by_one():
-    """"Skip when m - n > windowLen" keeps W + 1 keys; the seed's code (and SPEC) keeps W."""
+def test_window_prose_is_off_by_one():
+    """"Skip when m - n > windowLen" keeps W + 1 keys; the reference's code (and RingKV's
+    window) keeps W."""
     W, S = 3, 10
     m, n = np.arange(S)[:, None], np.arange(S)[None, :]
     prose_masked = (n > m) | (m - n > W)
@@ -89,7 +91,7 @@ def test_block_size_and_true_size_table():
         [128, 128, 128, 64, 64, 64]
     assert [compressed_block_size(h, "cpp") for h in (64, 128, 192, 256, 512)] == \
         [128, 128, 80, 64, 32]
-    cases = {  # (window, head_size): true_size per the seed's Python
+    cases = {  # (window, head_size): true_size per the reference's Python
         (1, 128): 1, (100, 128): 100, (384, 128): 384, (385, 128): 257, (500, 128): 372,
         (512, 128): 384, (640, 64): 384, (641, 64): 257, (1000, 128): 360,
         (192, 256): 192, (193, 256): 129, (256, 256): 192, (300, 256): 172, (4096, 256): 192,
@@ -203,7 +205,7 @@ def test_cpp_variant_also_tiles_correctly(head_size):
 
 def assemble_square(s, w, hs, cmask, offsets_variant):
     """Absolute tiling of an s x s prefill, mask tiles read from ``cmask`` at the offsets that
-    ``offsets_variant`` computes (a mismatch models mixing the seed's Python and C++ code)."""
+    ``offsets_variant`` computes (a mismatch models mixing the reference's Python and C++ code)."""
     b = 128 if hs <= 128 else 64
     out = np.full((s, s), MASK_VALUE)
     for qs in range(0, s, b):
@@ -216,8 +218,9 @@ def assemble_square(s, w, hs, cmask, offsets_variant):
 
 @pytest.mark.parametrize("w,hs", [(512, 128), (640, 128), (256, 256), (320, 256)])
 def test_mixing_python_mask_with_cpp_offsets_is_caught(w, hs):
-    """The seed's Python (3B) and C++ (2B) true_size differ for exact multiples above 3B: reading
-    the Python mask at the C++ offsets gives a wrong mask; each at its own offsets is right."""
+    """The reference's Python (3B) and C++ (2B) true_size differ for exact multiples above 3B:
+    reading the Python mask at the C++ offsets gives a wrong mask; each at its own offsets is
+    right."""
     s = 1100
     full = swa_mask_additive(s, w)
     py, cpp = swa_mask_compressed(w, hs), swa_mask_compressed(w, hs, variant="cpp")

@@ -25,7 +25,8 @@ def rand_qkv(rng, sq, sk, hq, hkv, d, amp=1.0):
 # ---- an explicit variant reference with every convention as a knob ----------------------------
 
 def variant_attention(q, k, v, window, *, window_delta=0, head_map="div", align="bottom_right"):
-    """Causal attention written from SPEC §2 with knobs to break each convention on purpose."""
+    """Causal attention written from docs/CONVENTIONS.md#window, with knobs to break each
+    convention on purpose."""
     sq, hq, d = q.shape
     sk, hkv, _ = k.shape
     g = hq // hkv

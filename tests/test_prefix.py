@@ -1,4 +1,4 @@
-"""Longest stored prefix (issue 16, device side): QUERY_PREFIX against its golden model, and
+"""Longest stored prefix (device side): QUERY_PREFIX against its golden model, and
 the record kind (turn snapshot / checkpoint) through EXPORT, the record format and the listing.
 
 The directory's PROBE run alone is tested in ``tests/test_directory.py``; the whole top on

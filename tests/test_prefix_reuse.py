@@ -1,4 +1,4 @@
-"""Longest stored prefix (issue #16, host side): the software device's ``query_prefix``, the
+"""Longest stored prefix (host side): the software device's ``query_prefix``, the
 scheduler's checkpoints, kept turns, edit-and-resend and prefix reuse; every generated token
 equal to a run with no reuse at all (float64 and the fixed-point core's golden model)."""
 

@@ -1,4 +1,4 @@
-"""Recovery after power cuts takes nothing from a record that fails its checks (issue #17).
+"""Recovery after power cuts takes nothing from a record that fails its checks.
 
 Golden level (the scan and rebuild of ``host/record.py`` with the golden directory standing in
 for the device): a power cut at every byte of the header sector on an erased (0xFF) and on a

@@ -1,4 +1,4 @@
-"""Seed 001 scheduler on the software device: paths, snapshots, identical tokens."""
+"""The scheduler on the software device: paths, snapshots, identical tokens."""
 
 import random
 
@@ -47,9 +47,10 @@ def test_interleaved_sessions_equal_plain_run(model, export_after_inference):
 
 
 def test_paths_resume_and_eviction(model):
-    """Seed 001's paths: a session keeps one turn snapshot (``keep_turns=1``). An export writes
-    the new snapshot before it retires the one it replaces (as the board's ``EXPORT`` does, so
-    a power cut in between keeps the old one), so it needs a free place for one more record:
+    """The scheduler's paths when a session keeps one turn snapshot (``keep_turns=1``). An
+    export writes the new snapshot before it retires the one it replaces (as the board's
+    ``EXPORT`` does, so a power cut in between keeps the old one), so it needs a free place
+    for one more record:
     a store of three holds both sessions; in a store of two, a's export evicts b's snapshot."""
     dev = SoftwareDevice(SMALL, capacity=1)
     sched = Scheduler(model, dev, chunk=4, keep_turns=1)

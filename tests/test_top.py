@@ -219,8 +219,9 @@ def test_identity_and_tokens():
 
 
 def test_export_query_hit_miss_corrupt():
-    """Seed 001 end to end: export, resume by query (HIT, rings restored bit-exactly), unknown
-    prefix (MISS), corrupted record (MISS, dropped from the directory, rings emptied)."""
+    """The snapshot store end to end: export, resume by query (HIT, rings restored
+    bit-exactly), unknown prefix (MISS), corrupted record (MISS, dropped from the directory,
+    rings emptied)."""
     top = make_top()
     image = image_for(top)
     lay = RecordLayout(CFG)
