@@ -192,7 +192,21 @@ CONFIGS = (("one device", 1, "prefix", CAPACITY),
            ("one device, infinite store", 1, "prefix", 1 << 30))
 
 
-def run():
+def run(smoke: bool = False):
+    """The figures; ``smoke``: 8 requests of 2 clients on the demo shape, 3 sequential ones
+    (``make test`` runs it so that a broken benchmark fails there)."""
+    if not smoke:
+        return _run()
+    names = ("REQUESTS", "CLIENTS", "SHAPE", "SEQUENTIAL")
+    saved = {k: globals()[k] for k in names}
+    globals().update(REQUESTS=8, CLIENTS=2, SHAPE="demo", SEQUENTIAL=3)
+    try:
+        return _run()
+    finally:
+        globals().update(saved)
+
+
+def _run():
     load = os.getloadavg()[0]
     common = {"requests": REQUESTS, "clients": CLIENTS, "systems": SYSTEMS,
               "max_tokens": MAX_TOKENS, "config": SHAPE, "loadavg_1min": round(load, 2),

@@ -450,6 +450,7 @@ class Worker:
             queued.counted_by = None
         with self.engine.lock:
             self.load -= len(moved)
+        self._release(job)                   # before it may count on another device
         retry = job.emitted == 0 and job.attempts < 2
         for j in ([job] if retry else []) + moved:
             self.engine.resubmit(j)

@@ -5,13 +5,9 @@ import pytest
 
 
 @pytest.mark.slow
-def test_serve_bench_runs_at_a_tiny_size(monkeypatch):
+def test_serve_bench_runs_at_a_tiny_size():
     from bench import bench_serve as b
-    monkeypatch.setattr(b, "REQUESTS", 8)
-    monkeypatch.setattr(b, "CLIENTS", 2)
-    monkeypatch.setattr(b, "SHAPE", "demo")
-    monkeypatch.setattr(b, "SEQUENTIAL", 3)
-    results = b.run()
+    results = b.run(smoke=True)
     names = {r["name"] for r in results}
     for key in ("one_device", "four_devices", "four_devices_round-robin",
                 "one_device_infinite_store"):

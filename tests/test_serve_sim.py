@@ -88,6 +88,8 @@ def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
         # the index is the recovered board's own directory
         assert w.index == {(c, h) for c, h, _ in w.device._device.directory()}
         assert http.get(base + "/health").json()["devices"][0]["recoveries"] == 1
+        # the failed request counted once, on the device that served it: nothing left counted
+        assert [x.load for x in engine.workers] == [0, 0]
 
         # a power cut in the middle of a stream: the tokens sent stand, the stream ends with
         # an error event, the server keeps serving
