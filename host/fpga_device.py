@@ -385,8 +385,13 @@ class FpgaDevice(Device):
     def directory(self) -> list[tuple[int, int, int]]:
         """The live records of the device's directory: ``(count, hash, region)`` by region
         (``DIR_READ`` of every link)."""
-        links = self.version()["links"]
-        out = []
+        out = [(r["count"], r["hash"], r["region"])
+               for r in self._live_links(self.version()["links"])]
+        return sorted(out, key=lambda x: x[2])
+
+    def _live_links(self, links: int):
+        """The ``DIR_RESPONSE`` record of every live directory link (``DIR_READ`` of each of
+        ``links``; a free link answers ``BAD_ARG``)."""
         for link in range(links):
             try:
                 data = self._call(Op.DIR_READ, link=link)
@@ -394,9 +399,7 @@ class FpgaDevice(Device):
                 if e.status != Status.BAD_ARG:
                     raise
                 continue
-            r = DIR_RESPONSE.unpack(data)
-            out.append((r["count"], r["hash"], r["region"]))
-        return sorted(out, key=lambda x: x[2])
+            yield DIR_RESPONSE.unpack(data)
 
     def read_sectors(self, lba: int, count: int) -> bytes:
         return b"".join(self._call(Op.SECTOR_READ, lba=lba + i) for i in range(count))
@@ -457,15 +460,7 @@ class FpgaDevice(Device):
         info = self.version()
         now = RESPONSES[Op.ALLOC_STATUS].unpack(self._call(Op.ALLOC_STATUS))["dir_now"]
         lay = RecordLayout(self.config)
-        rows = []
-        for link in range(info["links"]):
-            try:
-                data = self._call(Op.DIR_READ, link=link)
-            except DeviceError as e:            # BAD_ARG: a free link (NOT_LIVE)
-                if e.status != Status.BAD_ARG:
-                    raise
-                continue
-            rows.append(DIR_RESPONSE.unpack(data))
+        rows = list(self._live_links(info["links"]))
         rows.sort(key=lambda r: (now - r["stamp"]) & 0xFFFFFFFF, reverse=True)
         out = []
         for r in rows:

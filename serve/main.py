@@ -28,7 +28,8 @@ from ringkv.host.errors import (
     error_lines,
 )
 
-__all__ = ["main", "build_parser", "build_server", "listen", "NUMERICS_CHOICES"]
+__all__ = ["main", "build_parser", "build_server", "listen", "serve_in_thread",
+           "NUMERICS_CHOICES"]
 
 NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
 
@@ -191,6 +192,29 @@ def build_server(args):
     app = create_app(engine, model_name=name,
                      fingerprint="ringkv-" + config.digest().hex()[:12])
     return engine, app, name
+
+
+def serve_in_thread(app, host: str = "127.0.0.1", port: int = 0, *,
+                    timeout: float = 60.0):
+    """Serve ``app`` with uvicorn in a daemon thread of this process, on ``port`` (0: any free
+    one): ``(server, thread, base URL)`` once it listens (tests, notebooks, embedding). Stop it
+    with ``server.should_exit = True`` and ``thread.join()``."""
+    import threading
+    import time
+
+    import uvicorn
+    sock = listen(host, port)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not server.started:
+        sock.close()
+        raise LinkError(f"the server did not start on {host}:{port} within {timeout} s")
+    return server, thread, f"http://{host}:{port}"
 
 
 def main(argv=None) -> int:

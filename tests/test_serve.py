@@ -5,17 +5,15 @@ and not, on software devices with the trained demo-shape model (real text)."""
 import contextlib
 import json
 import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 
 from ringkv.host.model import FixedBackend
 from ringkv.host.scheduler import plain_run
-from ringkv.serve.main import build_parser, build_server
+from ringkv.serve.main import build_parser, build_server, serve_in_thread
 from ringkv.serve.template import chat_prompt
 
 SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
@@ -40,19 +38,10 @@ class Running:
 def running(*argv):
     args = build_parser().parse_args(["--config", "demo", *argv])
     engine, app, name = build_server(args)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert server.started and engine.wait_ready(60)
+    server, thread, base = serve_in_thread(app)
+    assert engine.wait_ready(60)
     try:
-        yield Running(f"http://127.0.0.1:{port}", engine, name)
+        yield Running(base, engine, name)
     finally:
         server.should_exit = True
         thread.join(30)

@@ -5,13 +5,10 @@ power cut) while it serves: the server goes on with the software device, the boa
 again on its card, recovers its directory, and rejoins with its index read from that
 directory; killed in the middle of a stream: that stream ends with an error event."""
 
-import socket
-import threading
 import time
 
 import httpx
 import openai
-import uvicorn
 from conftest import requires_verilator
 
 from ringkv.defs.config import DEMO_CONFIG
@@ -20,6 +17,7 @@ from ringkv.host.scheduler import plain_run
 from ringkv.serve.app import create_app
 from ringkv.serve.devices import SimHandle, SoftwareHandle
 from ringkv.serve.engine import Engine
+from ringkv.serve.main import serve_in_thread
 from ringkv.serve.metrics import Metrics
 from ringkv.serve.template import chat_prompt
 
@@ -28,17 +26,7 @@ http = httpx.Client(timeout=120)
 
 
 def _serve(engine, name):
-    app = create_app(engine, model_name=name)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started and thread.is_alive():
-        time.sleep(0.01)
-    return server, thread, f"http://127.0.0.1:{port}"
+    return serve_in_thread(create_app(engine, model_name=name))
 
 
 @requires_verilator
