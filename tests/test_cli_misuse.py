@@ -274,6 +274,11 @@ def test_sim_port_in_use(built, tmp_path):
     assert not image.exists()
 
 
+# Timing-sensitive under load: on a clean clone whose other worker was building Verilator
+# models (load average above 6 on 2 cores) the signalled command did not end in time once and
+# printed nothing once; alone, and on a warm tree, they pass. Until that is understood they
+# run in `make test-all`, not in CI's `make test`.
+@pytest.mark.slow
 @needs_sim
 def test_sim_interrupted_and_terminated(built, tmp_path):
     """SIGINT to ``ringkv sim`` alone, Ctrl-C at a terminal (SIGINT to its whole process
@@ -343,6 +348,11 @@ def test_chat_survives_a_killed_simulator(built, tmp_path):
     assert r.returncode in (0, 1) and "from its records" in r.stdout, r.stdout + r.stderr
 
 
+# Timing-sensitive under load: on a clean clone whose other worker was building Verilator
+# models (load average above 6 on 2 cores) the signalled command did not end in time once and
+# printed nothing once; alone, and on a warm tree, they pass. Until that is understood they
+# run in `make test-all`, not in CI's `make test`.
+@pytest.mark.slow
 @needs_sim
 def test_demo_interrupted_leaves_nothing(built, tmp_path):
     """Ctrl-C during ``ringkv demo``: exit 130, no simulator left, its temp dir removed."""
