@@ -251,12 +251,20 @@ def built():
     return True
 
 
+def _as_at_a_terminal():
+    """``preexec_fn``: Ctrl-C and SIGTERM at their defaults, as in a terminal's foreground job.
+    A child inherits an ignored SIGINT (Python then keeps it ignored), and a pytest-xdist
+    worker may run with SIGINT ignored: the command under test would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def _start_sim(tmp: Path, image: Path, *extra):
     (tmp / "tmp").mkdir(exist_ok=True)
     p = subprocess.Popen([sys.executable, "-m", "ringkv", "sim", "--config", "demo",
                           "--image", str(image), *extra], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=tmp, env=_env(tmp),
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_as_at_a_terminal)
     line = _read_until(p, "RINGKV-SIM listening on ")
     return p, line.split()[-1]
 
@@ -274,11 +282,6 @@ def test_sim_port_in_use(built, tmp_path):
     assert not image.exists()
 
 
-# Timing-sensitive under load: on a clean clone whose other worker was building Verilator
-# models (load average above 6 on 2 cores) the signalled command did not end in time once and
-# printed nothing once; alone, and on a warm tree, they pass. Until that is understood they
-# run in `make test-all`, not in CI's `make test`.
-@pytest.mark.slow
 @needs_sim
 def test_sim_interrupted_and_terminated(built, tmp_path):
     """SIGINT to ``ringkv sim`` alone, Ctrl-C at a terminal (SIGINT to its whole process
@@ -348,18 +351,13 @@ def test_chat_survives_a_killed_simulator(built, tmp_path):
     assert r.returncode in (0, 1) and "from its records" in r.stdout, r.stdout + r.stderr
 
 
-# Timing-sensitive under load: on a clean clone whose other worker was building Verilator
-# models (load average above 6 on 2 cores) the signalled command did not end in time once and
-# printed nothing once; alone, and on a warm tree, they pass. Until that is understood they
-# run in `make test-all`, not in CI's `make test`.
-@pytest.mark.slow
 @needs_sim
 def test_demo_interrupted_leaves_nothing(built, tmp_path):
     """Ctrl-C during ``ringkv demo``: exit 130, no simulator left, its temp dir removed."""
     (tmp_path / "tmp").mkdir()
     p = subprocess.Popen([sys.executable, "-m", "ringkv", "demo"], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env(tmp_path),
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=_as_at_a_terminal)
     _read_until(p, "device A up")
     time.sleep(1.0)
     os.kill(p.pid, signal.SIGINT)
