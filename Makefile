@@ -5,8 +5,11 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ringkv-installed
 BOARD  ?= ulx3s-85f
 JOBS   ?= 2
+#: xdist: one test at a time per worker, in the longest-first order of tests/data/durations.json
+#: (tests/conftest.py), so that the last tests to finish are short ones
+XDIST  := -n $(JOBS) --maxschedchunk 1
 
-.PHONY: all demo demo-board gatesim test test-all test-slow formal bench bitstream lint clean \
+.PHONY: all demo demo-board gatesim test test-all test-slow durations formal bench bitstream lint clean \
 	distclean venv train coverage coverage-test coverage-slow coverage-compare
 
 all: test
@@ -35,16 +38,16 @@ gatesim: $(STAMP)
 ## every unit's model-based tests, one end-to-end path per level, the bench groups' smoke runs;
 ## property tests with the `fast` hypothesis budget (docs/DEVELOPING.md, "Test tiers")
 test: $(STAMP)
-	RINGKV_HYPOTHESIS_PROFILE=fast $(PY) -m pytest -n $(JOBS) -m "not slow" --durations=15
+	RINGKV_HYPOTHESIS_PROFILE=fast $(PY) -m pytest $(XDIST) -m "not slow" --durations=15
 
 ## make test-all: both tiers: the fast one and the slow one (repeats of a flow at other levels,
 ## shapes or numerics, long sweeps), property tests with the `thorough` budget
 test-all: $(STAMP)
-	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) --durations=25
+	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest $(XDIST) --durations=25
 
 ## make test-slow: only what test-all adds to test (the slow tier)
 test-slow: $(STAMP)
-	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) -m slow --durations=25
+	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest $(XDIST) -m slow --durations=25
 
 ## make coverage: line coverage of each tier (build/coverage/{test,slow}/.coverage; coverage.py
 ## follows the test workers, the simulator servers and cocotb's Python inside the Verilator
@@ -58,19 +61,24 @@ coverage: coverage-test coverage-slow coverage-compare
 coverage-test: $(STAMP)
 	rm -rf build/coverage/test && mkdir -p build/coverage/test
 	COVERAGE_FILE=$(CURDIR)/build/coverage/test/.coverage RINGKV_HYPOTHESIS_PROFILE=fast \
-		$(COV) run -m pytest -n $(JOBS) -m "not slow" --durations=0
+		$(COV) run -m pytest $(XDIST) -m "not slow" --durations=0
 	COVERAGE_FILE=$(CURDIR)/build/coverage/test/.coverage $(COV) combine -q
 
 coverage-slow: $(STAMP)
 	rm -rf build/coverage/slow && mkdir -p build/coverage/slow
 	COVERAGE_FILE=$(CURDIR)/build/coverage/slow/.coverage RINGKV_HYPOTHESIS_PROFILE=thorough \
-		$(COV) run -m pytest -n $(JOBS) -m slow --durations=0
+		$(COV) run -m pytest $(XDIST) -m slow --durations=0
 	COVERAGE_FILE=$(CURDIR)/build/coverage/slow/.coverage $(COV) combine -q
 
 coverage-compare: $(STAMP)
 	$(PY) tools/coverage_compare.py --before $(COVERAGE_BEFORE) \
 		--before-root $(COVERAGE_BEFORE_ROOT) \
 		--after build/coverage/test/.coverage build/coverage/slow/.coverage
+
+## make durations: run both tiers and record each test's duration in tests/data/durations.json
+## (the longest-first order of the test runs; refresh it when tests are added or get longer)
+durations: $(STAMP)
+	RINGKV_HYPOTHESIS_PROFILE=fast $(PY) -m pytest $(XDIST) --store-durations -q
 
 formal: $(STAMP)
 	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) -k formal

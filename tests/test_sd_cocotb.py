@@ -15,7 +15,9 @@ FAST = dict(init_half_period=2, half_period=1, resp_timeout=16, token_timeout=20
 
 
 @requires_verilator
-@pytest.mark.parametrize("transfers", [1, pytest.param(6, marks=pytest.mark.slow)])
+@pytest.mark.slow       # the SPI variant (not the bitstream's default) on Verilator: make test has
+                        # its Amaranth-simulator tests (test_sdspi.py) and the 4-bit controller here
+@pytest.mark.parametrize("transfers", [1, 6])
 def test_sd_controller_cocotb(transfers):
     run_cocotb(SDSPIController(**FAST), toplevel="sd_spi", test_module="cocotb_sd",
                params={"seed": 3 + transfers, "transfers": transfers})

@@ -11,7 +11,7 @@ import httpx
 import openai
 from conftest import requires_verilator
 
-from ringkv.defs.config import DEMO_CONFIG
+from ringkv.defs.config import TRAINED_DEMO_CONFIG
 from ringkv.host.model import FixedBackend, Model
 from ringkv.host.scheduler import plain_run
 from ringkv.serve.app import create_app
@@ -34,8 +34,8 @@ def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
     from ringkv.sim.harness import build_top
     from ringkv.sim.system_demo import LANES, MACS, REGIONS
     top = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
-    build_top(DEMO_CONFIG, **top)
-    config = DEMO_CONFIG                          # ringkv-fx1: the shared Verilator build
+    build_top(TRAINED_DEMO_CONFIG, **top)
+    config = TRAINED_DEMO_CONFIG      # the demo's device: the Verilator build make demo uses
     model = Model.trained(config)
     board = SimHandle("sim", config, image=tmp_path / "board.img", timeout=10,
                       top_kwargs=top)

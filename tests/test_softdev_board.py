@@ -1,6 +1,6 @@
-"""One record format everywhere: a card image written by the simulated board (the Verilator top
-of ``tests/test_system.py``: ``DEMO_CONFIG``, 2 regions) is served by the software device, and
-an image written by the software device is served by the board after its own power-on
+"""One record format everywhere: a card image written by the simulated board (the Verilator
+top of ``tests/test_system.py``: ``TRAINED_DEMO_CONFIG``, 2 regions) is served by the software
+device, and an image written by the software device is served by the board after its own power-on
 recovery; a record copied from a software device into the board (``FpgaDevice.write_record``)
 hits there with the same rings. Both devices' ``holdings`` agree on the same card."""
 
@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from conftest import requires_verilator
 
-from ringkv.defs.config import DEMO_CONFIG
+from ringkv.defs.config import TRAINED_DEMO_CONFIG
 from ringkv.defs.record import SECTOR, RecordLayout
 from ringkv.host.model import BOS, FixedBackend, Model
 from ringkv.host.record import RecordError, read_record_bytes
 
-CONFIG = DEMO_CONFIG
+CONFIG = TRAINED_DEMO_CONFIG
 LAY = RecordLayout(CONFIG)
 SPAN = LAY.sectors_per_region * SECTOR
 

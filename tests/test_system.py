@@ -9,7 +9,11 @@ from ringkv.sim.system_demo import run_system_demo, short_scenario
 
 @requires_verilator
 def test_short_end_to_end_scenario(tmp_path, capsys):
-    assert run_system_demo(workdir=tmp_path, steps=short_scenario(), verbose=True) == 0
+    # the device `make demo` runs (the demo shape in ringkv-fx1c with the trained model's
+    # scales), so that make test shares its Verilator build with the demo and the CLI's tests
+    from ringkv.defs.config import TRAINED_DEMO_CONFIG
+    assert run_system_demo(workdir=tmp_path, steps=short_scenario(), verbose=True,
+                           config=TRAINED_DEMO_CONFIG) == 0
     out = capsys.readouterr().out
     for path in (" first ", " hit ", " miss ", " prefix ", "power cut", "recovery found 1 record",
                  "checkpoint stored at 59", "stream cut to 59 tokens",

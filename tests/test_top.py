@@ -558,6 +558,8 @@ def test_export_evicts_lru_and_reexport_retires_old_record():
     run_top(top, image, scenario)
 
 
+@pytest.mark.slow       # the whole top again in the other numerics; make test keeps fx2's
+                        # FpgaDevice path below, and the cores' own fx2 tests
 def test_fx2_attention_export_query_ring_read():
     """Numerics ringkv-fx2 through the whole top: int16 q/k/v in ATTN payloads (M*2 bytes per
     beat) bit-exact with the golden core, an export that is the golden fx2 record, a resume by
