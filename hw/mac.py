@@ -26,13 +26,18 @@ from ringkv.defs.mac import (
 
 from .key_slots import KeyReadSignature, KeySlots, KeyWrite
 
-__all__ = ["MacCore", "MacUnit", "mac_cmd_layout", "mac_byte_layout", "STEPS", "BLOCK_CLOCKS"]
+__all__ = ["MacCore", "MacUnit", "BUGS", "mac_cmd_layout", "mac_byte_layout", "STEPS",
+           "BLOCK_CLOCKS"]
 
 #: G half-steps per compression: 4 per round (column then diagonal, each in two halves).
 STEPS = 4 * ROUNDS
 #: Clocks per compression: the state load, ``STEPS`` half-steps, the chaining-value update.
 BLOCK_CLOCKS = STEPS + 2
 _MASK = 0xFFFFFFFF
+#: Deliberately broken variants for the formal tests (private knob ``_bug``): one message
+#: buffer instead of two (a block waits for the previous one's compression: ``i.ready`` falls
+#: inside a message); a tag after every block, not only the final one.
+BUGS = ("one_buffer", "tag_every_block")
 
 
 def mac_cmd_layout(persons: int, slots: int) -> data.StructLayout:
@@ -121,7 +126,11 @@ class MacCore(wiring.Component):
     :data:`~ringkv.defs.mac.MAX_MESSAGE_BYTES` bytes.
     """
 
-    def __init__(self, *, digest_bytes: int = TAG_BYTES, persons=PERSONS, slots: int = KEY_SLOTS):
+    def __init__(self, *, digest_bytes: int = TAG_BYTES, persons=PERSONS, slots: int = KEY_SLOTS,
+                 _bug=None):
+        if _bug is not None and _bug not in BUGS:
+            raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
+        self._bug = _bug
         check_int("digest_bytes", digest_bytes, low=1, high=32)
         check_int("slots", slots, low=1, high=256)
         if not isinstance(persons, tuple) or not persons:
@@ -234,7 +243,9 @@ class MacCore(wiring.Component):
             block_end = self.i.payload.last | (fill_cnt == BLOCK_BYTES - 1)
             m.d.sync += [fill_cnt.eq(fill_cnt + 1), t.eq(t + 1)]
             with m.If(block_end):
-                m.d.sync += [fill_cnt.eq(0), fill_buf.eq(~fill_buf)]
+                m.d.sync += fill_cnt.eq(0)
+                if self._bug != "one_buffer":
+                    m.d.sync += fill_buf.eq(~fill_buf)
                 for b in range(2):
                     with m.If(fill_buf == b):
                         m.d.sync += [full[b].eq(1), nbytes[b].eq(fill_cnt + 1),
@@ -324,11 +335,11 @@ class MacCore(wiring.Component):
         with m.Elif(busy):
             # the chaining-value update; the block's buffer is free again
             m.d.sync += [h[i].eq(h[i] ^ v[i] ^ v[i + 8]) for i in range(8)]
-            m.d.sync += [busy.eq(0), comp_buf.eq(~comp_buf)]
+            m.d.sync += [busy.eq(0), comp_buf.eq(1 if self._bug == "one_buffer" else ~comp_buf)]
             for b in range(2):
                 with m.If(comp_buf == b):
                     m.d.sync += full[b].eq(0)
-            with m.If(cur_final):
+            with m.If(cur_final | (self._bug == "tag_every_block")):
                 m.d.sync += self.o.valid.eq(1)
 
         with m.If(self.o.valid & self.o.ready):

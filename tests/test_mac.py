@@ -11,7 +11,7 @@ import random
 
 import pytest
 from amaranth.sim import Simulator
-from conftest import examples
+from conftest import examples, requires_verilator
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_golden_mac import KAT, KAT_KEY, kat_input
@@ -272,3 +272,10 @@ def test_mac_params(kwargs, exc, text):
 def test_slots_params():
     with pytest.raises(ValueError, match="slots must be between 1 and 256, not 257"):
         KeySlots(257)
+
+
+@requires_verilator
+def test_cocotb_verilator():
+    from ringkv.sim.cocotb_run import run_cocotb
+    run_cocotb(MacUnit(), toplevel="mac_unit", test_module="cocotb_mac",
+               params={"seed": 3, "messages": 40, "long": 20000, "idle": 0.2, "stall": 0.5})
