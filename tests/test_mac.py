@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_golden_mac import KAT, KAT_KEY, kat_input
 
+from ringkv.defs.config import DEFAULT_CONFIG
 from ringkv.defs.mac import KEY_ID_BYTES, PERSONS, TAG_BYTES
-from ringkv.host.golden_mac import mac
+from ringkv.host.golden_mac import mac, tenant_seed
 from ringkv.hw.key_slots import KeySlots
 from ringkv.hw.mac import BLOCK_CLOCKS, MacCore, MacUnit
 from ringkv.sim.streams import stream_put
@@ -324,3 +325,13 @@ def test_key_reaches_only_the_tag():
     ports_b, tags_b = trace(bytes(range(0x80, 0xA0)))
     assert ports_a == ports_b
     assert all(a != b for a, b in zip(tags_a, tags_b))
+
+
+def test_tenant_seed_on_the_core():
+    """The core with person 1 over the configuration digest gives the tenant's prefix-hash
+    seed (its first 8 tag bytes), as the dispatcher will derive it when a slot is set."""
+    rng = random.Random(12)
+    key = rng.randbytes(32)
+    digest = DEFAULT_CONFIG.digest()
+    run = check([(3, 1, digest)], {3: (2, key)})
+    assert int.from_bytes(run.tags[0][:8], "little") == tenant_seed(key, digest)
