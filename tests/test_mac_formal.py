@@ -16,7 +16,7 @@ The slow tier's depth covers a message of two full blocks and the reuse of both 
 no idle (the tightest schedule), and every tag's deadline; ``make test`` checks the first 80
 clocks (the key block's compression under the first data block, the first buffer swap). The
 deliberately broken variants (``hw/mac.py``'s ``BUGS``) show that the properties can fail
-within those depths: one buffer at step 65, a tag per block at about step 95.
+within those depths: one buffer at step 65, a tag per block at step 93.
 """
 
 import subprocess
