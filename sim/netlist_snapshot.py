@@ -26,6 +26,7 @@ def cores():
     from ringkv.hw.dma import DmaEngine
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
     from ringkv.hw.hash_engine import HashEngine
+    from ringkv.hw.mac import MacCore, MacUnit
     from ringkv.hw.sdnative import SDNativeController
     from ringkv.hw.sdspi import SDSPIController
     from ringkv.hw.token_memory import TokenMemory
@@ -50,6 +51,8 @@ def cores():
         "attention_fx1c": lambda: AttentionCore(layers=2, window=32, head_dim=16,
                                                 numerics="ringkv-fx1c",
                                                 qkv_fracs=((4, 4, 6), (5, 5, 5))),
+        "mac_core": lambda: MacCore(),
+        "mac_unit": lambda: MacUnit(),
         "top_demo": lambda: RingKVTop(DEMO_CONFIG, regions=16),
         "top_demo_fx2": lambda: RingKVTop(replace(DEMO_CONFIG, numerics="ringkv-fx2"), regions=16),
     }
