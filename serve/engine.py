@@ -530,10 +530,11 @@ class Engine:
         self.pins: dict = {}                # session id -> worker
         self._turn = itertools.count()
         self._model_blob = None
+        self._blob_lock = threading.Lock()
 
     def setup(self, handle) -> dict:
         """The first message to a device's process (:mod:`ringkv.serve.worker`)."""
-        with self.lock:
+        with self._blob_lock:            # (not the router's lock: the event loop takes that)
             if self._model_blob is None:
                 self._model_blob = pickle.dumps(self.model, protocol=pickle.HIGHEST_PROTOCOL)
         return {"handle": handle, "model": self._model_blob, "chunk": self.chunk,
