@@ -101,7 +101,8 @@ class JobResult:
     recomputed: int
     path: str
     device: str
-    scheduler_s: float           # time inside Scheduler.request (in the device's process)
+    scheduler_s: float           # time inside Scheduler.request (in the device's process),
+    #                              and copying a moving conversation's record
     queue_s: float = 0.0         # time waiting in the device's queue
 
 
@@ -122,6 +123,7 @@ class Job:
     predicted: int = 0           # the stored prefix the router expected on its device
     routed: float = 0.0          # when the router queued it
     move: tuple | None = None    # (worker, key): copy that device's record here first
+    copy_s: float = 0.0          # time reading that record out of its device
     counted_by: object = None    # the worker whose load counts it (Worker._release)
 
     @property
@@ -340,7 +342,9 @@ class Worker:
                 try:
                     if job.cancelled.is_set():
                         continue
+                    fetch = time.perf_counter()
                     record = self._fetch_move(job)
+                    job.copy_s = time.perf_counter() - fetch
                     with self.device_lock:
                         self._serve(job, record)
                 finally:
@@ -384,7 +388,8 @@ class Worker:
 
     def _serve(self, job: Job, record):
         metrics = self.engine.metrics
-        queue_s = time.perf_counter() - job.routed
+        # the copy of a moving conversation's record is the devices' time, not the queue's
+        queue_s = time.perf_counter() - job.routed - job.copy_s
         metrics.queue_wait.observe(queue_s)
         seq = next(self._seq)
         spec = {"seq": seq, "tokens": list(job.prompt.tokens),
@@ -422,7 +427,9 @@ class Worker:
                     log.info("%s: copied record of %d tokens from %s", self.name, msg[0][0],
                              job.move[0].name)
                 elif kind == "done":
-                    result = JobResult(**msg[0], device=self.name, queue_s=queue_s)
+                    result = JobResult(**dict(msg[0], scheduler_s=msg[0]["scheduler_s"]
+                                              + job.copy_s), device=self.name,
+                                       queue_s=queue_s)
                     self._account(result)
                     self._release(job)
                     answered = True
@@ -619,6 +626,7 @@ class Engine:
         """Route ``job`` to a device's queue; :class:`Overloaded` or
         :class:`~ringkv.host.errors.DeviceNotReady` when none can take it."""
         job.attempts += 1
+        job.move, job.copy_s = None, 0.0       # (a retry is placed afresh)
         with self.lock:
             ready = self.ready()
             if not ready:
