@@ -104,6 +104,10 @@ class JobResult:
     scheduler_s: float           # time inside Scheduler.request (in the device's process),
     #                              and copying a moving conversation's record
     queue_s: float = 0.0         # time waiting in the device's queue
+    #: moments of the request on the host's monotonic clock (``time.perf_counter``, the same
+    #: in every process): received, routed, picked (by the device's thread), got (by the
+    #: device's process), started and ended (the scheduler), answered (the result back)
+    times: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -389,7 +393,8 @@ class Worker:
     def _serve(self, job: Job, record):
         metrics = self.engine.metrics
         # the copy of a moving conversation's record is the devices' time, not the queue's
-        queue_s = time.perf_counter() - job.routed - job.copy_s
+        picked = time.perf_counter()
+        queue_s = picked - job.routed - job.copy_s
         metrics.queue_wait.observe(queue_s)
         seq = next(self._seq)
         spec = {"seq": seq, "tokens": list(job.prompt.tokens),
@@ -427,9 +432,15 @@ class Worker:
                     log.info("%s: copied record of %d tokens from %s", self.name, msg[0][0],
                              job.move[0].name)
                 elif kind == "done":
-                    result = JobResult(**dict(msg[0], scheduler_s=msg[0]["scheduler_s"]
-                                              + job.copy_s), device=self.name,
-                                       queue_s=queue_s)
+                    fields = dict(msg[0])
+                    times = {"received": job.received, "routed": job.routed,
+                             "picked": picked, "got": fields.pop("got", None),
+                             "started": fields.pop("started", None),
+                             "ended": fields.pop("ended", None),
+                             "answered": time.perf_counter()}
+                    fields["scheduler_s"] += job.copy_s
+                    result = JobResult(**fields, device=self.name, queue_s=queue_s,
+                                       times=times)
                     self._account(result)
                     self._release(job)
                     answered = True

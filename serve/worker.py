@@ -23,8 +23,8 @@ time, each answered:
   server's index must be read again, else ``None``); or ``("cancelled",)``,
   ``("usage", error)`` (a bad request: the device is fine) or ``("failed", error)`` (the
   device failed: the server takes it out and recovers it);
-* ``("cancel", seq)`` (not answered, read while a request runs): the client of request
-  ``seq`` went away, end it at its next token;
+* ``("cancel", seq)`` (not answered; looked for at each token while a request runs): the
+  client of request ``seq`` went away, end it at its next token;
 * ``("listing",)``, ``("read_record", key)``, ``("disconnect",)`` (let go of a failed link,
   keep the simulator and its card) -> ``("listing", keys)``, ``("record", data)``, ``("ok",)``;
 * ``("stop",)`` or the socket closed (the server gone): close the device (a simulator
@@ -38,12 +38,10 @@ import itertools
 import logging
 import os
 import pickle
-import queue
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
@@ -59,6 +57,7 @@ __all__ = ["start", "main", "Cancelled", "LOG_FORMAT"]
 log = logging.getLogger(__name__)
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 
 class Cancelled(Exception):
@@ -123,32 +122,33 @@ class DeviceServer:
         self.chunk, self.max_sessions = setup["chunk"], setup["max_sessions"]
         self.device = self.scheduler = None
         self.pinned: OrderedDict = OrderedDict()   # session id -> None, recent last
-        self.commands: queue.Queue = queue.Queue()
         self.cancel = -1                           # the request whose client went away
+        self.got = 0.0                             # when the last command was read
         self._sids = itertools.count()
 
     def send(self, msg):
         self.conn.send(msg)
 
-    def _reader(self):
-        while True:
-            try:
-                msg = self.conn.recv()
-            except (EOFError, OSError):
-                self.commands.put(("stop",))
-                return
+    def _cancels(self):
+        """Read the cancels sent while a request runs (the server sends nothing else
+        then)."""
+        while self.conn.poll():
+            msg = self.conn.recv()
             if msg[0] == "cancel":
                 self.cancel = msg[1]
-            else:
-                self.commands.put(msg)
 
     def run(self):
-        threading.Thread(target=self._reader, name="ringkv-commands", daemon=True).start()
         try:
             while True:
-                op, *args = self.commands.get()
+                try:
+                    op, *args = self.conn.recv()
+                    self.got = time.perf_counter()
+                except (EOFError, OSError):         # the server is gone
+                    return
                 if op == "stop":
                     return
+                if op == "cancel":                  # for a request already ended
+                    continue
                 try:
                     getattr(self, "_op_" + op)(*args)
                 except Exception as e:          # noqa: BLE001 - the server decides
@@ -227,6 +227,7 @@ class DeviceServer:
         sampler = Sampler(spec["params"])
 
         def on_token(token):
+            self._cancels()
             if self.cancel == seq:
                 raise Cancelled()
             piece, stopped = text.push(token)
@@ -272,7 +273,7 @@ class DeviceServer:
             "cached_tokens": min(len(tokens), event["reused"] + resident),
             "reused": event["reused"], "resident": resident, "prefilled": event["prefilled"],
             "recomputed": event["recomputed"], "path": event["path"],
-            "scheduler_s": elapsed}))
+            "scheduler_s": elapsed, "got": self.got, "started": t0, "ended": t0 + elapsed}))
         # the answer first, the index after: a software device's listing costs nothing; a
         # board's is read again when it answered other than the index predicted (a record
         # evicted by its allocator)
