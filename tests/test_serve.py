@@ -185,6 +185,21 @@ def test_malformed_json_bad_messages_and_the_client_errors(srv):
     assert http.get(srv.base + "/v1/nothing").status_code == 404
 
 
+def test_a_requests_moments_are_in_order_across_the_processes(srv, caplog):
+    """The debug log's breakdown of a request's time: each step on the one monotonic clock of
+    the host, the device's process's moments between the server's."""
+    import logging
+    import re
+    caplog.set_level(logging.DEBUG, logger="ringkv.serve.app")
+    srv.client.completions.create(model=srv.name, prompt="And Moses said", max_tokens=4)
+    lines = [r.getMessage() for r in caplog.records if "received->routed" in r.getMessage()]
+    assert len(lines) == 1
+    steps = re.findall(r"(\w+)->(\w+) (-?[\d.]+) ms", lines[0])
+    assert [a for a, _, _ in steps] == ["received", "routed", "picked", "got", "started",
+                                        "ended", "answered"]
+    assert all(float(v) >= 0 for _, _, v in steps), lines[0]
+
+
 def test_metrics_count_requests_tokens_and_reuse(srv):
     before = srv.metric("ringkv_generation_tokens_total")
     reused = srv.metric("ringkv_tokens_reused_total")
