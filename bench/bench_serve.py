@@ -9,7 +9,8 @@ from a fixed seed:
 
 * ``CLIENTS`` clients at once, each running conversations one after another until
   ``REQUESTS`` requests have been sent in all;
-* each conversation starts behind one of ``SYSTEMS`` system prompts and has 3 to 6 turns, the
+* each conversation starts behind one of ``SYSTEMS`` system prompts and has ``TURNS`` (3 to
+  6) turns, fewer when the next prompt and its answer would not fit the token memory, the
   client resending the whole conversation each turn (the API's way); after a reply, with
   probability 0.15 the client edits its last message instead of going on (the request forks
   at that message) and with 0.1 it regenerates the reply (same messages, another seed);
@@ -25,14 +26,26 @@ over the whole run, and the fraction of prompt tokens served from the store (``c
 / ``prompt_tokens``, from the responses' ``usage``). Targets: prefix-aware placement's
 fraction at least 0.9 of the infinite device's and at least 2x round-robin's.
 
+What bounds the second ratio is the load: round-robin too finds each of the few shared system
+prompts on every device after a few requests (every device holds all ``SYSTEMS`` checkpoints),
+so each of its requests is served the system prompt from the store and misses only the
+conversation's own turns; no placement serves more than the infinite store, so the infinite
+store's fraction over round-robin's (``serve.infinite_vs_round_robin``) is the ceiling of
+prefix-aware placement's gain on that load. The longer a conversation, the larger the part of
+its prompts that only the device holding its turns has: the same load with conversations of
+``LONG_TURNS`` (8 to 12) turns is measured too (four devices by prefix and round-robin, the
+infinite store; names ``serve.long.*``).
+
 The server's own overhead per request (``ringkv_server_overhead_seconds``: a request's time
 in the server minus its time in the scheduler and in the device's queue: parsing, routing with
 its prefix hashes, streaming) is read from ``/metrics``: its mean under the load, and with
 one client sending requests one at a time (target: under 2 ms).
 
-Wall-clock figures on a shared machine: the load average at the start is recorded with each
-result. ``RINGKV_BENCH_SERVE_REQUESTS`` (default 320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32),
-``RINGKV_BENCH_SERVE_CONFIG`` (``default``: the board's shape; ``demo``: the small one).
+Wall-clock figures on a shared machine: the 1-minute load average at the start and at the end
+of each configuration is recorded with its results. ``RINGKV_BENCH_SERVE_REQUESTS`` (default
+320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32), ``RINGKV_BENCH_SERVE_CONFIG`` (``default``: the
+board's shape; ``demo``: the small one), ``RINGKV_BENCH_SERVE_TURNS`` (``3-6``) and
+``RINGKV_BENCH_SERVE_LONG_TURNS`` (``8-12``; ``0``: not measured).
 """
 
 import asyncio
@@ -58,6 +71,17 @@ SYSTEMS = 8
 CAPACITY = 48
 MAX_TOKENS = 32
 SEQUENTIAL = 30
+
+
+def _turns(text: str):
+    if text.strip() == "0":
+        return None
+    low, _, high = text.partition("-")
+    return int(low), int(high or low)
+
+
+TURNS = _turns(os.environ.get("RINGKV_BENCH_SERVE_TURNS", "3-6"))
+LONG_TURNS = _turns(os.environ.get("RINGKV_BENCH_SERVE_LONG_TURNS", "8-12"))
 
 _TOPICS = ["Abraham", "Moses", "David", "Solomon", "Elijah", "Daniel", "Ruth", "Joseph"]
 _QUESTIONS = ["Who was he?", "Where did he go?", "What did the LORD say unto him?",
@@ -135,10 +159,13 @@ async def _chat(client, base, messages, seed):
     return "".join(parts), (ttft if ttft is not None else time.perf_counter() - t0), usage
 
 
-async def _load(base, seed=24):
+async def _load(base, turns, seed=24):
     import httpx
+
+    from ringkv.serve.template import chat_prompt
     budget = [REQUESTS]
     records = []
+    max_len = httpx.get(base + "/v1/models").json()["data"][0]["max_model_len"]
 
     async def client_task(c):
         rng = random.Random(seed * 1000 + c)
@@ -146,8 +173,9 @@ async def _load(base, seed=24):
             while budget[0] > 0:
                 messages = [{"role": "system", "content": _system(rng.randrange(SYSTEMS))},
                             {"role": "user", "content": rng.choice(_QUESTIONS)}]
-                for _turn in range(rng.randint(3, 6)):
-                    if budget[0] <= 0:
+                for _turn in range(rng.randint(*turns)):
+                    if budget[0] <= 0 or \
+                            len(chat_prompt(messages).tokens) + MAX_TOKENS > max_len:
                         break
                     budget[0] -= 1
                     reply, ttft, usage = await _chat(client, base, messages,
@@ -190,6 +218,8 @@ CONFIGS = (("one device", 1, "prefix", CAPACITY),
            ("four devices", 4, "prefix", CAPACITY),
            ("four devices, round-robin", 4, "round-robin", CAPACITY),
            ("one device, infinite store", 1, "prefix", 1 << 30))
+#: the long-conversation load: the configurations that the placement comparison needs
+LONG_CONFIGS = CONFIGS[1:]
 
 
 def run(smoke: bool = False):
@@ -206,26 +236,30 @@ def run(smoke: bool = False):
         globals().update(saved)
 
 
-def _run():
-    load = os.getloadavg()[0]
-    common = {"requests": REQUESTS, "clients": CLIENTS, "systems": SYSTEMS,
-              "max_tokens": MAX_TOKENS, "config": SHAPE, "loadavg_1min": round(load, 2),
-              "machine": f"{os.cpu_count()} CPUs, shared"}
+def _key(label: str) -> str:
+    return label.replace(", ", "_").replace(" ", "_")
+
+
+def _measure(prefix: str, turns, configs, common) -> tuple[list, dict]:
+    """One load on each configuration: ``(results, {label: cached fraction})``."""
     out, fractions = [], {}
-    for label, devices, placement, capacity in CONFIGS:
+    for label, devices, placement, capacity in configs:
+        load_start = os.getloadavg()[0]
         with _server(devices, placement, capacity) as base:
-            records, wall = asyncio.run(_load(base))
+            records, wall = asyncio.run(_load(base, turns))
             overhead, n = _overhead(base)
         ttfts = [t for t, _ in records]
         prompt = sum(u["prompt_tokens"] for _, u in records)
         cached = sum(u["prompt_tokens_details"]["cached_tokens"] for _, u in records)
         generated = sum(u["completion_tokens"] for _, u in records)
         fractions[label] = cached / prompt
-        params = dict(common, devices=devices, placement=placement,
+        params = dict(common, devices=devices, placement=placement, turns=list(turns),
                       capacity=None if capacity >= 1 << 30 else capacity, setup=label,
                       wall_s=round(wall, 2), prompt_tokens=prompt, cached_tokens=cached,
-                      generated_tokens=generated)
-        key = label.replace(", ", "_").replace(" ", "_")
+                      generated_tokens=generated, requests_sent=len(records),
+                      loadavg_1min=round(load_start, 2),
+                      loadavg_1min_end=round(os.getloadavg()[0], 2))
+        key = prefix + _key(label)
         out += [
             {"name": f"serve.{key}.ttft_p50_s", "value": round(_percentile(ttfts, 0.5), 4),
              "unit": "s", "params": params},
@@ -238,13 +272,30 @@ def _run():
             {"name": f"serve.{key}.overhead_ms", "value": round(overhead * 1e3, 3),
              "unit": "ms", "params": dict(params, requests_measured=n)},
         ]
-    prefix, inf = fractions["four devices"], fractions["one device, infinite store"]
+    prefix_, inf = fractions["four devices"], fractions["one device, infinite store"]
     rr = fractions["four devices, round-robin"]
-    out += [{"name": "serve.prefix_vs_infinite", "value": round(prefix / inf, 3),
+    common = dict(common, turns=list(turns))
+    out += [{"name": f"serve.{prefix}prefix_vs_infinite", "value": round(prefix_ / inf, 3),
              "unit": "ratio", "params": dict(common, target=">= 0.9")},
-            {"name": "serve.prefix_vs_round_robin", "value": round(prefix / rr, 3) if rr else
-             float("inf"), "unit": "ratio", "params": dict(common, target=">= 2")}]
+            {"name": f"serve.{prefix}prefix_vs_round_robin",
+             "value": round(prefix_ / rr, 3) if rr else float("inf"), "unit": "ratio",
+             "params": dict(common, target=">= 2")},
+            {"name": f"serve.{prefix}infinite_vs_round_robin",
+             "value": round(inf / rr, 3) if rr else float("inf"), "unit": "ratio",
+             "params": dict(common, target="the ceiling of prefix_vs_round_robin")}]
+    return out, fractions
+
+
+def _run():
+    common = {"requests": REQUESTS, "clients": CLIENTS, "systems": SYSTEMS,
+              "max_tokens": MAX_TOKENS, "config": SHAPE,
+              "loadavg_1min": round(os.getloadavg()[0], 2),
+              "machine": f"{os.cpu_count()} CPUs, shared"}
+    out, _ = _measure("", TURNS, CONFIGS, common)
+    if LONG_TURNS:
+        out += _measure("long.", LONG_TURNS, LONG_CONFIGS, common)[0]
     # the server's own overhead with one client, one request at a time
+    load_start = os.getloadavg()[0]
     with _server(1, "prefix", CAPACITY) as base:
         import httpx
         msgs = [{"role": "system", "content": _system(0)}, {"role": "user", "content": "Who?"}]
@@ -256,15 +307,16 @@ def _run():
         overhead, n = _overhead(base)
     out.append({"name": "serve.overhead_sequential_ms", "value": round(overhead * 1e3, 3),
                 "unit": "ms", "params": dict(common, requests_measured=n, clients=1,
+                                             loadavg_1min=round(load_start, 2),
+                                             loadavg_1min_end=round(os.getloadavg()[0], 2),
                                              target="< 2 ms")})
     return out
 
 
-def markdown(results) -> str:
-    by = {r["name"]: r for r in results}
+def _table(by, prefix, configs) -> str | None:
     rows = []
-    for label, *_ in CONFIGS:
-        key = "serve." + label.replace(", ", "_").replace(" ", "_")
+    for label, *_ in configs:
+        key = "serve." + prefix + _key(label)
         if key + ".ttft_p50_s" not in by:
             continue
         p = by[key + ".ttft_p50_s"]["params"]
@@ -273,20 +325,40 @@ def markdown(results) -> str:
                      f"{by[key + '.ttft_p99_s']['value'] * 1e3:.0f}",
                      by[key + ".tokens_per_s"]["value"],
                      f"{by[key + '.cached_fraction']['value']:.3f}",
-                     f"{by[key + '.overhead_ms']['value']:.2f}", p["wall_s"]])
+                     f"{by[key + '.overhead_ms']['value']:.2f}", p["wall_s"],
+                     f"{p['loadavg_1min']} / {p['loadavg_1min_end']}"])
+    if not rows:
+        return None
+    return table(["setup", "devices", "placement", "records/device", "TTFT p50 ms",
+                  "TTFT p99 ms", "tokens/s", "cached", "overhead ms", "wall s",
+                  "load avg start / end"], rows)
+
+
+def markdown(results) -> str:
+    by = {r["name"]: r for r in results}
     any_p = next(r["params"] for r in results)
     lines = [f"{any_p['clients']} clients at once, {any_p['requests']} streamed chat requests "
              f"in multi-turn conversations behind {any_p['systems']} system prompts, with "
              f"edits and regenerations; sampled (temperature 0.8, a seed per request), "
              f"max_tokens {any_p['max_tokens']}; the `{any_p['config']}` shape with the "
-             f"trained model, software devices (bit-exact core model). Wall-clock on "
-             f"{any_p['machine']} (1-min load average {any_p['loadavg_1min']} at the start). "
-             "Cached = prompt tokens served from the store (or still resident) / prompt "
-             "tokens; overhead = time in the server outside the scheduler and the queue.", ""]
-    lines.append(table(["setup", "devices", "placement", "records/device", "TTFT p50 ms",
-                        "TTFT p99 ms", "tokens/s", "cached", "overhead ms", "wall s"], rows))
-    extra = [(n, by[n]) for n in ("serve.prefix_vs_infinite", "serve.prefix_vs_round_robin",
-                                  "serve.overhead_sequential_ms") if n in by]
+             f"trained model, software devices (bit-exact core model), each in a process of "
+             f"its own. Wall-clock on {any_p['machine']} (the 1-minute load average at the "
+             "start and end of each setup is in the tables: the times are inflated by other "
+             "jobs). Cached = prompt tokens served from the store (or still resident) / "
+             "prompt tokens; overhead = a request's time in the server outside the device's "
+             "scheduler and its queue (mean over the setup's requests)."]
+    for prefix, configs, what in (("", CONFIGS, "Conversations of {t} turns"),
+                                  ("long.", LONG_CONFIGS, "Longer conversations: {t} turns")):
+        text = _table(by, prefix, configs)
+        if text is None:
+            continue
+        turns = by["serve." + prefix + _key(configs[0][0]) + ".ttft_p50_s"]["params"]["turns"]
+        lines += ["", what.format(t=f"{turns[0]} to {turns[1]}") +
+                  " (fewer when the token memory is full):", "", text]
+    names = [n for p in ("", "long.") for n in (f"serve.{p}prefix_vs_infinite",
+                                                 f"serve.{p}prefix_vs_round_robin",
+                                                 f"serve.{p}infinite_vs_round_robin")]
+    extra = [(n, by[n]) for n in names + ["serve.overhead_sequential_ms"] if n in by]
     if extra:
         lines += ["", table(["figure", "value", "target"],
                             [[n, r["value"], r["params"].get("target", "")]

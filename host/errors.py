@@ -65,9 +65,22 @@ class RingKVError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def __reduce__(self):
+        # pickled with its attributes, not through ``__init__`` (whose signature differs by
+        # subclass): an error raised in a worker process reaches the server whole
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
     def one_line(self) -> str:
         """``message`` and ``hint`` on one line, for logs."""
         return self.message + (f" ({self.hint})" if self.hint else "")
+
+
+def _rebuild(cls, args, state):
+    """An unpickled :class:`RingKVError` (see ``RingKVError.__reduce__``)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class UsageError(RingKVError, ValueError):

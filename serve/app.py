@@ -166,9 +166,11 @@ class _Api:
 
     async def _generate(self, request: Request, chat: bool):
         endpoint = "chat" if chat else "completions"
-        t0 = time.perf_counter()
         try:
             body = await self._body(request)
+            # the request has arrived (its time from here is the server's: how fast the
+            # client sends its body is not)
+            t0 = time.perf_counter()
             self._check_model(body)
             prompt = chat_prompt(body.get("messages")) if chat else \
                 completion_prompt(body.get("prompt"))
@@ -239,6 +241,12 @@ class _Api:
         m.generation_tokens.inc(len(result.tokens))
         m.duration.observe(total)
         m.overhead.observe(max(0.0, total - result.scheduler_s - result.queue_s))
+        if log.isEnabledFor(logging.DEBUG) and result.times.get("started") is not None:
+            t = dict(result.times, finished=t0 + total)
+            steps = ("received", "routed", "picked", "got", "started", "ended", "answered",
+                     "finished")
+            log.debug("%s: %s", result.device, ", ".join(
+                f"{a}->{b} {(t[b] - t[a]) * 1e3:.2f} ms" for a, b in zip(steps, steps[1:])))
 
     async def _sse(self, job, events, head, chat, include_usage, endpoint, t0):
         def chunk(delta_or_text, finish=None):

@@ -149,16 +149,18 @@ class SimHandle(LinkHandle):
         super().__init__(spec, config, url="", timeout=timeout)
         self.top_kwargs = dict(top_kwargs or {})      # RingKVTop's parameters (regions, ...)
         self._built = False
-        if image is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="ringkv-serve-sim-", dir=workdir)
-            image = Path(self._tmp.name) / "card.img"
-        else:
-            self._tmp = None
-        self.image = Path(image)
+        # ``sim`` alone: a temporary card, made where the simulator runs (the device's
+        # process), at its first start
+        self.workdir, self._tmp = workdir, None
+        self.image = None if image is None else Path(image)
         self.sim = None
 
     def open(self):
         from ringkv.sim.harness import SimDevice
+        if self.image is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="ringkv-serve-sim-",
+                                                    dir=self.workdir)
+            self.image = Path(self._tmp.name) / "card.img"
         if self.sim is None or self.sim.proc.poll() is not None:
             if self.sim is not None:
                 log.warning("%s: the simulator ended (exit %s); starting it again on %s",

@@ -1,12 +1,16 @@
 """Many conversations on many devices: a worker per device, a router, an exact index of what
 each device holds.
 
-**Workers.** Each device has a :class:`Worker`: a thread with its own
-:class:`~ringkv.host.scheduler.Scheduler` that serves one request at a time (a device has one
-set of rings), taking them from a bounded queue. Devices run in parallel. Threads, not
-processes: a board's worker waits on its link with the GIL released, and the software
-device's model spends its time in numpy, which releases it too; the model's weights are
-shared, read only, by every worker.
+**Workers.** Each device has a :class:`Worker`: a thread in the server that takes requests
+from the device's bounded queue, one at a time (a device has one set of rings), and the
+device's own process (:mod:`ringkv.serve.worker`) that holds the device, a
+:class:`~ringkv.host.scheduler.Scheduler` on it and a copy of the model, and runs each request
+there, streaming its tokens back. Devices run in parallel. Processes, not threads: the model
+and the software device's core model are numpy code of many small operations that holds the
+GIL most of the time, which in the server's process would be taken from the event loop that
+parses requests and streams tokens, and from the other devices; the server's thread of a
+device only waits on its socket and forwards tokens. The router, the index of each device,
+the metrics and the pinned sessions' devices stay in the server's process.
 
 **Conversations find their state by content.** A request carries its whole prompt (that is how
 the OpenAI API works). A worker continues the conversation resident in its rings when the
@@ -38,15 +42,16 @@ costs nothing); on a board it follows the exports the worker makes and is read a
 board's directory whenever the device answers other than the index predicted (a record
 evicted by the board's allocator).
 
-**Faults.** An exception from a device (a link dropped, a simulator killed, an error status)
-takes the device out of the router; the request it was serving is sent again to another ready
-device when none of its tokens has been sent to the client yet (it is recomputed there from
-that device's own store), else it ends with an error; requests still queued on it go to the
-other devices. The worker then reopens its device (a simulator started again on its image, a
-link connected again, the board's power-on recovery waited for), reads its index from the
-device's directory and rejoins. A token is only ever computed from the rings of the
-conversation it belongs to: each request starts from the device's verified records or from
-nothing.
+**Faults.** An exception from a device (a link dropped, a simulator killed, an error status),
+or its process ending, takes the device out of the router; the request it was serving is sent
+again to another ready device when none of its tokens has been sent to the client yet (it is
+recomputed there from that device's own store), else it ends with an error; requests still
+queued on it go to the other devices. The worker then reopens its device (a simulator started
+again on its image, a link connected again, the board's power-on recovery waited for; a
+process that ended is started again first: an in-memory software device then starts empty),
+reads its index from the device's directory and rejoins. A token is only ever computed from
+the rings of the conversation it belongs to: each request starts from the device's verified
+records or from nothing.
 
 **Overload.** At most ``max_queue`` requests wait or run per device; a request for which every
 ready device is full is refused at once with :class:`~ringkv.host.errors.Overloaded` (HTTP
@@ -55,30 +60,32 @@ ready device is full is refused at once with :class:`~ringkv.host.errors.Overloa
 
 import itertools
 import logging
+import os
+import pickle
 import queue
+import signal
+import subprocess
 import threading
 import time
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ringkv.host.errors import DeviceNotReady, Overloaded, RingKVError, UsageError
-from ringkv.host.golden_hash import hash_step
-from ringkv.host.sampling import Sampler, SamplingParams
-from ringkv.host.scheduler import Scheduler
+from ringkv.host.errors import DeviceNotReady, LinkError, Overloaded, RingKVError, UsageError
+from ringkv.host.golden_hash import ROUND_CONSTANTS
+from ringkv.host.sampling import SamplingParams
 
-from .template import END_OF_MESSAGE, Prompt, TextStream
+from . import worker as worker_process
+from .template import END_OF_MESSAGE, Prompt
+from .worker import Cancelled
 
-__all__ = ["Engine", "Worker", "Job", "JobResult", "Cancelled", "PLACEMENTS", "PrefixHasher"]
+__all__ = ["Engine", "Worker", "WorkerGone", "Job", "JobResult", "Cancelled", "PLACEMENTS",
+           "PrefixHasher"]
 
 log = logging.getLogger(__name__)
 
 #: ``placement=`` choices: by longest stored prefix, by load alone, in turn
 PLACEMENTS = ("prefix", "least-loaded", "round-robin")
-
-
-class Cancelled(Exception):
-    """The client went away: the request ends where it is."""
 
 
 @dataclass
@@ -94,8 +101,13 @@ class JobResult:
     recomputed: int
     path: str
     device: str
-    scheduler_s: float           # time inside Scheduler.request
+    scheduler_s: float           # time inside Scheduler.request (in the device's process),
+    #                              and copying a moving conversation's record
     queue_s: float = 0.0         # time waiting in the device's queue
+    #: moments of the request on the host's monotonic clock (``time.perf_counter``, the same
+    #: in every process): received, routed, picked (by the device's thread), got (by the
+    #: device's process), started and ended (the scheduler), answered (the result back)
+    times: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -115,11 +127,32 @@ class Job:
     predicted: int = 0           # the stored prefix the router expected on its device
     routed: float = 0.0          # when the router queued it
     move: tuple | None = None    # (worker, key): copy that device's record here first
+    copy_s: float = 0.0          # time reading that record out of its device
     counted_by: object = None    # the worker whose load counts it (Worker._release)
 
     @property
     def stops(self) -> tuple:
         return self.params.stop + ((END_OF_MESSAGE,) if self.chat else ())
+
+
+_M32 = (1 << 32) - 1
+_K0, _K1 = ROUND_CONSTANTS[0] & _M32, ROUND_CONSTANTS[1] & _M32
+
+
+def _chain(h: int, tokens) -> list:
+    """``[h_1 .. h_n]`` after ``tokens`` from state ``h``: :func:`~ringkv.host.golden_hash.
+    hash_step` (64 bits, 2 rounds: the device's prefix hash) with its two rounds written out,
+    a few times faster in the router, which hashes the tokens of every prompt it places."""
+    x, y = h & _M32, h >> 32
+    out = []
+    for t in tokens:
+        y ^= t & _M32
+        x = (((((x >> 8) | (x << 24)) & _M32) + y) & _M32) ^ _K0
+        y = (((y << 3) | (y >> 29)) & _M32) ^ x
+        x = (((((x >> 8) | (x << 24)) & _M32) + y) & _M32) ^ _K1
+        y = (((y << 3) | (y >> 29)) & _M32) ^ x
+        out.append(x | (y << 32))
+    return out
 
 
 class PrefixHasher:
@@ -148,10 +181,7 @@ class PrefixHasher:
                 self.known.move_to_end(key)
                 start, out = p, list(got)
                 break
-        h = out[-1] if out else self.seed
-        for t in tokens[start:limit]:
-            h = hash_step(h, t)
-            out.append(h)
+        out += _chain(out[-1] if out else self.seed, tokens[start:limit])
         if marks and marks[-1] > start and marks[-1] <= self.budget:
             key = self._key(tokens[:marks[-1]])
             if key not in self.known:
@@ -162,30 +192,15 @@ class PrefixHasher:
         return out
 
 
-class IndexedDevice:
-    """The device as the scheduler sees it, keeping the worker's index in step with the
-    records it exports and deletes."""
-
-    def __init__(self, device, worker):
-        self._device, self._worker = device, worker
-
-    def __getattr__(self, name):
-        return getattr(self._device, name)
-
-    def export(self, tokens, replaces=None, *, checkpoint=False):
-        key, moved = self._device.export(tokens, replaces, checkpoint=checkpoint)
-        key = tuple(key)
-        with self._worker.lock:
-            self._worker.index.add(key)
-            if replaces is not None and tuple(replaces) != key:
-                self._worker.index.discard(tuple(replaces))
-        self._worker.engine.metrics.device_exports.labels(self._worker.name).inc()
-        return key, moved
+class WorkerGone(LinkError):
+    """The device's process ended (or its socket failed): the process is started again."""
 
 
 class Worker:
-    """A device's thread (see the module docstring). ``state``: ``starting``, ``ready`` or
-    ``recovering``."""
+    """A device's thread in the server and its process (see the module docstring).
+    ``state``: ``starting``, ``ready`` or ``recovering``; ``index``: the ``(count, hash)`` keys
+    of the device's records; ``info``: the process's ``pid`` and, for a simulated board, its
+    simulator's ``sim_pid``."""
 
     def __init__(self, engine, handle, number: int):
         self.engine, self.handle, self.number = engine, handle, number
@@ -195,14 +210,15 @@ class Worker:
         self.load = 0                      # queued + running
         self.index: set = set()
         self.state = "starting"
-        self.device = None
-        self.scheduler = None
-        self.pinned: OrderedDict = OrderedDict()      # session id -> None, recent last
         self.recoveries = 0
-        #: held while the device serves a request; another worker copying a record out of
-        #: this device takes it between two requests
+        self.info: dict = {}
+        self.proc = None                   # the device's process and its socket
+        self.conn = None
+        #: held while the device's process runs a command (a request, an open, a copy out):
+        #: the socket carries one conversation at a time; another worker copying a record out
+        #: of this device takes it between two requests
         self.device_lock = threading.Lock()
-        self._sids = itertools.count()
+        self._seq = itertools.count()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"ringkv-{self.name}",
                                        daemon=True)
@@ -215,20 +231,86 @@ class Worker:
         self._stop.set()
         self.queue.put(None)
 
-    def _open(self):
-        """Open the device, read its index from its own listing, new scheduler."""
-        device = self.handle.open()
-        self.device = IndexedDevice(device, self)
-        self.scheduler = Scheduler(self.engine.model, self.device, chunk=self.engine.chunk)
-        self.pinned.clear()
-        self._resync()
+    def _start_process(self):
+        self._end_process()
+        self.proc, self.conn = worker_process.start(self.engine.setup(self.handle))
 
-    def _resync(self):
-        keys = {tuple(k) for k in self.handle.listing(self.device._device)}
+    def _end_process(self, grace: float = 10.0):
+        """Stop the device's process (it closes its device first), then whatever it started
+        that may have outlived it."""
+        from ringkv.sim import procs
+        proc, conn, sim_pid = self.proc, self.conn, self.info.get("sim_pid")
+        self.proc = self.conn = None
+        if conn is not None:
+            try:
+                conn.send(("stop",))
+            except OSError:
+                pass
+        if proc is not None:
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                pass
+            if procs.stop(proc, grace=5) != 0 and sim_pid is not None:
+                # it did not end cleanly: its simulator (a session of its own) may be left
+                try:
+                    os.killpg(sim_pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        if conn is not None:
+            conn.close()
+
+    def _send(self, msg):
+        try:
+            self.conn.send(msg)
+        except (OSError, AttributeError) as e:
+            raise self._gone(e) from None
+
+    def _recv(self):
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError, AttributeError) as e:
+            raise self._gone(e) from None
+
+    def _gone(self, e) -> WorkerGone:
+        code = None
+        if self.proc is not None:
+            try:
+                code = self.proc.wait(2)
+            except subprocess.TimeoutExpired:
+                pass
+        how = "is gone" if code is None else f"ended with status {code}"
+        return WorkerGone(f"the device's process {how} ({type(e).__name__})")
+
+    def _call(self, *command):
+        """One command to the device's process and its answer (``device_lock`` held)."""
+        self._send(command)
+        kind, *answer = self._recv()
+        if kind == "error":
+            raise answer[0]
+        return answer
+
+    def listing(self) -> list:
+        """``(count, hash)`` of every record the device holds, from the device itself."""
+        with self.device_lock:
+            return self._call("listing")[0]
+
+    def _open(self):
+        """Open the device in its process (started if needed) and read the index from the
+        device's own listing."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start_process()
+        try:
+            keys, self.info = self._call("open")
+        except WorkerGone:
+            self._end_process()
+            raise
+        self._set_index(keys)
+
+    def _set_index(self, keys):
+        keys = {tuple(k) for k in keys}
         with self.lock:
             self.index = keys
-        if self.scheduler is not None:
-            self.scheduler.checkpoint_keys &= keys
         self.engine.metrics.device_records.labels(self.name).set(len(keys))
 
     def _bring_up(self, first: bool):
@@ -254,20 +336,27 @@ class Worker:
         return False
 
     def _main(self):
-        if not self._bring_up(first=True):
-            return
-        while not self._stop.is_set():
-            job = self.queue.get()
-            if job is None:
-                break
-            try:
-                if job.cancelled.is_set():
-                    continue
-                with self.device_lock:
-                    self._serve(job)
-            finally:
-                self._release(job)
-        self.handle.close()
+        try:
+            with self.device_lock:
+                up = self._bring_up(first=True)
+            while up and not self._stop.is_set():
+                job = self.queue.get()
+                if job is None:
+                    break
+                try:
+                    if job.cancelled.is_set():
+                        continue
+                    fetch = time.perf_counter()
+                    record = self._fetch_move(job)
+                    job.copy_s = time.perf_counter() - fetch
+                    with self.device_lock:
+                        self._serve(job, record)
+                finally:
+                    self._release(job)
+        finally:
+            self.state = "stopped"
+            with self.device_lock:
+                self._end_process()
 
     def _release(self, job):
         """The job no longer counts in this device's load (once): at its answer, so that the
@@ -281,138 +370,108 @@ class Worker:
         self.engine.metrics.device_queue.labels(self.name).set(self.load)
 
     # -- one request ---------------------------------------------------------------------------
-    def _place(self, tokens, session):
-        """``(sid, tokens to feed, rewind, stream position they start at)`` for a prompt."""
-        sched = self.scheduler
-        if session is not None and session in sched.sessions:
-            stream = sched.sessions[session].stream
-            k = 0
-            for a, b in zip(stream, tokens):
-                if a != b:
-                    break
-                k += 1
-            if k == len(stream) and len(tokens) > k:
-                return session, tokens[k:], None, k
-            k = min(k, len(tokens) - 1)
-            return session, tokens[k:], k, k
-        if session is None and sched.resident is not None:
-            sid = sched.resident
-            stream = sched.sessions[sid].stream
-            if not isinstance(sid, str) and len(tokens) > len(stream) \
-                    and tokens[:len(stream)] == stream:
-                return sid, tokens[len(stream):], None, len(stream)
-        sid = session if session is not None else next(self._sids)
-        return sid, tokens, None, 0
-
-    def _forget_sessions(self, keep):
-        """Drop the scheduler's sessions but the resident one and recent pinned ones."""
-        sched = self.scheduler
-        for sid in [s for s in sched.sessions if not isinstance(s, str)]:
-            if sid != sched.resident and sid != keep:
-                del sched.sessions[sid]
-        while len(self.pinned) > self.engine.max_sessions:
-            sid, _ = self.pinned.popitem(last=False)
-            if sid != sched.resident:
-                sched.sessions.pop(sid, None)
-        sched.events.clear()
-
-    def _serve(self, job: Job):
-        metrics, params = self.engine.metrics, job.params
-        queue_s = time.perf_counter() - job.routed
-        metrics.queue_wait.observe(queue_s)
-        tokens = list(job.prompt.tokens)
-        sid, feed, rewind, base = self._place(tokens, job.session)
-        if job.session is not None:
-            self.pinned[job.session] = None
-            self.pinned.move_to_end(job.session)
-        marks = [p for p in job.prompt.checkpoints if base < p <= len(tokens)]
-        text = TextStream(job.stops)
-        sampler = Sampler(params)
-        last = [None]
-
-        def on_token(token):
-            if job.cancelled.is_set():
-                raise Cancelled()
-            now = time.perf_counter()
-            if last[0] is None:
-                metrics.ttft.observe(now - job.received)
-            else:
-                metrics.inter_token.observe(now - last[0])
-            last[0] = now
-            piece, stopped = text.push(token)
-            job.emitted += 1
-            job.sink("token", piece)
-            return stopped
-
-        t0 = time.perf_counter()
-        try:
-            if job.move is not None:
-                self._copy_in(*job.move)
-            out = self.scheduler.request(sid, feed, params.max_tokens, checkpoints=marks,
-                                         rewind=rewind, sample=sampler, on_token=on_token)
-        except Cancelled:
-            log.info("%s: request cancelled by its client", self.name)
-            self._forget_sessions(None)
-            job.sink("error", Cancelled())
-            return
-        except UsageError as e:
-            self._forget_sessions(None)
-            job.sink("error", e)
-            return
-        except Exception as e:              # noqa: BLE001 - the device failed: recover it
-            self._failed(job, e)
-            return
-        elapsed = time.perf_counter() - t0
-        tail = text.finish()
-        if tail:
-            job.sink("token", tail)
-        event = self.scheduler.events[-1]
-        resident = base if event["path"] == "continue" else 0
-        result = JobResult(
-            tokens=out, text=text.full_text, prompt_tokens=len(tokens),
-            finish_reason="stop" if text.stopped else "length",
-            cached_tokens=min(len(tokens), event["reused"] + resident),
-            reused=event["reused"], resident=resident, prefilled=event["prefilled"],
-            recomputed=event["recomputed"], path=event["path"], device=self.name,
-            scheduler_s=elapsed, queue_s=queue_s)
-        self._account(event, result)
-        self._release(job)
-        job.sink("done", result)             # the answer first, the index after
-        self._update_index(event, job, result)
-        self._forget_sessions(job.session)
-
-    def _copy_in(self, holder, key):
-        """Copy the record ``key`` from ``holder``'s device into this one (the conversation
-        moves here); the copy is skipped, and the request recomputes, when the holder is
-        down, busy past a bound, or no longer has the record."""
-        from ringkv.host.errors import ConfigError, StorageError
+    def _fetch_move(self, job):
+        """The record ``job.move`` names, read out of its holder's device (between two of
+        the holder's requests), or None: the copy is skipped, and the request recomputes,
+        when the holder is down, busy past a bound, or no longer has the record."""
+        if job.move is None:
+            return None
+        holder, key = job.move
         if holder.state != "ready" or not holder.device_lock.acquire(timeout=30):
-            return
+            return None
         try:
-            if holder.state != "ready" or holder.device is None:
-                return
-            data = holder.device._device.read_record(key)
-        except (StorageError, ConfigError, NotImplementedError) as e:
-            log.info("%s: record %s not copied from %s (%s)", self.name, key, holder.name, e)
-            return
+            if holder.state != "ready":
+                return None
+            return holder._call("read_record", key)[0]
+        except Exception as e:              # noqa: BLE001 - the holder's trouble is its own
+            msg = e.one_line() if isinstance(e, RingKVError) else f"{type(e).__name__}: {e}"
+            log.info("%s: record %s not copied from %s (%s)", self.name, key, holder.name, msg)
+            return None
         finally:
             holder.device_lock.release()
-        # the copy may go through the rings (a board replays it into them, then exports)
-        self.scheduler.resident = None
-        new = tuple(self.device._device.write_record(data))
-        with self.lock:
-            self.index.add(new)
-        self.engine.metrics.device_moves.labels(holder.name, self.name).inc()
-        log.info("%s: copied record of %d tokens from %s", self.name, new[0], holder.name)
 
-    def _account(self, event, result):
-        m, name = self.engine.metrics, self.name
-        m.device_requests.labels(name, event["path"]).inc()
-        if event["path"] in ("hit", "prefix"):
+    def _serve(self, job: Job, record):
+        metrics = self.engine.metrics
+        # the copy of a moving conversation's record is the devices' time, not the queue's
+        picked = time.perf_counter()
+        queue_s = picked - job.routed - job.copy_s
+        metrics.queue_wait.observe(queue_s)
+        seq = next(self._seq)
+        spec = {"seq": seq, "tokens": list(job.prompt.tokens),
+                "checkpoints": list(job.prompt.checkpoints), "params": job.params,
+                "stops": job.stops, "session": job.session, "predicted": job.predicted,
+                "move": record}
+        last, cancelling, answered = None, False, False
+        try:
+            self._send(("serve", spec))
+            while True:
+                kind, *msg = self._recv()
+                if kind == "token":
+                    now = time.perf_counter()
+                    if last is None:
+                        metrics.ttft.observe(now - job.received)
+                    else:
+                        metrics.inter_token.observe(now - last)
+                    last = now
+                    job.emitted += 1
+                    job.sink("token", msg[0])
+                    if job.cancelled.is_set() and not cancelling:
+                        self._send(("cancel", seq))
+                        cancelling = True
+                elif kind == "export":
+                    key, replaced = msg
+                    with self.lock:
+                        self.index.add(key)
+                        if replaced is not None and replaced != key:
+                            self.index.discard(replaced)
+                    metrics.device_exports.labels(self.name).inc()
+                elif kind == "moved":
+                    with self.lock:
+                        self.index.add(msg[0])
+                    metrics.device_moves.labels(job.move[0].name, self.name).inc()
+                    log.info("%s: copied record of %d tokens from %s", self.name, msg[0][0],
+                             job.move[0].name)
+                elif kind == "done":
+                    fields = dict(msg[0])
+                    times = {"received": job.received, "routed": job.routed,
+                             "picked": picked, "got": fields.pop("got", None),
+                             "started": fields.pop("started", None),
+                             "ended": fields.pop("ended", None),
+                             "answered": time.perf_counter()}
+                    fields["scheduler_s"] += job.copy_s
+                    result = JobResult(**fields, device=self.name, queue_s=queue_s,
+                                       times=times)
+                    self._account(result)
+                    self._release(job)
+                    answered = True
+                    job.sink("done", result)
+                elif kind == "end":
+                    if msg[0] is not None:
+                        self._set_index(msg[0])
+                    else:
+                        metrics.device_records.labels(self.name).set(len(self.index))
+                    return
+                elif kind == "cancelled":
+                    log.info("%s: request cancelled by its client", self.name)
+                    job.sink("error", Cancelled())
+                    return
+                elif kind == "usage":
+                    job.sink("error", msg[0])
+                    return
+                else:                       # "failed", "error": the device failed
+                    self._failed(None if answered else job, msg[0])
+                    return
+        except WorkerGone as e:
+            self._failed(None if answered else job, e)
+
+    def _account(self, result):
+        m, name, path = self.engine.metrics, self.name, result.path
+        m.device_requests.labels(name, path).inc()
+        if path in ("hit", "prefix"):
             m.device_hits.labels(name).inc()
-        elif event["path"] in ("first", "miss"):
+        elif path in ("first", "miss"):
             m.device_misses.labels(name).inc()
-        if event["path"] == "prefix":
+        if path == "prefix":
             m.device_prefix_hits.labels(name).inc()
         m.tokens_reused.inc(result.reused)
         m.tokens_resident.inc(result.resident)
@@ -420,17 +479,8 @@ class Worker:
         m.tokens_recomputed.inc(result.recomputed)
         m.scheduler_seconds.observe(result.scheduler_s)
 
-    def _update_index(self, event, job, result):
-        m, name = self.engine.metrics, self.name
-        if self.handle.kind == "software":
-            self._resync()
-        elif event["path"] in ("prefix", "first", "miss") and result.reused != job.predicted:
-            # the board answered other than the index said (its allocator evicted a record)
-            self._resync()
-        else:
-            m.device_records.labels(name).set(len(self.index))
-
     def _failed(self, job, exc):
+        """The device failed (``job``: the request it was serving, None if answered)."""
         msg = exc.one_line() if isinstance(exc, RingKVError) else f"{type(exc).__name__}: {exc}"
         log.error("%s: device failed during a request (%s); taking it out to recover",
                   self.name, msg)
@@ -450,20 +500,26 @@ class Worker:
             queued.counted_by = None
         with self.engine.lock:
             self.load -= len(moved)
-        self._release(job)                   # before it may count on another device
-        retry = job.emitted == 0 and job.attempts < 2
+        retry = False
+        if job is not None:
+            self._release(job)               # before it may count on another device
+            retry = job.emitted == 0 and job.attempts < 2
         for j in ([job] if retry else []) + moved:
             self.engine.resubmit(j)
-        if not retry:
+        if job is not None and not retry:
             err = DeviceNotReady(f"device {self.name} failed during the request ({msg}); "
                                  f"the tokens sent so far are valid, the rest is lost",
                                  hint="send the request again")
             job.sink("error", err)
-        try:
-            self.handle.disconnect()
-        except Exception:                   # noqa: BLE001 - letting go of a broken device
-            log.debug("%s: disconnect failed", self.name, exc_info=True)
-        self.scheduler = None
+        if isinstance(exc, WorkerGone):
+            self._end_process()
+        else:
+            try:
+                self._call("disconnect")
+            except Exception:               # noqa: BLE001 - letting go of a broken device
+                log.debug("%s: disconnect failed; starting its process again", self.name,
+                          exc_info=True)
+                self._end_process()
         self._bring_up(first=False)
 
 
@@ -491,16 +547,30 @@ class Engine:
         self.hasher = PrefixHasher(hash_seed(config))
         self.pins: dict = {}                # session id -> worker
         self._turn = itertools.count()
+        self._model_blob = None
+        self._blob_lock = threading.Lock()
+
+    def setup(self, handle) -> dict:
+        """The first message to a device's process (:mod:`ringkv.serve.worker`)."""
+        with self._blob_lock:            # (not the router's lock: the event loop takes that)
+            if self._model_blob is None:
+                self._model_blob = pickle.dumps(self.model, protocol=pickle.HIGHEST_PROTOCOL)
+        return {"handle": handle, "model": self._model_blob, "chunk": self.chunk,
+                "max_sessions": self.max_sessions,
+                "log_level": logging.getLogger("ringkv").getEffectiveLevel()}
 
     def start(self):
         for w in self.workers:
             w.start()
 
-    def stop(self, timeout: float = 10.0):
+    def stop(self, timeout: float = 30.0):
+        """Stop the workers: each ends its request, then its device's process (which closes
+        its device: a simulator started there is stopped)."""
         for w in self.workers:
             w.stop()
+        deadline = time.monotonic() + timeout
         for w in self.workers:
-            w.thread.join(timeout)
+            w.thread.join(max(0.0, deadline - time.monotonic()))
 
     def ready(self) -> list:
         return [w for w in self.workers if w.state == "ready"]
@@ -567,6 +637,7 @@ class Engine:
         """Route ``job`` to a device's queue; :class:`Overloaded` or
         :class:`~ringkv.host.errors.DeviceNotReady` when none can take it."""
         job.attempts += 1
+        job.move, job.copy_s = None, 0.0       # (a retry is placed afresh)
         with self.lock:
             ready = self.ready()
             if not ready:

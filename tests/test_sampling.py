@@ -161,3 +161,5 @@ def test_router_prefix_hashes_equal_the_devices_and_reuse_a_known_prefix():
     c = [256] + list(b"x" * 80)
     h.hashes(c, len(c), (len(c),))                 # over the budget: the oldest go
     assert h.held <= 100 and len(h.known) <= 2
+    d = [256, *range(256), 0, 255, 256] * 3        # every token value, the BOS included
+    assert PrefixHasher(seed).hashes(d, len(d)) == prefix_hashes(d, seed)

@@ -185,6 +185,21 @@ def test_malformed_json_bad_messages_and_the_client_errors(srv):
     assert http.get(srv.base + "/v1/nothing").status_code == 404
 
 
+def test_a_requests_moments_are_in_order_across_the_processes(srv, caplog):
+    """The debug log's breakdown of a request's time: each step on the one monotonic clock of
+    the host, the device's process's moments between the server's."""
+    import logging
+    import re
+    caplog.set_level(logging.DEBUG, logger="ringkv.serve.app")
+    srv.client.completions.create(model=srv.name, prompt="And Moses said", max_tokens=4)
+    lines = [r.getMessage() for r in caplog.records if "received->routed" in r.getMessage()]
+    assert len(lines) == 1
+    steps = re.findall(r"(\w+)->(\w+) (-?[\d.]+) ms", lines[0])
+    assert [a for a, _, _ in steps] == ["received", "routed", "picked", "got", "started",
+                                        "ended", "answered"]
+    assert all(float(v) >= 0 for _, _, v in steps), lines[0]
+
+
 def test_metrics_count_requests_tokens_and_reuse(srv):
     before = srv.metric("ringkv_generation_tokens_total")
     reused = srv.metric("ringkv_tokens_reused_total")
@@ -273,7 +288,59 @@ def test_two_devices_route_by_stored_prefix(tmp_path):
             assert body2["usage"]["prompt_tokens_details"]["cached_tokens"] > 40
         # the index is the device's own listing
         for w in srv.engine.workers:
-            assert w.index == {x.key for x in w.device._device.holdings(tokens=False)}
+            assert w.index == set(w.listing()) and w.index
+
+
+def _wait_recovered(w, recoveries, timeout=120):
+    deadline = time.monotonic() + timeout
+    while (w.state != "ready" or w.recoveries < recoveries) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert w.state == "ready" and w.recoveries == recoveries
+
+
+def test_a_device_process_that_dies_is_started_again_and_its_requests_go_elsewhere(tmp_path):
+    """Each device runs in a process of its own: killed while idle, the next request routed to
+    it (it holds the prefix) is retried on the other device; killed in the middle of a stream,
+    that stream ends with an error event. Each time the process is started again on its card
+    image and the device rejoins with its index read from the image's records."""
+    import os
+    import signal
+    image = tmp_path / "card.img"
+    with running("--device", f"software:{image}", "--device", "software") as srv:
+        w, other = srv.engine.workers
+        msgs = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Who went up to the mountain of God?"}]
+        body = {"messages": msgs, "max_tokens": 8, "temperature": 0}
+        r = http.post(srv.base + "/v1/chat/completions", json=body)
+        assert r.headers["x-ringkv-device"] == w.name and w.index
+        want = r.json()["choices"][0]["message"]["content"]
+        held, pid = set(w.index), w.info["pid"]
+        assert pid != os.getpid() and other.info["pid"] not in (pid, os.getpid())
+
+        os.kill(pid, signal.SIGKILL)
+        r = http.post(srv.base + "/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.headers["x-ringkv-device"] == other.name
+        assert r.json()["choices"][0]["message"]["content"] == want
+        _wait_recovered(w, 1)
+        assert w.info["pid"] != pid and held <= w.index == set(w.listing())
+
+        with http.stream("POST", srv.base + "/v1/completions", json={
+                "prompt": "Now these are the generations", "max_tokens": 400,
+                "temperature": 0.7, "seed": 7, "stream": True}) as r:
+            device = r.headers["x-ringkv-device"]
+            victim = next(x for x in srv.engine.workers if x.name == device)
+            lines = r.iter_lines()
+            first = next(x for x in lines if x.startswith("data: "))
+            os.kill(victim.info["pid"], signal.SIGKILL)
+            rest = [x for x in lines if x]
+        assert '"text_completion"' in first and rest[-1] == "data: [DONE]"
+        assert '"error"' in rest[-2] and f"{device} failed" in rest[-2]
+        _wait_recovered(victim, 1 + (victim is w))
+        assert victim.index == set(victim.listing())
+        r = http.post(srv.base + "/v1/chat/completions", json=body)
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want
+        assert [x.load for x in srv.engine.workers] == [0, 0]
+        assert srv.metric("ringkv_device_recoveries_total") == 2
 
 
 def test_index_rebuilt_from_the_image_after_a_restart(tmp_path):
