@@ -24,8 +24,10 @@ def cores():
     from ringkv.hw.attention import AttentionCore
     from ringkv.hw.directory import CacheDirectory
     from ringkv.hw.dma import DmaEngine
+    from ringkv.hw.dma_stream import WritePipeline
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
     from ringkv.hw.hash_engine import HashEngine
+    from ringkv.hw.record_header import HeaderEncoder, HeaderParser
     from ringkv.hw.sdnative import SDNativeController
     from ringkv.hw.sdspi import SDSPIController
     from ringkv.hw.token_memory import TokenMemory
@@ -44,6 +46,9 @@ def cores():
         "sdnative": lambda: SDNativeController(hs_half_period=1),
         "dma_fx1": lambda: DmaEngine(DEFAULT_CONFIG, 64),
         "dma_fx2": lambda: DmaEngine(fx2, 64),
+        "record_header_encoder": lambda: HeaderEncoder(DEFAULT_CONFIG),
+        "record_header_parser": lambda: HeaderParser(DEFAULT_CONFIG),
+        "dma_write_pipeline": lambda: WritePipeline(DEFAULT_CONFIG),
         "attention_fx1": lambda: AttentionCore(layers=2, window=32, head_dim=16),
         "attention_fx2": lambda: AttentionCore(layers=2, window=32, head_dim=16,
                                                numerics="ringkv-fx2"),
