@@ -23,6 +23,7 @@ def cores():
     from ringkv.defs.hash import hash_seed
     from ringkv.hw.attention import AttentionCore
     from ringkv.hw.directory import CacheDirectory
+    from ringkv.hw.directory_alloc import FreeLinks, RegionAllocator
     from ringkv.hw.dma import DmaEngine
     from ringkv.hw.dma_stream import WritePipeline
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
@@ -39,6 +40,8 @@ def cores():
         "hash_engine": lambda: HashEngine(seed=hash_seed(DEFAULT_CONFIG)),
         "token_memory": lambda: TokenMemory(1024, 16),
         "directory": lambda: CacheDirectory(buckets=64, links=128, regions=128),
+        "directory_region_allocator": lambda: RegionAllocator(regions=128, b_threshold=64),
+        "directory_free_links": lambda: FreeLinks(links=128),
         "frame_decoder": lambda: FrameDecoder(),
         "frame_encoder": lambda: FrameEncoder(),
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),
