@@ -1,11 +1,13 @@
 """Cache directory and region allocator: hash -> bucket -> doubly linked links.
 
 The golden model is :class:`ringkv.host.golden_directory.GoldenDirectory`; the block's document
-is ``docs/blocks/directory.md``.
+is ``docs/blocks/directory.md``. This module holds the bucket table, the linked lists and the
+command sequencer; the region allocator (FIFO A, FIFO B and the policy) and the free-link FIFO
+are :mod:`ringkv.hw.directory_alloc`'s pieces.
 """
 
 from amaranth.hdl import Array, Assert, Assume, Const, Module, Mux, ResetSignal, Shape, Signal
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs import directory as defs
@@ -16,6 +18,7 @@ from ringkv.defs.directory import (
     check_directory_params,
 )
 
+from .directory_alloc import FreeLinks, RegionAllocator, Table
 from .enums import shaped
 
 __all__ = ["CacheDirectory", "Op", "Status", "command_layout", "response_layout",
@@ -57,47 +60,6 @@ def probe_layout(count_width=24, hash_width=64) -> data.StructLayout:
 def layout_fields(layout) -> list[tuple[str, int]]:
     """``[(name, width), ...]`` from the LSB, for ``pack_fields``/``unpack_fields``."""
     return [(name, Shape.cast(field.shape).width) for name, field in layout]
-
-
-class _Table:
-    """One synchronous-read, one-write table: a block RAM, or registers when ``formal``.
-
-    Both forms behave the same: ``rdata`` is the row at ``raddr`` of the previous clock, and a
-    write is not seen by a read in the same clock (not transparent). The register form exists
-    so that formal assertions can range over every row (``rows``) of a small configuration.
-    """
-
-    def __init__(self, m, name, shape, depth, formal, init=None):
-        self.rows = None
-        self.raddr = Signal(range(depth), name=f"{name}_raddr")
-        self.waddr = Signal(range(depth), name=f"{name}_waddr")
-        self.we = Signal(name=f"{name}_we")
-        self.rdata = Signal(shape, name=f"{name}_rdata")
-        self.wdata = Signal(shape, name=f"{name}_wdata")
-        width = Shape.cast(shape).width
-        if formal:
-            init = list(init or [0] * depth)
-            self.rows = [Signal(width, name=f"{name}_{n}", init=init[n]) for n in range(depth)]
-            rows = Array(self.rows)
-            rdata = Signal(width, name=f"{name}_rdata_raw")
-            m.d.sync += rdata.eq(rows[self.raddr])
-            m.d.comb += self.rdata.eq(rdata)
-            with m.If(self.we):
-                m.d.sync += rows[self.waddr].eq(self.wdata)
-        else:
-            m.submodules[name] = mem = memory.Memory(shape=width, depth=depth, init=[])
-            read = mem.read_port(transparent_for=())
-            write = mem.write_port()
-            m.d.comb += [read.addr.eq(self.raddr), self.rdata.eq(read.data),
-                         write.addr.eq(self.waddr), write.data.eq(self.wdata),
-                         write.en.eq(self.we)]
-
-    def write(self, m, addr, value):
-        m.d.comb += [self.we.eq(1), self.waddr.eq(addr), self.wdata.eq(value)]
-
-    def row(self, index, shape=None):
-        value = self.rows[index]
-        return data.View(shape, value) if shape is not None else value
 
 
 class CacheDirectory(wiring.Component):
@@ -203,23 +165,18 @@ class CacheDirectory(wiring.Component):
 
         # In formal mode the tables start out as the reset sweep leaves them (the sweep itself is
         # still checked: CLEAR runs it), so that the bounded depth is spent on commands.
-        head = _Table(m, "head", ptr, nb, formal, init=[nil_ptr] * nb)
-        meta = _Table(m, "meta", meta_layout, nl, formal)
-        prev = _Table(m, "prev", ptr, nl, formal)
-        nxt = _Table(m, "next", ptr, nl, formal)
-        stamp = _Table(m, "stamp", self._stamp_width, nl, formal)
-        free_q = _Table(m, "free_links", lb, nl, formal, init=range(nl))
-        fifo_b = _Table(m, "fifo_b", rb, nr, formal)
+        head = Table(m, "head", ptr, nb, formal, init=[nil_ptr] * nb)
+        meta = Table(m, "meta", meta_layout, nl, formal)
+        prev = Table(m, "prev", ptr, nl, formal)
+        nxt = Table(m, "next", ptr, nl, formal)
+        stamp = Table(m, "stamp", self._stamp_width, nl, formal)
+        m.submodules.region_allocator = alloc = RegionAllocator(
+            regions=nr, b_threshold=self._b_threshold, formal=formal)
+        m.submodules.free_links = free = FreeLinks(links=nl, formal=formal)
 
         cmd = Signal(self._cmd_layout)
         resp = Signal(self._resp_layout)
-        a_next = Signal(range(nr + 1))       # FIFO A is the range [a_next, regions)
-        b_rd = Signal(rb)
-        b_wr = Signal(rb)
-        b_level = Signal(range(nr + 1))
-        fl_rd = Signal(lb)
-        fl_wr = Signal(lb)
-        fl_level = Signal(range(nl + 1), init=nl if formal else 0)
+        a_next = alloc.a_next                # FIFO A is the range [a_next, regions)
         sweep = max(nb, nl)
         idx = Signal(range(sweep + 1))
         cur = Signal(lb)
@@ -245,7 +202,7 @@ class CacheDirectory(wiring.Component):
 
         m.d.comb += [
             meta.raddr.eq(link_raddr), prev.raddr.eq(link_raddr), nxt.raddr.eq(link_raddr),
-            stamp.raddr.eq(link_raddr), free_q.raddr.eq(fl_rd), fifo_b.raddr.eq(b_rd),
+            stamp.raddr.eq(link_raddr),
             link_raddr.eq(cur), head.raddr.eq(cmd.hash[:bb]),
         ]
 
@@ -271,17 +228,9 @@ class CacheDirectory(wiring.Component):
             dead = Signal(meta_layout)
             m.d.comb += [dead.eq(meta.rdata), dead.valid.eq(0)]
             meta.write(m, link, dead)
-            free_q.write(m, fl_wr, link)
-            m.d.sync += [fl_wr.eq(fl_wr + 1), fl_level.eq(fl_level + 1)]
+            m.d.comb += [free.free.eq(1), free.free_link.eq(link)]
             if bug != "region_leak":
-                fifo_b.write(m, b_wr, meta.rdata.region)
-                m.d.sync += [b_wr.eq(b_wr + 1), b_level.eq(b_level + 1)]
-
-        # Allocation policy on both FIFO levels (docs/blocks/directory.md, "Allocator").
-        a_avail = a_next != nr
-        b_avail = b_level != 0
-        use_b = b_avail & (~a_avail | (b_level >= self._b_threshold))
-        new_region = Mux(use_b, fifo_b.rdata, a_next[:rb])
+                m.d.comb += [alloc.free.eq(1), alloc.free_region.eq(meta.rdata.region)]
 
         # The response: ``resp``, or a lookup's verdict from the lk_* registers.
         answer = Signal(self._resp_layout)
@@ -323,12 +272,11 @@ class CacheDirectory(wiring.Component):
                     head.write(m, idx, nil_ptr)
                 with m.If(idx < nl):
                     meta.write(m, idx, 0)
-                    free_q.write(m, idx, idx)
+                    m.d.comb += [free.fill.eq(1), free.fill_index.eq(idx)]
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(idx == sweep - 1):
-                    m.d.sync += [a_next.eq(0), b_rd.eq(0), b_wr.eq(0), b_level.eq(0),
-                                 fl_rd.eq(0), fl_wr.eq(0), fl_level.eq(nl), idx.eq(0),
-                                 clearing.eq(0)]
+                    m.d.comb += [alloc.reset.eq(1), free.reset.eq(1)]
+                    m.d.sync += [idx.eq(0), clearing.eq(0)]
                     with m.If(clearing):
                         m.next = "RESPOND"
                     with m.Else():
@@ -389,9 +337,9 @@ class CacheDirectory(wiring.Component):
 
             with m.State("INSERT_CHECK"):
                 existing = cmd.op == Op.INSERT_EXISTING
-                have_link = fl_level != 0
-                have_region = a_avail | b_avail
-                region = Mux(existing, cmd.region[:rb], new_region)
+                have_link = free.available
+                have_region = alloc.available
+                region = Mux(existing, cmd.region[:rb], alloc.region)
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
                     m.next = "RESPOND"
@@ -409,11 +357,9 @@ class CacheDirectory(wiring.Component):
                         m.next = "RESPOND"
                 with m.Elif(existing & (cmd.region != a_next)):
                     # Rebuild: regions of FIFO A below the record's are skipped into FIFO B.
-                    fifo_b.write(m, b_wr, a_next[:rb])
-                    m.d.sync += [b_wr.eq(b_wr + 1), b_level.eq(b_level + 1),
-                                 a_next.eq(a_next + 1)]
+                    m.d.comb += alloc.skip.eq(1)
                 with m.Else():
-                    link = free_q.rdata
+                    link = free.link
                     new_meta = Signal(meta_layout)
                     m.d.comb += [new_meta.valid.eq(1), new_meta.count.eq(cmd.count),
                                  new_meta.hash.eq(cmd.hash), new_meta.region.eq(region)]
@@ -424,12 +370,9 @@ class CacheDirectory(wiring.Component):
                     if bug != "lost_head":
                         head.write(m, cmd.hash[:bb], link)
                     if bug != "link_dup":
-                        m.d.sync += [fl_rd.eq(fl_rd + 1), fl_level.eq(fl_level - 1)]
+                        m.d.comb += free.take.eq(1)
                     if bug != "region_dup":
-                        with m.If(existing | ~use_b):
-                            m.d.sync += a_next.eq(a_next + 1)
-                        with m.Else():
-                            m.d.sync += [b_rd.eq(b_rd + 1), b_level.eq(b_level - 1)]
+                        m.d.comb += [alloc.take.eq(1), alloc.from_a.eq(existing)]
                     m.d.sync += [resp.link.eq(link), resp.region.eq(region),
                                  cur.eq(link), old_head.eq(head.rdata)]
                     with m.If(is_nil(head.rdata)):
@@ -603,8 +546,9 @@ class CacheDirectory(wiring.Component):
         if formal:
             m.d.comb += Assume(~ResetSignal())
             idle = fsm.ongoing("IDLE")
-            self._add_properties(m, idle, head, meta, prev, nxt, free_q, fifo_b, meta_layout,
-                                 a_next, b_rd, b_wr, b_level, fl_rd, fl_wr, fl_level, bb, lb)
+            self._add_properties(m, idle, head, meta, prev, nxt, free.table, alloc.fifo_b,
+                                 meta_layout, a_next, alloc.b_rd, alloc.b_wr, alloc.b_level,
+                                 free.rd, free.wr, free.level, bb, lb)
             with m.If(idle):
                 m.d.comb += Assert(~clearing)
         return m

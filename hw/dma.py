@@ -44,27 +44,42 @@ transfer: three storage commands (tokens, KV, header), ``2 * layers * kv_heads``
 metadata reads and a few clocks per state change; see ``docs/BENCHMARKS.md`` for exact counts.
 Backpressure: ``cmd`` is accepted only when idle; ``resp`` holds until taken; every storage
 stream may stall at any time. The ring and token ports have fixed latency and no backpressure.
+
+Structure: this module is the transfer sequencer (request registers, storage commands, the phase
+state machine, the header checks' order); the header bytes come from
+:class:`~ringkv.hw.record_header.HeaderEncoder` and go to
+:class:`~ringkv.hw.record_header.HeaderParser`, the segment's loop nest is
+:class:`~ringkv.hw.dma_stream.RecordCursor`, export's read pipeline and FIFO
+:class:`~ringkv.hw.dma_stream.WritePipeline`, import's token check
+:class:`~ringkv.hw.dma_stream.TokenChecker`. Every byte of a record passes
+:attr:`DmaEngine.record_tap` in both directions, where the CRCs read it and where another
+consumer of the byte stream attaches (``docs/blocks/dma.md``).
 """
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, Value
-from amaranth.lib import crc, data, enum, fifo, stream, wiring
+from amaranth import Module, Mux, Signal
+from amaranth.lib import crc, data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import ceil_log2
 
 from ringkv.defs import record as record_defs
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import (
-    CONST_RANGES,
-    HEADER_OFFSETS,
     RECORD_CRC,
     RECORD_STATUS_BITS,
     SECTOR,
     RecordLayout,
-    header_template,
 )
 
+from .dma_stream import (
+    ByteSource,
+    RecordCursor,
+    RecordSegment,
+    RecordTap,
+    TokenChecker,
+    WritePipeline,
+)
 from .enums import shaped
+from .record_header import HEADER_CHECKS, HeaderEncoder, HeaderParser
 from .ring_port import RingPortSignature
 from .storage import StorageError, StorageOp, StoragePortSignature
 from .token_memory import TokenReadSignature
@@ -90,12 +105,6 @@ class DmaOp(enum.Enum, shape=2):
 DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32,
                                 "kind": RecordKind})
 DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32})
-
-
-class _Seg(enum.Enum, shape=2):
-    HDR = 0
-    TOK = 1
-    KV = 2
 
 
 class DmaEngine(wiring.Component):
@@ -136,6 +145,9 @@ class DmaEngine(wiring.Component):
             "tokens": Out(TokenReadSignature(config.max_tokens, config.token_width)),
             "busy": Out(1),
         })
+        #: The record's bytes as they move, both directions (:data:`RecordTap`; not a port:
+        #: the attachment point of a consumer of the byte stream, see ``docs/blocks/dma.md``).
+        self.record_tap = Signal(RecordTap)
 
     @property
     def config(self):
@@ -152,11 +164,9 @@ class DmaEngine(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         c, lay = self._config, self._layout
-        LH, W, D = c.layers * c.kv_heads, c.window, c.head_dim
+        LH, W = c.layers * c.kv_heads, c.window
         TB = lay.token_bytes
-        EB = lay.elem_bytes
-        KV_PER_SLOT = 2 * LH * D * EB     # KV bytes per valid slot
-        template = header_template(c)
+        KV_PER_SLOT = 2 * LH * c.head_dim * lay.elem_bytes     # KV bytes per valid slot
 
         st = self.storage
         # --- request and record registers ------------------------------------------------
@@ -171,11 +181,6 @@ class DmaEngine(wiring.Component):
         head = Signal(range(W))
         status = Signal(RecordStatus)
         kv_started = Signal()
-        # header fields captured on import
-        hd_seq, hd_hash, hd_count, hd_head = Signal(32), Signal(64), Signal(32), Signal(32)
-        hd_tok, hd_k, hd_v, hd_pcrc = Signal(32), Signal(32), Signal(32), Signal(32)
-        bad_magic, bad_version, bad_config = Signal(), Signal(), Signal()
-        tok_bad = Signal()
 
         v = Signal(range(W + 1))
         m.d.comb += v.eq(Mux(n < W, n, W))
@@ -189,150 +194,55 @@ class DmaEngine(wiring.Component):
         s0 = Signal(range(W))
         m.d.comb += s0.eq(head + 1 - v)          # oldest valid slot, mod W (W a power of two)
 
-        # --- CRCs ------------------------------------------------------------------------
+        # --- the pieces ------------------------------------------------------------------
         m.submodules.pcrc = pcrc = _RECORD_CRC(data_width=8).create()
         m.submodules.hcrc = hcrc = _RECORD_CRC(data_width=8).create()
+        m.submodules.cursor = cursor = RecordCursor(c)
+        m.submodules.header_encoder = henc = HeaderEncoder(c)
+        m.submodules.header_parser = hparse = HeaderParser(c)
+        m.submodules.write_pipeline = wpipe = WritePipeline(c)
+        m.submodules.token_checker = tcheck = TokenChecker(c)
 
         # --- segment and address generator -------------------------------------------------
-        seg = Signal(_Seg)
+        seg = Signal(RecordSegment)
         pay_left = Signal(34)             # payload bytes left in the segment
         total_left = Signal(26)           # bytes (payload + padding) left in the segment
-        hdr_pos = Signal(9)
-        tok_i = Signal(range(c.max_tokens + 1))
-        tok_b = Signal(range(max(TB, 2)))
-        lh = Signal(range(max(LH, 2)))
-        t = Signal(range(W + 1))
-        dim = Signal(range(D))
-        slot = Signal(range(W))
-        kind = Signal()
-        # byte of the element, innermost (no counter at all for one byte per element: the fx1
-        # gateware stays as it was)
-        elem_b = Signal(range(EB)) if EB > 1 else None
-        ring_addr = Signal(32)
-        m.d.comb += ring_addr.eq(Cat(elem_b if EB > 1 else [], dim, slot, kind,
-                                     lh[:ceil_log2(LH)] if LH > 1 else []))
-
-        def init_counters():
-            return [tok_i.eq(0), tok_b.eq(0), lh.eq(0), t.eq(0), dim.eq(0), slot.eq(s0),
-                    kind.eq(0), hdr_pos.eq(0), *([elem_b.eq(0)] if EB > 1 else [])]
-
-        def advance():
-            """Step the loop nest of the current segment by one payload byte."""
-            with m.If(seg == _Seg.TOK):
-                with m.If(tok_b == TB - 1):
-                    m.d.sync += [tok_b.eq(0), tok_i.eq(tok_i + 1)]
-                with m.Else():
-                    m.d.sync += tok_b.eq(tok_b + 1)
-            if EB > 1:
-                with m.Elif((seg == _Seg.KV) & (elem_b != EB - 1)):
-                    m.d.sync += elem_b.eq(elem_b + 1)  # the next byte of the same element
-            with m.Elif(seg == _Seg.KV):
-                if EB > 1:
-                    m.d.sync += elem_b.eq(0)
-                next_slot = Signal.like(slot, name="next_slot")
-                m.d.comb += next_slot.eq(slot + 1)
-                last_t, last_dim, last_lh = t == v - 1, dim == D - 1, lh == LH - 1
-                with m.If(kind == 0):      # K: lh, t, dim (dim fastest)
-                    with m.If(last_dim):
-                        m.d.sync += [dim.eq(0), t.eq(t + 1), slot.eq(next_slot)]
-                        with m.If(last_t):
-                            m.d.sync += [t.eq(0), slot.eq(s0), lh.eq(lh + 1)]
-                            with m.If(last_lh):
-                                m.d.sync += [lh.eq(0), kind.eq(1)]
-                    with m.Else():
-                        m.d.sync += dim.eq(dim + 1)
-                with m.Else():             # V: lh, dim, t (t fastest): column-wise
-                    with m.If(last_t):
-                        m.d.sync += [t.eq(0), slot.eq(s0), dim.eq(dim + 1)]
-                        with m.If(last_dim):
-                            m.d.sync += [dim.eq(0), lh.eq(lh + 1)]
-                    with m.Else():
-                        m.d.sync += [t.eq(t + 1), slot.eq(next_slot)]
-            m.d.sync += hdr_pos.eq(hdr_pos + 1)
+        hdr_pos = cursor.hdr_pos
+        m.d.comb += [cursor.segment.eq(seg), cursor.valid_slots.eq(v), cursor.first_slot.eq(s0)]
 
         # --- export: header bytes, built at issue time --------------------------------------
-        var_fields = {"commit_seq": req_seq, "prefix_hash": req_hash, "count": n,
-                      "ring_head": head, "token_bytes": tok_payload, "k_bytes": kv_payload >> 1,
-                      "v_bytes": kv_payload >> 1, "payload_crc": pcrc.crc,
-                      "kind": req_kind.as_value()}
-        hdr_byte = Signal(8)
-        with m.Switch(hdr_pos):
-            for name, value in var_fields.items():
-                off, size = HEADER_OFFSETS[name]
-                for i in range(size):
-                    with m.Case(off + i):
-                        m.d.comb += hdr_byte.eq(Value.cast(value)[8 * i:8 * i + 8]
-                                                if i * 8 < len(Value.cast(value)) else 0)
-            for i in range(4):
-                with m.Case(508 + i):
-                    m.d.comb += hdr_byte.eq(hcrc.crc[8 * i:8 * i + 8])
-            for off, byte in enumerate(template[:508]):
-                if byte and not any(HEADER_OFFSETS[f][0] <= off
-                                    < HEADER_OFFSETS[f][0] + HEADER_OFFSETS[f][1]
-                                    for f in var_fields):
-                    with m.Case(off):
-                        m.d.comb += hdr_byte.eq(byte)
+        m.d.comb += [henc.pos.eq(hdr_pos), henc.header_crc.eq(hcrc.crc),
+                     henc.fields.commit_seq.eq(req_seq), henc.fields.prefix_hash.eq(req_hash),
+                     henc.fields.count.eq(n), henc.fields.ring_head.eq(head),
+                     henc.fields.token_bytes.eq(tok_payload),
+                     henc.fields.k_bytes.eq(kv_payload >> 1),
+                     henc.fields.v_bytes.eq(kv_payload >> 1),
+                     henc.fields.payload_crc.eq(pcrc.crc), henc.fields.kind.eq(req_kind)]
 
-        # --- export datapath: issue -> stage 1 (token memory data; the ring's bank read) ->
-        # stage 2 (ring byte; token and constant bytes registered) -> FIFO -> storage.wdata --
-        wfifo_rst = Signal()
-        wfifo = fifo.SyncFIFO(width=8, depth=4)
-        m.submodules.wfifo = ResetInserter(wfifo_rst)(wfifo)
-        b_valid = Signal()
-        b_src = Signal(2)                 # 0 constant, 1 token memory, 2 ring
-        b_const = Signal(8)
-        b_sel = Signal(range(max(TB, 2)))
-        b_crc = Signal()
-        tok_word = Signal(8 * TB)
-        m.d.comb += tok_word.eq(self.tokens.data)
-        b2_valid, b2_ring, b2_crc, b2_byte = Signal(), Signal(), Signal(), Signal(8)
-        m.d.sync += [b2_valid.eq(b_valid), b2_ring.eq(b_src == 2), b2_crc.eq(b_crc),
-                     b2_byte.eq(Mux(b_src == 1, tok_word.word_select(b_sel, 8), b_const))]
-        b_data = Signal(8)
-        m.d.comb += b_data.eq(Mux(b2_ring, self.ring.ring_rdata, b2_byte))
-        m.d.comb += [wfifo.w_en.eq(b2_valid), wfifo.w_data.eq(b_data),
-                     st.wdata.valid.eq(wfifo.r_rdy), st.wdata.payload.eq(wfifo.r_data),
-                     wfifo.r_en.eq(st.wdata.ready)]
-        m.d.sync += b_valid.eq(0)
+        # --- export datapath: issue -> read pipeline -> FIFO -> storage.wdata ---------------
+        m.d.comb += [wpipe.token_word.eq(self.tokens.data),
+                     wpipe.ring_rdata.eq(self.ring.ring_rdata),
+                     wpipe.sel.eq(cursor.token_byte)]
+        wiring.connect(m, wpipe.wdata, wiring.flipped(st.wdata))
 
-        # payload CRC, one clock behind its bytes (export: the FIFO's input; import: the
+        # --- import: header parse, token compare; K/V bytes go straight to the ring port -----
+        rbyte = st.rdata.payload
+        m.d.comb += [hparse.pos.eq(hdr_pos), hparse.byte.eq(rbyte),
+                     tcheck.byte.eq(rbyte), tcheck.sel.eq(cursor.token_byte),
+                     tcheck.token_word.eq(self.tokens.data)]
+        hd = hparse.fields
+
+        # --- the record's bytes as the CRCs see them: the tap (docs/blocks/dma.md) -----------
+        # payload CRC one clock behind its bytes (export: the FIFO's input; import: the
         # storage's read data): nothing reads it until the segment's status has come
         crc_v, crc_d = Signal(), Signal(8)
         pcrc_v, pcrc_d = Signal(), Signal(8)
-        m.d.comb += [crc_v.eq(b2_valid & b2_crc), crc_d.eq(b_data)]
+        m.d.comb += [crc_v.eq(wpipe.tap_valid), crc_d.eq(wpipe.tap_byte)]
         m.d.sync += [pcrc_v.eq(crc_v), pcrc_d.eq(crc_d)]
         m.d.comb += [pcrc.valid.eq(pcrc_v), pcrc.data.eq(pcrc_d)]
-
-        # token compare pipeline (import)
-        cmp_valid = Signal()
-        cmp_byte = Signal(8)
-        cmp_sel = Signal(range(max(TB, 2)))
-        m.d.sync += cmp_valid.eq(0)
-        with m.If(cmp_valid & (tok_word.word_select(cmp_sel, 8) != cmp_byte)):
-            m.d.sync += tok_bad.eq(1)
-
-        # --- header parse (import) -----------------------------------------------------------
-        rbyte = st.rdata.payload
-        captures = {"commit_seq": hd_seq, "prefix_hash": hd_hash, "count": hd_count,
-                    "ring_head": hd_head, "token_bytes": hd_tok, "k_bytes": hd_k,
-                    "v_bytes": hd_v, "payload_crc": hd_pcrc}
-
-        def parse_header_byte():
-            with m.Switch(hdr_pos):
-                for name, reg in captures.items():
-                    off, size = HEADER_OFFSETS[name]
-                    for i in range(size):
-                        with m.Case(off + i):
-                            m.d.sync += reg.word_select(i, 8).eq(rbyte)
-                for flag, (lo, hi) in ((bad_magic, CONST_RANGES["magic"]),
-                                       (bad_version, CONST_RANGES["version"]),
-                                       (bad_config, CONST_RANGES["config"]),
-                                       (bad_config, CONST_RANGES["config_fields"]),
-                                       (bad_config, CONST_RANGES["config_fields_tail"])):
-                    for off in range(lo, hi):
-                        with m.Case(off):
-                            with m.If(rbyte != template[off]):
-                                m.d.sync += flag.eq(1)
+        tap = self.record_tap
+        m.d.comb += [tap.valid.eq(hcrc.valid | crc_v), tap.segment.eq(seg),
+                     tap.pos.eq(hdr_pos), tap.byte.eq(Mux(hcrc.valid, hcrc.data, crc_d))]
 
         ml = Signal(range(max(LH, 2)))    # ring index of a metadata access
         meta_bad = Signal()
@@ -340,29 +250,23 @@ class DmaEngine(wiring.Component):
         meta_w_head = Signal(range(W))
         seg_count = Signal(16)
         seg_lba = Signal(32)
-        with m.Switch(seg):
-            with m.Case(_Seg.HDR):
-                m.d.comb += [seg_count.eq(1), seg_lba.eq(base_lba)]
-            with m.Case(_Seg.TOK):
-                m.d.comb += [seg_count.eq(tok_sectors), seg_lba.eq(base_lba + 1)]
-            with m.Default():
-                m.d.comb += [seg_count.eq(kv_sectors), seg_lba.eq(base_lba + lay.kv_sector)]
         seg_pay = Signal(34)
         with m.Switch(seg):
-            with m.Case(_Seg.HDR):
-                m.d.comb += seg_pay.eq(SECTOR - 4)
-            with m.Case(_Seg.TOK):
-                m.d.comb += seg_pay.eq(tok_payload)
+            with m.Case(RecordSegment.HDR):
+                m.d.comb += [seg_count.eq(1), seg_lba.eq(base_lba), seg_pay.eq(SECTOR - 4)]
+            with m.Case(RecordSegment.TOK):
+                m.d.comb += [seg_count.eq(tok_sectors), seg_lba.eq(base_lba + 1),
+                             seg_pay.eq(tok_payload)]
             with m.Default():
-                m.d.comb += seg_pay.eq(kv_payload)
+                m.d.comb += [seg_count.eq(kv_sectors), seg_lba.eq(base_lba + lay.kv_sector),
+                             seg_pay.eq(kv_payload)]
 
         exporting = op == DmaOp.EXPORT
         importing = op == DmaOp.IMPORT
 
-        m.d.comb += [self.ring.ring_addr.eq(ring_addr), self.ring.meta_ring.eq(ml),
-                     self.tokens.addr.eq(tok_i), self.ring.ring_wdata.eq(rbyte),
+        m.d.comb += [self.ring.ring_addr.eq(cursor.ring_addr), self.ring.meta_ring.eq(ml),
+                     self.tokens.addr.eq(cursor.token_index), self.ring.ring_wdata.eq(rbyte),
                      self.ring.meta_wcount.eq(meta_w_count), self.ring.meta_whead.eq(meta_w_head)]
-
         with m.FSM(name="dma"):
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
@@ -370,11 +274,10 @@ class DmaEngine(wiring.Component):
                     p = self.cmd.payload
                     m.d.sync += [op.eq(p.op), region.eq(p.region), req_count.eq(p.count),
                                  req_hash.eq(p.hash), req_seq.eq(p.seq), req_kind.eq(p.kind),
-                                 status.eq(RecordStatus.OK), kv_started.eq(0), tok_bad.eq(0),
-                                 bad_magic.eq(0), bad_version.eq(0), bad_config.eq(0),
-                                 meta_bad.eq(0), ml.eq(0), n.eq(0), head.eq(0),
-                                 hd_seq.eq(0), hd_hash.eq(0), hd_count.eq(0)]
-                    m.d.comb += [pcrc.start.eq(1), hcrc.start.eq(1)]
+                                 status.eq(RecordStatus.OK), kv_started.eq(0),
+                                 meta_bad.eq(0), ml.eq(0), n.eq(0), head.eq(0)]
+                    m.d.comb += [pcrc.start.eq(1), hcrc.start.eq(1), hparse.clear.eq(1),
+                                 tcheck.clear.eq(1)]
                     m.next = "CHECK"
             with m.State("CHECK"):
                 m.d.comb += self.busy.eq(1)
@@ -385,7 +288,7 @@ class DmaEngine(wiring.Component):
                 with m.Elif(exporting):
                     m.next = "META_READ"
                 with m.Else():
-                    m.d.sync += seg.eq(_Seg.HDR)
+                    m.d.sync += seg.eq(RecordSegment.HDR)
                     m.next = "SEGMENT_COMMAND"
             # ---- export: metadata of every ring ----
             with m.State("META_READ"):
@@ -411,7 +314,7 @@ class DmaEngine(wiring.Component):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
                     m.next = "RESPOND"
                 with m.Else():
-                    m.d.sync += seg.eq(Mux(n == 0, _Seg.HDR, _Seg.TOK))
+                    m.d.sync += seg.eq(Mux(n == 0, RecordSegment.HDR, RecordSegment.TOK))
                     m.next = "SEGMENT_COMMAND"
             # ---- one storage transfer ----
             with m.State("SEGMENT_COMMAND"):
@@ -420,58 +323,53 @@ class DmaEngine(wiring.Component):
                                                       StorageOp.READ)),
                              st.cmd.payload.lba.eq(seg_lba), st.cmd.payload.count.eq(seg_count)]
                 with m.If(st.cmd.ready):
-                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
-                                 *init_counters()]
+                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR)]
+                    m.d.comb += cursor.start.eq(1)
                     m.next = "SEGMENT_DATA"
             with m.State("SEGMENT_DATA"):
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
                 with m.If(exporting):
-                    room = (wfifo.level + b_valid + b2_valid) < 4
-                    with m.If((total_left != 0) & room):
-                        m.d.sync += [total_left.eq(total_left - 1), b_valid.eq(1)]
-                        with m.If(seg == _Seg.HDR):
-                            m.d.sync += [b_src.eq(0), b_const.eq(hdr_byte), b_crc.eq(0)]
-                            m.d.comb += [hcrc.valid.eq(hdr_pos < SECTOR - 4),
-                                         hcrc.data.eq(hdr_byte)]
-                            advance()
+                    with m.If((total_left != 0) & wpipe.room):
+                        m.d.sync += total_left.eq(total_left - 1)
+                        m.d.comb += wpipe.issue.eq(1)
+                        with m.If(seg == RecordSegment.HDR):
+                            m.d.comb += [wpipe.source.eq(ByteSource.CONST),
+                                         wpipe.const.eq(henc.byte),
+                                         hcrc.valid.eq(hdr_pos < SECTOR - 4),
+                                         hcrc.data.eq(henc.byte), cursor.step.eq(1)]
                         with m.Elif(pay_left != 0):
-                            m.d.sync += [pay_left.eq(pay_left - 1), b_crc.eq(1),
-                                         b_sel.eq(tok_b)]
-                            with m.If(seg == _Seg.TOK):
-                                m.d.comb += self.tokens.en.eq(1)
-                                m.d.sync += b_src.eq(1)
+                            m.d.sync += pay_left.eq(pay_left - 1)
+                            m.d.comb += cursor.step.eq(1)
+                            with m.If(seg == RecordSegment.TOK):
+                                m.d.comb += [self.tokens.en.eq(1),
+                                             wpipe.source.eq(ByteSource.TOKEN)]
                             with m.Else():
-                                m.d.comb += self.ring.ring_re.eq(1)
-                                m.d.sync += b_src.eq(2)
-                            advance()
-                        with m.Else():
-                            m.d.sync += [b_src.eq(0), b_const.eq(0), b_crc.eq(0)]
+                                m.d.comb += [self.ring.ring_re.eq(1),
+                                             wpipe.source.eq(ByteSource.RING)]
+                        with m.Else():         # padding to the sector
+                            m.d.comb += [wpipe.source.eq(ByteSource.CONST), wpipe.const.eq(0)]
                 with m.Else():
                     m.d.comb += st.rdata.ready.eq(total_left != 0)
                     with m.If(st.rdata.valid & (total_left != 0)):
                         m.d.sync += total_left.eq(total_left - 1)
-                        with m.If(seg == _Seg.HDR):
-                            m.d.comb += [hcrc.valid.eq(1), hcrc.data.eq(rbyte)]
-                            parse_header_byte()
-                            advance()
+                        with m.If(seg == RecordSegment.HDR):
+                            m.d.comb += [hcrc.valid.eq(1), hcrc.data.eq(rbyte), hparse.valid.eq(1),
+                                         cursor.step.eq(1)]
                         with m.Elif(pay_left != 0):
                             m.d.sync += pay_left.eq(pay_left - 1)
                             m.d.comb += [crc_v.eq(1), crc_d.eq(rbyte)]
-                            with m.If(seg == _Seg.TOK):
+                            m.d.comb += cursor.step.eq(1)
+                            with m.If(seg == RecordSegment.TOK):
                                 with m.If(importing):
-                                    m.d.comb += self.tokens.en.eq(1)
-                                    m.d.sync += [cmp_valid.eq(1), cmp_byte.eq(rbyte),
-                                                 cmp_sel.eq(tok_b)]
+                                    m.d.comb += [self.tokens.en.eq(1), tcheck.check.eq(1)]
                             with m.Elif(importing):
                                 m.d.comb += self.ring.ring_we.eq(1)
                                 m.d.sync += kv_started.eq(1)
-                            advance()
-                data_done = (total_left == 0) & ~b_valid & ~b2_valid & (wfifo.level == 0)
+                data_done = (total_left == 0) & wpipe.empty
                 with m.If(st.status.valid):
                     with m.If((st.status.payload.error != StorageError.OK) | ~data_done):
                         m.d.sync += status.eq(RecordStatus.STORAGE)
-                        m.d.comb += wfifo_rst.eq(1)
-                        m.d.sync += [b_valid.eq(0), b2_valid.eq(0)]
+                        m.d.comb += wpipe.flush.eq(1)
                         m.next = "FAIL"
                     with m.Else():
                         m.next = "SEGMENT_NEXT"
@@ -479,64 +377,56 @@ class DmaEngine(wiring.Component):
                 m.d.comb += self.busy.eq(1)
                 with m.If(exporting):
                     with m.Switch(seg):
-                        with m.Case(_Seg.TOK):
-                            m.d.sync += seg.eq(Mux(v == 0, _Seg.HDR, _Seg.KV))
+                        with m.Case(RecordSegment.TOK):
+                            m.d.sync += seg.eq(Mux(v == 0, RecordSegment.HDR, RecordSegment.KV))
                             m.next = "SEGMENT_COMMAND"
-                        with m.Case(_Seg.KV):
-                            m.d.sync += seg.eq(_Seg.HDR)
+                        with m.Case(RecordSegment.KV):
+                            m.d.sync += seg.eq(RecordSegment.HDR)
                             m.next = "SEGMENT_COMMAND"
                         with m.Default():
                             m.next = "RESPOND"
                 with m.Else():
                     with m.Switch(seg):
-                        with m.Case(_Seg.HDR):
-                            m.d.sync += [n.eq(hd_count), head.eq(hd_head)]
+                        with m.Case(RecordSegment.HDR):
+                            m.d.sync += [n.eq(hd.count), head.eq(hd.ring_head)]
                             m.next = "HEADER_EVALUATE"
-                        with m.Case(_Seg.TOK):
-                            with m.If(importing & tok_bad):
+                        with m.Case(RecordSegment.TOK):
+                            with m.If(importing & tcheck.mismatch):
                                 m.d.sync += status.eq(RecordStatus.TOKEN_MISMATCH)
                                 m.next = "RESPOND"
                             with m.Elif(v == 0):
                                 m.next = "CRC_EVALUATE"
                             with m.Else():
-                                m.d.sync += seg.eq(_Seg.KV)
+                                m.d.sync += seg.eq(RecordSegment.KV)
                                 m.next = "SEGMENT_COMMAND"
                         with m.Default():
                             m.next = "CRC_EVALUATE"
             # ---- import: header checks, in the golden model's order ----
             with m.State("HEADER_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
-                bad_fields = ((hd_count > c.max_tokens) | (hd_head >= W)
-                              | (hd_tok != tok_payload) | (hd_k != kv_payload >> 1)
-                              | (hd_v != kv_payload >> 1))
-                with m.If(bad_magic):
-                    m.d.sync += status.eq(RecordStatus.EMPTY)
-                    m.next = "RESPOND"
-                with m.Elif(bad_version):
-                    m.d.sync += status.eq(RecordStatus.BAD_VERSION)
-                    m.next = "RESPOND"
-                with m.Elif(~hcrc.match_detected):
-                    m.d.sync += status.eq(RecordStatus.BAD_HEADER)
-                    m.next = "RESPOND"
-                with m.Elif(bad_config):
-                    m.d.sync += status.eq(RecordStatus.FOREIGN_CONFIG)
-                    m.next = "RESPOND"
-                with m.Elif(bad_fields):
-                    m.d.sync += status.eq(RecordStatus.BAD_HEADER)
-                    m.next = "RESPOND"
+                failed = {"magic": hparse.bad_magic, "version": hparse.bad_version,
+                          "header_crc": ~hcrc.match_detected, "config": hparse.bad_config,
+                          "fields": ((hd.count > c.max_tokens) | (hd.ring_head >= W)
+                                     | (hd.token_bytes != tok_payload)
+                                     | (hd.k_bytes != kv_payload >> 1)
+                                     | (hd.v_bytes != kv_payload >> 1))}
+                for i, (check, result) in enumerate(HEADER_CHECKS):
+                    with (m.If if i == 0 else m.Elif)(failed[check]):
+                        m.d.sync += status.eq(RecordStatus[result])
+                        m.next = "RESPOND"
                 with m.Elif(op == DmaOp.HEADER):
                     m.next = "RESPOND"
-                with m.Elif(importing & ((hd_count != req_count) | (hd_hash != req_hash))):
+                with m.Elif(importing & ((hd.count != req_count) | (hd.prefix_hash != req_hash))):
                     m.d.sync += status.eq(RecordStatus.NOT_THIS)
                     m.next = "RESPOND"
-                with m.Elif(hd_count == 0):
+                with m.Elif(hd.count == 0):
                     m.next = "CRC_EVALUATE"
                 with m.Else():
-                    m.d.sync += seg.eq(_Seg.TOK)
+                    m.d.sync += seg.eq(RecordSegment.TOK)
                     m.next = "SEGMENT_COMMAND"
             with m.State("CRC_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
-                ok = pcrc.crc == hd_pcrc
+                ok = pcrc.crc == hd.payload_crc
                 with m.If(~ok):
                     m.d.sync += status.eq(RecordStatus.BAD_PAYLOAD_CRC)
                 with m.If(importing & (ok | kv_started)):
@@ -562,9 +452,9 @@ class DmaEngine(wiring.Component):
             with m.State("RESPOND"):
                 m.d.comb += [self.busy.eq(1), self.resp.valid.eq(1),
                              self.resp.payload.status.eq(status),
-                             self.resp.payload.count.eq(Mux(exporting, n, hd_count)),
-                             self.resp.payload.hash.eq(Mux(exporting, req_hash, hd_hash)),
-                             self.resp.payload.seq.eq(Mux(exporting, req_seq, hd_seq))]
+                             self.resp.payload.count.eq(Mux(exporting, n, hd.count)),
+                             self.resp.payload.hash.eq(Mux(exporting, req_hash, hd.prefix_hash)),
+                             self.resp.payload.seq.eq(Mux(exporting, req_seq, hd.commit_seq))]
                 with m.If(self.resp.ready):
                     m.next = "IDLE"
         return m

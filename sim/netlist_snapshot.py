@@ -23,10 +23,13 @@ def cores():
     from ringkv.defs.hash import hash_seed
     from ringkv.hw.attention import AttentionCore
     from ringkv.hw.directory import CacheDirectory
+    from ringkv.hw.directory_alloc import FreeLinks, RegionAllocator
     from ringkv.hw.dma import DmaEngine
+    from ringkv.hw.dma_stream import WritePipeline
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
     from ringkv.hw.hash_engine import HashEngine
     from ringkv.hw.mac import MacCore, MacUnit
+    from ringkv.hw.record_header import HeaderEncoder, HeaderParser
     from ringkv.hw.sdnative import SDNativeController
     from ringkv.hw.sdspi import SDSPIController
     from ringkv.hw.token_memory import TokenMemory
@@ -38,6 +41,8 @@ def cores():
         "hash_engine": lambda: HashEngine(seed=hash_seed(DEFAULT_CONFIG)),
         "token_memory": lambda: TokenMemory(1024, 16),
         "directory": lambda: CacheDirectory(buckets=64, links=128, regions=128),
+        "directory_region_allocator": lambda: RegionAllocator(regions=128, b_threshold=64),
+        "directory_free_links": lambda: FreeLinks(links=128),
         "frame_decoder": lambda: FrameDecoder(),
         "frame_encoder": lambda: FrameEncoder(),
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),
@@ -45,6 +50,9 @@ def cores():
         "sdnative": lambda: SDNativeController(hs_half_period=1),
         "dma_fx1": lambda: DmaEngine(DEFAULT_CONFIG, 64),
         "dma_fx2": lambda: DmaEngine(fx2, 64),
+        "record_header_encoder": lambda: HeaderEncoder(DEFAULT_CONFIG),
+        "record_header_parser": lambda: HeaderParser(DEFAULT_CONFIG),
+        "dma_write_pipeline": lambda: WritePipeline(DEFAULT_CONFIG),
         "attention_fx1": lambda: AttentionCore(layers=2, window=32, head_dim=16),
         "attention_fx2": lambda: AttentionCore(layers=2, window=32, head_dim=16,
                                                numerics="ringkv-fx2"),

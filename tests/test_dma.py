@@ -10,6 +10,7 @@ from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 from ringkv.host.record import (
     check_header,
+    encode_payload,
     encode_record,
     import_record,
     rebuild,
@@ -19,6 +20,7 @@ from ringkv.host.record import (
     scan_image,
 )
 from ringkv.hw.dma import DmaEngine, DmaOp
+from ringkv.hw.dma_stream import RecordSegment
 from ringkv.hw.ring_port import RingPortSignature
 from ringkv.hw.storage import StorageOp
 from ringkv.sim.ring_model import DmaHarness
@@ -506,3 +508,66 @@ def test_with_attention_core(config):
         # the gateware wrote the fractions into its header (the template's constant bytes)
         assert image.read(lay.region_lba(1), 1)[116:123] == bytes([5, 4, 6, 4, 6, 3, 0])
         assert out["foreign"][0] == RecordStatus.FOREIGN_CONFIG
+
+
+async def tap_until_response(ctx, h, rng, seen):
+    """Record every byte on the engine's ``record_tap`` until the response; return it."""
+    tap = h.dma.record_tap
+    while True:
+        *_, valid, seg, pos, byte, rvalid = await ctx.tick().sample(
+            tap.valid, tap.segment, tap.pos, tap.byte, h.resp.valid)
+        if valid:
+            seen.append((seg, pos if seg == RecordSegment.HDR else None, byte))
+        if rvalid and rng.random() > 0.2:
+            break
+    ctx.set(h.resp.ready, 1)
+    (payload,) = (await ctx.tick().sample(h.resp.payload))[2:]
+    ctx.set(h.resp.ready, 0)
+    return RecordStatus(payload.status.value)
+
+
+@pytest.mark.parametrize("config,count,seed", [(SMALL, 11, 50), (SMALL2, 3, 51), (TINY, 0, 52)])
+def test_record_tap_carries_the_record(config, count, seed):
+    """The engine's ``record_tap`` (where a consumer of the record's bytes attaches): an export
+    shows the golden record's token bytes, K/V bytes and header bytes 0..507 in write order
+    (tokens, K/V, header); an import the header's 512 bytes, then the tokens, then the K/V
+    bytes; each byte once, its segment named, header bytes with their offset; random stalls on
+    every stream."""
+    rng = random.Random(seed)
+    image = new_image(config, 2, rng)
+    rings, _, head, _ = random_session(config, rng)
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+    tok, kv = encode_payload(config, tokens, rings, count, head)
+    writes = encode_record(config, tokens, rings, count=count, ring_head=head, prefix_hash=77,
+                           commit_seq=4)
+    header = dict(writes)[0]
+    seen = {"export": [], "import": []}
+
+    async def body(ctx, h, rng):
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        statuses = []
+        for name, op in (("export", DmaOp.EXPORT), ("import", DmaOp.IMPORT)):
+            await stream_put(ctx, h.cmd, {"op": op, "region": 1, "count": count, "hash": 77,
+                                          "seq": 4}, rng=rng, idle=0.2)
+            statuses.append(await tap_until_response(ctx, h, rng, seen[name]))
+        return statuses
+
+    res = simulate(config, 2, image, body, seed=seed, idle=0.2, stall=0.2)
+    assert res["value"] == [RecordStatus.OK] * 2
+
+    def area(items, seg):
+        return bytes(b for s, _, b in items if s == seg)
+
+    def in_order(items, order):
+        segs = [s for s, _, _ in items]
+        return segs == sorted(segs, key=order.index)
+
+    exp, imp = seen["export"], seen["import"]
+    assert in_order(exp, [RecordSegment.TOK, RecordSegment.KV, RecordSegment.HDR])
+    assert area(exp, RecordSegment.TOK) == tok and area(exp, RecordSegment.KV) == kv
+    assert area(exp, RecordSegment.HDR) == header[:SECTOR - 4]
+    assert [p for s, p, _ in exp if s == RecordSegment.HDR] == list(range(SECTOR - 4))
+    assert in_order(imp, [RecordSegment.HDR, RecordSegment.TOK, RecordSegment.KV])
+    assert area(imp, RecordSegment.HDR) == header
+    assert [p for s, p, _ in imp if s == RecordSegment.HDR] == list(range(SECTOR))
+    assert area(imp, RecordSegment.TOK) == tok and area(imp, RecordSegment.KV) == kv
