@@ -40,6 +40,9 @@ def test_interruptible_stops_its_children_and_their_groups_only():
 
 
 def test_sigterm_becomes_keyboard_interrupt_and_cleans_up(tmp_path):
+    # the handler that was there before (SIG_DFL in a plain run; coverage.py's own under
+    # `make coverage`, which saves its data on SIGTERM) is the one put back
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(KeyboardInterrupt):
         with procs.interruptible(), procs.temp_dir("ringkv-test-") as work:
             child = procs.spawn(SLEEPER)
@@ -48,7 +51,7 @@ def test_sigterm_becomes_keyboard_interrupt_and_cleans_up(tmp_path):
             time.sleep(5)                       # interrupted before this ends
     assert not work.exists()
     assert child.poll() is not None and _group_gone(child.pid)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_temp_dir_keeps_a_given_directory(tmp_path):
