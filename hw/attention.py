@@ -22,6 +22,7 @@ from ringkv.defs.numerics import (
 )
 from ringkv.defs.record import ring_space
 
+from .attention_merge import BetaUnit, LaneMax, OutputTree, Reciprocal, WeightSum
 from .ring_port import RingPortSignature
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
@@ -353,13 +354,15 @@ class AttentionCore(wiring.Component):
 
         # ---- merge unit state ----
         mg_g = Signal(range(G))
-        mg_m = Signal(signed(SW))       # global max of head mg_g (the max tree's output)
         mg_i = Signal(range(P + 8))
-        mg_sum = Signal(LSW)
-        mg_e = Signal(range(LSW + 1))
-        mg_rem = Signal(LSW + 1)
-        mg_recip = Signal(18)
         mg_step = Signal(range(64))
+        # the merge unit (hw/attention_merge.py), driven from the MERGE_* states
+        m.submodules.lane_max = lane_max = LaneMax(P, SW)
+        m.submodules.weight_sum = weight_sum = WeightSum(LW, LSW)
+        m.submodules.recip = recip = Reciprocal(LSW)
+        m.submodules.beta_unit = beta_unit = BetaUnit(P, len(Signal(range(LSW + BSH + 2))))
+        m.submodules.out_tree = out_tree = OutputTree(P, M)
+        mg_m = lane_max.max             # global max of head mg_g
         mg_issue = Signal()
         mg_c = Signal(range(CH))
 
@@ -594,100 +597,37 @@ class AttentionCore(wiring.Component):
                              acc_coarse[k].eq(acc_word[k] >> Cat(Const(0, 2), sh_k[2:])),
                              a_reg[k].eq(acc_coarse[k] >> sh_k[:2])]
 
-        # ---- merge: global max over the live lanes, a registered tree ----
-        # level 0 registers each lane's m of head mg_g with its live flag; each level keeps
-        # the larger of two live candidates. mg_m is valid MAX_LAT clocks after mg_g.
-        level = []
+        # ---- merge: global max over the live lanes (LaneMax), the sums of l * alpha
+        # (WeightSum), the reciprocal, the lanes' beta (BetaUnit), the output tree ----
         for lane in range(P):
-            cand = Signal(signed(SW), name=f"mg_cand{lane}")
-            ok = Signal(name=f"mg_ok{lane}")
-            m.d.sync += [cand.eq(lane_m[lane][mg_g]), ok.eq(lane_live[lane])]
-            level.append((cand, ok))
-        depth_done = 0
-        while len(level) > 1:
-            nxt = []
-            depth_done += 1
-            for j in range(0, len(level), 2):
-                (a, a_ok), (b, b_ok) = level[j], level[j + 1]
-                v = Signal(signed(SW), name=f"mg_max{depth_done}_{j // 2}")
-                ok = Signal(name=f"mg_maxok{depth_done}_{j // 2}")
-                m.d.sync += [v.eq(Mux(b_ok & (~a_ok | (b > a)), b, a)), ok.eq(a_ok | b_ok)]
-                nxt.append((v, ok))
-            level = nxt
-        m.d.comb += mg_m.eq(level[0][0])
-        MAX_LAT = 1 + log2_exact(P)
-
-        # ---- merge across lanes: output adder tree ----
-        OUT_LAT = 6 + ADD_LAT_M         # M0 issue .. M5 prod, the tree, the rounded word
-        mg_tags = [Signal(name=f"mg_v{k}") for k in range(OUT_LAT + 1)]
-        m.d.comb += mg_tags[0].eq(mg_issue)
-        for k in range(1, OUT_LAT + 1):
-            m.d.sync += mg_tags[k].eq(mg_tags[k - 1])
-        outs = []
-        for k in range(M):
-            level = [lane_prods[lane][k] for lane in range(P)]
-            depth_done = 0
-            while len(level) > 1:
-                level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
-                depth_done += 1
-                if depth_done % 2 == 0 or len(level) == 1:
-                    regs = [Signal(signed(36 + depth_done), name=f"mg_tree{k}_{depth_done}_{j}")
-                            for j in range(len(level))]
-                    m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
-                    level = regs
-            r = Signal(signed(len(level[0]) + 1), name=f"mg_round{k}")
-            m.d.comb += r.eq((level[0] + (1 << 16)) >> 17)
-            out = Signal(16, name=f"mg_out{k}")
-            m.d.sync += out.eq(Mux(r > 32767, 32767, Mux(r < -32768, -32768, r))[:16])
-            outs.append(out)
-        m.d.comb += [out_fifo.w_data.eq(Cat(*outs)), out_fifo.w_en.eq(mg_tags[OUT_LAT])]
-
-        # ---- merge: L = sum (l * alpha) >> 15 over the lanes, one lane per clock ----
-        # S0 select (l, alpha) of lane mg_i; S1 l_lo*alpha and l_hi*alpha (l = l_hi*2**17 +
-        # l_lo); S2 term = l_hi*alpha*4 + (l_lo*alpha >> 15) = (l*alpha) >> 15; S3 sum
-        LO = min(LW, 17)
-        sum_l = Signal(LW)
-        sum_a = Signal(16)
-        sum_v = Signal()
-        sum_plo = Signal(LO + 16)
-        sum_phi = Signal(max(LW - 17, 1) + 16)
-        sum_pv = Signal()
-        sum_term = Signal(LW + 1)
-        sum_tv = Signal()
-        m.d.sync += [sum_v.eq(0), sum_plo.eq(sum_l[:LO] * sum_a), sum_pv.eq(sum_v),
-                     sum_tv.eq(sum_pv)]
-        if LW > 17:
-            m.d.sync += [sum_phi.eq(sum_l[17:] * sum_a),
-                         sum_term.eq((sum_phi << 2) + (sum_plo >> 15))]
-        else:
-            m.d.sync += sum_term.eq(sum_plo >> 15)
-        with m.If(sum_tv):
-            m.d.sync += mg_sum.eq(mg_sum + sum_term)
-
-        # ---- merge: beta = min((alpha * R) >> amt, 2**17 - 1), one lane per clock ----
-        # B0 select (alpha, amt) of lane mg_i; B1 alpha*R_lo and alpha*R_hi (R = R_hi*2**17 +
-        # R_lo, R <= 2**17); B2 alpha*R; B3 shifted; B4 saturated into the lane's beta
-        b_alpha = Signal(16)
-        b_amt = [Signal(range(LSW + BSH + 2), name=f"b_amt{k}") for k in range(3)]
-        b_idx = [Signal(range(P), name=f"b_idx{k}") for k in range(4)]
-        b_v = [Signal(name=f"b_v{k}") for k in range(4)]
-        b_lo = Signal(16 + 17)
-        b_hi = Signal(16)
-        b_calc = Signal(34)
-        b_shifted = Signal(34)
-        m.d.sync += [b_v[0].eq(0),
-                     b_lo.eq(b_alpha * mg_recip[:17]), b_hi.eq(Mux(mg_recip[17], b_alpha, 0)),
-                     b_calc.eq(b_lo + (b_hi << 17)),
-                     b_shifted.eq(b_calc >> b_amt[2])]
-        for k in range(1, 4):
-            m.d.sync += [b_idx[k].eq(b_idx[k - 1]), b_v[k].eq(b_v[k - 1])]
-            if k < 3:
-                m.d.sync += b_amt[k].eq(b_amt[k - 1])
-        with m.If(b_v[3]):
-            value = Mux(b_shifted > (1 << 17) - 1, (1 << 17) - 1, b_shifted)
+            m.d.comb += [lane_max.values[lane].eq(lane_m[lane][mg_g]),
+                         lane_max.live[lane].eq(lane_live[lane])]
+        MAX_LAT = lane_max.latency
+        m.d.comb += [weight_sum.l.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]),
+                     weight_sum.alpha.eq(Array(lane_alpha)[mg_i]),
+                     recip.divisor.eq(weight_sum.total),
+                     beta_unit.alpha.eq(Array(lane_alpha)[mg_i]),
+                     beta_unit.amt.eq(Array(lane_amt)[mg_i]),
+                     beta_unit.lane.eq(mg_i),
+                     beta_unit.recip.eq(recip.quotient)]
+        with m.If(beta_unit.beta_valid):
             for lane in range(P):
-                with m.If(b_idx[3] == lane):
-                    m.d.sync += lane_beta[lane].eq(value)
+                with m.If(beta_unit.beta_lane == lane):
+                    m.d.sync += lane_beta[lane].eq(beta_unit.beta)
+
+        # ---- merge across lanes: the output tree behind the lanes' products (M5) ----
+        OUT_LAT = 6 + ADD_LAT_M         # M0 issue .. M5 prod, the tree, the rounded word
+        assert OUT_LAT == 5 + out_tree.latency
+        mg_tags = [Signal(name=f"mg_v{k}") for k in range(6)]
+        m.d.comb += mg_tags[0].eq(mg_issue)
+        for k in range(1, 6):
+            m.d.sync += mg_tags[k].eq(mg_tags[k - 1])
+        for lane in range(P):
+            for k in range(M):
+                m.d.comb += out_tree.products[lane][k].eq(lane_prods[lane][k])
+        m.d.comb += [out_tree.valid.eq(mg_tags[5]),
+                     out_fifo.w_data.eq(out_tree.o.as_value()),
+                     out_fifo.w_en.eq(out_tree.o_valid)]
 
         # ---- meta port ----
         meta_ok = Signal()
@@ -737,7 +677,7 @@ class AttentionCore(wiring.Component):
 
         # ---- the FSM ----
         drain = Signal(range(32))
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(self.cmd.valid):
@@ -845,43 +785,30 @@ class AttentionCore(wiring.Component):
                     for lane in range(P):
                         m.d.sync += lane_alpha[lane].eq(Mux(lane_live[lane],
                                                             lane_p[lane], 0))
-                    m.d.sync += [mg_i.eq(0), mg_sum.eq(0)]
+                    m.d.comb += weight_sum.clear.eq(1)
+                    m.d.sync += mg_i.eq(0)
                     m.next = "MERGE_SUM"
             with m.State("MERGE_SUM"):
                 m.d.sync += mg_i.eq(mg_i + 1)
-                with m.If(mg_i < P):
-                    m.d.sync += [sum_l.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]),
-                                 sum_a.eq(Array(lane_alpha)[mg_i]), sum_v.eq(1)]
+                m.d.comb += weight_sum.valid.eq(mg_i < P)
                 with m.If(mg_i == P + 2):        # the last term is summed in this clock
                     m.next = "MERGE_LOG"
             with m.State("MERGE_LOG"):
-                for b in range(LSW):
-                    with m.If(mg_sum[b]):
-                        m.d.sync += [mg_e.eq(b + 1), mg_rem.eq(Const(1, LSW + 1) << (b - 1)
-                                                              if b >= 1 else 0)]
-                m.d.sync += [mg_step.eq(0), mg_recip.eq(0)]
+                m.d.sync += mg_step.eq(0)
                 m.next = "MERGE_DIVIDE"
             with m.State("MERGE_DIVIDE"):
                 # restoring division: R = 2**(e+16) // L, 18 quotient bits
-                rem2 = Cat(Const(0, 1), mg_rem)
-                with m.If(rem2 >= mg_sum):
-                    m.d.sync += [mg_rem.eq(rem2 - mg_sum), mg_recip.eq(Cat(1, mg_recip))]
-                with m.Else():
-                    m.d.sync += [mg_rem.eq(rem2), mg_recip.eq(Cat(0, mg_recip))]
                 m.d.sync += mg_step.eq(mg_step + 1)
                 for lane in range(P):
                     # e + B - sh >= 0 whenever alpha >= 1 (and alpha * R = 0 otherwise)
-                    amt = mg_e + BSH - lane_sh[lane]
+                    amt = recip.e + BSH - lane_sh[lane]
                     m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
                     m.d.sync += mg_i.eq(0)
                     m.next = "MERGE_BETA"
             with m.State("MERGE_BETA"):
                 m.d.sync += mg_i.eq(mg_i + 1)
-                with m.If(mg_i < P):
-                    m.d.sync += [b_alpha.eq(Array(lane_alpha)[mg_i]),
-                                 b_amt[0].eq(Array(lane_amt)[mg_i]),
-                                 b_idx[0].eq(mg_i), b_v[0].eq(1)]
+                m.d.comb += beta_unit.valid.eq(mg_i < P)
                 with m.If(mg_i == P + 3):        # the last beta is written in this clock
                     m.d.sync += mg_c.eq(0)
                     m.next = "MERGE_OUTPUT"
@@ -917,4 +844,6 @@ class AttentionCore(wiring.Component):
                 with m.If(self.status.ready):
                     m.d.sync += busy.eq(0)
                     m.next = "IDLE"
+        m.d.comb += [recip.load.eq(fsm.ongoing("MERGE_LOG")),
+                     recip.step.eq(fsm.ongoing("MERGE_DIVIDE"))]
         return m

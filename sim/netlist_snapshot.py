@@ -22,6 +22,7 @@ def cores():
     from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
     from ringkv.defs.hash import hash_seed
     from ringkv.hw.attention import AttentionCore
+    from ringkv.hw.attention_merge import Reciprocal
     from ringkv.hw.directory import CacheDirectory
     from ringkv.hw.dma import DmaEngine
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
@@ -50,6 +51,8 @@ def cores():
         "attention_fx1c": lambda: AttentionCore(layers=2, window=32, head_dim=16,
                                                 numerics="ringkv-fx1c",
                                                 qkv_fracs=((4, 4, 6), (5, 5, 5))),
+        # the merge's divider at the default core's width of L (W = 128, P = 4)
+        "attention_reciprocal": lambda: Reciprocal(25),
         "top_demo": lambda: RingKVTop(DEMO_CONFIG, regions=16),
         "top_demo_fx2": lambda: RingKVTop(replace(DEMO_CONFIG, numerics="ringkv-fx2"), regions=16),
     }
