@@ -182,6 +182,48 @@ class AttentionCore(wiring.Component):
         """The MAC-bound ideal of one decode step with a full ring: ``G·2·W·d/(P·M)``."""
         return self._G * 2 * self._W * self._d // (self._P * self._M)
 
+    def _ring_port_decode(self, m, busy, lane_depth):
+        """The ring port's byte address as a bank word: ``address = ((((ring*2 + kind)*W +
+        slot)*d + dim)*EB + byte``, every field a power of two, so each is a bit field; the slot
+        gives the lane and the slot within it, the dimension the chunk and the element within
+        the word. Returns ``(in_range, lane, byte_in_word, word)`` of this clock's address and
+        ``(lane, byte_in_word, read_ok)`` registered for the read data one clock later."""
+        d, W, P, M = self._d, self._W, self._P, self._M
+        S, CH = W // P, d // M
+        EB = self._nx.elem_bytes
+        LEB = log2_exact(EB)
+        total = ring_space(self._L, self._Hkv, W, d, EB)    # bytes behind the ring port
+        dma_in = Signal()
+        elem_addr = self.ring.ring_addr[LEB:]
+        dma_byte = self.ring.ring_addr[:LEB] if EB > 1 else Const(0, 1)
+        dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
+        dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
+        dma_rk = Signal(32)
+        m.d.comb += [
+            dma_in.eq(self.ring.ring_addr < total),
+            dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
+        ]
+        dma_lane = Signal(range(P))
+        dma_t = Signal(range(S))
+        dma_c = Signal(range(CH))
+        dma_b = Signal(range(M))
+        dma_bb = Signal(range(M * EB))  # the byte within the bank word
+        dma_word = Signal(range(lane_depth))
+        m.d.comb += [
+            dma_lane.eq(dma_slot >> log2_exact(S)),
+            dma_t.eq(dma_slot & (S - 1)),
+            dma_c.eq(dma_dim >> log2_exact(M)),
+            dma_b.eq(dma_dim & (M - 1)),
+            dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
+            dma_bb.eq(dma_b * EB + dma_byte),
+        ]
+        dma_rd_lane = Signal(range(P))
+        dma_rd_b = Signal(range(M * EB))
+        dma_rd_ok = Signal()
+        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
+                     dma_rd_ok.eq(self.ring.ring_re & ~self.ring.ring_we & dma_in & ~busy)]
+        return dma_in, dma_lane, dma_bb, dma_word, dma_rd_lane, dma_rd_b, dma_rd_ok
+
     def elaborate(self, platform):
         m = Module()
         L, Hkv, d, W, P, M, G = (self._L, self._Hkv, self._d, self._W, self._P, self._M,
@@ -193,9 +235,7 @@ class AttentionCore(wiring.Component):
                            group=G, numerics=nx, score_consts=self._cs_layers)
         S, CH, R, GP = lp.slots, lp.chunks, lp.rings, lp.group_pow2
         lane_depth = lp.bank_depth
-        EW, EB = nx.elem_bits, nx.elem_bytes    # q/k/v element: bits, bytes
-        LEB = log2_exact(EB)
-        total = ring_space(L, Hkv, W, d, EB)     # bytes behind the ring port
+        EW = nx.elem_bits               # q/k/v element bits
         SW, LW, LSW = lp.score_width, lp.lsum_width, lp.merged_width
         ADD_LAT_M = math.ceil(log2_exact(P) / 2)     # the output tree's registered stages
 
@@ -287,35 +327,8 @@ class AttentionCore(wiring.Component):
             m.d.sync += tags[k].eq(tags[k - 1])
 
         # ring port decode: byte address = element address * EB + byte
-        dma_in = Signal()
-        elem_addr = self.ring.ring_addr[LEB:]
-        dma_byte = self.ring.ring_addr[:LEB] if EB > 1 else Const(0, 1)
-        dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
-        dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
-        dma_rk = Signal(32)
-        m.d.comb += [
-            dma_in.eq(self.ring.ring_addr < total),
-            dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
-        ]
-        dma_lane = Signal(range(P))
-        dma_t = Signal(range(S))
-        dma_c = Signal(range(CH))
-        dma_b = Signal(range(M))
-        dma_bb = Signal(range(M * EB))  # the byte within the bank word
-        dma_word = Signal(range(lane_depth))
-        m.d.comb += [
-            dma_lane.eq(dma_slot >> log2_exact(S)),
-            dma_t.eq(dma_slot & (S - 1)),
-            dma_c.eq(dma_dim >> log2_exact(M)),
-            dma_b.eq(dma_dim & (M - 1)),
-            dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
-            dma_bb.eq(dma_b * EB + dma_byte),
-        ]
-        dma_rd_lane = Signal(range(P))
-        dma_rd_b = Signal(range(M * EB))
-        dma_rd_ok = Signal()
-        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
-                     dma_rd_ok.eq(self.ring.ring_re & ~self.ring.ring_we & dma_in & ~busy)]
+        (dma_in, dma_lane, dma_bb, dma_word, dma_rd_lane, dma_rd_b,
+         dma_rd_ok) = self._ring_port_decode(m, busy, lane_depth)
 
         # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
         load_c = Signal(range(CH))
