@@ -81,7 +81,8 @@ from ringkv.defs.numerics import (
 
 __all__ = [
     "NUMERICS", "QKV_FRAC", "OUT_FRAC",
-    "quantize", "dequantize_out", "exp2_fx", "lane_state", "merge_lanes",
+    "quantize", "dequantize_out", "exp2_fx", "lane_state", "weight_term", "reciprocal_fx",
+    "acc_shift", "beta_shift_amount", "beta_fx", "round_output", "merge_lanes",
     "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
@@ -141,9 +142,44 @@ def _bitlength(x):
     return int(x).bit_length()
 
 
+def weight_term(lsum, alpha):
+    """One lane's share of the merge's ``L``: ``(l * alpha) >> 15``."""
+    return (int(lsum) * int(alpha)) >> P_FRAC
+
+
+def reciprocal_fx(total):
+    """The merge's ``(e, R)``: ``e = bitlength(L)``, ``R = 2**(e+16) // L`` for ``L >= 1``
+    (``2**16 < R <= 2**17``)."""
+    total = int(total)
+    if total < 1:
+        raise ValueError(f"reciprocal_fx needs L >= 1, not {total}")
+    e = _bitlength(total)
+    return e, (1 << (e + 16)) // total
+
+
+def acc_shift(lsum, numerics=None):
+    """A lane's ``sh = max(bitlength(l) - A, 0)``: ``acc >> sh`` fits 18 bits signed."""
+    return max(_bitlength(lsum) - numerics_of(numerics).acc_shift_bits, 0)
+
+
+def beta_shift_amount(e, sh, numerics=None):
+    """The shift of ``alpha * R`` into a lane's ``beta``: ``max(e + B - sh, 0)``."""
+    return max(e + numerics_of(numerics).beta_shift - sh, 0)
+
+
+def beta_fx(alpha, recip, amt):
+    """A lane's output weight ``beta = min((alpha * R) >> amt, 2**17 - 1)``."""
+    return min((int(alpha) * int(recip)) >> amt, BETA_MAX)
+
+
+def round_output(acc):
+    """``clamp((acc + 2**16) >> 17, -32768, 32767)`` elementwise (the summed ``a * beta``)."""
+    rounded = [(int(x) + (1 << 16)) >> 17 for x in acc]
+    return np.clip(np.array(rounded, dtype=np.int64), -32768, 32767)
+
+
 def merge_lanes(states, group, head_dim, numerics=None):
     """Merge lane states (``None`` = empty lane) into the int16 output (G, d)."""
-    nx = numerics_of(numerics)
     live = [s for s in states if s is not None]
     out = np.zeros((group, head_dim), dtype=np.int64)
     if not live:
@@ -155,18 +191,16 @@ def merge_lanes(states, group, head_dim, numerics=None):
         for s in live:
             alpha = int(exp2_fx(m - int(s[0][g])))
             lsum = int(s[1][g])
-            total += (lsum * alpha) >> P_FRAC
+            total += weight_term(lsum, alpha)
             terms.append((alpha, lsum, s[2][g]))
-        e = _bitlength(total)
-        recip = (1 << (e + 16)) // total
+        e, recip = reciprocal_fx(total)
         acc = np.zeros(head_dim, dtype=object)
         for alpha, lsum, vec in terms:
-            sh = max(_bitlength(lsum) - nx.acc_shift_bits, 0)
+            sh = acc_shift(lsum, numerics)
             # == ((alpha * recip) << sh) >> (e + B): e + B - sh >= 0 whenever alpha >= 1
-            beta = min((alpha * recip) >> max(e + nx.beta_shift - sh, 0), BETA_MAX)
+            beta = beta_fx(alpha, recip, beta_shift_amount(e, sh, numerics))
             acc = acc + np.array([(int(x) >> sh) * beta for x in vec], dtype=object)
-        rounded = [(int(x) + (1 << 16)) >> 17 for x in acc]
-        out[g] = np.clip(np.array(rounded, dtype=np.int64), -32768, 32767)
+        out[g] = round_output(acc)
     return out
 
 

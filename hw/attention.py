@@ -1,5 +1,10 @@
 """SWA attention core: ring-buffer KV cache in block RAM, split-KV lanes, LSE merge.
 
+This module holds the command interface and the request sequencer (the FSM that loads a token,
+runs phases A and B on every lane in lockstep and steps the merge), the ring metadata and the
+ring port; the lanes are :class:`~ringkv.hw.attention_lane.AttentionLane` and the merge's
+cross-lane steps are in :mod:`ringkv.hw.attention_merge`.
+
 See ``docs/blocks/attention.md`` for the interface tables and measured figures, and
 :mod:`ringkv.defs.numerics` (the table) and ``host/golden_fixed.py`` (the bit-exact model) for
 the numerics (``ringkv-fx1`` int8, ``ringkv-fx2`` int16 q/k/v, ``ringkv-fx1c`` int8 with
@@ -14,14 +19,14 @@ from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int, check_pow2, log2_exact
 from ringkv.defs.numerics import (
-    CS_SHIFT,
-    EXP_TABLE,
     layer_score_consts,
     numerics_of,
     score_const,
 )
 from ringkv.defs.record import ring_space
 
+from .attention_lane import PH_A, PH_B, PH_M, AttentionLane, LaneParams
+from .attention_merge import BetaUnit, LaneMax, OutputTree, Reciprocal, WeightSum
 from .ring_port import RingPortSignature
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ"]
@@ -177,35 +182,62 @@ class AttentionCore(wiring.Component):
         """The MAC-bound ideal of one decode step with a full ring: ``G·2·W·d/(P·M)``."""
         return self._G * 2 * self._W * self._d // (self._P * self._M)
 
+    def _ring_port_decode(self, m, busy, lane_depth):
+        """The ring port's byte address as a bank word: ``address = ((((ring*2 + kind)*W +
+        slot)*d + dim)*EB + byte``, every field a power of two, so each is a bit field; the slot
+        gives the lane and the slot within it, the dimension the chunk and the element within
+        the word. Returns ``(in_range, lane, byte_in_word, word)`` of this clock's address and
+        ``(lane, byte_in_word, read_ok)`` registered for the read data one clock later."""
+        d, W, P, M = self._d, self._W, self._P, self._M
+        S, CH = W // P, d // M
+        EB = self._nx.elem_bytes
+        LEB = log2_exact(EB)
+        total = ring_space(self._L, self._Hkv, W, d, EB)    # bytes behind the ring port
+        dma_in = Signal()
+        elem_addr = self.ring.ring_addr[LEB:]
+        dma_byte = self.ring.ring_addr[:LEB] if EB > 1 else Const(0, 1)
+        dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
+        dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
+        dma_rk = Signal(32)
+        m.d.comb += [
+            dma_in.eq(self.ring.ring_addr < total),
+            dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
+        ]
+        dma_lane = Signal(range(P))
+        dma_t = Signal(range(S))
+        dma_c = Signal(range(CH))
+        dma_b = Signal(range(M))
+        dma_bb = Signal(range(M * EB))  # the byte within the bank word
+        dma_word = Signal(range(lane_depth))
+        m.d.comb += [
+            dma_lane.eq(dma_slot >> log2_exact(S)),
+            dma_t.eq(dma_slot & (S - 1)),
+            dma_c.eq(dma_dim >> log2_exact(M)),
+            dma_b.eq(dma_dim & (M - 1)),
+            dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
+            dma_bb.eq(dma_b * EB + dma_byte),
+        ]
+        dma_rd_lane = Signal(range(P))
+        dma_rd_b = Signal(range(M * EB))
+        dma_rd_ok = Signal()
+        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
+                     dma_rd_ok.eq(self.ring.ring_re & ~self.ring.ring_we & dma_in & ~busy)]
+        return dma_in, dma_lane, dma_bb, dma_word, dma_rd_lane, dma_rd_b, dma_rd_ok
+
     def elaborate(self, platform):
         m = Module()
         L, Hkv, d, W, P, M, G = (self._L, self._Hkv, self._d, self._W, self._P, self._M,
                                  self._G)
-        S = W // P                      # slots per lane
-        CH = d // M                     # words (chunks of M elements) per vector
-        R = L * Hkv                     # rings per kind
-        GP = 1 << math.ceil(math.log2(G)) if G > 1 else 1
-        lane_depth = 2 * R * S * CH
         nx = self._nx
-        EW, EB = nx.elem_bits, nx.elem_bytes    # q/k/v element: bits, bytes
-        LEB = log2_exact(EB)
-        total = ring_space(L, Hkv, W, d, EB)     # bytes behind the ring port
-
-        # ---- widths (see ringkv/defs/numerics.py, host/golden_fixed.py) ----
-        PW = 2 * EW + 1                             # q*k product, signed
-        dot_max = d * (1 << (2 * EW - 2))
-        DSH = nx.dot_shift                          # the score uses dot >> DSH
-        s_max = ((dot_max >> DSH) * max(self._cs_layers) >> CS_SHIFT) + 1
-        SW = _bits(s_max) + 1                       # score, signed
-        YW = _bits(2 * s_max)                       # m - s, unsigned
-        LW = 16 + log2_exact(S) + 1                      # lane exp sum, unsigned
-        AW = EW + 16 + log2_exact(S) + 1                 # lane accumulator, signed
-        LSW = LW + log2_exact(P) + 1                     # merged sum L
-        DW = _bits(dot_max) + 2                     # dot product, signed
-        ASH = nx.acc_shift_bits                     # sh = bitlength(l) - ASH
-        BSH = nx.beta_shift                         # beta = (alpha * R) >> (e + BSH - sh)
-        ADD_LAT_A = math.ceil(log2_exact(M) / 2)         # registered adder-tree stages (2 levels)
-        ADD_LAT_M = math.ceil(log2_exact(P) / 2)
+        # the sizes and widths (ringkv/defs/numerics.py, host/golden_fixed.py) that the lanes
+        # and the merge unit are built with
+        lp = LaneParams.of(layers=L, kv_heads=Hkv, head_dim=d, window=W, lanes=P, macs=M,
+                           group=G, numerics=nx, score_consts=self._cs_layers)
+        S, CH, R, GP = lp.slots, lp.chunks, lp.rings, lp.group_pow2
+        lane_depth = lp.bank_depth
+        EW = nx.elem_bits               # q/k/v element bits
+        SW, LW, LSW = lp.score_width, lp.lsum_width, lp.merged_width
+        ADD_LAT_M = math.ceil(log2_exact(P) / 2)     # the output tree's registered stages
 
         # ---- timing rules of this datapath (LFE5U-85F, nextpnr's timing model) ----
         # * A DP16KD (the K/V banks, the exp tables) has a clock-to-output of about 5.6 ns: its
@@ -265,7 +297,6 @@ class AttentionCore(wiring.Component):
         ]
 
         # ---- shared schedule: phases A (scores), B (exp, P*V), merge ----
-        PH_A, PH_B, PH_M = 0, 1, 2
         phase = Signal(2)
         nvalid = Signal(range(W + 1))   # valid slots after the write
         tcount = Signal(range(S + 1))   # lane 0's valid slots: the lockstep loop length
@@ -281,14 +312,13 @@ class AttentionCore(wiring.Component):
         # phase B: B1 score -> y = m - s; B2 exp table address; B3 table word; B4 registered;
         #   B5 p; B6 opa/opb; B7 product -> accumulator register, lane sum; B8 accumulator
         #   stored after the lane's last slot
-        TA = 4 + ADD_LAT_A              # dot sum valid
-        LAT_A = TA + 3                  # issue -> score stored (the phase A drain)
-        TB = 7                          # p*v product valid
-        LAT_B = TB + 2                  # issue -> accumulator stored (the phase B drain)
+        TA = lp.dot_latency             # dot sum valid
+        LAT_A = lp.score_latency        # issue -> score stored (the phase A drain)
+        TB = lp.pv_latency              # p*v product valid
+        LAT_B = lp.acc_latency          # issue -> accumulator stored (the phase B drain)
 
         # tag pipeline: what was issued k cycles ago
-        tag_layout = data.StructLayout({"valid": 1, "t": range(S), "c": range(CH),
-                                        "g": range(G), "last_t": 1})
+        tag_layout = lp.tag_layout()
         DEPTH = max(TA, TB + 1) + 1
         tags = [Signal(tag_layout, name=f"tag{k}") for k in range(DEPTH)]
         m.d.comb += [tags[0].valid.eq(issue), tags[0].t.eq(it_t), tags[0].c.eq(it_c),
@@ -297,35 +327,8 @@ class AttentionCore(wiring.Component):
             m.d.sync += tags[k].eq(tags[k - 1])
 
         # ring port decode: byte address = element address * EB + byte
-        dma_in = Signal()
-        elem_addr = self.ring.ring_addr[LEB:]
-        dma_byte = self.ring.ring_addr[:LEB] if EB > 1 else Const(0, 1)
-        dma_dim = elem_addr[:log2_exact(d)] if d > 1 else Const(0, 1)
-        dma_slot = elem_addr[log2_exact(d):log2_exact(d) + log2_exact(W)] if W > 1 else Const(0, 1)
-        dma_rk = Signal(32)
-        m.d.comb += [
-            dma_in.eq(self.ring.ring_addr < total),
-            dma_rk.eq(elem_addr >> (log2_exact(d) + log2_exact(W))),
-        ]
-        dma_lane = Signal(range(P))
-        dma_t = Signal(range(S))
-        dma_c = Signal(range(CH))
-        dma_b = Signal(range(M))
-        dma_bb = Signal(range(M * EB))  # the byte within the bank word
-        dma_word = Signal(range(lane_depth))
-        m.d.comb += [
-            dma_lane.eq(dma_slot >> log2_exact(S)),
-            dma_t.eq(dma_slot & (S - 1)),
-            dma_c.eq(dma_dim >> log2_exact(M)),
-            dma_b.eq(dma_dim & (M - 1)),
-            dma_word.eq(Cat(dma_c, dma_t, dma_rk)),
-            dma_bb.eq(dma_b * EB + dma_byte),
-        ]
-        dma_rd_lane = Signal(range(P))
-        dma_rd_b = Signal(range(M * EB))
-        dma_rd_ok = Signal()
-        m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
-                     dma_rd_ok.eq(self.ring.ring_re & ~self.ring.ring_we & dma_in & ~busy)]
+        (dma_in, dma_lane, dma_bb, dma_word, dma_rd_lane, dma_rd_b,
+         dma_rd_ok) = self._ring_port_decode(m, busy, lane_depth)
 
         # load: beat c of vector v (v < G: query g = v; v = G: k; v = G + 1: v)
         load_c = Signal(range(CH))
@@ -353,22 +356,18 @@ class AttentionCore(wiring.Component):
 
         # ---- merge unit state ----
         mg_g = Signal(range(G))
-        mg_m = Signal(signed(SW))       # global max of head mg_g (the max tree's output)
         mg_i = Signal(range(P + 8))
-        mg_sum = Signal(LSW)
-        mg_e = Signal(range(LSW + 1))
-        mg_rem = Signal(LSW + 1)
-        mg_recip = Signal(18)
         mg_step = Signal(range(64))
+        # the merge unit (hw/attention_merge.py), driven from the MERGE_* states
+        m.submodules.lane_max = lane_max = LaneMax(P, SW)
+        m.submodules.weight_sum = weight_sum = WeightSum(LW, LSW)
+        m.submodules.recip = recip = Reciprocal(LSW)
+        m.submodules.beta_unit = beta_unit = BetaUnit(P, lp.amt_width)
+        m.submodules.out_tree = out_tree = OutputTree(P, M)
+        mg_m = lane_max.max             # global max of head mg_g
         mg_issue = Signal()
         mg_c = Signal(range(CH))
 
-        lane_prods = []                 # per lane: M products (signed 36)
-        lane_live = []
-        lane_m, lane_l, lane_sh, lane_alpha, lane_beta, lane_p = [], [], [], [], [], []
-        lane_amt = []
-        rd_words = []
-        bank_ports = []
         word_issue = Signal(range(lane_depth))
         m.d.comb += word_issue.eq(Cat(it_c, it_t, phase == PH_B, ring))
         load_word_d = Signal(range(lane_depth))
@@ -376,318 +375,64 @@ class AttentionCore(wiring.Component):
         m.d.sync += [load_word_d.eq(Cat(load_c, new_t, load_kind, ring)),
                      load_data_d.eq(self.i.payload.as_value())]
 
+        # ---- the lanes (hw/attention_lane.py) ----
+        lanes = []
         for lane in range(P):
-            kv_mem = memory.Memory(shape=unsigned(EW * M), depth=lane_depth, init=[])
-            m.submodules[f"kv_mem{lane}"] = kv_mem
-            kv_wr = kv_mem.write_port(granularity=8)
-            kv_rd = kv_mem.read_port(transparent_for=())
-            rd_words.append(kv_rd.data)
-            bank_ports.append((kv_rd, kv_wr))
-            sc_mem = memory.Memory(shape=signed(SW), depth=S * GP, init=[])
-            m.submodules[f"score_mem{lane}"] = sc_mem
-            sc_wr = sc_mem.write_port()
-            sc_rd = sc_mem.read_port(transparent_for=())
-            acc_mem = memory.Memory(shape=data.ArrayLayout(signed(AW), M), depth=GP * CH,
-                                    init=[])
-            m.submodules[f"acc_mem{lane}"] = acc_mem
-            acc_wr = acc_mem.write_port()
-            acc_rd = acc_mem.read_port(domain="comb")
-            exp_rom = memory.Memory(shape=16, depth=256, init=EXP_TABLE)
-            m.submodules[f"exp_rom{lane}"] = exp_rom
-            exp_rd = exp_rom.read_port(transparent_for=())
-
-            m_reg = Array(Signal(signed(SW), name=f"lane{lane}_m{g}") for g in range(G))
-            l_reg = Array(Signal(LW, name=f"lane{lane}_l{g}") for g in range(G))
-            dacc = Array(Signal(signed(DW), name=f"lane{lane}_dot{g}") for g in range(G))
-            sh = Signal(range(LW + 1), name=f"lane{lane}_sh")
-            lane_amt.append(Signal(range(LSW + BSH + 2), name=f"lane{lane}_amt"))
-            alpha = Signal(16, name=f"lane{lane}_alpha")
-            beta = Signal(18, name=f"lane{lane}_beta")
-            live = Signal(name=f"lane{lane}_live")
-            m.d.comb += live.eq(nvalid > lane * S)
-            lane_m.append(m_reg)
-            lane_l.append(l_reg)
-            lane_sh.append(sh)
-            lane_alpha.append(alpha)
-            lane_beta.append(beta)
-            lane_live.append(live)
-
-            def slot_valid(t, lane=lane):
-                return (lane * S + t) < nvalid
-
-            # K/V bank: read address and writes (load, ring port). The read port is always
-            # enabled: a read nobody asked for is never used (the pipeline follows the tags,
-            # ring_rdata shows a word only two clocks after ring_re), and a clock enable would
-            # fan out from the FSM to every DP16KD.
-            with m.If(busy):
-                m.d.comb += kv_rd.addr.eq(word_issue)
-            with m.Else():
-                m.d.comb += kv_rd.addr.eq(dma_word)
-            # a k/v beat is written one clock after its transfer, from registers (yosys adds
-            # read/write collision logic behind the bank, which must start at flip-flops);
-            # the last v beat lands in the first RUN clock, long before phase B reads it
-            load_we = Signal(name=f"lane{lane}_loadwe")
-            m.d.sync += load_we.eq(load_beat & load_is_kv & (new_lane == lane))
-            with m.If(busy):
-                m.d.comb += [
-                    kv_wr.addr.eq(load_word_d),
-                    kv_wr.data.eq(load_data_d),
-                    kv_wr.en.eq(Mux(load_we, (1 << (M * EB)) - 1, 0)),
-                ]
-            with m.Else():
-                m.d.comb += [
-                    kv_wr.addr.eq(dma_word),
-                    kv_wr.data.eq(Cat(*[self.ring.ring_wdata] * (M * EB))),
-                    kv_wr.en.eq(Mux(self.ring.ring_we & dma_in & (dma_lane == lane),
-                                    Const(1, M * EB) << dma_bb, 0)),
-                ]
-
-            # shared multiplier operands (signed 18 x signed 18 -> MULT18X18D)
-            opa = [Signal(signed(18), name=f"lane{lane}_opa{k}") for k in range(M)]
-            opb = [Signal(signed(18), name=f"lane{lane}_opb{k}") for k in range(M)]
-            prod = [Signal(signed(36), name=f"lane{lane}_prod{k}") for k in range(M)]
-            for k in range(M):
-                m.d.sync += prod[k].eq(opa[k] * opb[k])
-            lane_prods.append(prod)
-
-            # the bank word, registered (k in phase A, v in phase B), and its delay line
-            v_d = [Signal(EW * M, name=f"lane{lane}_vd{k}") for k in range(4)]
-            m.d.sync += v_d[0].eq(kv_rd.data)
-            for k in range(1, 4):
-                m.d.sync += v_d[k].eq(v_d[k - 1])
-            p_reg = Signal(17, name=f"lane{lane}_p")
-            lane_p.append(p_reg)
-            p_d = [Signal(17, name=f"lane{lane}_pd{k}") for k in range(2)]
-            m.d.sync += [p_d[0].eq(p_reg), p_d[1].eq(p_d[0])]
-
-            # merge: M0 issue (acc read); M1 acc word; M2 coarse shift; M3 a = acc >> sh;
-            # M4 opa/opb; M5 prod
-            acc_word = [Signal(signed(AW), name=f"lane{lane}_accw{k}") for k in range(M)]
-            a_reg = [Signal(signed(18), name=f"lane{lane}_a{k}") for k in range(M)]
-            with m.Switch(phase):
-                with m.Case(PH_A):
-                    for k in range(M):
-                        m.d.sync += [opa[k].eq(q_word.word_select(k, EW).as_signed()),
-                                     opb[k].eq(v_d[0].word_select(k, EW).as_signed())]
-                with m.Case(PH_B):
-                    for k in range(M):
-                        m.d.sync += [opa[k].eq(p_reg),
-                                     opb[k].eq(v_d[3].word_select(k, EW).as_signed())]
-                with m.Default():
-                    for k in range(M):
-                        m.d.sync += [opa[k].eq(a_reg[k]), opb[k].eq(beta)]
-
-            # ---------- phase A: scores ----------
-            # adder tree over the M products of q*k (at A4)
-            level = [p[:PW].as_signed() for p in prod]
-            stage = 4
-            depth_done = 0
-            while len(level) > 1:
-                level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
-                depth_done += 1
-                if depth_done % 2 == 0 or len(level) == 1:
-                    regs = [Signal(signed(PW + depth_done), name=f"lane{lane}_tree{stage}_{j}")
-                            for j in range(len(level))]
-                    m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
-                    level = regs
-                    stage += 1
-            dot_sum = level[0]          # valid at tags[TA]
-            ta = tags[TA]
-            dot_final = Signal(signed(DW), name=f"lane{lane}_dotf")
-            dot_tag = Signal(tag_layout, name=f"lane{lane}_dottag")
-            new_dot = Signal(signed(DW), name=f"lane{lane}_dotn")
-            m.d.comb += new_dot.eq(Mux(ta.c == 0, 0, dacc[ta.g]) + dot_sum)
-            m.d.sync += dot_tag.valid.eq(0)
-            with m.If((phase == PH_A) & ta.valid):
-                m.d.sync += dacc[ta.g].eq(new_dot)
-                with m.If(ta.c == CH - 1):
-                    m.d.sync += [dot_final.eq(new_dot), dot_tag.eq(ta)]
-            # s = ((dot >> DSH) * CS) >> 18 with dot >> DSH = dot_hi * 2**17 + dot_lo (dot_lo
-            # unsigned): the two partial products (17 x 17 bits and the rest) are registered,
-            # then added. The shift by DSH (0 for fx1) is wiring.
-            sc_tag = Signal(tag_layout, name=f"lane{lane}_sctag")
-            m.d.sync += sc_tag.eq(dot_tag)
-            if cs_table is not None:
-                # the lane's own copy of the layer's constant (one clock after the command's
-                # latch, long before its first score), so the constant's net stays local
-                cs_lane = Signal.like(cs_op, name=f"lane{lane}_cs")
-                m.d.sync += cs_lane.eq(cs_op)
+            if cs_table is None:
+                ln = AttentionLane(lp, lane, score_const=cs_op)
             else:
-                cs_lane = cs_op
-            dot_s = dot_final[DSH:].as_signed() if DSH else dot_final
-            DSW = DW - DSH
-            if DSW > 17:
-                sc_lo = Signal(unsigned(17 + 17), name=f"lane{lane}_sclo")
-                sc_hi = Signal(signed(DSW - 17 + 18), name=f"lane{lane}_schi")
-                m.d.sync += [sc_lo.eq(dot_s[:17] * cs_lane),
-                             sc_hi.eq(dot_s[17:].as_signed() * cs_lane)]
-                sc_prod = (sc_hi << 17) + sc_lo
-            else:
-                sc_prod = Signal(signed(DSW + 18), name=f"lane{lane}_scp")
-                m.d.sync += sc_prod.eq(dot_s * cs_lane)
-            s_val = Signal(signed(SW), name=f"lane{lane}_s")
-            s_tag = Signal(tag_layout, name=f"lane{lane}_stag")
-            m.d.sync += [s_val.eq(sc_prod >> CS_SHIFT), s_tag.eq(sc_tag)]
+                ln = AttentionLane(lp, lane, cs_width=len(cs_op))
+                m.d.comb += ln.cs.eq(cs_op)
+            m.submodules[f"lane{lane}"] = ln
+            lanes.append(ln)
             m.d.comb += [
-                sc_wr.addr.eq(Cat(s_tag.g, s_tag.t)),
-                sc_wr.data.eq(s_val),
-                sc_wr.en.eq(s_tag.valid & (phase == PH_A)),
+                ln.busy.eq(busy), ln.phase.eq(phase), ln.nvalid.eq(nvalid),
+                ln.issue_word.eq(word_issue),
+                ln.kv_load.eq(load_beat & load_is_kv), ln.new_lane.eq(new_lane),
+                ln.load_word.eq(load_word_d), ln.load_data.eq(load_data_d),
+                ln.port_word.eq(dma_word), ln.port_byte.eq(dma_bb), ln.port_lane.eq(dma_lane),
+                ln.port_we.eq(self.ring.ring_we & dma_in),
+                ln.port_wdata.eq(self.ring.ring_wdata), ln.port_rsel.eq(dma_rd_b),
+                ln.q_word.eq(q_word),
+                ln.tag_dot.eq(tags[TA]), ln.tag_y.eq(tags[1]), ln.tag_pv0.eq(tags[TB - 1]),
+                ln.tag_pv.eq(tags[TB]), ln.tag_store.eq(tags[TB + 1]),
+                ln.score_raddr.eq(Cat(it_g, it_t)),
+                ln.mg_g.eq(mg_g), ln.mg_max.eq(mg_m), ln.mg_c.eq(mg_c),
+                ln.e.eq(recip.e),
+                ln.beta_we.eq(beta_unit.beta_valid), ln.beta_lane.eq(beta_unit.beta_lane),
+                ln.beta.eq(beta_unit.beta),
             ]
-            with m.If(s_tag.valid & (phase == PH_A) & slot_valid(s_tag.t)):
-                with m.If((s_tag.t == 0) | (s_val > m_reg[s_tag.g])):
-                    m.d.sync += m_reg[s_tag.g].eq(s_val)
+        self._lanes, self._phase = lanes, phase     # for the tests of the lanes' state
+        lane_alpha = [ln.alpha for ln in lanes]
+        lane_live = [ln.live for ln in lanes]
 
-            # ---------- phase B: exp weights and P*V ----------
-            m.d.comb += sc_rd.addr.eq(Cat(it_g, it_t))
-            y = Signal(YW, name=f"lane{lane}_y")
-            y_hi = Signal(YW, name=f"lane{lane}_yhi")
-            y_hi_d = Signal(YW, name=f"lane{lane}_yhid")
-            exp_word = Signal(16, name=f"lane{lane}_expw")
-            # exp ROM address: phase B from y, merge from the LSE difference
-            mg_diff = Signal(YW, name=f"lane{lane}_mdiff")
-            lane_diff = Signal(YW, name=f"lane{lane}_ldiff")
-            m.d.comb += mg_diff.eq(mg_m - m_reg[mg_g])
-            m.d.comb += lane_diff.eq(m_reg[tags[1].g] - sc_rd.data)
-            m.d.sync += y.eq(Mux(phase == PH_B, lane_diff, mg_diff))
-            m.d.comb += exp_rd.addr.eq(y[:8])
-            m.d.sync += [y_hi.eq(y >> 8), y_hi_d.eq(y_hi), exp_word.eq(exp_rd.data)]
-            m.d.sync += p_reg.eq(Mux(y_hi_d >= 16, 0, exp_word >> y_hi_d[:4]))
-            # Phase B runs t innermost (see RUN), so the accumulator of (g, c) is a register
-            # summing over consecutive clocks, stored once after the last slot: no
-            # read-modify-write of the accumulator memory in one clock.
-            tb = tags[TB]               # prod of (p, v) valid here
-            tw = tags[TB + 1]           # the accumulator of (tw.g, tw.c) is final here
-            b_slot_ok = Signal(name=f"lane{lane}_bslot")
-            m.d.sync += b_slot_ok.eq(slot_valid(tags[TB - 1].t))
-            acc_reg = [Signal(signed(AW), name=f"lane{lane}_acc{k}") for k in range(M)]
-            with m.If((phase == PH_B) & tb.valid):
-                for k in range(M):
-                    m.d.sync += acc_reg[k].eq(Mux(tb.t == 0, 0, acc_reg[k])
-                                              + Mux(b_slot_ok, prod[k][:EW + 16].as_signed(), 0))
-            m.d.comb += [
-                acc_wr.addr.eq(Cat(tw.c, tw.g)),
-                acc_wr.en.eq((phase == PH_B) & tw.valid & tw.last_t),
-                acc_rd.addr.eq(Cat(mg_c, mg_g)),
-            ]
-            for k in range(M):
-                m.d.comb += acc_wr.data[k].eq(acc_reg[k])
-            with m.If((phase == PH_B) & tb.valid & b_slot_ok & (tb.c == 0)):
-                m.d.sync += l_reg[tb.g].eq(Mux(tb.t == 0, 0, l_reg[tb.g]) + p_d[1])
-
-            # ---------- merge: per-lane parts ----------
-            # sh follows mg_g two clocks late (l selected, then its bit length), its copies
-            # three: the last output word of a head still shifts with that head's sh
-            lsel = Signal(LW, name=f"lane{lane}_lsel")
-            m.d.sync += lsel.eq(l_reg[mg_g])
-            bl = Signal(range(LW + 1), name=f"lane{lane}_bl")
-            for b in range(LW):
-                with m.If(lsel[b]):
-                    m.d.comb += bl.eq(b + 1)
-            m.d.sync += sh.eq(Mux(bl > ASH, bl - ASH, 0))
-            # a = acc >> sh in two registered steps (by the multiple of 4 in sh, then by the
-            # rest), each element with its own copy of sh: one sh net fanning out to M 30-bit
-            # shifters was longer than a clock. The copies follow mg_g three clocks late.
-            acc_coarse = [Signal(signed(AW), name=f"lane{lane}_accc{k}") for k in range(M)]
-            for k in range(M):
-                sh_k = Signal(range(LW + 1), name=f"lane{lane}_sh{k}")
-                m.d.sync += [sh_k.eq(sh), acc_word[k].eq(acc_rd.data[k]),
-                             acc_coarse[k].eq(acc_word[k] >> Cat(Const(0, 2), sh_k[2:])),
-                             a_reg[k].eq(acc_coarse[k] >> sh_k[:2])]
-
-        # ---- merge: global max over the live lanes, a registered tree ----
-        # level 0 registers each lane's m of head mg_g with its live flag; each level keeps
-        # the larger of two live candidates. mg_m is valid MAX_LAT clocks after mg_g.
-        level = []
+        # ---- merge: global max over the live lanes (LaneMax), the sums of l * alpha
+        # (WeightSum), the reciprocal, the lanes' beta (BetaUnit), the output tree ----
         for lane in range(P):
-            cand = Signal(signed(SW), name=f"mg_cand{lane}")
-            ok = Signal(name=f"mg_ok{lane}")
-            m.d.sync += [cand.eq(lane_m[lane][mg_g]), ok.eq(lane_live[lane])]
-            level.append((cand, ok))
-        depth_done = 0
-        while len(level) > 1:
-            nxt = []
-            depth_done += 1
-            for j in range(0, len(level), 2):
-                (a, a_ok), (b, b_ok) = level[j], level[j + 1]
-                v = Signal(signed(SW), name=f"mg_max{depth_done}_{j // 2}")
-                ok = Signal(name=f"mg_maxok{depth_done}_{j // 2}")
-                m.d.sync += [v.eq(Mux(b_ok & (~a_ok | (b > a)), b, a)), ok.eq(a_ok | b_ok)]
-                nxt.append((v, ok))
-            level = nxt
-        m.d.comb += mg_m.eq(level[0][0])
-        MAX_LAT = 1 + log2_exact(P)
+            m.d.comb += [lane_max.values[lane].eq(lanes[lane].m_head),
+                         lane_max.live[lane].eq(lane_live[lane])]
+        MAX_LAT = lane_max.latency
+        m.d.comb += [weight_sum.l.eq(Array(ln.l_head for ln in lanes)[mg_i]),
+                     weight_sum.alpha.eq(Array(lane_alpha)[mg_i]),
+                     recip.divisor.eq(weight_sum.total),
+                     beta_unit.alpha.eq(Array(lane_alpha)[mg_i]),
+                     beta_unit.amt.eq(Array(ln.amt for ln in lanes)[mg_i]),
+                     beta_unit.lane.eq(mg_i),
+                     beta_unit.recip.eq(recip.quotient)]
 
-        # ---- merge across lanes: output adder tree ----
+        # ---- merge across lanes: the output tree behind the lanes' products (M5) ----
         OUT_LAT = 6 + ADD_LAT_M         # M0 issue .. M5 prod, the tree, the rounded word
-        mg_tags = [Signal(name=f"mg_v{k}") for k in range(OUT_LAT + 1)]
+        assert OUT_LAT == 5 + out_tree.latency
+        mg_tags = [Signal(name=f"mg_v{k}") for k in range(6)]
         m.d.comb += mg_tags[0].eq(mg_issue)
-        for k in range(1, OUT_LAT + 1):
+        for k in range(1, 6):
             m.d.sync += mg_tags[k].eq(mg_tags[k - 1])
-        outs = []
-        for k in range(M):
-            level = [lane_prods[lane][k] for lane in range(P)]
-            depth_done = 0
-            while len(level) > 1:
-                level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
-                depth_done += 1
-                if depth_done % 2 == 0 or len(level) == 1:
-                    regs = [Signal(signed(36 + depth_done), name=f"mg_tree{k}_{depth_done}_{j}")
-                            for j in range(len(level))]
-                    m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
-                    level = regs
-            r = Signal(signed(len(level[0]) + 1), name=f"mg_round{k}")
-            m.d.comb += r.eq((level[0] + (1 << 16)) >> 17)
-            out = Signal(16, name=f"mg_out{k}")
-            m.d.sync += out.eq(Mux(r > 32767, 32767, Mux(r < -32768, -32768, r))[:16])
-            outs.append(out)
-        m.d.comb += [out_fifo.w_data.eq(Cat(*outs)), out_fifo.w_en.eq(mg_tags[OUT_LAT])]
-
-        # ---- merge: L = sum (l * alpha) >> 15 over the lanes, one lane per clock ----
-        # S0 select (l, alpha) of lane mg_i; S1 l_lo*alpha and l_hi*alpha (l = l_hi*2**17 +
-        # l_lo); S2 term = l_hi*alpha*4 + (l_lo*alpha >> 15) = (l*alpha) >> 15; S3 sum
-        LO = min(LW, 17)
-        sum_l = Signal(LW)
-        sum_a = Signal(16)
-        sum_v = Signal()
-        sum_plo = Signal(LO + 16)
-        sum_phi = Signal(max(LW - 17, 1) + 16)
-        sum_pv = Signal()
-        sum_term = Signal(LW + 1)
-        sum_tv = Signal()
-        m.d.sync += [sum_v.eq(0), sum_plo.eq(sum_l[:LO] * sum_a), sum_pv.eq(sum_v),
-                     sum_tv.eq(sum_pv)]
-        if LW > 17:
-            m.d.sync += [sum_phi.eq(sum_l[17:] * sum_a),
-                         sum_term.eq((sum_phi << 2) + (sum_plo >> 15))]
-        else:
-            m.d.sync += sum_term.eq(sum_plo >> 15)
-        with m.If(sum_tv):
-            m.d.sync += mg_sum.eq(mg_sum + sum_term)
-
-        # ---- merge: beta = min((alpha * R) >> amt, 2**17 - 1), one lane per clock ----
-        # B0 select (alpha, amt) of lane mg_i; B1 alpha*R_lo and alpha*R_hi (R = R_hi*2**17 +
-        # R_lo, R <= 2**17); B2 alpha*R; B3 shifted; B4 saturated into the lane's beta
-        b_alpha = Signal(16)
-        b_amt = [Signal(range(LSW + BSH + 2), name=f"b_amt{k}") for k in range(3)]
-        b_idx = [Signal(range(P), name=f"b_idx{k}") for k in range(4)]
-        b_v = [Signal(name=f"b_v{k}") for k in range(4)]
-        b_lo = Signal(16 + 17)
-        b_hi = Signal(16)
-        b_calc = Signal(34)
-        b_shifted = Signal(34)
-        m.d.sync += [b_v[0].eq(0),
-                     b_lo.eq(b_alpha * mg_recip[:17]), b_hi.eq(Mux(mg_recip[17], b_alpha, 0)),
-                     b_calc.eq(b_lo + (b_hi << 17)),
-                     b_shifted.eq(b_calc >> b_amt[2])]
-        for k in range(1, 4):
-            m.d.sync += [b_idx[k].eq(b_idx[k - 1]), b_v[k].eq(b_v[k - 1])]
-            if k < 3:
-                m.d.sync += b_amt[k].eq(b_amt[k - 1])
-        with m.If(b_v[3]):
-            value = Mux(b_shifted > (1 << 17) - 1, (1 << 17) - 1, b_shifted)
-            for lane in range(P):
-                with m.If(b_idx[3] == lane):
-                    m.d.sync += lane_beta[lane].eq(value)
+        for lane in range(P):
+            for k in range(M):
+                m.d.comb += out_tree.products[lane][k].eq(lanes[lane].products[k])
+        m.d.comb += [out_tree.valid.eq(mg_tags[5]),
+                     out_fifo.w_data.eq(out_tree.o.as_value()),
+                     out_fifo.w_en.eq(out_tree.o_valid)]
 
         # ---- meta port ----
         meta_ok = Signal()
@@ -710,17 +455,14 @@ class AttentionCore(wiring.Component):
         # simulation tests assert that it stays 0.
         collision_used = Signal()
         read_used = Mux(busy, issue, self.ring.ring_re & ~self.ring.ring_we)
-        m.d.comb += collision_used.eq(read_used & Cat(*[
-            (wr.en != 0) & (rd.addr == wr.addr) for rd, wr in bank_ports]).any())
+        m.d.comb += collision_used.eq(read_used & Cat(*[ln.collides for ln in lanes]).any())
         self._collision_used = collision_used
 
         # ring port read data, two clocks after ring_re: the addressed byte of every lane's
         # word is registered next to that lane's banks (the banks are spread over the chip and
         # have no output register: a bank -> byte -> lane -> DMA path in one clock was the
         # board build's critical path), then the addressed lane's byte is selected
-        lane_bytes = [Signal(8, name=f"lane{lane}_rbyte") for lane in range(P)]
-        for lane in range(P):
-            m.d.sync += lane_bytes[lane].eq(rd_words[lane].word_select(dma_rd_b, 8))
+        lane_bytes = [ln.rbyte for ln in lanes]
         rd_lane_q = Signal(range(P))
         rd_ok_q = Signal()
         m.d.sync += [rd_lane_q.eq(dma_rd_lane), rd_ok_q.eq(dma_rd_ok)]
@@ -737,7 +479,7 @@ class AttentionCore(wiring.Component):
 
         # ---- the FSM ----
         drain = Signal(range(32))
-        with m.FSM():
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
                 with m.If(self.cmd.valid):
@@ -842,46 +584,27 @@ class AttentionCore(wiring.Component):
                 # address (+2), table word (+3), p_reg (+4): latch alpha
                 m.d.sync += mg_step.eq(mg_step + 1)
                 with m.If(mg_step == MAX_LAT + 4):
-                    for lane in range(P):
-                        m.d.sync += lane_alpha[lane].eq(Mux(lane_live[lane],
-                                                            lane_p[lane], 0))
-                    m.d.sync += [mg_i.eq(0), mg_sum.eq(0)]
+                    m.d.comb += [ln.alpha_latch.eq(1) for ln in lanes]
+                    m.d.comb += weight_sum.clear.eq(1)
+                    m.d.sync += mg_i.eq(0)
                     m.next = "MERGE_SUM"
             with m.State("MERGE_SUM"):
                 m.d.sync += mg_i.eq(mg_i + 1)
-                with m.If(mg_i < P):
-                    m.d.sync += [sum_l.eq(Array(lane_l[lane][mg_g] for lane in range(P))[mg_i]),
-                                 sum_a.eq(Array(lane_alpha)[mg_i]), sum_v.eq(1)]
+                m.d.comb += weight_sum.valid.eq(mg_i < P)
                 with m.If(mg_i == P + 2):        # the last term is summed in this clock
                     m.next = "MERGE_LOG"
             with m.State("MERGE_LOG"):
-                for b in range(LSW):
-                    with m.If(mg_sum[b]):
-                        m.d.sync += [mg_e.eq(b + 1), mg_rem.eq(Const(1, LSW + 1) << (b - 1)
-                                                              if b >= 1 else 0)]
-                m.d.sync += [mg_step.eq(0), mg_recip.eq(0)]
+                m.d.sync += mg_step.eq(0)
                 m.next = "MERGE_DIVIDE"
             with m.State("MERGE_DIVIDE"):
                 # restoring division: R = 2**(e+16) // L, 18 quotient bits
-                rem2 = Cat(Const(0, 1), mg_rem)
-                with m.If(rem2 >= mg_sum):
-                    m.d.sync += [mg_rem.eq(rem2 - mg_sum), mg_recip.eq(Cat(1, mg_recip))]
-                with m.Else():
-                    m.d.sync += [mg_rem.eq(rem2), mg_recip.eq(Cat(0, mg_recip))]
                 m.d.sync += mg_step.eq(mg_step + 1)
-                for lane in range(P):
-                    # e + B - sh >= 0 whenever alpha >= 1 (and alpha * R = 0 otherwise)
-                    amt = mg_e + BSH - lane_sh[lane]
-                    m.d.sync += lane_amt[lane].eq(Mux(amt[-1], 0, amt))
                 with m.If(mg_step == 17):
                     m.d.sync += mg_i.eq(0)
                     m.next = "MERGE_BETA"
             with m.State("MERGE_BETA"):
                 m.d.sync += mg_i.eq(mg_i + 1)
-                with m.If(mg_i < P):
-                    m.d.sync += [b_alpha.eq(Array(lane_alpha)[mg_i]),
-                                 b_amt[0].eq(Array(lane_amt)[mg_i]),
-                                 b_idx[0].eq(mg_i), b_v[0].eq(1)]
+                m.d.comb += beta_unit.valid.eq(mg_i < P)
                 with m.If(mg_i == P + 3):        # the last beta is written in this clock
                     m.d.sync += mg_c.eq(0)
                     m.next = "MERGE_OUTPUT"
@@ -917,4 +640,8 @@ class AttentionCore(wiring.Component):
                 with m.If(self.status.ready):
                     m.d.sync += busy.eq(0)
                     m.next = "IDLE"
+        # the reciprocal's load and steps; each lane's amt (from e and its sh) in every step
+        m.d.comb += [recip.load.eq(fsm.ongoing("MERGE_LOG")),
+                     recip.step.eq(fsm.ongoing("MERGE_DIVIDE"))]
+        m.d.comb += [ln.amt_update.eq(fsm.ongoing("MERGE_DIVIDE")) for ln in lanes]
         return m

@@ -40,8 +40,10 @@ def accepted_attends(model, ops):
     return [op[0] == "cmd" and op[1] == 0 and model.check(*op[1:5]) == 0 for op in ops]
 
 
-def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
-    """Run ``ops`` on ``core``; ``checker`` is a golden model giving each command's status."""
+def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None, watch=None):
+    """Run ``ops`` on ``core``; ``checker`` is a golden model giving each command's status.
+    ``watch``, when given, is an async ``watch(ctx)`` run beside the testbenches (in the
+    background: it may loop forever), to sample the core's internals."""
     rng_in, rng_out, rng_st = (random.Random(rng_seed + k) for k in range(3))
     G, d, M = core.group, core.head_dim, core.macs
     accepted = accepted_attends(checker, ops)
@@ -126,6 +128,8 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None):
     sim = Simulator(core)
     sim.add_clock(1e-8)
     sim.add_testbench(tick_counter, background=True)
+    if watch is not None:
+        sim.add_testbench(watch, background=True)
     for tb in (commands, source, sink, status):
         sim.add_testbench(tb)
     if vcd:

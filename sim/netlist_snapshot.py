@@ -22,6 +22,7 @@ def cores():
     from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
     from ringkv.defs.hash import hash_seed
     from ringkv.hw.attention import AttentionCore
+    from ringkv.hw.attention_merge import Reciprocal
     from ringkv.hw.directory import CacheDirectory
     from ringkv.hw.directory_alloc import FreeLinks, RegionAllocator
     from ringkv.hw.dma import DmaEngine
@@ -61,6 +62,8 @@ def cores():
                                                 qkv_fracs=((4, 4, 6), (5, 5, 5))),
         "mac_core": lambda: MacCore(),
         "mac_unit": lambda: MacUnit(),
+        # the merge's divider at the default core's width of L (W = 128, P = 4)
+        "attention_reciprocal": lambda: Reciprocal(25),
         "top_demo": lambda: RingKVTop(DEMO_CONFIG, regions=16),
         "top_demo_fx2": lambda: RingKVTop(replace(DEMO_CONFIG, numerics="ringkv-fx2"), regions=16),
     }
