@@ -83,6 +83,7 @@ from ringkv.defs.checks import check_int
 
 from .sdphy import SDClocker, SDCmdReader, SDCmdWriter, SDDataPHY
 from .storage import (
+    SECTOR_BYTES,
     CardType,
     StorageError,
     StorageOp,
@@ -222,7 +223,13 @@ class SDNativeController(wiring.Component):
         wiring.connect(m, dat.rdata, wiring.flipped(st.rdata))
         wiring.connect(m, wiring.flipped(st.wdata), dat.wdata)
         d_go, d_stop, d_done = dat.rd_start, dat.rd_stop, dat.rd_done
-        w_go, w_accept, t_done, t_result = dat.wr_start, dat.wr_accept, dat.wr_done, dat.wr_result
+        w_go, t_done, t_result = dat.wr_start, dat.wr_done, dat.wr_result
+        # the bytes of the block being written: wdata is let in up to 512 of them
+        w_accept = Signal()               # comb: the FSM lets wdata in for this block
+        w_taken = Signal(range(SECTOR_BYTES + 1))
+        m.d.comb += dat.wr_accept.eq(w_accept & (w_taken != SECTOR_BYTES))
+        with m.If(st.wdata.valid & st.wdata.ready):
+            m.d.sync += w_taken.eq(w_taken + 1)
         dat_in = sd.dat.i
 
         # ---- controller state -------------------------------------------------------------
@@ -388,8 +395,7 @@ class SDNativeController(wiring.Component):
                         with m.If(resp_err):
                             fail(StorageError.CARD)
                         with m.Else():
-                            m.d.sync += wait.eq(0)
-                            m.d.comb += dat.wr_restart.eq(1)
+                            m.d.sync += [wait.eq(0), w_taken.eq(0)]
                             m.next = "WRITE_NWR"
                     with m.Case(_After.CMD13):
                         # after a write: the card is still there and reports no error from
@@ -499,8 +505,7 @@ class SDNativeController(wiring.Component):
                 m.d.comb += w_accept.eq(1)
                 with m.If(t_done):
                     m.d.comb += fsm_wait.eq(1)
-                    m.d.sync += wait.eq(0)
-                    m.d.comb += dat.wr_restart.eq(1)
+                    m.d.sync += [wait.eq(0), w_taken.eq(0)]
                     with m.If(t_result == StorageError.TIMEOUT):
                         fail(StorageError.TIMEOUT)
                     with m.Elif(t_result != StorageError.OK):

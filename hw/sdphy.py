@@ -261,8 +261,8 @@ class SDDataPHY(wiring.Component):
     function group 1 selection).
 
     Writer (outputs change at ``fall``). While ``wr_accept`` is 1, ``wdata`` fills a one-byte
-    buffer (``wr_byte_valid``), up to 512 bytes per block (``wr_restart``, one clock, starts
-    counting the next block; ``wr_flush`` drops a byte left from an aborted write). ``wr_start``
+    buffer (``wr_byte_valid``; ``wr_flush`` drops a byte left from an aborted write); the
+    controller counts a block's 512 bytes and drops ``wr_accept`` after the last. ``wr_start``
     sends a block: start nibble 0, the 1024 nibbles (``wr_stall`` is high while the next one is
     due but its byte is not there), the four CRC16s, the end nibble F; it releases DAT and
     takes the card's CRC status token on DAT0 (within ``resp_timeout`` SD clocks) and waits out
@@ -292,7 +292,7 @@ class SDDataPHY(wiring.Component):
             "rdata": Out(stream.Signature(8)),
             # writer
             "wdata": In(stream.Signature(8)),
-            "wr_accept": In(1), "wr_restart": In(1), "wr_flush": In(1), "wr_start": In(1),
+            "wr_accept": In(1), "wr_flush": In(1), "wr_start": In(1),
             "wr_done": Out(1), "wr_result": Out(StorageError), "wr_stall": Out(1),
             "wr_byte_valid": Out(1),
         })
@@ -386,16 +386,15 @@ class SDDataPHY(wiring.Component):
                                       & ~self.rdata.ready)]
 
     def _writer(self, m, dat_in, crcs, crc_start, crc_valid, crc_data, wait):
-        taken = Signal(range(SECTOR_BYTES + 1))
         wbyte = Signal(8)
         wbyte_valid = self.wr_byte_valid
         lo = Signal(4)
         cnt = Signal(range(2 * SECTOR_BYTES))
         token = Signal(3)
         result = self.wr_result
-        m.d.comb += self.wdata.ready.eq(self.wr_accept & ~wbyte_valid & (taken != SECTOR_BYTES))
+        m.d.comb += self.wdata.ready.eq(self.wr_accept & ~wbyte_valid)
         with m.If(self.wdata.valid & self.wdata.ready):
-            m.d.sync += [wbyte.eq(self.wdata.payload), wbyte_valid.eq(1), taken.eq(taken + 1)]
+            m.d.sync += [wbyte.eq(self.wdata.payload), wbyte_valid.eq(1)]
         crc_nibble = Signal(4)
         m.d.comb += crc_nibble.eq(Cat(c.crc.bit_select(~cnt[:4], 1) for c in crcs))
         with m.FSM(name="dat_tx") as fsm:
@@ -475,8 +474,6 @@ class SDDataPHY(wiring.Component):
                     m.next = "START"
                 with m.Else():
                     m.next = "IDLE"
-        with m.If(self.wr_restart):
-            m.d.sync += taken.eq(0)
         with m.If(self.wr_flush):
             m.d.sync += wbyte_valid.eq(0)
         m.d.comb += [self.wr_done.eq(fsm.ongoing("DONE")),

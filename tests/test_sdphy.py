@@ -349,15 +349,16 @@ async def write_block(ctx, dut, rng, data, card, *, p=0.5, idle=0.3):
     """Send ``data`` through ``wdata`` (random gaps) and one block on DAT at random SD clock
     edges (a rising edge never while ``wr_stall``); ``card`` is the list of DAT0 bits the card
     sends at the rising edges after the host releases DAT. Return (nibbles driven, result)."""
-    ctx.set(dut.wr_accept, 1)
     sent, nibbles, clk, started, released = 0, [], 0, False, False
     cycles = 0
     card = list(card)
     while True:
-        valid = sent < len(data) and rng.random() >= idle
+        ctx.set(dut.wr_accept, sent < len(data))          # the controller counts the block
+        valid = rng.random() >= idle
         ctx.set(dut.wdata.valid, valid)
-        ctx.set(dut.wdata.payload, data[sent] if valid else 0)
+        ctx.set(dut.wdata.payload, data[min(sent, len(data) - 1)] if valid else 0)
         take = valid and ctx.get(dut.wdata.ready)
+        assert not take or sent < len(data)
         start = not started and ctx.get(dut.wr_byte_valid)
         ctx.set(dut.wr_start, start)
         started |= start
@@ -378,12 +379,10 @@ async def write_block(ctx, dut, rng, data, card, *, p=0.5, idle=0.3):
             nibbles.append(ctx.get(dut.dat_o))
         released |= started and fall and not ctx.get(dut.dat_oe)
         if done:
-            for s in (dut.wdata.valid, dut.wr_start, dut.fall, dut.rise):
+            for s in (dut.wdata.valid, dut.wr_start, dut.fall, dut.rise, dut.wr_accept):
                 ctx.set(s, 0)
             ctx.set(dut.dat_i, 0xF)
-            ctx.set(dut.wr_restart, 1)            # as the controller does after each block
             await ctx.tick()
-            ctx.set(dut.wr_restart, 0)
             return nibbles, result, sent
 
 
@@ -395,8 +394,8 @@ def test_data_writer_blocks():
     """Blocks from random ``wdata`` with random gaps: the nibbles on DAT are the block the card
     model's CRC16 gives; the CRC status token decides the result (accepted then busy -> OK,
     ``101`` -> CRC, ``110`` -> CARD, no end bit -> CRC), no token within ``resp_timeout`` and
-    busy for ``busy_timeout`` SD clocks -> TIMEOUT, each at its boundary; exactly 512 bytes are
-    taken per block."""
+    busy for ``busy_timeout`` SD clocks -> TIMEOUT, each at its boundary; no byte is taken
+    while ``wr_accept`` is 0."""
     dut = data_phy()
     rng = random.Random(5)
     cases = [(token((0, 1, 0)), StorageError.OK),
