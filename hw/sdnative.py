@@ -60,6 +60,12 @@ transfer and ``CMD13`` after a write the same again. See ``docs/BENCHMARKS.md``
 Backpressure: ``rdata`` may stall, ``wdata`` may be late (SD CLK stops, see above).
 Latency of a read: 8 + 48 clocks (command) + N_AC + 1 (start bit) + 2 (first byte) SD clocks.
 
+Structure: the state machine here (initialisation, the commands of a transfer, errors, the
+storage port) drives the PHY pieces of ``hw/sdphy.py``, which do the work on the pins:
+:class:`~ringkv.hw.sdphy.SDClocker` (SD CLK and its stop), :class:`~ringkv.hw.sdphy.SDCmdWriter`
+(commands with CRC7), :class:`~ringkv.hw.sdphy.SDCmdReader` (responses, CRC7, the CSD fields)
+and :class:`~ringkv.hw.sdphy.SDDataPHY` (data blocks both ways, CRC16s, CRC status, busy).
+
 Ports: ``storage`` (In :class:`StoragePortSignature`), ``sd`` (:class:`SDBusSignature`: ``clk``
 out, ``cmd.o/oe/i``, ``dat.o/oe/i`` 4 bits), ``ready`` (card initialised), ``sdhc`` (the card
 is SDHC/SDXC; always with ``ready``: only those are supported), ``high_speed`` (high speed
@@ -71,11 +77,11 @@ from the start of each initialisation until that answer).
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum, wiring
-from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int
 
+from .sdphy import SDClocker, SDCmdReader, SDCmdWriter, SDDataPHY
 from .storage import (
     SECTOR_BYTES,
     CardType,
@@ -183,297 +189,48 @@ class SDNativeController(wiring.Component):
         st = self.storage
         sd = self.sd
 
-        # ---- SD clock -------------------------------------------------------------------------
-        # `rise` / `fall`: the system clock in which SD CLK goes high / low. `run` (comb) allows
-        # the next rising edge; SD CLK stops low while it is 0.
+        # ---- PHY pieces (hw/sdphy.py) -----------------------------------------------------------
         fast = Signal()
-        hs = self.high_speed
-        hp = self._hs_half_period or self._half_period
-        half = Mux(fast, Mux(hs, hp - 1, self._half_period - 1), self._init_half_period - 1)
-        div = Signal(range(self._init_half_period))
-        run = Signal()
-        tick = div == 0
-        rise = Signal()
-        fall = Signal()
-        m.d.comb += [fall.eq(tick & sd.clk), rise.eq(tick & ~sd.clk & run)]
-        with m.If(~tick):
-            m.d.sync += div.eq(div - 1)
-        with m.Elif(fall):
-            m.d.sync += [sd.clk.eq(0), div.eq(half)]
-        with m.Elif(rise):
-            m.d.sync += [sd.clk.eq(1), div.eq(half)]
-        cmd_in = sd.cmd.i
-        dat_in = sd.dat.i
+        m.submodules.clocker = clocker = SDClocker(
+            init_half_period=self._init_half_period, half_period=self._half_period,
+            hs_half_period=self._hs_half_period)
+        rise, fall, run = clocker.rise, clocker.fall, clocker.run
+        m.d.comb += [clocker.fast.eq(fast), clocker.hs.eq(self.high_speed),
+                     sd.clk.eq(clocker.clk)]
 
-        # ---- CRCs (bit serial) ------------------------------------------------------------------
-        m.submodules.crc7_tx = crc7_tx = catalog.CRC7_MMC(data_width=1).create()
-        m.submodules.crc7_rx = crc7_rx = catalog.CRC7_MMC(data_width=1).create()
-        crc16 = []
-        for k in range(4):
-            c = catalog.CRC16_XMODEM(data_width=1).create()
-            m.submodules[f"crc16_{k}"] = c
-            crc16.append(c)
-        crc16_start = Signal()
-        crc16_valid = Signal()
-        crc16_data = Signal(4)
-        for k, c in enumerate(crc16):
-            m.d.comb += [c.start.eq(crc16_start), c.valid.eq(crc16_valid),
-                         c.data.eq(crc16_data[k])]
-        crc16_match = Cat(c.match_detected for c in crc16).all()
-
-        # ---- command transmitter: 48 bits on CMD, changed at falling edges ----------------------
         cmd_idx = Signal(6)
         cmd_arg = Signal(32)
-        tx_go = Signal()
-        tx_word = Signal(40)
-        tx_i = Signal(range(49))
-        m.d.comb += [crc7_tx.data.eq(tx_word[39])]
-        with m.FSM(name="cmd_tx") as tx_fsm:
-            with m.State("IDLE"):
-                with m.If(tx_go):
-                    m.d.sync += [tx_word.eq(Cat(cmd_arg, cmd_idx, Const(0b01, 2))),
-                                 tx_i.eq(0)]
-                    m.d.comb += crc7_tx.start.eq(1)
-                    m.next = "SEND"
-            with m.State("SEND"):
-                with m.If(fall):
-                    m.d.sync += [tx_i.eq(tx_i + 1), sd.cmd.oe.eq(1)]
-                    with m.If(tx_i < 40):
-                        m.d.sync += [sd.cmd.o.eq(tx_word[39]), tx_word.eq(tx_word << 1)]
-                        m.d.comb += crc7_tx.valid.eq(1)
-                    with m.Elif(tx_i < 47):
-                        crc_bit = (46 - tx_i).as_unsigned()[:3]
-                        m.d.sync += sd.cmd.o.eq(crc7_tx.crc.bit_select(crc_bit, 1))
-                    with m.Elif(tx_i == 47):
-                        m.d.sync += sd.cmd.o.eq(1)
-                    with m.Else():
-                        m.d.sync += [sd.cmd.oe.eq(0), sd.cmd.o.eq(1)]
-                        m.next = "IDLE"
-        tx_busy = ~tx_fsm.ongoing("IDLE")
+        m.submodules.cmd_writer = cmd_w = SDCmdWriter()
+        m.d.comb += [cmd_w.index.eq(cmd_idx), cmd_w.arg.eq(cmd_arg), cmd_w.fall.eq(fall),
+                     sd.cmd.o.eq(cmd_w.cmd_o), sd.cmd.oe.eq(cmd_w.cmd_oe)]
+        tx_go, tx_busy = cmd_w.start, cmd_w.busy
 
-        # ---- response receiver on CMD, sampled at rising edges --------------------------------
-        rx_go = Signal()
-        rx_r2 = Signal()                  # 136-bit response
-        rsr = Signal(48)
-        rx_i = Signal(range(137))
-        rx_wait = Signal(range(self._resp_timeout + 1))
-        rx_timeout = Signal()
-        csd_v2 = Signal()
-        c_size = Signal(22)
-        rx_len = Mux(rx_r2, 136, 48)
-        rx_crc_first = Mux(rx_r2, 8, 0)
-        m.d.comb += crc7_rx.data.eq(cmd_in)
-        with m.FSM(name="cmd_rx") as rx_fsm:
-            with m.State("IDLE"):
-                with m.If(rx_go):
-                    m.d.sync += [rx_wait.eq(0), rx_timeout.eq(0)]
-                    m.next = "WAIT"
-            with m.State("WAIT"):
-                with m.If(rise):
-                    with m.If(~cmd_in & ~tx_busy):
-                        m.d.sync += [rx_i.eq(1), rsr.eq(0)]
-                        m.d.comb += [crc7_rx.start.eq(1), crc7_rx.valid.eq(~rx_r2)]
-                        m.next = "BITS"
-                    with m.Elif(~tx_busy):
-                        m.d.sync += rx_wait.eq(rx_wait + 1)
-                        with m.If(rx_wait == self._resp_timeout - 1):
-                            m.d.sync += rx_timeout.eq(1)
-                            m.next = "DONE"
-            with m.State("BITS"):
-                with m.If(rise):
-                    m.d.sync += [rsr.eq(Cat(cmd_in, rsr[:47])), rx_i.eq(rx_i + 1)]
-                    m.d.comb += crc7_rx.valid.eq((rx_i >= rx_crc_first) & (rx_i < rx_len - 8))
-                    with m.If(rx_r2 & (rx_i == 9)):
-                        m.d.sync += csd_v2.eq(Cat(cmd_in, rsr[0]) == 0b01)
-                    with m.If(rx_r2 & (rx_i == 87)):
-                        m.d.sync += c_size.eq(Cat(cmd_in, rsr[:21]))
-                    with m.If(rx_i == rx_len - 1):
-                        m.next = "DONE"
-            with m.State("DONE"):
-                with m.If(rx_go):
-                    m.d.sync += [rx_wait.eq(0), rx_timeout.eq(0)]
-                    m.next = "WAIT"
-                with m.Else():
-                    m.next = "IDLE"
-        rx_done = rx_fsm.ongoing("DONE")
-        # rsr: the last 48 bits received; rsr[1:8] the CRC7, rsr[0] the end bit
-        resp_arg = rsr[8:40]
-        resp_idx = rsr[40:46]
+        rx_r2 = Signal()                  # the response due is 136 bits
+        m.submodules.cmd_reader = cmd_r = SDCmdReader(resp_timeout=self._resp_timeout)
+        m.d.comb += [cmd_r.r2.eq(rx_r2), cmd_r.rise.eq(rise), cmd_r.cmd_i.eq(sd.cmd.i),
+                     cmd_r.tx_busy.eq(tx_busy)]
+        rx_go, rx_done, rx_timeout = cmd_r.start, cmd_r.done, cmd_r.timeout
+        resp_arg, resp_idx = cmd_r.arg, cmd_r.index
 
-        # ---- data receiver on DAT, sampled at rising edges --------------------------------------
-        d_go = Signal()                   # arm (comb)
-        d_stop = Signal()                 # disarm (comb)
         d_short = Signal()                # 64-byte block (CMD6 status) instead of 512
         d_to_port = Signal()
-        d_cnt = Signal(range(2 * SECTOR_BYTES))
-        d_wait = Signal(range(max(self._data_timeout, self._busy_timeout,
-                                  self._resp_timeout) + 1))
-        d_hi = Signal(4)
-        d_badstart = Signal()
-        d_ok = Signal()
-        d_timeout = Signal()
-        rbuf = Signal(8)
-        rbuf_valid = Signal()
-        sw_hs_support = Signal()          # CMD6 status: byte 13, bit 1
-        sw_result = Signal(4)             # CMD6 status: byte 16, low nibble
-        d_last = Mux(d_short, 2 * 64 - 1, 2 * SECTOR_BYTES - 1)
-        m.d.comb += [st.rdata.valid.eq(rbuf_valid), st.rdata.payload.eq(rbuf)]
-        with m.If(st.rdata.ready):
-            m.d.sync += rbuf_valid.eq(0)
-        with m.FSM(name="dat_rx") as d_fsm:
-            with m.State("IDLE"):
-                with m.If(d_go):
-                    m.d.sync += [d_wait.eq(0), d_timeout.eq(0)]
-                    m.next = "WAIT"
-            with m.State("WAIT"):
-                with m.If(d_stop):
-                    m.next = "IDLE"
-                with m.Elif(rise):
-                    with m.If(~dat_in[0]):
-                        m.d.sync += [d_cnt.eq(0), d_badstart.eq(dat_in != 0)]
-                        m.d.comb += crc16_start.eq(1)
-                        m.next = "DATA"
-                    with m.Elif(~tx_busy):
-                        # N_AC counts from the command's end bit
-                        m.d.sync += d_wait.eq(d_wait + 1)
-                        with m.If(d_wait == self._data_timeout - 1):
-                            m.d.sync += [d_timeout.eq(1), d_ok.eq(0)]
-                            m.next = "DONE"
-            with m.State("DATA"):
-                with m.If(d_stop):
-                    m.next = "IDLE"
-                with m.Elif(rise):
-                    m.d.sync += d_cnt.eq(d_cnt + 1)
-                    m.d.comb += [crc16_valid.eq(1), crc16_data.eq(dat_in)]
-                    with m.If(~d_cnt[0]):
-                        m.d.sync += d_hi.eq(dat_in)
-                    with m.Elif(d_to_port):
-                        m.d.sync += [rbuf.eq(Cat(dat_in, d_hi)), rbuf_valid.eq(1)]
-                    with m.If(~d_to_port & (d_cnt == 2 * 13 + 1)):
-                        m.d.sync += sw_hs_support.eq(dat_in[1])
-                    with m.If(~d_to_port & (d_cnt == 2 * 16 + 1)):
-                        m.d.sync += sw_result.eq(dat_in)
-                    with m.If(d_cnt == d_last):
-                        m.d.sync += d_cnt.eq(0)
-                        m.next = "CRC"
-            with m.State("CRC"):
-                with m.If(d_stop):
-                    m.next = "IDLE"
-                with m.Elif(rise):
-                    m.d.sync += d_cnt.eq(d_cnt + 1)
-                    m.d.comb += [crc16_valid.eq(1), crc16_data.eq(dat_in)]
-                    with m.If(d_cnt == 15):
-                        m.next = "END"
-            with m.State("END"):
-                with m.If(d_stop):
-                    m.next = "IDLE"
-                with m.Elif(rise):
-                    m.d.sync += d_ok.eq(crc16_match & (dat_in == 0xF) & ~d_badstart)
-                    m.next = "DONE"
-            with m.State("DONE"):
-                with m.If(d_go):
-                    m.d.sync += [d_wait.eq(0), d_timeout.eq(0)]
-                    m.next = "WAIT"
-                with m.Elif(d_stop):
-                    m.next = "IDLE"
-        d_done = d_fsm.ongoing("DONE")
-        rd_stall = (d_fsm.ongoing("DATA") & d_cnt[0] & d_to_port & rbuf_valid
-                    & ~st.rdata.ready)
-
-        # ---- data transmitter on DAT (writes), outputs at falling edges -------------------------
-        w_go = Signal()                   # comb: send one block
+        m.submodules.data = dat = SDDataPHY(resp_timeout=self._resp_timeout,
+                                            data_timeout=self._data_timeout,
+                                            busy_timeout=self._busy_timeout)
+        m.d.comb += [dat.rise.eq(rise), dat.fall.eq(fall), dat.tx_busy.eq(tx_busy),
+                     dat.dat_i.eq(sd.dat.i), sd.dat.o.eq(dat.dat_o), sd.dat.oe.eq(dat.dat_oe),
+                     dat.short.eq(d_short), dat.to_port.eq(d_to_port)]
+        wiring.connect(m, dat.rdata, wiring.flipped(st.rdata))
+        wiring.connect(m, wiring.flipped(st.wdata), dat.wdata)
+        d_go, d_stop, d_done = dat.rd_start, dat.rd_stop, dat.rd_done
+        w_go, t_done, t_result = dat.wr_start, dat.wr_done, dat.wr_result
+        # the bytes of the block being written: wdata is let in up to 512 of them
         w_accept = Signal()               # comb: the FSM lets wdata in for this block
         w_taken = Signal(range(SECTOR_BYTES + 1))
-        wbyte = Signal(8)
-        wbyte_valid = Signal()
-        wlo = Signal(4)
-        t_cnt = Signal(range(2 * SECTOR_BYTES))
-        t_status = Signal(3)
-        t_result = Signal(StorageError)
-        m.d.comb += [st.wdata.ready.eq(w_accept & ~wbyte_valid & (w_taken != SECTOR_BYTES))]
+        m.d.comb += dat.wr_accept.eq(w_accept & (w_taken != SECTOR_BYTES))
         with m.If(st.wdata.valid & st.wdata.ready):
-            m.d.sync += [wbyte.eq(st.wdata.payload), wbyte_valid.eq(1), w_taken.eq(w_taken + 1)]
-        crc_nibble = Signal(4)
-        m.d.comb += crc_nibble.eq(Cat(c.crc.bit_select(~t_cnt[:4], 1) for c in crc16))
-        with m.FSM(name="dat_tx") as t_fsm:
-            with m.State("IDLE"):
-                with m.If(w_go):
-                    m.next = "START"
-            with m.State("START"):
-                with m.If(fall):
-                    m.d.sync += [sd.dat.oe.eq(1), sd.dat.o.eq(0), t_cnt.eq(0)]
-                    m.d.comb += crc16_start.eq(1)
-                    m.next = "DATA"
-            with m.State("DATA"):
-                with m.If(fall):
-                    m.d.sync += t_cnt.eq(t_cnt + 1)
-                    m.d.comb += crc16_valid.eq(1)
-                    with m.If(~t_cnt[0]):
-                        m.d.sync += [sd.dat.o.eq(wbyte[4:]), wlo.eq(wbyte[:4]),
-                                     wbyte_valid.eq(0)]
-                        m.d.comb += crc16_data.eq(wbyte[4:])
-                    with m.Else():
-                        m.d.sync += sd.dat.o.eq(wlo)
-                        m.d.comb += crc16_data.eq(wlo)
-                    with m.If(t_cnt == 2 * SECTOR_BYTES - 1):
-                        m.d.sync += t_cnt.eq(0)
-                        m.next = "CRC"
-            with m.State("CRC"):
-                with m.If(fall):
-                    m.d.sync += [t_cnt.eq(t_cnt + 1), sd.dat.o.eq(crc_nibble)]
-                    with m.If(t_cnt == 15):
-                        m.next = "END"
-            with m.State("END"):
-                with m.If(fall):
-                    m.d.sync += sd.dat.o.eq(0xF)
-                    m.next = "RELEASE"
-            with m.State("RELEASE"):
-                with m.If(fall):
-                    m.d.sync += [sd.dat.oe.eq(0), d_wait.eq(0)]
-                    m.next = "TOKEN"
-            with m.State("TOKEN"):
-                with m.If(rise):
-                    with m.If(~dat_in[0]):
-                        m.d.sync += t_cnt.eq(0)
-                        m.next = "STATUS"
-                    with m.Else():
-                        m.d.sync += d_wait.eq(d_wait + 1)
-                        with m.If(d_wait == self._resp_timeout - 1):
-                            m.d.sync += t_result.eq(StorageError.TIMEOUT)
-                            m.next = "DONE"
-            with m.State("STATUS"):
-                with m.If(rise):
-                    m.d.sync += [t_cnt.eq(t_cnt + 1), t_status.eq(Cat(dat_in[0], t_status[:2]))]
-                    with m.If(t_cnt == 3):
-                        m.d.sync += d_wait.eq(0)
-                        with m.If(~dat_in[0]):                  # no end bit
-                            m.d.sync += t_result.eq(StorageError.CRC)
-                            m.next = "DONE"
-                        with m.Elif(t_status == 0b010):
-                            m.next = "BUSY"
-                        with m.Elif(t_status == 0b101):
-                            m.d.sync += t_result.eq(StorageError.CRC)
-                            m.next = "DONE"
-                        with m.Else():
-                            m.d.sync += t_result.eq(StorageError.CARD)
-                            m.next = "DONE"
-            with m.State("BUSY"):
-                with m.If(rise):
-                    with m.If(dat_in[0]):
-                        m.d.sync += t_result.eq(StorageError.OK)
-                        m.next = "DONE"
-                    with m.Else():
-                        m.d.sync += d_wait.eq(d_wait + 1)
-                        with m.If(d_wait == self._busy_timeout - 1):
-                            m.d.sync += t_result.eq(StorageError.TIMEOUT)
-                            m.next = "DONE"
-            with m.State("DONE"):
-                with m.If(w_go):
-                    m.next = "START"
-                with m.Else():
-                    m.next = "IDLE"
-        t_done = t_fsm.ongoing("DONE")
-        wr_stall = t_fsm.ongoing("DATA") & ~t_cnt[0] & ~wbyte_valid
+            m.d.sync += w_taken.eq(w_taken + 1)
+        dat_in = sd.dat.i
 
         # ---- controller state -------------------------------------------------------------
         resp = Signal(_Resp)
@@ -496,10 +253,10 @@ class SDNativeController(wiring.Component):
 
         m.d.comb += resp_bad.eq(
             ((resp == _Resp.R1) | (resp == _Resp.R1B) | (resp == _Resp.R2))
-            & (rsr[1:8] != crc7_rx.crc)
+            & cmd_r.crc_error
             | ((resp == _Resp.R1) | (resp == _Resp.R1B)) & (resp_idx != cmd_idx)
-            | (resp != _Resp.R2) & rsr[46]
-            | ~rsr[0])
+            | (resp != _Resp.R2) & cmd_r.transmission
+            | ~cmd_r.end_bit)
         err_mask = Mux(after == _After.CMD12, R1_ERRORS & ~_OUT_OF_RANGE, R1_ERRORS)
         m.d.comb += resp_err.eq((resp_arg & err_mask) != 0)
 
@@ -596,8 +353,8 @@ class SDNativeController(wiring.Component):
                             send_cmd(9, Cat(Const(0, 16), resp_arg[16:]), _Resp.R2,
                                      _After.CMD9)
                     with m.Case(_After.CMD9):
-                        with m.If(csd_v2):
-                            m.d.sync += self.sectors.eq((c_size + 1) << 10)
+                        with m.If(cmd_r.csd_v2):
+                            m.d.sync += self.sectors.eq((cmd_r.c_size + 1) << 10)
                             send_cmd(7, Cat(Const(0, 16), rca), _Resp.R1B, _After.CMD7)
                         with m.Else():
                             fail(init_fail)
@@ -662,13 +419,13 @@ class SDNativeController(wiring.Component):
             with m.State("SWITCH_DATA"):
                 with m.If(d_done):
                     m.d.comb += [fsm_wait.eq(1), d_stop.eq(1)]
-                    with m.If(~d_ok):
+                    with m.If(~dat.rd_ok):
                         fail(StorageError.NOT_READY)
-                    with m.Elif((after == _After.CMD6C) & sw_hs_support & (sw_result == 1)):
+                    with m.Elif((after == _After.CMD6C) & dat.sw_hs_support & (dat.sw_result == 1)):
                         m.d.comb += d_go.eq(1)
                         send_cmd(6, 0x80FF_FFF1, _Resp.R1, _After.CMD6S)
                     with m.Else():
-                        with m.If((after == _After.CMD6S) & (sw_result == 1)):
+                        with m.If((after == _After.CMD6S) & (dat.sw_result == 1)):
                             m.d.sync += self.high_speed.eq(1)
                         m.next = "INIT_DONE"
             with m.State("INIT_DONE"):
@@ -702,7 +459,7 @@ class SDNativeController(wiring.Component):
                         m.d.sync += in_cmd.eq(1)
                         m.next = "EXEC"
             with m.State("EXEC"):
-                m.d.sync += wbyte_valid.eq(0)     # nothing left from an aborted write
+                m.d.comb += dat.wr_flush.eq(1)    # nothing left from an aborted write
                 with m.If(lba + count > self.sectors):
                     m.d.sync += err.eq(StorageError.RANGE)
                     m.next = "STATUS"
@@ -716,10 +473,10 @@ class SDNativeController(wiring.Component):
             with m.State("READ_BLOCK"):
                 with m.If(d_done):
                     m.d.comb += fsm_wait.eq(1)
-                    with m.If(d_timeout):
+                    with m.If(dat.rd_timeout):
                         m.d.comb += d_stop.eq(1)
                         fail(StorageError.TIMEOUT)
-                    with m.Elif(~d_ok):
+                    with m.Elif(~dat.rd_ok):
                         m.d.comb += d_stop.eq(1)
                         with m.If(multi):
                             m.d.sync += err.eq(StorageError.CRC)
@@ -741,7 +498,7 @@ class SDNativeController(wiring.Component):
                 m.d.comb += w_accept.eq(1)
                 with m.If(rise):
                     m.d.sync += wait.eq(wait + 1)
-                with m.If((wait >= 2) & wbyte_valid):
+                with m.If((wait >= 2) & dat.wr_byte_valid):
                     m.d.comb += w_go.eq(1)
                     m.next = "WRITE_BLOCK"
             with m.State("WRITE_BLOCK"):
@@ -786,14 +543,14 @@ class SDNativeController(wiring.Component):
                 with m.If(~in_cmd):
                     m.next = "IDLE"
             with m.State("STATUS"):
-                m.d.comb += [st.status.valid.eq(~rbuf_valid), st.status.payload.error.eq(err)]
-                with m.If(st.status.ready & ~rbuf_valid):
+                m.d.comb += [st.status.valid.eq(~dat.rdata.valid), st.status.payload.error.eq(err)]
+                with m.If(st.status.ready & ~dat.rdata.valid):
                     m.d.sync += in_cmd.eq(0)
                     m.next = "IDLE"
         # a finished block holds SD CLK until the state machine that consumes it has (one
         # system clock); elsewhere (a short block done while the response is still due, a data
         # timeout) it waits without stopping the clock, so the response still arrives
         d_consumer = fsm.ongoing("READ_BLOCK") | fsm.ongoing("SWITCH_DATA")
-        m.d.comb += run.eq(~rd_stall & ~wr_stall & ~fsm_wait & ~rx_done & ~(d_done & d_consumer)
-                           & ~t_done)
+        m.d.comb += run.eq(~dat.rd_stall & ~dat.wr_stall & ~fsm_wait & ~rx_done
+                           & ~(d_done & d_consumer) & ~t_done)
         return m

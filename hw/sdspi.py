@@ -27,6 +27,12 @@ bytes and R1 latency. See ``docs/BENCHMARKS.md`` for measured figures.
 Backpressure: ``rdata`` may stall (the SPI clock pauses between bytes); ``wdata`` may be late
 (same). Latency of a read: command (7 bytes) + card latency to the data token.
 
+Structure: every byte on the bus -- command, R1, tokens, data, CRC, busy polls -- goes through
+the :class:`~ringkv.hw.sdphy.SPIByteEngine` of ``hw/sdphy.py`` (SCLK and the shift register);
+the state machine here decides what to send and what an answer means. The command frame and
+the CRC7/CRC16 processors are the ones the native controller uses (``hw/sdphy.py`` says why the
+rest is not shared).
+
 Ports: ``storage`` (In :class:`StoragePortSignature`), ``spi`` (``sclk``, ``mosi``, ``cs_n`` out;
 ``miso`` in; mode 0), ``ready`` (card initialised), ``sdhc`` (block-addressed card),
 ``card_type`` (:class:`~ringkv.hw.storage.CardType`: SDHC/SDXC or SDSC from ``sdhc`` once
@@ -36,11 +42,13 @@ unknown in SPI mode (``STORAGE_INFO`` reports 0 sectors).
 
 from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum, wiring
-from amaranth.lib.crc import catalog
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int
 
+from .sdphy import SPIByteEngine, command_frame
+from .sdphy import crc7 as sd_crc7
+from .sdphy import crc16 as sd_crc16
 from .storage import (
     SECTOR_BYTES,
     CardType,
@@ -115,36 +123,17 @@ class SDSPIController(wiring.Component):
         m.d.comb += self.card_type.eq(Mux(self.ready, Mux(self.sdhc, CardType.SDHC,
                                                           CardType.SDSC), CardType.UNKNOWN))
 
-        # ---- SPI byte engine (mode 0) ------------------------------------------------------
+        # ---- PHY pieces (hw/sdphy.py) -----------------------------------------------------------
         fast = Signal()
-        half = Mux(fast, self._half_period - 1, self._init_half_period - 1)
-        div = Signal(range(self._init_half_period))
-        busy = Signal()
-        bitcnt = Signal(3)
-        tx = Signal(8)
-        rx = Signal(8)
-        start = Signal()
-        tx_next = Signal(8)
-        done = Signal()
-        m.d.comb += [done.eq(busy & (div == 0) & spi.sclk & (bitcnt == 7)),
-                     spi.mosi.eq(Mux(busy, tx[7], 1))]
-        with m.If(busy):
-            with m.If(div != 0):
-                m.d.sync += div.eq(div - 1)
-            with m.Elif(~spi.sclk):
-                m.d.sync += [spi.sclk.eq(1), rx.eq(Cat(spi.miso, rx[:7])), div.eq(half)]
-            with m.Else():
-                m.d.sync += [spi.sclk.eq(0), tx.eq(tx << 1), bitcnt.eq(bitcnt + 1),
-                             div.eq(half)]
-                with m.If(bitcnt == 7):
-                    m.d.sync += busy.eq(0)
-        with m.If(start & (~busy | done)):
-            m.d.sync += [tx.eq(tx_next), busy.eq(1), bitcnt.eq(0), div.eq(half)]
-        free = ~busy
-
-        # ---- CRCs ----------------------------------------------------------------------------
-        m.submodules.crc7 = crc7 = catalog.CRC7_MMC(data_width=8).create()
-        m.submodules.crc16 = crc16 = catalog.CRC16_XMODEM(data_width=8).create()
+        m.submodules.engine = engine = SPIByteEngine(init_half_period=self._init_half_period,
+                                                     half_period=self._half_period)
+        start = engine.start              # comb: begin a byte with tx_next (free or done)
+        tx_next = engine.tx
+        done, rx, free = engine.done, engine.rx, ~engine.busy
+        m.d.comb += [engine.fast.eq(fast), engine.miso.eq(spi.miso),
+                     spi.sclk.eq(engine.sclk), spi.mosi.eq(engine.mosi)]
+        m.submodules.crc7 = crc7 = sd_crc7(8)
+        m.submodules.crc16 = crc16 = sd_crc16(8)
 
         # ---- controller state ------------------------------------------------------------------
         cmd_idx = Signal(6)
@@ -203,12 +192,11 @@ class SDSPIController(wiring.Component):
                     m.next = "COMMAND_SEND"
             with m.State("COMMAND_SEND"):
                 frame = Signal(8)
+                word = command_frame(cmd_idx, cmd_arg)
                 with m.Switch(byte_i):
-                    with m.Case(0):
-                        m.d.comb += frame.eq(Cat(cmd_idx, Const(0b01, 2)))
-                    for i in range(4):
-                        with m.Case(i + 1):
-                            m.d.comb += frame.eq(cmd_arg[24 - 8 * i:32 - 8 * i])
+                    for i in range(5):
+                        with m.Case(i):
+                            m.d.comb += frame.eq(word.word_select(4 - i, 8))
                     with m.Default():
                         m.d.comb += frame.eq(Cat(Const(1, 1), crc7.crc))
                 m.d.comb += [spi.cs_n.eq(0), tx_next.eq(frame), start.eq(free),

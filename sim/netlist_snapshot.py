@@ -32,6 +32,7 @@ def cores():
     from ringkv.hw.mac import MacCore, MacUnit
     from ringkv.hw.record_header import HeaderEncoder, HeaderParser
     from ringkv.hw.sdnative import SDNativeController
+    from ringkv.hw.sdphy import SDClocker, SDCmdReader, SDCmdWriter, SDDataPHY, SPIByteEngine
     from ringkv.hw.sdspi import SDSPIController
     from ringkv.hw.token_memory import TokenMemory
     from ringkv.hw.top import RingKVTop
@@ -49,6 +50,12 @@ def cores():
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),
         "sdspi": lambda: SDSPIController(),
         "sdnative": lambda: SDNativeController(hs_half_period=1),
+        "sd_clocker": lambda: SDClocker(init_half_period=50, half_period=1, hs_half_period=1),
+        "sd_cmd_writer": lambda: SDCmdWriter(),
+        "sd_cmd_reader": lambda: SDCmdReader(resp_timeout=64),
+        "sd_data_phy": lambda: SDDataPHY(resp_timeout=64, data_timeout=1 << 21,
+                                         busy_timeout=1 << 23),
+        "spi_byte_engine": lambda: SPIByteEngine(init_half_period=63, half_period=1),
         "dma_fx1": lambda: DmaEngine(DEFAULT_CONFIG, 64),
         "dma_fx2": lambda: DmaEngine(fx2, 64),
         "record_header_encoder": lambda: HeaderEncoder(DEFAULT_CONFIG),
