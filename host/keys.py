@@ -104,7 +104,7 @@ def parse_keys(text: str, source: str) -> KeyRing:
         raise ConfigError(f"{source}: no keys in it", fields=["keys"],
                           hint="one key per line: a key id 1..65535, a space, 64 hex digits")
     ring = KeyRing(keys, source)
-    log.info("loaded %d key(s) (ids %s) from %s", len(ring), ring.ids(), source)
+    log.debug("loaded %d key(s) (ids %s) from %s", len(ring), ring.ids(), source)
     return ring
 
 

@@ -93,6 +93,7 @@ __all__ = [
     "RecoveryPlan", "plan_recovery", "kind_name", "read_record_bytes", "record_writes", "main",
     "region_states", "PROBLEM_STATES", "ImageSurvey", "survey_image", "CardImage",
     "open_card_image", "read_image_file", "repair_image", "record_tag", "seal_header",
+    "REPAIRABLE_STATES",
     "check_mac", "check_key_ring",
 ]
 
@@ -822,8 +823,13 @@ def record_writes(config, data: bytes, *, commit_seq: int | None = None,
 
 #: What a scan makes of a region (:func:`region_states`), in the words of ``storage ls``.
 #: ``live``, ``superseded``, ``empty`` and ``no tokens`` are normal; ``foreign``, ``torn``,
-#: ``corrupt`` and ``bad version`` are problems a rebuild repairs by freeing the region.
-PROBLEM_STATES = ("foreign", "torn", "corrupt", "bad version")
+#: ``corrupt`` and ``bad version`` are problems a rebuild repairs by freeing the region; so is
+#: ``bad tag`` (a sealed record whose tag does not verify under its key: forged or damaged),
+#: found only by a scan with keys. ``no key`` (a sealed record under a key id the scan was not
+#: given) is a problem -- it could not be verified -- that a repair leaves alone.
+PROBLEM_STATES = ("foreign", "torn", "corrupt", "bad version", "bad tag", "no key")
+#: The problem states ``fsck --repair`` erases.
+REPAIRABLE_STATES = ("foreign", "torn", "corrupt", "bad version", "bad tag")
 
 
 def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> dict:
@@ -831,9 +837,10 @@ def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> d
     a key with a newer commit elsewhere: normal), ``no tokens`` (valid, nothing to resume),
     ``empty``, ``foreign`` (written under another configuration), ``bad version`` (an unknown
     record format), ``torn`` (a write cut short: a header without CRC, a payload past the
-    image's end) or ``corrupt`` (a header or payload that fails its CRC or checks: damaged
-    bytes, or an export into a used region cut before its header, which leaves the old header
-    over a partly new payload -- the bytes cannot tell those apart)."""
+    image's end), ``bad tag`` / ``no key`` (a scan with keys: a sealed record whose tag fails,
+    or whose key was not given) or ``corrupt`` (a header or payload that fails its CRC or
+    checks: damaged bytes, or an export into a used region cut before its header, which leaves
+    the old header over a partly new payload -- the bytes cannot tell those apart)."""
     plan = plan_rebuild(infos) if plan is None else plan
     live = {r for _, _, r, _ in plan.inserts}
     states = {}
@@ -847,6 +854,10 @@ def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> d
             states[i.region] = "foreign"
         elif i.status is RecordStatus.BAD_VERSION:
             states[i.region] = "bad version"
+        elif i.status is RecordStatus.BAD_MAC:
+            states[i.region] = "bad tag"
+        elif i.status is RecordStatus.NO_KEY:
+            states[i.region] = "no key"
         else:
             states[i.region] = "torn" if i.torn else "corrupt"
     return states
@@ -854,8 +865,9 @@ def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> d
 
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     """The inspection table: region, status, count, hash, commit sequence, age, kind (``turn``
-    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), state
-    (:func:`region_states`), note.
+    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), key (``open``, or the
+    key id of a sealed record, ``+tag`` when a scan with keys verified its tag; ``-`` when the
+    header failed its CRC), state (:func:`region_states`), note.
 
     Count, hash and sequence are shown for valid records only (``-`` otherwise: nothing of a
     record that failed a check is trusted); ``age`` is the number of commits since the newest
@@ -867,7 +879,7 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     newest = seq_newest(i.commit_seq for i in infos if i.valid)
     live = {r for _, _, r, _ in plan.inserts}
     lines = [f"{'region':>6} {'status':<16} {'count':>7} {'prefix hash':<18} {'seq':>10} "
-             f"{'age':>5}  {'kind':<10}  {'state':<11} note"]
+             f"{'age':>5}  {'kind':<10}  {'key':<10}  {'state':<11} note"]
     shown = 0
     for i in infos:
         if i.status is RecordStatus.EMPTY and not show_empty:
@@ -880,12 +892,22 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
             note = "" if i.region in live else plan.reasons.get(i.region, "")
         else:
             kind, count, h, seq, age, note = "-", "-", "-", "-", "", i.message
+        key = _key_cell(i)
         lines.append(f"{i.region:>6} {i.status.name:<16} {count:>7} {h:<18} {seq:>10} "
-                     f"{age:>5}  {kind:<10}  {states[i.region]:<11} {note}")
+                     f"{age:>5}  {kind:<10}  {key:<10}  {states[i.region]:<11} {note}")
     ok = sum(i.valid for i in infos)
     lines.append(f"{len(infos)} regions, {shown} shown, {ok} valid, {len(live)} live, "
                  f"{len(plan.reasons)} to free; next commit sequence {plan.next_seq}")
     return "\n".join(lines)
+
+
+def _key_cell(i: RecordInfo) -> str:
+    if i.status in (RecordStatus.EMPTY, RecordStatus.BAD_VERSION) or (
+            i.status is RecordStatus.BAD_HEADER and i.key_id == KEY_ID_NONE):
+        return "-"
+    if i.key_id == KEY_ID_NONE:
+        return "open"
+    return f"{i.key_id}" + ("+tag" if i.mac_ok else "")
 
 
 def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
@@ -905,9 +927,10 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
              f"{len(plan.inserts)} live, {len(plan.reasons)} to free"]
     if plan.inserts:
         kinds = {i.region: kind_name(i.kind) for i in infos if i.valid}
+        keys = {i.region: _key_cell(i) for i in infos if i.valid}
         lines.append("live records:")
-        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}  {kinds[r]}"
-                  for c, h, r, s in plan.inserts]
+        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}  {kinds[r]}  "
+                  f"key {keys[r]}" for c, h, r, s in plan.inserts]
     if plan.reasons:
         lines.append("to free:")
         lines += [f"  region {r:>5}  {why}" + (f"  [{states[r]}]" if r in problems else "")
@@ -915,8 +938,17 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
     lines.append(f"next commit sequence: {plan.next_seq}")
     if problems:
         counts = {st: sum(1 for v in problems.values() if v == st) for st in PROBLEM_STATES}
-        lines.append("repairable: " + ", ".join(f"{n} {st}" for st, n in counts.items() if n)
-                     + " (the device frees them at power-on; --repair erases their headers)")
+        fixable = {st: n for st, n in counts.items() if n and st in REPAIRABLE_STATES}
+        if fixable:
+            lines.append("repairable: " + ", ".join(f"{n} {st}" for st, n in fixable.items())
+                         + (" (the device frees them at power-on; --repair erases their "
+                            "headers)" if "bad tag" not in fixable else
+                            " (the device frees foreign, torn and corrupt records at power-on "
+                            "and misses on a bad tag at import; --repair erases their "
+                            "headers)"))
+        if counts["no key"]:
+            lines.append(f"unverified: {counts['no key']} sealed record(s) under key ids not "
+                         "in the key file (left alone by --repair)")
     else:
         lines.append("clean")
     return "\n".join(lines), len(problems)
@@ -1125,16 +1157,17 @@ def open_card_image(path, config: RingKVConfig | None = None, *,
 
 FSCK_HELP = ("exit status: 0 clean (superseded records are normal), 1 repairable (foreign, "
              "torn or corrupt regions, which the device frees at power-on; --repair erases "
-             "their headers), 2 usage or an unreadable file, 3 --config refused, 5 not a "
-             "card image.")
+             "their headers; with --key-file also sealed records whose tag fails, or whose key "
+             "is not in the file), 2 usage or an unreadable file, 3 --config refused or a bad "
+             "key file, 5 not a card image.")
 
 
 def repair_image(card: CardImage, infos: list[RecordInfo]) -> list[int]:
-    """Erase the header sector of every region in a :data:`PROBLEM_STATES` state (with the
+    """Erase the header sector of every region in a :data:`REPAIRABLE_STATES` state (with the
     image's erased value), so that no scan finds them again; returns those regions. The only
     writes ``storage fsck --repair`` makes."""
     states = region_states(infos)
-    bad = [r for r, st in sorted(states.items()) if st in PROBLEM_STATES]
+    bad = [r for r, st in sorted(states.items()) if st in REPAIRABLE_STATES]
     if not bad:
         return []
     lay = RecordLayout(card.config)
@@ -1173,9 +1206,18 @@ def main(argv=None) -> int:
                              "fields as JSON) instead of the one its records state")
     parser.add_argument("--numerics", default=None, choices=sorted(NUMERICS_TABLE),
                         help="the numerics of the configuration (given or found)")
+    parser.add_argument("--key-file", type=Path, default=None,
+                        help="with --fsck: verify sealed records' tags with the keys in this "
+                             "file (lines 'key_id hex', mode 0600)")
     args = parser.parse_args(argv)
     if args.repair and not args.fsck:
         raise UsageError("--repair goes with fsck", param="repair")
+    if args.key_file is not None and not args.fsck:
+        raise UsageError("--key-file goes with fsck", param="key_file")
+    keys = None
+    if args.key_file is not None:
+        from .keys import read_key_file
+        keys = read_key_file(args.key_file).keys()
     config = None
     if args.config is not None:
         try:
@@ -1189,12 +1231,15 @@ def main(argv=None) -> int:
     if args.regions is not None:
         card.regions = min(card.regions, args.regions)
     started = time.monotonic()
-    infos = card.scan()
+    infos = card.scan(keys)
     print(f"{card.path}: {card.regions} regions of {_describe(card.config)}, "
           f"configuration {card.source}"
           + (f", regions from sector {card.base_lba}" if card.base_lba else ""))
     for note in card.notes:
         print(f"note: {note}")
+    if keys is not None:
+        sealed = sum(1 for i in infos if i.key_id != KEY_ID_NONE)
+        print(f"tags checked with key ids {sorted(keys)}: {sealed} sealed record(s) found")
     if not args.fsck:
         print(format_listing(infos, show_empty=args.all))
         print(f"scanned in {time.monotonic() - started:.2f} s")
@@ -1206,7 +1251,7 @@ def main(argv=None) -> int:
         print(f"repaired: erased the headers of region(s) {', '.join(map(str, erased))}")
         _, problems = fsck_report(CardImage(card.path, read_image_file(card.path), card.config,
                                             card.base_lba, card.regions, card.source,
-                                            []).scan())
+                                            []).scan(keys))
     return 1 if problems else 0
 
 
