@@ -28,6 +28,7 @@ import sys
 __all__ = [
     "ExitCode", "RingKVError", "UsageError", "ConfigError", "LinkError", "DeviceError",
     "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted", "Overloaded", "NotFound",
+    "KeyRequired",
     "ArgumentParser", "error_lines", "run_main",
 ]
 
@@ -102,6 +103,12 @@ class ConfigError(RingKVError, ValueError):
                  param: str | None = None):
         super().__init__(message, hint=hint, param=param)
         self.fields = list(fields)
+
+
+class KeyRequired(ConfigError):
+    """A sealed device was asked to QUERY, QUERY_PREFIX or EXPORT for a tenant that has no key
+    (none set, or the tenant unknown): refused, nothing read or written. Names the tenant,
+    never a key."""
 
 
 class LinkError(RingKVError, OSError):

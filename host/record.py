@@ -40,6 +40,7 @@ dim`` at byte address ``element * EB + byte`` of the ring port (:func:`ring_imag
 :func:`rings_from_image` convert between the two).
 """
 
+import hmac
 import os
 import sys
 import time
@@ -50,6 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig, with_numerics
+from ringkv.defs.mac import KEY_ID_BYTES, KEY_ID_NONE, TAG_BYTES
 from ringkv.defs.numerics import NUMERICS_TABLE
 from ringkv.defs.record import (
     CONFIG_FIELDS,
@@ -66,6 +68,7 @@ from ringkv.defs.record import (
     elem_bytes,
     header_template,
     kv_bytes_of,
+    mac_message,
     put_field,
     seq_newer,
     seq_newest,
@@ -80,6 +83,7 @@ from .errors import (
     UsageError,
     run_main,
 )
+from .golden_mac import check_key, mac
 
 __all__ = [
     "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
@@ -88,7 +92,9 @@ __all__ = [
     "rebuild", "format_listing", "fsck_report", "HeaderInfo", "check_header", "scan_headers",
     "RecoveryPlan", "plan_recovery", "kind_name", "read_record_bytes", "record_writes", "main",
     "region_states", "PROBLEM_STATES", "ImageSurvey", "survey_image", "CardImage",
-    "open_card_image", "read_image_file", "repair_image",
+    "open_card_image", "read_image_file", "repair_image", "record_tag", "seal_header",
+    "REPAIRABLE_STATES",
+    "check_mac", "check_key_ring",
 ]
 
 def crc32(data: bytes) -> int:
@@ -143,6 +149,12 @@ class Header:
     header_crc: int = 0
     header_crc_ok: bool = True
     kind: int = RecordKind.TURN.value      #: :class:`~ringkv.defs.record.RecordKind` value
+    key_id: int = KEY_ID_NONE              #: id of the key that sealed it; 0: an open record
+    mac_tag: bytes = bytes(TAG_BYTES)      #: the stored tag (all zero in an open record)
+
+    @property
+    def sealed(self) -> bool:
+        return self.key_id != KEY_ID_NONE
 
 
 def kind_name(kind: int) -> str:
@@ -169,9 +181,11 @@ def _get(buf, name):
 
 
 def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_crc,
-                  kind=RecordKind.TURN.value) -> bytes:
+                  kind=RecordKind.TURN.value, key_id=KEY_ID_NONE,
+                  mac_tag=bytes(TAG_BYTES)) -> bytes:
     """The 512-byte header sector of a record (header CRC included); ``kind`` a
-    :class:`~ringkv.defs.record.RecordKind` (or its value)."""
+    :class:`~ringkv.defs.record.RecordKind` (or its value). An open record has ``key_id`` 0
+    and a zero ``mac_tag``; :func:`seal_header` makes a sealed one."""
     lay = RecordLayout(config)
     kv = kv_bytes_of(config, count)
     buf = bytearray(header_template(config))
@@ -184,8 +198,76 @@ def encode_header(config, *, count, ring_head, prefix_hash, commit_seq, payload_
     put_field(buf, "v_bytes", kv // 2)
     put_field(buf, "payload_crc", payload_crc)
     put_field(buf, "kind", kind.value if isinstance(kind, RecordKind) else kind)
+    put_field(buf, "key_id", key_id)
+    put_field(buf, "mac_tag", bytes(mac_tag))
     put_field(buf, "header_crc", crc32(buf[:508]))
     return bytes(buf)
+
+
+def _check_key_id(key_id) -> int:
+    if (isinstance(key_id, bool) or not isinstance(key_id, int)
+            or not 0 < key_id < 1 << (8 * KEY_ID_BYTES)):
+        raise ValueError(f"a key id is an integer 1 .. {(1 << (8 * KEY_ID_BYTES)) - 1} "
+                         f"(0 is an open record's), not {key_id!r}")
+    return key_id
+
+
+def check_key_ring(keys) -> dict:
+    """``keys`` (``{key_id: 32-byte key}``) checked: ids 1 .. 65535, keys of 32 bytes.
+    The message of the ``ValueError``/``TypeError`` never holds a key's bytes."""
+    if not isinstance(keys, dict):
+        raise TypeError(f"a key ring is a dict {{key_id: key}}, not {type(keys).__name__}")
+    ring = {}
+    for key_id, key in keys.items():
+        _check_key_id(key_id)
+        try:
+            ring[key_id] = check_key(key)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"key id {key_id}: {e}") from None
+    return ring
+
+
+def record_tag(key: bytes, tok: bytes, kv: bytes, header: bytes) -> bytes:
+    """The tag of a record under ``key``: keyed BLAKE2s with ``PERSON_RECORD`` over
+    :func:`~ringkv.defs.record.mac_message` (tokens, K/V, header with the tag read as zeros)."""
+    return mac(key, mac_message(tok, kv, header))
+
+
+def seal_header(header: bytes, tok: bytes, kv: bytes, key: bytes, key_id: int) -> bytes:
+    """``header`` (a record's header sector) sealed under ``key``: ``key_id`` written, the tag
+    of the record (:func:`record_tag`) written into ``mac_tag``, then the header CRC
+    recomputed over the header with the tag."""
+    buf = bytearray(header)
+    put_field(buf, "key_id", _check_key_id(key_id))
+    put_field(buf, "mac_tag", bytes(TAG_BYTES))
+    put_field(buf, "mac_tag", record_tag(check_key(key), tok, kv, buf))
+    put_field(buf, "header_crc", crc32(buf[:508]))
+    return bytes(buf)
+
+
+def check_mac(h: "Header", header: bytes, tok: bytes, kv: bytes, keys,
+              *, sealed: bool = False) -> tuple[RecordStatus, str]:
+    """``(OK | NO_KEY | BAD_MAC, reason)`` of a record's key id and tag under the key ring
+    ``keys`` (``{key_id: key}``; the keys that may authenticate this record).
+
+    An open record (key id 0) is ``OK`` unless ``sealed`` (a sealed device takes only records
+    it can authenticate) or its tag is not all zero (``BAD_MAC``); a sealed record whose key
+    id is not in ``keys`` is ``NO_KEY``, one whose tag differs from the tag under that key is
+    ``BAD_MAC`` (compared in constant time)."""
+    if not h.sealed:
+        if sealed:
+            return RecordStatus.NO_KEY, "open record (key id 0): a sealed device needs a tag"
+        if any(h.mac_tag):
+            # an open record is written with a zero tag: a tag with key id 0 is a sealed
+            # record whose key id was cleared
+            return RecordStatus.BAD_MAC, "open record (key id 0) with a tag"
+        return RecordStatus.OK, ""
+    key = keys.get(h.key_id)
+    if key is None:
+        return RecordStatus.NO_KEY, f"sealed under key id {h.key_id}, which is not held"
+    if not hmac.compare_digest(record_tag(key, tok, kv, header), h.mac_tag):
+        return RecordStatus.BAD_MAC, f"tag does not verify under key id {h.key_id}"
+    return RecordStatus.OK, ""
 
 
 def _decode_fields(buf) -> Header:
@@ -203,7 +285,8 @@ def _decode_fields(buf) -> Header:
         token_bytes=_get(buf, "token_bytes"), k_bytes=_get(buf, "k_bytes"),
         v_bytes=_get(buf, "v_bytes"), payload_crc=_get(buf, "payload_crc"),
         config_fields=cfg, header_crc=_get(buf, "header_crc"),
-        header_crc_ok=crc32(buf[:508]) == _get(buf, "header_crc"), kind=_get(buf, "kind"))
+        header_crc_ok=crc32(buf[:508]) == _get(buf, "header_crc"), kind=_get(buf, "kind"),
+        key_id=_get(buf, "key_id"), mac_tag=bytes(buf[308:324]))
 
 
 def decode_header(buf: bytes, config: RingKVConfig = DEFAULT_CONFIG) -> Header:
@@ -274,15 +357,22 @@ def _pad(data: bytes) -> bytes:
 
 
 def encode_record(config, tokens, rings, *, count, ring_head, prefix_hash, commit_seq,
-                  kind=RecordKind.TURN.value):
+                  kind=RecordKind.TURN.value, key=None, key_id=KEY_ID_NONE):
     """The sector writes of an export, in write order: ``[(sector offset in region, bytes)]``.
 
     Payload first (tokens, then KV, each padded to sectors, omitted when empty), header last.
+    With ``key`` (32 bytes) and ``key_id`` (1 .. 65535) the record is sealed
+    (:func:`seal_header`); without, it is open (key id 0, zero tag).
     """
     lay = RecordLayout(config)
+    if (key is None) != (key_id == KEY_ID_NONE):
+        raise ValueError("a sealed record needs both a key and a key id other than 0; an open "
+                         "record neither")
     tok, kv = encode_payload(config, tokens, rings, count, ring_head)
     header = encode_header(config, count=count, ring_head=ring_head, prefix_hash=prefix_hash,
                            commit_seq=commit_seq, payload_crc=crc32(tok + kv), kind=kind)
+    if key is not None:
+        header = seal_header(header, tok, kv, key, key_id)
     writes = []
     if tok:
         writes.append((1, _pad(tok)))
@@ -310,12 +400,18 @@ def decode_payload(config, h: Header, tok: bytes, kv: bytes):
 
 
 def import_record(config, read, region, *, count=None, prefix_hash=None, session_tokens=None,
-                  rings=None):
+                  rings=None, keys=None, sealed=False):
     """Golden import/verify of ``region`` through ``read(lba, sectors) -> bytes``.
 
     With ``count``/``prefix_hash``/``session_tokens`` given this is an import: they must match
     the record, and on success the valid slots of ``rings`` (modified in place) are overwritten.
-    Without them it is a verify (the rebuild scan). Returns ``(status, header or None, meta)``;
+    Without them it is a verify (the rebuild scan).
+
+    ``keys`` (``{key_id: key}``) are the keys that may authenticate the record, ``sealed``
+    whether an open record is refused (:func:`check_mac`). An import always checks: without
+    ``keys`` a sealed record is ``NO_KEY``. A verify without ``keys`` checks no tag (the
+    record's key id is reported; recovery runs without keys). The key id is checked right after
+    the header, the tag after the payload CRC. Returns ``(status, header or None, meta)``;
     never raises on bad records. ``meta`` is the ``(count, head)`` the DMA writes to every layer,
     or ``None`` when the metadata stays unchanged. After a failure in the KV phase (payload CRC)
     an import has partly overwritten the rings, so it writes count 0 (an empty ring): a miss,
@@ -326,20 +422,30 @@ def import_record(config, read, region, *, count=None, prefix_hash=None, session
     region's token and KV areas whatever the header says.
     """
     status, h, meta, _ = _import(config, read, region, count=count, prefix_hash=prefix_hash,
-                                 session_tokens=session_tokens, rings=rings)
+                                 session_tokens=session_tokens, rings=rings, keys=keys,
+                                 sealed=sealed)
     return status, h, meta
 
 
 def _import(config, read, region, *, count=None, prefix_hash=None, session_tokens=None,
-            rings=None):
+            rings=None, keys=None, sealed=False):
     """:func:`import_record` plus the reason in words: ``(status, header, meta, message)``."""
     lay = RecordLayout(config)
     base = lay.region_lba(region)
+    header = bytes(read(base, 1))
     try:
-        h = decode_header(read(base, 1), config)
+        h = decode_header(header, config)
     except RecordError as e:
         return e.status, e.header, None, str(e)
     importing = count is not None
+    if importing and keys is None:
+        keys = {}
+    if keys is not None:
+        keys = check_key_ring(keys)
+        if (h.sealed and h.key_id not in keys) or (sealed and not h.sealed):
+            # decided from the header: no payload byte of a record no key vouches for is read
+            return (RecordStatus.NO_KEY, h, None,
+                    check_mac(h, header, b"", b"", keys, sealed=sealed)[1])
     if importing and (h.count != count or h.prefix_hash != prefix_hash):
         return RecordStatus.NOT_THIS, h, None, "count or prefix hash differ from the request"
     # decode_header bounds count by max_tokens; the min() keeps every read inside the region
@@ -366,6 +472,10 @@ def _import(config, read, region, *, count=None, prefix_hash=None, session_token
     if not ok:
         return (RecordStatus.BAD_PAYLOAD_CRC, h, ((0, 0) if importing and kvn else None),
                 "payload CRC mismatch (torn or corrupt payload)")
+    if keys is not None:
+        status, why = check_mac(h, header, tok, kv, keys, sealed=sealed)
+        if status is not RecordStatus.OK:
+            return status, h, ((0, 0) if importing and kvn else None), why
     return RecordStatus.OK, h, ((h.count, h.ring_head) if importing else None), ""
 
 
@@ -387,6 +497,12 @@ class RecordInfo:
     config: dict = field(default_factory=dict)
     kind: int = 0        #: the header's RecordKind value (valid records only)
     torn: bool = False   #: a write cut short: a header without CRC, or the image ends early
+    #: the header's key id (0: open record), whenever the header passed its CRC (a record that
+    #: is NO_KEY or BAD_MAC still names its key id: it is not secret)
+    key_id: int = KEY_ID_NONE
+    #: whether the tag verified: ``True``/``False`` for a sealed record scanned with keys,
+    #: ``None`` when no tag was checked (an open record, or a scan without keys)
+    mac_ok: bool | None = None
 
     @property
     def valid(self) -> bool:
@@ -396,15 +512,21 @@ class RecordInfo:
 _BLANK_CRC = (b"\0" * 4, b"\xff" * 4)
 
 
-def scan_region(config, read, region) -> RecordInfo:
-    """Verify one region's record (header, config and the full payload CRC).
+def scan_region(config, read, region, keys=None) -> RecordInfo:
+    """Verify one region's record (header, config and the full payload CRC; with ``keys``,
+    ``{key_id: key}``, also a sealed record's tag: a key id not in ``keys`` is ``NO_KEY``, a
+    wrong tag ``BAD_MAC``; open records stay valid).
 
     Every byte read is untrusted input: nothing from a record that fails a check is kept (see
     :class:`RecordInfo`), and nothing in the bytes makes this raise. A ``read`` that raises (a
     storage or link fault, not bad data) propagates.
     """
-    status, h, _, message = _import(config, read, region)
+    status, h, _, message = _import(config, read, region, keys=keys)
     info = RecordInfo(region, status, message)
+    if h is not None and h.header_crc_ok:
+        info.key_id = h.key_id
+        if keys is not None and h.sealed and status in (RecordStatus.OK, RecordStatus.BAD_MAC):
+            info.mac_ok = status is RecordStatus.OK
     if status is RecordStatus.BAD_HEADER and h is not None and not h.header_crc_ok:
         # a header whose write was cut holds the bytes written so far, then the medium's
         # erased value (0x00 or 0xFF) up to the end: its CRC field is blank
@@ -419,8 +541,8 @@ def scan_region(config, read, region) -> RecordInfo:
     return info
 
 
-def scan_image(config, read, regions: int) -> list[RecordInfo]:
-    return [scan_region(config, read, r) for r in range(regions)]
+def scan_image(config, read, regions: int, keys=None) -> list[RecordInfo]:
+    return [scan_region(config, read, r, keys) for r in range(regions)]
 
 
 @dataclass
@@ -513,6 +635,7 @@ class HeaderInfo:
     commit_seq: int = 0
     message: str = ""
     kind: int = 0        #: the header's RecordKind value (valid headers only)
+    key_id: int = KEY_ID_NONE   #: the header's key id (valid headers only; 0: open record)
 
     @property
     def valid(self) -> bool:
@@ -526,7 +649,7 @@ def check_header(config, sector: bytes, region: int) -> HeaderInfo:
     except RecordError as e:
         return HeaderInfo(region, e.status, message=str(e))
     return HeaderInfo(region, RecordStatus.OK, h.count, h.prefix_hash, h.commit_seq,
-                      kind=h.kind)
+                      kind=h.kind, key_id=h.key_id)
 
 
 def scan_headers(config, read, regions: int) -> list[HeaderInfo]:
@@ -626,14 +749,14 @@ def plan_recovery(infos: list[HeaderInfo], links: int | None = None) -> Recovery
                         next_seq, reasons)
 
 
-def read_record_bytes(config, read, region) -> bytes:
+def read_record_bytes(config, read, region, keys=None) -> bytes:
     """One verified record as it moves between devices: its header sector, then its token
     sectors, then its K/V sectors, each area as long as the record's count needs
     (``RecordLayout.record_bytes(count)`` bytes; the unused rest of the token area is left
     out). ``read(lba, n)`` reads the region's store. Raises :class:`RecordError` when the
     region's record fails a check (header, configuration, payload CRC)."""
     lay = RecordLayout(config)
-    status, h, _, message = _import(config, read, region)
+    status, h, _, message = _import(config, read, region, keys=keys)
     if status is not RecordStatus.OK:
         raise RecordError(status, f"region {region}: {message}", h)
     base = lay.region_lba(region)
@@ -643,7 +766,8 @@ def read_record_bytes(config, read, region) -> bytes:
     return bytes(out)
 
 
-def record_writes(config, data: bytes, *, commit_seq: int | None = None) -> tuple[Header, list]:
+def record_writes(config, data: bytes, *, commit_seq: int | None = None,
+                  keys=None) -> tuple[Header, list]:
     """Check a record of :func:`read_record_bytes` and give the sector writes that store it in a
     region: ``(header, [(sector offset in region, bytes)])`` in write order, payload first and
     header last (like :func:`encode_record`). ``commit_seq`` re-stamps the header with the
@@ -652,6 +776,12 @@ def record_writes(config, data: bytes, *, commit_seq: int | None = None) -> tupl
     The bytes are untrusted: a record whose length, header or payload CRC does not check out
     raises :class:`RecordError` (``FOREIGN_CONFIG`` for a record of another configuration,
     naming the differing fields), and nothing is written from it.
+
+    A sealed record's tag covers ``commit_seq``: with ``keys`` (``{key_id: key}``) its tag is
+    checked (``NO_KEY``/``BAD_MAC`` raise) and, when re-stamped, written anew under the same
+    key; re-stamping a sealed record without its key raises ``NO_KEY`` (the receiving store
+    could never authenticate it). Without ``keys`` and without re-stamping, a sealed record
+    is passed on as it is: the importing device checks its tag.
     """
     lay = RecordLayout(config)
     data = bytes(data)
@@ -669,10 +799,19 @@ def record_writes(config, data: bytes, *, commit_seq: int | None = None) -> tupl
         raise RecordError(RecordStatus.BAD_PAYLOAD_CRC,
                           "payload CRC mismatch (torn or corrupt payload)", h)
     header = bytearray(data[:SECTOR])
+    tok_used, kv_used = tok[:h.token_bytes], kv[:h.k_bytes + h.v_bytes]
+    if h.sealed and (keys is not None or commit_seq is not None):
+        ring = check_key_ring(keys or {})
+        status, why = check_mac(h, bytes(header), tok_used, kv_used, ring)
+        if status is not RecordStatus.OK:
+            raise RecordError(status, why, h)
     if commit_seq is not None:
         put_field(header, "commit_seq", commit_seq % SEQ_MOD)
         put_field(header, "header_crc", crc32(header[:508]))
         h.commit_seq = commit_seq % SEQ_MOD
+        if h.sealed:
+            header = bytearray(seal_header(header, tok_used, kv_used, ring[h.key_id], h.key_id))
+            h.mac_tag = bytes(header[308:324])
     writes = []
     if tok:
         writes.append((1, tok))
@@ -684,8 +823,13 @@ def record_writes(config, data: bytes, *, commit_seq: int | None = None) -> tupl
 
 #: What a scan makes of a region (:func:`region_states`), in the words of ``storage ls``.
 #: ``live``, ``superseded``, ``empty`` and ``no tokens`` are normal; ``foreign``, ``torn``,
-#: ``corrupt`` and ``bad version`` are problems a rebuild repairs by freeing the region.
-PROBLEM_STATES = ("foreign", "torn", "corrupt", "bad version")
+#: ``corrupt`` and ``bad version`` are problems a rebuild repairs by freeing the region; so is
+#: ``bad tag`` (a sealed record whose tag does not verify under its key: forged or damaged),
+#: found only by a scan with keys. ``no key`` (a sealed record under a key id the scan was not
+#: given) is a problem -- it could not be verified -- that a repair leaves alone.
+PROBLEM_STATES = ("foreign", "torn", "corrupt", "bad version", "bad tag", "no key")
+#: The problem states ``fsck --repair`` erases.
+REPAIRABLE_STATES = ("foreign", "torn", "corrupt", "bad version", "bad tag")
 
 
 def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> dict:
@@ -693,9 +837,10 @@ def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> d
     a key with a newer commit elsewhere: normal), ``no tokens`` (valid, nothing to resume),
     ``empty``, ``foreign`` (written under another configuration), ``bad version`` (an unknown
     record format), ``torn`` (a write cut short: a header without CRC, a payload past the
-    image's end) or ``corrupt`` (a header or payload that fails its CRC or checks: damaged
-    bytes, or an export into a used region cut before its header, which leaves the old header
-    over a partly new payload -- the bytes cannot tell those apart)."""
+    image's end), ``bad tag`` / ``no key`` (a scan with keys: a sealed record whose tag fails,
+    or whose key was not given) or ``corrupt`` (a header or payload that fails its CRC or
+    checks: damaged bytes, or an export into a used region cut before its header, which leaves
+    the old header over a partly new payload -- the bytes cannot tell those apart)."""
     plan = plan_rebuild(infos) if plan is None else plan
     live = {r for _, _, r, _ in plan.inserts}
     states = {}
@@ -709,6 +854,10 @@ def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> d
             states[i.region] = "foreign"
         elif i.status is RecordStatus.BAD_VERSION:
             states[i.region] = "bad version"
+        elif i.status is RecordStatus.BAD_MAC:
+            states[i.region] = "bad tag"
+        elif i.status is RecordStatus.NO_KEY:
+            states[i.region] = "no key"
         else:
             states[i.region] = "torn" if i.torn else "corrupt"
     return states
@@ -716,8 +865,9 @@ def region_states(infos: list[RecordInfo], plan: RebuildPlan | None = None) -> d
 
 def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     """The inspection table: region, status, count, hash, commit sequence, age, kind (``turn``
-    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), state
-    (:func:`region_states`), note.
+    snapshot or ``checkpoint``: :class:`~ringkv.defs.record.RecordKind`), key (``open``, or the
+    key id of a sealed record, ``+tag`` when a scan with keys verified its tag; ``-`` when the
+    header failed its CRC), state (:func:`region_states`), note.
 
     Count, hash and sequence are shown for valid records only (``-`` otherwise: nothing of a
     record that failed a check is trusted); ``age`` is the number of commits since the newest
@@ -729,7 +879,7 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
     newest = seq_newest(i.commit_seq for i in infos if i.valid)
     live = {r for _, _, r, _ in plan.inserts}
     lines = [f"{'region':>6} {'status':<16} {'count':>7} {'prefix hash':<18} {'seq':>10} "
-             f"{'age':>5}  {'kind':<10}  {'state':<11} note"]
+             f"{'age':>5}  {'kind':<10}  {'key':<10}  {'state':<11} note"]
     shown = 0
     for i in infos:
         if i.status is RecordStatus.EMPTY and not show_empty:
@@ -742,12 +892,22 @@ def format_listing(infos: list[RecordInfo], *, show_empty: bool = False) -> str:
             note = "" if i.region in live else plan.reasons.get(i.region, "")
         else:
             kind, count, h, seq, age, note = "-", "-", "-", "-", "", i.message
+        key = _key_cell(i)
         lines.append(f"{i.region:>6} {i.status.name:<16} {count:>7} {h:<18} {seq:>10} "
-                     f"{age:>5}  {kind:<10}  {states[i.region]:<11} {note}")
+                     f"{age:>5}  {kind:<10}  {key:<10}  {states[i.region]:<11} {note}")
     ok = sum(i.valid for i in infos)
     lines.append(f"{len(infos)} regions, {shown} shown, {ok} valid, {len(live)} live, "
                  f"{len(plan.reasons)} to free; next commit sequence {plan.next_seq}")
     return "\n".join(lines)
+
+
+def _key_cell(i: RecordInfo) -> str:
+    if i.status in (RecordStatus.EMPTY, RecordStatus.BAD_VERSION) or (
+            i.status is RecordStatus.BAD_HEADER and i.key_id == KEY_ID_NONE):
+        return "-"
+    if i.key_id == KEY_ID_NONE:
+        return "open"
+    return f"{i.key_id}" + ("+tag" if i.mac_ok else "")
 
 
 def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
@@ -767,9 +927,10 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
              f"{len(plan.inserts)} live, {len(plan.reasons)} to free"]
     if plan.inserts:
         kinds = {i.region: kind_name(i.kind) for i in infos if i.valid}
+        keys = {i.region: _key_cell(i) for i in infos if i.valid}
         lines.append("live records:")
-        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}  {kinds[r]}"
-                  for c, h, r, s in plan.inserts]
+        lines += [f"  region {r:>5}  count {c:>7}  hash {h:#018x}  seq {s}  {kinds[r]}  "
+                  f"key {keys[r]}" for c, h, r, s in plan.inserts]
     if plan.reasons:
         lines.append("to free:")
         lines += [f"  region {r:>5}  {why}" + (f"  [{states[r]}]" if r in problems else "")
@@ -777,8 +938,17 @@ def fsck_report(infos: list[RecordInfo]) -> tuple[str, int]:
     lines.append(f"next commit sequence: {plan.next_seq}")
     if problems:
         counts = {st: sum(1 for v in problems.values() if v == st) for st in PROBLEM_STATES}
-        lines.append("repairable: " + ", ".join(f"{n} {st}" for st, n in counts.items() if n)
-                     + " (the device frees them at power-on; --repair erases their headers)")
+        fixable = {st: n for st, n in counts.items() if n and st in REPAIRABLE_STATES}
+        if fixable:
+            lines.append("repairable: " + ", ".join(f"{n} {st}" for st, n in fixable.items())
+                         + (" (the device frees them at power-on; --repair erases their "
+                            "headers)" if "bad tag" not in fixable else
+                            " (the device frees foreign, torn and corrupt records at power-on "
+                            "and misses on a bad tag at import; --repair erases their "
+                            "headers)"))
+        if counts["no key"]:
+            lines.append(f"unverified: {counts['no key']} sealed record(s) under key ids not "
+                         "in the key file (left alone by --repair)")
     else:
         lines.append("clean")
     return "\n".join(lines), len(problems)
@@ -863,8 +1033,9 @@ class CardImage:
         the end of the image is a torn record, never zero padding taken for data."""
         return bytes(self.data[lba * SECTOR:(lba + n) * SECTOR])
 
-    def scan(self) -> list[RecordInfo]:
-        return [scan_region(self.config, lambda lba, n: self.read(self.base_lba + lba, n), r)
+    def scan(self, keys=None) -> list[RecordInfo]:
+        return [scan_region(self.config, lambda lba, n: self.read(self.base_lba + lba, n), r,
+                            keys)
                 for r in range(self.regions)]
 
 
@@ -986,16 +1157,17 @@ def open_card_image(path, config: RingKVConfig | None = None, *,
 
 FSCK_HELP = ("exit status: 0 clean (superseded records are normal), 1 repairable (foreign, "
              "torn or corrupt regions, which the device frees at power-on; --repair erases "
-             "their headers), 2 usage or an unreadable file, 3 --config refused, 5 not a "
-             "card image.")
+             "their headers; with --key-file also sealed records whose tag fails, or whose key "
+             "is not in the file), 2 usage or an unreadable file, 3 --config refused or a bad "
+             "key file, 5 not a card image.")
 
 
 def repair_image(card: CardImage, infos: list[RecordInfo]) -> list[int]:
-    """Erase the header sector of every region in a :data:`PROBLEM_STATES` state (with the
+    """Erase the header sector of every region in a :data:`REPAIRABLE_STATES` state (with the
     image's erased value), so that no scan finds them again; returns those regions. The only
     writes ``storage fsck --repair`` makes."""
     states = region_states(infos)
-    bad = [r for r, st in sorted(states.items()) if st in PROBLEM_STATES]
+    bad = [r for r, st in sorted(states.items()) if st in REPAIRABLE_STATES]
     if not bad:
         return []
     lay = RecordLayout(card.config)
@@ -1034,9 +1206,18 @@ def main(argv=None) -> int:
                              "fields as JSON) instead of the one its records state")
     parser.add_argument("--numerics", default=None, choices=sorted(NUMERICS_TABLE),
                         help="the numerics of the configuration (given or found)")
+    parser.add_argument("--key-file", type=Path, default=None,
+                        help="with --fsck: verify sealed records' tags with the keys in this "
+                             "file (lines 'key_id hex', mode 0600)")
     args = parser.parse_args(argv)
     if args.repair and not args.fsck:
         raise UsageError("--repair goes with fsck", param="repair")
+    if args.key_file is not None and not args.fsck:
+        raise UsageError("--key-file goes with fsck", param="key_file")
+    keys = None
+    if args.key_file is not None:
+        from .keys import read_key_file
+        keys = read_key_file(args.key_file).keys()
     config = None
     if args.config is not None:
         try:
@@ -1050,12 +1231,15 @@ def main(argv=None) -> int:
     if args.regions is not None:
         card.regions = min(card.regions, args.regions)
     started = time.monotonic()
-    infos = card.scan()
+    infos = card.scan(keys)
     print(f"{card.path}: {card.regions} regions of {_describe(card.config)}, "
           f"configuration {card.source}"
           + (f", regions from sector {card.base_lba}" if card.base_lba else ""))
     for note in card.notes:
         print(f"note: {note}")
+    if keys is not None:
+        sealed = sum(1 for i in infos if i.key_id != KEY_ID_NONE)
+        print(f"tags checked with key ids {sorted(keys)}: {sealed} sealed record(s) found")
     if not args.fsck:
         print(format_listing(infos, show_empty=args.all))
         print(f"scanned in {time.monotonic() - started:.2f} s")
@@ -1067,7 +1251,7 @@ def main(argv=None) -> int:
         print(f"repaired: erased the headers of region(s) {', '.join(map(str, erased))}")
         _, problems = fsck_report(CardImage(card.path, read_image_file(card.path), card.config,
                                             card.base_lba, card.regions, card.source,
-                                            []).scan())
+                                            []).scan(keys))
     return 1 if problems else 0
 
 

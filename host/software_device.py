@@ -55,12 +55,14 @@ from ringkv.defs.record import (
     seq_next,
 )
 
-from .errors import ConfigError, NotACardImage, StorageError
+from .errors import ConfigError, KeyRequired, NotACardImage, StorageError
 from .golden_directory import GoldenDirectory
 from .golden_hash import prefix_hashes, sequence_hash
+from .golden_mac import tenant_seed
 from .model import Float64Backend
 from .record import (
     RecordError,
+    check_key_ring,
     decode_header,
     encode_record,
     import_record,
@@ -98,10 +100,14 @@ _MISS_REASONS = {
     RecordStatus.TOKEN_MISMATCH: "tokens differ",
     RecordStatus.BAD_PAYLOAD_CRC: "corrupt record",
     RecordStatus.STORAGE: "storage error",
+    RecordStatus.NO_KEY: "no key",
+    RecordStatus.BAD_MAC: "bad tag",
 }
 #: Failures after which a record stays in the directory (as the gateware's QUERY keeps it): a
-#: hash collision (another session's tokens may still hit it) or a storage fault.
-_KEEP = (RecordStatus.TOKEN_MISMATCH, RecordStatus.STORAGE)
+#: hash collision (another session's tokens may still hit it), a storage fault, or a record
+#: under a key this request does not hold (another tenant's, or a key to be set again: LRU ages
+#: it out).
+_KEEP = (RecordStatus.TOKEN_MISMATCH, RecordStatus.STORAGE, RecordStatus.NO_KEY)
 
 #: Flushes a file's data to the medium (``fdatasync`` where the system has it, else ``fsync``).
 _datasync = getattr(os, "fdatasync", os.fsync)
@@ -203,6 +209,7 @@ class _MemoryRecord:
     digest: bytes
     kind: int
     commit_seq: int
+    key_id: int = 0
 
 
 def _integer_rings(attention, config) -> bool:
@@ -264,6 +271,18 @@ class SoftwareDevice(Device):
     * ``durable``: flush an image file to the medium after each export's payload and again
       after its header (``os.fdatasync``), so that the write order holds across a power cut.
 
+    * ``sealed``: sealed mode (default: open). Records are sealed under the requesting tenant's
+      key (keyed BLAKE2s, ``docs/blocks/record-format.md``), and a query imports only a record
+      whose tag verifies under that tenant's key: an open record, another tenant's record or a
+      forged one is a miss (``no key``, ``bad tag``). ``query``, ``query_prefix``, ``import_``
+      and ``export`` take ``tenant=``; a tenant without a key is refused
+      (:class:`~ringkv.host.errors.KeyRequired`);
+    * ``keys``: the key ring ``{key_id: 32-byte key}`` (or a
+      :class:`~ringkv.host.keys.KeyRing`), ``tenants``: ``{tenant: key_id}``. A tenant's
+      prefix-hash seed is ``tenant_seed(key, config.digest())``, so one tenant's tokens never
+      give another tenant's directory keys; sharing records between tenants takes the same key.
+      Open mode ignores tenants and uses the open seed (``hash_seed``).
+
     ``export`` refuses, like the FPGA's ``EXPORT`` (``BAD_ARG``), rings that do not hold exactly
     ``len(tokens)`` tokens or a token memory that does not begin with ``tokens``.
     :attr:`recovery` is the :class:`~ringkv.host.record.RecoveryPlan` of the image at opening
@@ -272,7 +291,8 @@ class SoftwareDevice(Device):
 
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, attention=None,
                  capacity: int | None = None, image=None, regions: int | None = None,
-                 durable: bool = True, path=None):
+                 durable: bool = True, path=None, sealed: bool = False, keys=None,
+                 tenants=None):
         if path is not None:
             if image is not None and Path(image) != Path(path):
                 raise ValueError("image and path name the same file: give one of them")
@@ -287,6 +307,10 @@ class SoftwareDevice(Device):
         self.attention = attention if attention is not None else Float64Backend(config)
         self.image = Path(image) if image is not None else None
         self.seed = hash_seed(config)
+        self.sealed = bool(sealed)
+        self._ring = check_key_ring(keys.keys() if hasattr(keys, "ids") else dict(keys or {}))
+        self.tenants = dict(tenants or {})
+        self._seeds = {kid: tenant_seed(key, config.digest()) for kid, key in self._ring.items()}
         self.layout = RecordLayout(config)
         self.tokens: list[int] = []
         self.counters = {"queries": 0, "hits": 0, "misses": 0, "prefix_queries": 0,
@@ -450,8 +474,35 @@ class SoftwareDevice(Device):
         self.close()
 
     # -- token memory ----------------------------------------------------------------------
-    def key_of(self, tokens) -> tuple:
-        return (len(tokens), sequence_hash(list(tokens), self.seed))
+    # -- tenants ---------------------------------------------------------------------------
+    def _tenant(self, tenant) -> tuple[int, int]:
+        """``(key_id, seed)`` of a request: ``(0, open seed)`` in open mode; in sealed mode the
+        tenant's key id and seed, or :class:`KeyRequired`."""
+        if not self.sealed:
+            return 0, self.seed
+        key_id = self.tenants.get(tenant)
+        if key_id is None or key_id not in self._ring:
+            why = "unknown tenant" if key_id is None else f"key id {key_id} not set"
+            raise KeyRequired(f"sealed device: tenant {tenant!r} has no key ({why})",
+                              hint="set the tenant's key (a key file or RINGKV_KEYS)",
+                              fields=["keys"])
+        return key_id, self._seeds[key_id]
+
+    def set_key(self, key_id: int, key: bytes, tenants=()) -> None:
+        """Hold ``key`` under ``key_id`` (replacing a key of that id) and give it to
+        ``tenants``. Records sealed under a replaced key no longer verify (a miss)."""
+        ring = check_key_ring({key_id: key})
+        self._ring.update(ring)
+        self._seeds[key_id] = tenant_seed(ring[key_id], self.config.digest())
+        for t in tenants:
+            self.tenants[t] = key_id
+
+    def __repr__(self) -> str:
+        mode = f"sealed, key ids {sorted(self._ring)}" if self.sealed else "open"
+        return f"SoftwareDevice({self.config.digest().hex()[:12]}, {mode})"
+
+    def key_of(self, tokens, *, tenant=None) -> tuple:
+        return (len(tokens), sequence_hash(list(tokens), self._tenant(tenant)[1]))
 
     def write_tokens(self, tokens):
         self.tokens = list(tokens)
@@ -460,7 +511,7 @@ class SoftwareDevice(Device):
         self.tokens += list(tokens)
 
     # -- verified import -------------------------------------------------------------------
-    def _verify(self, region: int, key, tokens):
+    def _verify(self, region: int, key, tokens, key_id: int = 0):
         """The import's checks of the record in ``region`` against ``key`` and ``tokens``:
         ``(status, apply)`` where ``apply()`` loads it into the rings (status ``OK``)."""
         count, h = key
@@ -470,6 +521,8 @@ class SoftwareDevice(Device):
                 return RecordStatus.EMPTY, None
             if rec.digest != self.config.digest():
                 return RecordStatus.FOREIGN_CONFIG, None
+            if rec.key_id != key_id:
+                return RecordStatus.NO_KEY, None
             if rec.tokens != tuple(tokens[:count]) or len(tokens) < count:
                 return RecordStatus.TOKEN_MISMATCH, None
             return RecordStatus.OK, lambda: self.attention.restore(rec.rings)
@@ -480,7 +533,8 @@ class SoftwareDevice(Device):
         try:
             status, _, meta = import_record(self.config, self.card.read, region, count=count,
                                             prefix_hash=h, session_tokens=list(tokens),
-                                            rings=words)
+                                            rings=words, sealed=self.sealed,
+                                            keys={key_id: self._ring[key_id]} if key_id else {})
         except OSError as e:
             log.warning("storage error reading region %d: %s", region, e)
             return RecordStatus.STORAGE, None
@@ -496,13 +550,13 @@ class SoftwareDevice(Device):
                                     np.full(n_rings, meta[1], dtype=np.int64)))
         return status, apply
 
-    def _query_key(self, key, tokens):
+    def _query_key(self, key, tokens, key_id: int = 0):
         """``QUERY`` of ``key`` on ``tokens``: lookup, verify, import. ``(reason, moved)``: an
         empty reason is a hit (imported)."""
         region = self._lookup(key)
         if region is None:
             return "no record", 0
-        status, apply = self._verify(region, key, tokens)
+        status, apply = self._verify(region, key, tokens, key_id)
         if status is not RecordStatus.OK:
             if status not in _KEEP:
                 self._delete(key)                    # can never verify: freed
@@ -514,12 +568,13 @@ class SoftwareDevice(Device):
         self.counters["bytes_in"] += moved
         return "", moved
 
-    def query(self, tokens) -> QueryResult:
+    def query(self, tokens, *, tenant=None) -> QueryResult:
         tokens = [int(t) for t in tokens]
+        key_id, seed = self._tenant(tenant)
         self.counters["queries"] += 1
         self._imported = None
-        key = self.key_of(tokens)
-        reason, moved = self._query_key(key, tokens) if tokens else ("no record", 0)
+        key = (len(tokens), sequence_hash(tokens, seed))
+        reason, moved = self._query_key(key, tokens, key_id) if tokens else ("no record", 0)
         hit = not reason
         self.counters["hits" if hit else "misses"] += 1
         result = QueryResult(hit, *key, reason)
@@ -527,7 +582,7 @@ class SoftwareDevice(Device):
             self._imported = (result, moved)
         return result
 
-    def query_prefix(self, tokens, limit: int) -> QueryResult:
+    def query_prefix(self, tokens, limit: int, *, tenant=None) -> QueryResult:
         """Hash ``tokens[:limit]`` once, probing ``(n, h_n)`` for every ``n`` (``probes``
         counts them; a probe is not a use); of the stored keys, the longest whose record
         verifies wins and is imported at once. A record of other tokens (a hash collision)
@@ -537,17 +592,18 @@ class SoftwareDevice(Device):
         if not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative number of tokens, not {limit!r}")
         tokens = [int(t) for t in tokens]
+        key_id, seed = self._tenant(tenant)
         limit = min(limit, len(tokens))
         self.counters["prefix_queries"] += 1
         self.counters["probes"] += limit
         self._imported = None
-        hashes = prefix_hashes(tokens[:limit], self.seed)
+        hashes = prefix_hashes(tokens[:limit], seed)
         reason = "no record"
         for n in range(limit, 0, -1):
             key = (n, hashes[n - 1])
             if key not in self._keys:
                 continue
-            why, moved = self._query_key(key, tokens)
+            why, moved = self._query_key(key, tokens, key_id)
             if not why:
                 result = QueryResult(True, *key)
                 self._imported = (result, moved)
@@ -557,23 +613,25 @@ class SoftwareDevice(Device):
             if why == "foreign config":
                 break
         self.counters["prefix_misses"] += 1
-        return QueryResult(False, 0, hashes[limit - 1] if limit else self.seed, reason)
+        return QueryResult(False, 0, hashes[limit - 1] if limit else seed, reason)
 
-    def import_(self, result: QueryResult) -> int:
+    def import_(self, result: QueryResult, *, tenant=None) -> int:
         if not result.hit:
             raise ValueError("import needs the result of a hit")
+        key_id, _ = self._tenant(tenant)
         if self._imported is not None and self._imported[0] == result:
             return self._imported[1]                   # imported by the query
         tokens = self.tokens
-        reason, moved = self._query_key((result.count, result.prefix_hash), tokens)
+        reason, moved = self._query_key((result.count, result.prefix_hash), tokens, key_id)
         if reason:
             raise StorageError(f"the record of {result.count} tokens no longer imports: "
                                f"{reason}")
         return moved
 
     # -- export ----------------------------------------------------------------------------
-    def export(self, tokens, replaces=None, *, checkpoint=False):
+    def export(self, tokens, replaces=None, *, checkpoint=False, tenant=None):
         tokens = tuple(int(t) for t in tokens)
+        key_id, seed = self._tenant(tenant)
         n = len(tokens)
         if n == 0:
             raise ValueError("export needs at least one token")
@@ -582,12 +640,12 @@ class SoftwareDevice(Device):
         if tuple(self.tokens[:n]) != tokens:
             raise ValueError(f"export of {n} tokens: the token memory holds other tokens")
         kind = RecordKind.CHECKPOINT if checkpoint else RecordKind.TURN
-        key = self.key_of(tokens)
+        key = (n, sequence_hash(list(tokens), seed))
         snap = self.attention.snapshot()
         if self.card is None:
             def store(region, seq):
                 self._memory[region] = _MemoryRecord(tokens, snap, self.config.digest(),
-                                                     kind.value, seq)
+                                                     kind.value, seq, key_id)
         else:
             rings, counts, heads = snap
             if len(set(np.asarray(counts).tolist())) != 1 or len(set(
@@ -597,7 +655,8 @@ class SoftwareDevice(Device):
             def store(region, seq):
                 self._write(region, encode_record(
                     self.config, tokens, rings, count=n, ring_head=int(heads[0]),
-                    prefix_hash=key[1], commit_seq=seq, kind=kind))
+                    prefix_hash=key[1], commit_seq=seq, kind=kind,
+                    key=self._ring[key_id] if key_id else None, key_id=key_id))
         self._store(key, store, kind.value)
         if replaces is not None and tuple(replaces) != key:
             self._delete(replaces)
@@ -688,7 +747,7 @@ class SoftwareDevice(Device):
         if link is None:
             raise StorageError(f"no record of {key[0]} tokens with hash {key[1]:#018x} here")
         region = self.directory.live[link]["region"]
-        data = read_record_bytes(self.config, self.card.read, region)
+        data = read_record_bytes(self.config, self.card.read, region, keys=self._ring)
         if decode_header(data[:SECTOR], self.config).prefix_hash != key[1]:
             raise StorageError(f"region {region} holds another record than the directory says")
         return data
@@ -704,14 +763,18 @@ class SoftwareDevice(Device):
             raise StorageError("this software device keeps float rings in memory: it cannot "
                                "store a record in the card format",
                                hint="use the fixed-point backend")
-        header, _ = record_writes(self.config, data)
+        header, _ = record_writes(self.config, data, keys=self._ring)
+        if self.sealed != header.sealed:
+            raise RecordError(RecordStatus.NO_KEY, "a sealed device stores only sealed records, "
+                              "an open one only open records", header)
         if header.count == 0:
             raise RecordError(RecordStatus.BAD_HEADER, "a record of no tokens holds nothing "
                               "to resume", header)
         key = (header.count, header.prefix_hash)
 
         def store(region, seq):
-            self._write(region, record_writes(self.config, data, commit_seq=seq)[1])
+            self._write(region, record_writes(self.config, data, commit_seq=seq,
+                                              keys=self._ring)[1])
         self._store(key, store, header.kind)
         self.counters["copied_in"] += 1
         return key

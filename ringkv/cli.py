@@ -633,7 +633,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="List or check the records of a card image (its configuration read from "
                     "the records themselves), or check a device over its link.",
         epilog="ls lists every region: status, count, prefix hash, commit sequence, age, kind "
-               "('turn' or 'checkpoint') and state: live, superseded (an older commit of a "
+               "('turn' or 'checkpoint'), key ('open' or a sealed record's key id) and state: "
+               "live, superseded (an older commit of a "
                "snapshot: normal), foreign (another configuration), torn (a write cut short) "
                "or corrupt. fsck reports what a rebuild keeps and frees; it changes nothing "
                "unless --repair. " + _fsck_help(),
@@ -658,6 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true",
                    help="fsck: erase the headers of the foreign, torn and corrupt regions (the "
                         "device would free them at power-on); the only change fsck makes")
+    p.add_argument("--key-file", default=None,
+                   help="fsck of an image: verify sealed records' tags with the keys in this "
+                        "file (one 'key_id hex' line per key; mode 0600 or stricter). Keys are "
+                        "never taken from the command line")
     p.add_argument("--timeout", type=float, default=60.0, help="--link: seconds per request")
     return parser
 
@@ -747,15 +752,19 @@ def _cmd_storage(args, rest):
         if args.repair:
             raise UsageError("--repair works on an image file; a device frees those regions "
                              "itself at power-on", param="repair")
+        if args.key_file:
+            raise UsageError("--key-file works on an image file", param="key_file")
         return run_fsck_link(args)
     if args.image is None:
         raise UsageError("storage needs an IMAGE (or fsck --link URL)", param="image")
     if args.action == "ls" and args.repair:
         raise UsageError("--repair goes with fsck", param="repair")
+    if args.action == "ls" and args.key_file:
+        raise UsageError("--key-file goes with fsck", param="key_file")
     from ringkv.host.record import main as record_main
     argv = [args.image] + (["--fsck"] if args.action == "fsck" else [])
     for flag, value in (("--config", args.config), ("--numerics", args.numerics),
-                        ("--regions", args.regions)):
+                        ("--regions", args.regions), ("--key-file", args.key_file)):
         if value is not None:
             argv += [flag, str(value)]
     argv += ["--all"] * args.all + ["--repair"] * args.repair

@@ -365,7 +365,8 @@ def test_listing_and_fsck_show_reasons_and_age_across_the_wrap(tmp_path, capsys)
     assert rows["1"].split()[1:6] == ["OK", "6", "0x0000000000000003", "0", "0"]
     assert rows["2"].split()[1:5] == ["BAD_HEADER", "-", "-", "-"]
     assert "torn header" in rows["2"] and "4294967295" not in rows["2"]
-    assert rows["0"].split()[7] == "superseded" and rows["2"].split()[7] == "torn"
+    assert rows["0"].split()[7] == "open"                         # key: an open record
+    assert rows["0"].split()[8] == "superseded" and rows["2"].split()[7] == "torn"
     assert listing.splitlines()[-1] == ("4 regions, 3 shown, 2 valid, 1 live, 2 to free; next "
                                         "commit sequence 1")
     report, problems = fsck_report(infos)

@@ -27,7 +27,7 @@ __all__ = [
     "SECTOR", "MAGIC", "VERSION", "NUMERICS_BYTES", "FRACS_LAYERS_MAX", "HEADER_FIELDS",
     "HEADER_OFFSETS", "encode_fracs", "decode_fracs",
     "CONFIG_FIELDS", "CONST_RANGES", "RecordKind", "RecordStatus", "RECORD_STATUS_BITS",
-    "RECORD_CRC",
+    "RECORD_CRC", "MAC_HEADER_BYTES", "mac_message",
     "SEQ_BITS", "SEQ_MOD", "seq_newer", "seq_next", "seq_newest", "elem_bytes", "token_bytes",
     "kv_bytes_of", "ring_elements", "ring_space", "ring_bytes", "RecordLayout", "put_field",
     "header_template",
@@ -64,6 +64,8 @@ HEADER_FIELDS = (
     ("max_tokens", 96, 4),
     ("numerics", 100, NUMERICS_BYTES),
     ("qkv_fracs", 116, 3 * FRACS_LAYERS_MAX),
+    ("mac_tag", 308, 16),       # keyed BLAKE2s tag of a sealed record (MAC_SCOPE); 0 if open
+    ("key_id", 324, 2),         # id of the key that made mac_tag; 0 (KEY_ID_NONE): open record
     ("header_crc", 508, 4),
 )
 #: ``{name: (offset, size)}`` of every header field.
@@ -93,6 +95,9 @@ class RecordKind(enum.Enum):
 
 #: Bits of :class:`RecordStatus` in the gateware.
 RECORD_STATUS_BITS = 4
+#: The bytes of a header the record MAC covers: all but the ``header_crc`` (computed after the
+#: tag is written, over the header with the tag). ``mac_tag`` itself is read as zeros.
+MAC_HEADER_BYTES = 508
 #: The header and payload CRC.
 RECORD_CRC = CrcSpec("CRC32_ISO_HDLC", width=32, polynomial=0x04C11DB7, initial=0xFFFFFFFF,
                      reflect=True, xor_output=0xFFFFFFFF)
@@ -105,7 +110,9 @@ class RecordStatus(enum.Enum):
     """Result of an export, import or verify; shared by ``hw/dma.py`` and the host.
 
     Order of precedence when several apply (gateware and golden model agree): STORAGE, BAD_REQUEST,
-    EMPTY, BAD_VERSION, BAD_HEADER, FOREIGN_CONFIG, NOT_THIS, TOKEN_MISMATCH, BAD_PAYLOAD_CRC.
+    EMPTY, BAD_VERSION, BAD_HEADER, FOREIGN_CONFIG, NO_KEY, NOT_THIS, TOKEN_MISMATCH,
+    BAD_PAYLOAD_CRC, BAD_MAC. ``NO_KEY`` is decided from the header alone (before any payload
+    byte is read); ``BAD_MAC`` after the whole record has gone through the MAC.
     """
     OK = 0
     STORAGE = 1          #: the storage port reported an error (SD timeout, CRC, ...)
@@ -117,6 +124,10 @@ class RecordStatus(enum.Enum):
     NOT_THIS = 7         #: valid record, but count or prefix hash differ from the request
     TOKEN_MISMATCH = 8   #: stored tokens differ from the session's tokens (hash collision)
     BAD_PAYLOAD_CRC = 9  #: payload CRC wrong (flipped bits, torn payload)
+    NO_KEY = 10          #: the record's key id is not held for this request (a sealed record
+    #:                     on an open device or under another tenant, an open record on a
+    #:                     sealed one, a retired key)
+    BAD_MAC = 11         #: the record's tag does not verify under the key with its key id
 
 
 def seq_newer(a: int, b: int) -> bool:
@@ -296,3 +307,14 @@ def header_template(config: RingKVConfig = DEFAULT_CONFIG) -> bytes:
     put_field(buf, "numerics", numerics)
     put_field(buf, "qkv_fracs", encode_fracs(config))
     return bytes(buf)
+
+
+def mac_message(token_bytes: bytes, kv_bytes: bytes, header: bytes) -> bytes:
+    """The bytes a record's tag covers, in the order the DMA moves them: the record's token
+    bytes, then its K/V bytes (record order, unpadded), then header bytes ``0 ..
+    MAC_HEADER_BYTES - 1`` with ``mac_tag`` read as zeros (so every other header field is
+    covered, ``payload_crc`` and ``key_id`` included)."""
+    off, size = HEADER_OFFSETS["mac_tag"]
+    head = bytearray(header[:MAC_HEADER_BYTES])
+    head[off:off + size] = bytes(size)
+    return bytes(token_bytes) + bytes(kv_bytes) + bytes(head)

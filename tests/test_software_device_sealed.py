@@ -1,0 +1,162 @@
+"""The software device in sealed mode: tenants' seeds and keys keep their records apart, a
+forged record (CRCs, tokens and hash recomputed) is a miss, a tenant without a key is refused,
+and a power cut during export keeps the previous sealed snapshot valid."""
+
+import numpy as np
+import pytest
+from test_software_device import (
+    LAY,
+    SMALL,
+    compute,
+    fixed,
+    stored,
+    tokens_of,
+    valid_state,
+)
+
+from ringkv.defs.record import SECTOR, RecordStatus, put_field
+from ringkv.host.errors import KeyRequired
+from ringkv.host.golden_hash import sequence_hash
+from ringkv.host.golden_mac import tenant_seed
+from ringkv.host.model import Float64Backend, Model
+from ringkv.host.record import RecordError, crc32, decode_header, scan_image
+from ringkv.host.software_device import SoftwareDevice
+
+KEY_A = bytes(range(32))
+KEY_B = bytes(range(64, 96))
+KEYS = {1: KEY_A, 2: KEY_B}
+TENANTS = {"a": 1, "b": 2}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Model(SMALL, hidden=64, ffn=96, seed=11)
+
+
+def sealed(**kw):
+    kw.setdefault("attention", fixed())
+    return SoftwareDevice(SMALL, sealed=True, keys=KEYS, tenants=TENANTS, **kw)
+
+
+def test_tenant_b_never_hits_tenant_a(model):
+    dev = sealed()
+    toks = tokens_of(1, 30)
+    compute(dev, toks, model)
+    key_a, _ = dev.export(toks, tenant="a")
+    assert key_a[1] == sequence_hash(toks, tenant_seed(KEY_A, SMALL.digest()))
+    assert dev.key_of(toks, tenant="b") != key_a
+    assert not dev.query(toks, tenant="b").hit
+    assert not dev.query_prefix(toks, len(toks), tenant="b").hit
+    assert dev.query(toks, tenant="a").hit
+    assert dev.query_prefix(toks + [5, 6], len(toks) + 2, tenant="a").count == len(toks)
+    # even B's request for A's directory key (same count and hash): the key id is not B's
+    assert dev._verify(dev._lookup(key_a), key_a, toks, 2)[0] is RecordStatus.NO_KEY
+    [info] = [i for i in scan_image(SMALL, dev.card.read, dev.regions) if i.valid]
+    assert info.key_id == 1
+
+
+def test_memory_store_keeps_tenants_apart_too(model):
+    dev = SoftwareDevice(SMALL, attention=Float64Backend(SMALL), sealed=True, keys=KEYS,
+                         tenants=TENANTS)
+    toks = tokens_of(2, 20)
+    compute(dev, toks, model)
+    key_a, _ = dev.export(toks, tenant="a")
+    assert dev.query(toks, tenant="a").hit and not dev.query(toks, tenant="b").hit
+    assert dev._verify(dev._lookup(key_a), key_a, toks, 2)[0] is RecordStatus.NO_KEY
+
+
+def test_no_key_refused(model):
+    dev = SoftwareDevice(SMALL, attention=fixed(), sealed=True)
+    toks = tokens_of(3, 10)
+    compute(dev, toks, model)
+    for call in (lambda: dev.query(toks, tenant="a"),
+                 lambda: dev.query_prefix(toks, 5, tenant="a"),
+                 lambda: dev.export(toks, tenant="a")):
+        with pytest.raises(KeyRequired, match="tenant 'a' has no key"):
+            call()
+    assert dev.stats()["exports"] == 0 and dev.stats()["queries"] == 0
+    dev = sealed()
+    with pytest.raises(KeyRequired, match="unknown tenant"):
+        dev.query(toks, tenant="c")
+    dev.set_key(3, bytes(32), tenants=["c"])
+    assert not dev.query(toks, tenant="c").hit
+    assert "KeyRing" not in repr(dev) and KEY_A.hex() not in repr(dev)
+
+
+def test_open_mode_is_the_default_and_unchanged(model):
+    dev = SoftwareDevice(SMALL, attention=fixed())
+    toks = tokens_of(4, 12)
+    compute(dev, toks, model)
+    key, _ = dev.export(toks, tenant="whoever")      # tenants mean nothing in open mode
+    assert key == dev.key_of(toks) and dev.query(toks).hit
+    info = [i for i in scan_image(SMALL, dev.card.read, dev.regions) if i.valid][0]
+    assert info.key_id == 0
+    # a sealed device does not import the open record (same card, same tokens)
+    other = sealed()
+    other.card = dev.card
+    assert other._verify(dev._lookup(key), key, toks, 1)[0] is RecordStatus.NO_KEY
+
+
+def test_forged_record_misses(model):
+    """A record rewritten without the key (other K/V, payload and header CRCs recomputed) is
+    a miss with its reason, the rings are left empty, and the record is freed."""
+    dev = sealed()
+    toks = tokens_of(5, 24)
+    compute(dev, toks, model)
+    key, _ = dev.export(toks, tenant="a")
+    region = dev._lookup(key)
+    base = LAY.region_lba(region)
+    header = bytearray(dev.card.read(base, 1))
+    h = decode_header(bytes(header), SMALL)
+    kv = bytearray(dev.card.read(base + LAY.kv_sector, LAY.kv_sectors(h.count)))
+    kv[0] ^= 0x40
+    tok = dev.card.read(base + 1, LAY.token_sectors(h.count))[:h.token_bytes]
+    dev.card.write(base + LAY.kv_sector, bytes(kv))
+    put_field(header, "payload_crc", crc32(tok + bytes(kv[:h.k_bytes + h.v_bytes])))
+    put_field(header, "header_crc", crc32(header[:508]))
+    dev.card.write(base, bytes(header))
+    compute(dev, toks[:3], model)
+    res = dev.query(toks, tenant="a")
+    assert not res.hit and res.reason == "bad tag"
+    assert int(dev.attention.snapshot()[1][0]) == 0            # the rings are empty
+    assert key not in dev._keys                                # freed: it can never verify
+
+
+def test_power_cut_during_sealed_export_keeps_previous_snapshot(model, tmp_path):
+    image = tmp_path / "card.img"
+    toks = tokens_of(9, 40)
+    dev = sealed(image=image, regions=4)
+    stored(dev, toks[:20], model, tenant="a")
+    compute(dev, toks, model)
+    real = dev.card.write
+
+    def dying(lba, data):
+        if lba % LAY.sectors_per_region == 0:
+            raise OSError("power cut")
+        real(lba, data)
+    dev.card.write = dying
+    with pytest.raises(OSError, match="power cut"):
+        dev.export(toks, tenant="a")
+    dev.close()
+    again = sealed(image=image)                     # recovery: header scan, no key needed
+    assert again.recovery.live == 1
+    assert again.query(toks, tenant="a").reason == "no record"
+    assert again.query(toks[:20], tenant="a").hit
+    compute(dev, toks[:20], model)
+    assert valid_state(again) == valid_state(dev)
+    assert not again.query(toks[:20], tenant="b").hit
+
+
+def test_records_copied_between_sealed_devices(model):
+    src, dst = sealed(), sealed()
+    toks = tokens_of(6, 18)
+    compute(src, toks, model)
+    key, _ = src.export(toks, tenant="a")
+    data = src.read_record(key)
+    assert dst.write_record(data) == key
+    assert dst.query(toks, tenant="a").hit and not dst.query(toks, tenant="b").hit
+    opened = SoftwareDevice(SMALL, attention=fixed())
+    with pytest.raises(RecordError) as e:
+        opened.write_record(data)
+    assert e.value.status is RecordStatus.NO_KEY
+    assert np.frombuffer(data[:SECTOR], np.uint8)[324] == 1            # key id 1 on the wire
