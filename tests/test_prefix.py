@@ -205,8 +205,10 @@ def test_record_kind_golden():
                                                    (RecordStatus.OK, 7)]
     rows = format_listing(infos).splitlines()
     assert rows[0].split()[7] == "kind"
-    assert [row.split()[6:8] for row in rows[1:4]] == [["turn", "live"], ["checkpoint", "live"],
-                                                        ["kind", "7"]]
+    # kind, key id (open: no key) and state; the unknown kind 7 is named by its number
+    assert [row.split()[6:9] for row in rows[1:3]] == [["turn", "open", "live"],
+                                                       ["checkpoint", "open", "live"]]
+    assert rows[3].split()[6:10] == ["kind", "7", "open", "live"]
     assert rows[1].split()[2] == "10" and rows[2].split()[2] == "11"       # token counts
     report, _ = fsck_report(infos)
     assert "count      11  hash 0x0000000000000001  seq 2  checkpoint" in report
