@@ -27,6 +27,8 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.checks import log2_exact
 from ringkv.defs.numerics import CS_SHIFT, EXP_TABLE
 
+from .attention_merge import registered_sum, tree_stages
+
 __all__ = ["LaneParams", "AttentionLane", "PH_A", "PH_B", "PH_M"]
 
 #: the sequencer's phases: scores (A), exp weights and p*v (B), merge (M)
@@ -93,7 +95,7 @@ class LaneParams:
     @property
     def tree_latency(self):
         """Registered stages of the adder tree over the ``M`` products (one per two levels)."""
-        return math.ceil(log2_exact(self.macs) / 2)
+        return tree_stages(self.macs)
 
     @property
     def dot_latency(self):
@@ -317,19 +319,8 @@ class AttentionLane(wiring.Component):
 
         # ---------- phase A: scores ----------
         # adder tree over the M products of q*k (at A4)
-        level = [x[:PW].as_signed() for x in prod]
-        stage = 4
-        depth_done = 0
-        while len(level) > 1:
-            level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
-            depth_done += 1
-            if depth_done % 2 == 0 or len(level) == 1:
-                regs = [Signal(signed(PW + depth_done), name=f"tree{stage}_{j}")
-                        for j in range(len(level))]
-                m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
-                level = regs
-                stage += 1
-        dot_sum = level[0]              # valid at tag_dot
+        dot_sum = registered_sum(m, [x[:PW].as_signed() for x in prod], PW,
+                                 lambda stage, depth, j: f"tree{4 + stage}_{j}")  # at tag_dot
         ta = self.tag_dot
         dot_final = Signal(signed(DW))
         dot_tag = Signal(p.tag_layout())

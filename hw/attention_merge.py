@@ -35,6 +35,30 @@ RECIP_BITS = 18
 PRODUCT_BITS = 36
 
 
+
+def tree_stages(n: int) -> int:
+    """Registered stages of :func:`registered_sum` over ``n`` values (a power of two): one per
+    two adder levels, ``ceil(log2(n) / 2)``."""
+    return (log2_exact(n) + 1) // 2
+
+
+def registered_sum(m: Module, values, width: int, name) -> Signal:
+    """The sum of ``values`` (a power of two of them, signed, ``width`` bits) as an adder tree
+    with a register after every second level and after the last: valid
+    :func:`tree_stages` clocks after its inputs. ``name(stage, depth, j)`` names the ``j``-th
+    register of the ``stage``-th registered level (``depth`` adder levels deep); one value is
+    returned as it is."""
+    level, depth, stage = list(values), 0, 0
+    while len(level) > 1:
+        level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
+        depth += 1
+        if depth % 2 == 0 or len(level) == 1:
+            regs = [Signal(signed(width + depth), name=name(stage, depth, j))
+                    for j in range(len(level))]
+            m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
+            level, stage = regs, stage + 1
+    return level[0]
+
 class LaneMax(wiring.Component):
     """The largest value among the live inputs, through a registered tree.
 
@@ -276,7 +300,7 @@ class OutputTree(wiring.Component):
 
     @property
     def latency(self):
-        return 1 + (log2_exact(self._lanes) + 1) // 2
+        return 1 + tree_stages(self._lanes)
 
     def elaborate(self, platform):
         m = Module()
@@ -287,18 +311,10 @@ class OutputTree(wiring.Component):
             m.d.sync += tags[k].eq(tags[k - 1])
         m.d.comb += self.o_valid.eq(tags[-1])
         for k in range(M):
-            level = [self.products[j][k] for j in range(P)]
-            depth = 0
-            while len(level) > 1:
-                level = [level[j] + level[j + 1] for j in range(0, len(level), 2)]
-                depth += 1
-                if depth % 2 == 0 or len(level) == 1:
-                    regs = [Signal(signed(PRODUCT_BITS + depth), name=f"tree{k}_{depth}_{j}")
-                            for j in range(len(level))]
-                    m.d.sync += [r.eq(x) for r, x in zip(regs, level)]
-                    level = regs
-            r = Signal(signed(len(level[0]) + 1), name=f"round{k}")
-            m.d.comb += r.eq((level[0] + (1 << 16)) >> 17)
+            total = registered_sum(m, [self.products[j][k] for j in range(P)], PRODUCT_BITS,
+                                   lambda stage, depth, j, k=k: f"tree{k}_{depth}_{j}")
+            r = Signal(signed(len(total) + 1), name=f"round{k}")
+            m.d.comb += r.eq((total + (1 << 16)) >> 17)
             out = Signal(16, name=f"out{k}")
             m.d.sync += out.eq(Mux(r > 32767, 32767, Mux(r < -32768, -32768, r))[:16])
             m.d.comb += self.o[k].eq(out)
