@@ -63,6 +63,7 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs import record as record_defs
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
+from ringkv.defs.mac import KEY_ID_BYTES, KEY_SLOTS
 from ringkv.defs.record import (
     RECORD_CRC,
     RECORD_STATUS_BITS,
@@ -79,6 +80,7 @@ from .dma_stream import (
     WritePipeline,
 )
 from .enums import shaped
+from .mac import MacPortSignature
 from .record_header import HEADER_CHECKS, HeaderEncoder, HeaderParser
 from .ring_port import RingPortSignature
 from .storage import StorageError, StorageOp, StoragePortSignature
@@ -102,9 +104,14 @@ class DmaOp(enum.Enum, shape=2):
 
 #: ``kind``: the record's :class:`~ringkv.defs.record.RecordKind` value, written by EXPORT into
 #: the header (offset 94); the import's checks ignore it (the header CRC covers it).
+#: ``sealed``/``slot``: a sealed request (export seals under key slot ``slot``; import accepts
+#: only a record sealed under that slot's key id whose tag verifies); 0: an open request.
 DmaCommand = data.StructLayout({"op": DmaOp, "region": 16, "count": 32, "hash": 64, "seq": 32,
-                                "kind": RecordKind})
-DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32})
+                                "kind": RecordKind, "sealed": 1, "slot": range(KEY_SLOTS)})
+#: ``key_id``: the record's key id (0: an open record), from its header once the header CRC
+#: passed; EXPORT: the key id it wrote.
+DmaResponse = data.StructLayout({"status": RecordStatus, "count": 32, "hash": 64, "seq": 32,
+                                 "key_id": 8 * KEY_ID_BYTES})
 
 
 class DmaEngine(wiring.Component):
@@ -116,7 +123,9 @@ class DmaEngine(wiring.Component):
 
     Ports: ``cmd`` (In stream of :data:`DmaCommand`), ``resp`` (Out stream of
     :data:`DmaResponse`), ``storage`` (Out :class:`StoragePortSignature`), ``ring`` (Out
-    :class:`RingPortSignature`), ``tokens`` (Out :class:`TokenReadSignature`), ``busy``.
+    :class:`RingPortSignature`), ``tokens`` (Out :class:`TokenReadSignature`), ``busy``;
+    ``mac`` (Out :class:`~ringkv.hw.mac.MacPortSignature`: the record MAC core), ``key_ids``
+    and ``key_set`` (In: the key slots' ids and set bits, :class:`~ringkv.hw.key_slots.KeySlots`).
     """
 
     def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
@@ -144,6 +153,9 @@ class DmaEngine(wiring.Component):
             "ring": Out(RingPortSignature.for_config(config)),
             "tokens": Out(TokenReadSignature(config.max_tokens, config.token_width)),
             "busy": Out(1),
+            "mac": Out(MacPortSignature()),
+            "key_ids": In(data.ArrayLayout(8 * KEY_ID_BYTES, KEY_SLOTS)),
+            "key_set": In(KEY_SLOTS),
         })
         #: The record's bytes as they move, both directions (:data:`RecordTap`; not a port:
         #: the attachment point of a consumer of the byte stream, see ``docs/blocks/dma.md``).

@@ -26,8 +26,8 @@ from ringkv.defs.mac import (
 
 from .key_slots import KeyReadSignature, KeySlots, KeyWrite
 
-__all__ = ["MacCore", "MacUnit", "BUGS", "mac_cmd_layout", "mac_byte_layout", "STEPS",
-           "BLOCK_CLOCKS"]
+__all__ = ["MacCore", "MacUnit", "MacPortSignature", "BUGS", "mac_cmd_layout",
+           "mac_byte_layout", "STEPS", "BLOCK_CLOCKS"]
 
 #: G half-steps per compression: 4 per round (column then diagonal, each in two halves).
 STEPS = 4 * ROUNDS
@@ -46,6 +46,37 @@ def mac_cmd_layout(persons: int, slots: int) -> data.StructLayout:
 
 def mac_byte_layout() -> data.StructLayout:
     return data.StructLayout({"data": 8, "last": 1})
+
+
+class MacPortSignature(wiring.Signature):
+    """A user's port to a MAC core (from the user's side): ``cmd`` (Out stream of
+    :func:`mac_cmd_layout`: open a message under a key slot and a person), ``i`` (Out stream
+    of :func:`mac_byte_layout`: the message bytes, ``last`` on the final one), ``o`` (In stream
+    of the ``8 * digest_bytes``-bit tag) and ``abort`` (Out 1: drop the open message and any
+    tag not yet taken; the core is idle at the next clock)."""
+
+    def __init__(self, *, digest_bytes: int = TAG_BYTES, persons: int = len(PERSONS),
+                 slots: int = KEY_SLOTS):
+        check_int("digest_bytes", digest_bytes, low=1, high=32)
+        check_int("persons", persons, low=1)
+        check_int("slots", slots, low=1)
+        self._params = (digest_bytes, persons, slots)
+        super().__init__({
+            "cmd": Out(stream.Signature(mac_cmd_layout(persons, slots))),
+            "i": Out(stream.Signature(mac_byte_layout())),
+            "o": In(stream.Signature(8 * digest_bytes)),
+            "abort": Out(1),
+        })
+
+    def __eq__(self, other):
+        return isinstance(other, MacPortSignature) and other._params == self._params
+
+    def __hash__(self):
+        return hash((MacPortSignature, self._params))
+
+    def __repr__(self):
+        d, p, s = self._params
+        return f"MacPortSignature(digest_bytes={d}, persons={p}, slots={s})"
 
 
 def _word_schedule() -> list[int]:
