@@ -228,7 +228,7 @@ class CacheDirectory(wiring.Component):
 
         def walk_step(*also):
             """One link of a bucket's list (LK_CMP, PR_CMP): compare it into ``lk_hit`` and
-            step to the next link (``link_raddr`` follows ``nxt.rdata``: ``chase``, below the
+            step to the next link (``link_raddr`` follows ``lists.next``: ``chase``, below the
             FSM), with the statements ``also``; returns whether the list ends here."""
             hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
                    & (meta.rdata.hash == cmd.hash))
