@@ -1,12 +1,13 @@
 """Cache directory and region allocator: hash -> bucket -> doubly linked links.
 
 The golden model is :class:`ringkv.host.golden_directory.GoldenDirectory`; the block's document
-is ``docs/blocks/directory.md``. This module holds the bucket table, the linked lists and the
-command sequencer; the region allocator (FIFO A, FIFO B and the policy) and the free-link FIFO
-are :mod:`ringkv.hw.directory_alloc`'s pieces.
+is ``docs/blocks/directory.md``. This module holds the link metadata and stamp tables and the
+command sequencer; the bucket heads and the prev/next pointers, with every pointer update, are
+:mod:`ringkv.hw.directory_lists`'s piece, and the region allocator (FIFO A, FIFO B and the
+policy) and the free-link FIFO are :mod:`ringkv.hw.directory_alloc`'s.
 """
 
-from amaranth.hdl import Array, Assert, Assume, Const, Module, Mux, ResetSignal, Shape, Signal
+from amaranth.hdl import Assert, Assume, Const, Module, Mux, ResetSignal, Shape, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -19,6 +20,7 @@ from ringkv.defs.directory import (
 )
 
 from .directory_alloc import FreeLinks, RegionAllocator, Table
+from .directory_lists import LIST_BUGS, BucketLists
 from .enums import shaped
 
 __all__ = ["CacheDirectory", "Op", "Status", "command_layout", "response_layout",
@@ -158,21 +160,19 @@ class CacheDirectory(wiring.Component):
         bb, lb, rb = nb.bit_length() - 1, nl.bit_length() - 1, nr.bit_length() - 1
         bug = self._bug
         formal = self._formal
-        nil_ptr = 1 << lb            # pointers are lb+1 bits; the top bit means "none"
-        ptr = lb + 1
         meta_layout = data.StructLayout({"valid": 1, "count": self._count_width,
                                           "hash": self._hash_width, "region": rb})
 
         # In formal mode the tables start out as the reset sweep leaves them (the sweep itself is
         # still checked: CLEAR runs it), so that the bounded depth is spent on commands.
-        head = Table(m, "head", ptr, nb, formal, init=[nil_ptr] * nb)
         meta = Table(m, "meta", meta_layout, nl, formal)
-        prev = Table(m, "prev", ptr, nl, formal)
-        nxt = Table(m, "next", ptr, nl, formal)
         stamp = Table(m, "stamp", self._stamp_width, nl, formal)
         m.submodules.region_allocator = alloc = RegionAllocator(
             regions=nr, b_threshold=self._b_threshold, formal=formal)
         m.submodules.free_links = free = FreeLinks(links=nl, formal=formal)
+        m.submodules.lists = lists = BucketLists(
+            buckets=nb, links=nl, formal=formal, _bug=bug if bug in LIST_BUGS else None)
+        is_nil = lists.is_nil
 
         cmd = Signal(self._cmd_layout)
         resp = Signal(self._resp_layout)
@@ -180,7 +180,6 @@ class CacheDirectory(wiring.Component):
         sweep = max(nb, nl)
         idx = Signal(range(sweep + 1))
         cur = Signal(lb)
-        old_head = Signal(ptr)
         best_link = Signal(lb)
         best_age = Signal(self._stamp_width)
         have_best = Signal()
@@ -201,30 +200,16 @@ class CacheDirectory(wiring.Component):
         link_raddr = Signal(lb)
 
         m.d.comb += [
-            meta.raddr.eq(link_raddr), prev.raddr.eq(link_raddr), nxt.raddr.eq(link_raddr),
-            stamp.raddr.eq(link_raddr),
-            link_raddr.eq(cur), head.raddr.eq(cmd.hash[:bb]),
+            meta.raddr.eq(link_raddr), lists.link_addr.eq(link_raddr), stamp.raddr.eq(link_raddr),
+            link_raddr.eq(cur), lists.head_addr.eq(cmd.hash[:bb]),
         ]
-
-        def is_nil(p):
-            return p[lb]
-
-        def to_field(p):
-            return Mux(is_nil(p), NIL, p[:lb])
 
         def age_of(stamp_value):
             return (cmd.now - stamp_value)[:self._stamp_width]
 
         def unlink(link):
             """Unlink ``link`` (its rows in meta/prev/next ``rdata``); free link and region."""
-            p, n = prev.rdata, nxt.rdata
-            with m.If(is_nil(p)):
-                head.write(m, meta.rdata.hash[:bb], n)
-            with m.Else():
-                nxt.write(m, p[:lb], n)
-            if bug != "stale_prev":
-                with m.If(~is_nil(n)):
-                    prev.write(m, n[:lb], p)
+            m.d.comb += [lists.unlink.eq(1), lists.bucket.eq(meta.rdata.hash[:bb])]
             dead = Signal(meta_layout)
             m.d.comb += [dead.eq(meta.rdata), dead.valid.eq(0)]
             meta.write(m, link, dead)
@@ -243,13 +228,13 @@ class CacheDirectory(wiring.Component):
 
         def walk_step(*also):
             """One link of a bucket's list (LK_CMP, PR_CMP): compare it into ``lk_hit`` and
-            step to the next link (``link_raddr`` follows ``nxt.rdata``: ``chase``, below the
+            step to the next link (``link_raddr`` follows ``lists.next``: ``chase``, below the
             FSM), with the statements ``also``; returns whether the list ends here."""
             hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
                    & (meta.rdata.hash == cmd.hash))
             # idx bounds the walk: a list never holds more than `links` links.
-            end = is_nil(nxt.rdata) | (idx == nl - 1)
-            m.d.sync += [cur.eq(nxt.rdata[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
+            end = is_nil(lists.next) | (idx == nl - 1)
+            m.d.sync += [cur.eq(lists.next[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
                          lk_link.eq(cur), lk_region.eq(meta.rdata.region),
                          chase.eq(~hit & ~end), *also]
             return end
@@ -269,7 +254,7 @@ class CacheDirectory(wiring.Component):
             with m.State("INIT"):
                 # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
                 with m.If(idx < nb):
-                    head.write(m, idx, nil_ptr)
+                    m.d.comb += [lists.clear.eq(1), lists.bucket.eq(idx)]
                 with m.If(idx < nl):
                     meta.write(m, idx, 0)
                     m.d.comb += [free.fill.eq(1), free.fill_index.eq(idx)]
@@ -284,7 +269,7 @@ class CacheDirectory(wiring.Component):
 
             with m.State("IDLE"):
                 m.d.comb += [self.i.ready.eq(1), link_raddr.eq(self.i.payload.link[:lb]),
-                             head.raddr.eq(self.i.payload.hash[:bb])]
+                             lists.head_addr.eq(self.i.payload.hash[:bb])]
                 with m.If(self.i.valid):
                     m.d.sync += [cmd.eq(self.i.payload), resp.eq(0),
                                  resp.op.eq(self.i.payload.op), idx.eq(0), lk_walk.eq(0),
@@ -311,12 +296,12 @@ class CacheDirectory(wiring.Component):
                             m.next = "RESPOND"
 
             with m.State("LOOKUP_HEAD"):
-                m.d.comb += link_raddr.eq(head.rdata[:lb])
-                m.d.sync += cur.eq(head.rdata[:lb])
+                m.d.comb += link_raddr.eq(lists.head[:lb])
+                m.d.sync += cur.eq(lists.head[:lb])
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
                     m.next = "RESPOND"
-                with m.Elif(is_nil(head.rdata)):
+                with m.Elif(is_nil(lists.head)):
                     m.d.sync += resp.status.eq(Status.MISS)
                     m.next = "RESPOND"
                 with m.Else():
@@ -364,24 +349,21 @@ class CacheDirectory(wiring.Component):
                     m.d.comb += [new_meta.valid.eq(1), new_meta.count.eq(cmd.count),
                                  new_meta.hash.eq(cmd.hash), new_meta.region.eq(region)]
                     meta.write(m, link, new_meta)
-                    prev.write(m, link, nil_ptr)
-                    nxt.write(m, link, head.rdata)
                     stamp.write(m, link, cmd.now)
-                    if bug != "lost_head":
-                        head.write(m, cmd.hash[:bb], link)
+                    m.d.comb += [lists.push.eq(1), lists.link.eq(link),
+                                 lists.bucket.eq(cmd.hash[:bb])]
                     if bug != "link_dup":
                         m.d.comb += free.take.eq(1)
                     if bug != "region_dup":
                         m.d.comb += [alloc.take.eq(1), alloc.from_a.eq(existing)]
-                    m.d.sync += [resp.link.eq(link), resp.region.eq(region),
-                                 cur.eq(link), old_head.eq(head.rdata)]
-                    with m.If(is_nil(head.rdata)):
+                    m.d.sync += [resp.link.eq(link), resp.region.eq(region), cur.eq(link)]
+                    with m.If(is_nil(lists.head)):
                         m.next = "RESPOND"
                     with m.Else():
                         m.next = "INSERT_PREVIOUS"
 
             with m.State("INSERT_PREVIOUS"):
-                prev.write(m, old_head[:lb], cur)
+                m.d.comb += [lists.push_prev.eq(1), lists.link.eq(cur)]
                 m.next = "RESPOND"
 
             def scan_compare():
@@ -442,8 +424,8 @@ class CacheDirectory(wiring.Component):
                                          resp.count.eq(meta.rdata.count),
                                          resp.hash.eq(meta.rdata.hash),
                                          resp.stamp.eq(stamp.rdata),
-                                         resp.prev.eq(to_field(prev.rdata)),
-                                         resp.next.eq(to_field(nxt.rdata))]
+                                         resp.prev.eq(lists.field(lists.prev)),
+                                         resp.next.eq(lists.field(lists.next))]
                 m.next = "RESPOND"
 
             with m.State("EXPIRE_ISSUE"):
@@ -512,9 +494,9 @@ class CacheDirectory(wiring.Component):
 
             with m.State("PROBE_HEAD"):
                 # an empty bucket is a miss in this clock, and the next key is taken at once
-                m.d.comb += link_raddr.eq(head.rdata[:lb])
-                m.d.sync += cur.eq(head.rdata[:lb])
-                with m.If(is_nil(head.rdata)):
+                m.d.comb += link_raddr.eq(lists.head[:lb])
+                m.d.sync += cur.eq(lists.head[:lb])
+                with m.If(is_nil(lists.head)):
                     next_key()
                 with m.Else():
                     m.d.sync += chase.eq(1)
@@ -535,34 +517,30 @@ class CacheDirectory(wiring.Component):
 
         with m.If(fsm.ongoing("PROBE_NEXT") | fsm.ongoing("PROBE_HEAD")
                   | fsm.ongoing("PROBE_COMPARE")):
-            m.d.comb += head.raddr.eq(self.probe.payload.hash[:bb])
+            m.d.comb += lists.head_addr.eq(self.probe.payload.hash[:bb])
 
         # ``chase`` is high exactly in the LK_CMP clocks that follow the list, and it comes from
         # a flip-flop: the next pointer then passes one 2:1 mux on its way from one block RAM's
         # output to the others' read address, not the whole per-state address mux.
         with m.If(chase):
-            m.d.comb += link_raddr.eq(nxt.rdata[:lb])
+            m.d.comb += link_raddr.eq(lists.next[:lb])
 
         if formal:
             m.d.comb += Assume(~ResetSignal())
             idle = fsm.ongoing("IDLE")
-            self._add_properties(m, idle, head, meta, prev, nxt, free.table, alloc.fifo_b,
-                                 meta_layout, a_next, alloc.b_rd, alloc.b_wr, alloc.b_level,
-                                 free.rd, free.wr, free.level, bb, lb)
+            self._add_properties(m, idle, meta.row, meta_layout, alloc, free, lists)
             with m.If(idle):
                 m.d.comb += Assert(~clearing)
         return m
 
-    def _add_properties(self, m, idle, head, meta, prev, nxt, free_q, fifo_b, meta_layout,
-                        a_next, b_rd, b_wr, b_level, fl_rd, fl_wr, fl_level, bb, lb):
+    def _add_properties(self, m, idle, meta_row, meta_layout, alloc, free_links, lists):
         """The directory's invariants, asserted whenever it is idle (between commands)."""
         nb, nl, nr = self._buckets, self._links, self._regions
-        rb = nr.bit_length() - 1
-        metas = [meta.row(n, meta_layout) for n in range(nl)]
-        valid = Array(Signal(name=f"live_{n}") for n in range(nl))
-        for n in range(nl):
-            m.d.comb += valid[n].eq(metas[n].valid)
-        prevs, nexts, heads = Array(prev.rows), Array(nxt.rows), head.rows
+        bb, lb, rb = nb.bit_length() - 1, nl.bit_length() - 1, nr.bit_length() - 1
+        metas = [meta_row(n, meta_layout) for n in range(nl)]
+        a_next, b_rd, b_wr, b_level = alloc.a_next, alloc.b_rd, alloc.b_wr, alloc.b_level
+        fifo_b, free_q = alloc.fifo_b, free_links.table
+        fl_rd, fl_wr, fl_level = free_links.rd, free_links.wr, free_links.level
 
         def occupied(slot, rd, level, depth):
             return ((slot - rd) % depth) < level
@@ -573,13 +551,6 @@ class CacheDirectory(wiring.Component):
                 total = total + term
             return total
 
-        def bucket_of(n):
-            return metas[n].hash[:bb]
-
-        def nil(p):
-            return p[lb]
-
-        bucket_bits = Array(bucket_of(n) for n in range(nl))
         checks = []
         if "regions" in self._checks:
             # Every region is in exactly one of FIFO A, FIFO B or a live link.
@@ -597,34 +568,9 @@ class CacheDirectory(wiring.Component):
                 free = [occupied(j, fl_rd, fl_level, nl) & (free_q.rows[j] == n)
                         for j in range(nl)]
                 checks.append(count([*free, metas[n].valid]) == 1)
-        if "reach" in self._checks:
-            # Every live link is reachable from exactly one bucket (its hash's), no free link
-            # is reachable, and every list ends within `links` steps (no cycle).
-            reach = [[Const(0) for _ in range(nl)] for _ in range(nb)]
-            for b in range(nb):
-                p = heads[b]
-                for _ in range(nl):
-                    for n in range(nl):
-                        reach[b][n] = reach[b][n] | (~nil(p) & (p[:lb] == n))
-                    p = Mux(nil(p), p, nexts[p[:lb]])
-                checks.append(nil(p))
-            for n in range(nl):
-                by = count([reach[b][n] for b in range(nb)])
-                own = Array(reach[b][n] for b in range(nb))[bucket_of(n)]
-                checks.append(Mux(metas[n].valid, (by == 1) & own, by == 0))
-        if "links" in self._checks:
-            # prev and next agree; a link without prev heads its bucket.
-            for n in range(nl):
-                p, q = prev.rows[n], nxt.rows[n]
-                ok_next = nil(q) | (valid[q[:lb]] & (prevs[q[:lb]] == n))
-                ok_prev = Mux(nil(p), Array(heads)[bucket_of(n)] == n,
-                              valid[p[:lb]] & (nexts[p[:lb]] == n))
-                checks.append(~metas[n].valid | (ok_next & ok_prev))
-            for b in range(nb):
-                h = heads[b]
-                ok = nil(h) | (valid[h[:lb]] & nil(prevs[h[:lb]])
-                               & (bucket_bits[h[:lb]] == b))
-                checks.append(ok)
+        # The lists' own invariants ("reach", "links") over their tables.
+        checks += lists.invariants(m, [row.valid for row in metas],
+                                   [row.hash[:bb] for row in metas], self._checks)
         with m.If(idle):
             for check in checks:
                 m.d.comb += Assert(check)

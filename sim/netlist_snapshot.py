@@ -25,6 +25,7 @@ def cores():
     from ringkv.hw.attention_merge import Reciprocal
     from ringkv.hw.directory import CacheDirectory
     from ringkv.hw.directory_alloc import FreeLinks, RegionAllocator
+    from ringkv.hw.directory_lists import BucketLists
     from ringkv.hw.dma import DmaEngine
     from ringkv.hw.dma_stream import WritePipeline
     from ringkv.hw.framing import FrameDecoder, FrameEncoder
@@ -45,6 +46,7 @@ def cores():
         "directory": lambda: CacheDirectory(buckets=64, links=128, regions=128),
         "directory_region_allocator": lambda: RegionAllocator(regions=128, b_threshold=64),
         "directory_free_links": lambda: FreeLinks(links=128),
+        "directory_lists": lambda: BucketLists(buckets=64, links=128),
         "frame_decoder": lambda: FrameDecoder(),
         "frame_encoder": lambda: FrameEncoder(),
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),
