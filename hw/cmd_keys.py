@@ -47,10 +47,13 @@ from .dispatch import CommandUnit
 from .mac import MacPortSignature
 from .protocol import Status
 
-__all__ = ["KeyUnit", "MacArbiter", "SEED_PERSON"]
+__all__ = ["KeyUnit", "MacArbiter", "SEED_PERSON", "ARBITER_BUGS"]
 
 #: ``cmd.person`` of the seed derivation (the index of :data:`PERSON_SEED` in ``PERSONS``).
 SEED_PERSON = PERSONS.index(PERSON_SEED)
+#: Deliberately broken arbiters for the formal tests (private knob ``_bug``): ``no_lock``
+#: passes a ``cmd`` while the other user owns the core; ``shared_tag`` offers the tag to both.
+ARBITER_BUGS = ("no_lock", "shared_tag")
 
 
 class MacArbiter(wiring.Component):
@@ -63,10 +66,15 @@ class MacArbiter(wiring.Component):
     DMA goes first when both ask in the same clock. No clock is added: ``cmd``, ``i`` and
     ``o`` pass through combinationally, so a user sees the core's own timing (one byte per
     clock, never a stall inside a message). With no owner a tag is taken and dropped, so an
-    aborted user can never leave the core blocked on its tag.
+    aborted user can never leave the core blocked on its tag. Model-checked
+    (``tests/test_top_sealed.py``): one owner at a time, a user sees ``i.ready`` and ``o.valid``
+    only while it owns the core, the core's bytes are the owner's.
     """
 
-    def __init__(self):
+    def __init__(self, *, _bug=None):
+        if _bug is not None and _bug not in ARBITER_BUGS:
+            raise ValueError(f"Unknown bug {_bug!r}; known: {ARBITER_BUGS}")
+        self._bug = _bug
         super().__init__({
             "dma": In(MacPortSignature()),
             "seed": In(MacPortSignature()),
@@ -80,11 +88,16 @@ class MacArbiter(wiring.Component):
         owner = Signal()                     # 0: dma, 1: seed
         pick = Signal()                      # the user the core's ``cmd`` comes from
         m.d.comb += pick.eq(Mux(held, owner, ~a.cmd.valid & b.cmd.valid))
+        if self._bug == "no_lock":
+            m.d.comb += pick.eq(~a.cmd.valid & b.cmd.valid)
+            held_cmd = Const(0)
+        else:
+            held_cmd = held
         m.d.comb += [
-            core.cmd.valid.eq(~held & (a.cmd.valid | b.cmd.valid)),
+            core.cmd.valid.eq(~held_cmd & (a.cmd.valid | b.cmd.valid)),
             core.cmd.payload.eq(Mux(pick, b.cmd.payload, a.cmd.payload)),
-            a.cmd.ready.eq(core.cmd.ready & ~held & ~pick),
-            b.cmd.ready.eq(core.cmd.ready & ~held & pick),
+            a.cmd.ready.eq(core.cmd.ready & ~held_cmd & ~pick),
+            b.cmd.ready.eq(core.cmd.ready & ~held_cmd & pick),
             core.i.valid.eq(held & Mux(owner, b.i.valid, a.i.valid)),
             core.i.payload.eq(Mux(owner, b.i.payload, a.i.payload)),
             a.i.ready.eq(held & ~owner & core.i.ready),
@@ -92,7 +105,7 @@ class MacArbiter(wiring.Component):
             a.o.payload.eq(core.o.payload),
             b.o.payload.eq(core.o.payload),
             a.o.valid.eq(held & ~owner & core.o.valid),
-            b.o.valid.eq(held & owner & core.o.valid),
+            b.o.valid.eq(held & (owner | (self._bug == "shared_tag")) & core.o.valid),
             core.o.ready.eq(~held | Mux(owner, b.o.ready, a.o.ready)),
             core.abort.eq(held & Mux(owner, b.abort, a.abort)),
         ]

@@ -12,7 +12,9 @@ import random
 
 import numpy as np
 import pytest
+from amaranth import Elaboratable, Mux
 from amaranth.sim import Simulator
+from conftest import requires_yices, requires_yowasp
 from top_helpers import CFG, REGIONS, key_set_req, make_top, req, sreq
 
 from ringkv.defs.hash import hash_seed
@@ -44,6 +46,8 @@ from ringkv.host.scheduler import QueryResult
 from ringkv.hw.cmd_keys import MacArbiter
 from ringkv.hw.key_slots import KeySlots
 from ringkv.hw.mac import MacCore
+from ringkv.sim.cocotb_run import BUILD_ROOT
+from ringkv.sim.formal import bmc
 from ringkv.sim.streams import stream_get, stream_put
 from ringkv.sim.top_bench import image_for, run_top
 
@@ -600,3 +604,75 @@ def test_fpga_device_tenants(caplog):
         with pytest.raises(ConfigError, match=r"^the device is an open build: it has no key "
                                               r"slots$"):
             dev.query(tokens, tenant="a")
+
+
+# -- the MAC arbiter, model-checked --------------------------------------------------------------
+
+class ArbiterHarness(Elaboratable):
+    """:class:`MacArbiter` with every input free (both users' streams and aborts, the core's
+    ready and valid signals: any idle, backpressure and timing the core might have) and the
+    ownership the users see, tracked from their own transfers: a user owns the core from its
+    ``cmd`` transfer until its tag's transfer or its ``abort``."""
+
+    def __init__(self, bug=None):
+        from amaranth import Signal
+        self.dut = MacArbiter(_bug=bug)
+        self.free = {}
+        for user in ("dma", "seed"):
+            for name in ("cmd_valid", "i_valid", "i_data", "o_ready", "abort"):
+                self.free[f"{user}_{name}"] = Signal(8 if name == "i_data" else 1,
+                                                     name=f"{user}_{name}")
+        for name in ("cmd_ready", "i_ready", "o_valid"):
+            self.free[f"core_{name}"] = Signal(name=f"core_{name}")
+
+    def ports(self):
+        return list(self.free.values())
+
+    def elaborate(self, platform):
+        from amaranth import Module, ResetSignal, Signal
+        from amaranth.hdl import Assert, Assume
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        f = self.free
+        owns = {}
+        for user in ("dma", "seed"):
+            port = getattr(dut, user)
+            m.d.comb += [port.cmd.valid.eq(f[f"{user}_cmd_valid"]),
+                         port.i.valid.eq(f[f"{user}_i_valid"]),
+                         port.i.payload.data.eq(f[f"{user}_i_data"]),
+                         port.o.ready.eq(f[f"{user}_o_ready"]),
+                         port.abort.eq(f[f"{user}_abort"])]
+            own = owns[user] = Signal(name=f"{user}_owns")
+            with m.If(port.cmd.valid & port.cmd.ready):
+                m.d.sync += own.eq(1)
+            with m.Elif(own & ((port.o.valid & port.o.ready) | port.abort)):
+                m.d.sync += own.eq(0)
+        m.d.comb += [dut.core.cmd.ready.eq(f["core_cmd_ready"]),
+                     dut.core.i.ready.eq(f["core_i_ready"]),
+                     dut.core.o.valid.eq(f["core_o_valid"]), Assume(~ResetSignal())]
+        a, b = dut.dma, dut.seed
+        core = dut.core
+        m.d.comb += [
+            Assert(~(owns["dma"] & owns["seed"])),
+            Assert(~(a.cmd.ready & b.cmd.ready)),
+            Assert(~core.cmd.valid | ~(owns["dma"] | owns["seed"])),
+            Assert(~a.i.ready | owns["dma"]), Assert(~b.i.ready | owns["seed"]),
+            Assert(~a.o.valid | owns["dma"]), Assert(~b.o.valid | owns["seed"]),
+            Assert(core.i.valid == ((owns["dma"] & a.i.valid) | (owns["seed"] & b.i.valid))),
+            Assert(~core.i.valid | (core.i.payload.data == Mux(owns["seed"], b.i.payload.data,
+                                                               a.i.payload.data))),
+        ]
+        return m
+
+
+@requires_yowasp
+@requires_yices
+@pytest.mark.parametrize("bug,verdict", [(None, "PASS"), ("no_lock", "FAIL"),
+                                         ("shared_tag", "FAIL")])
+def test_mac_arbiter_formal(bug, verdict):
+    """Every run of up to 12 clocks (the arbiter's state is two bits: every ownership
+    sequence is reached within a few): one owner at a time, one ``cmd.ready`` at a time, no
+    new message while one is owned, ``i.ready``/``o.valid`` only to the owner, the core's
+    bytes the owner's. The broken variants fail."""
+    workdir = BUILD_ROOT / "formal" / f"mac_arbiter_{bug or 'ok'}"
+    assert bmc(ArbiterHarness(bug), workdir, 12) == verdict
