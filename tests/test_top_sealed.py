@@ -44,6 +44,7 @@ from ringkv.host.ops import pack_attn, pack_tokens
 from ringkv.host.record import encode_record, import_record
 from ringkv.host.scheduler import QueryResult
 from ringkv.hw.cmd_keys import MacArbiter
+from ringkv.hw.dma import DmaOp
 from ringkv.hw.key_slots import KeySlots
 from ringkv.hw.mac import MacCore
 from ringkv.sim.cocotb_run import BUILD_ROOT
@@ -281,7 +282,22 @@ def test_tenants_are_isolated():
             Op.HASH_QUERY, n=10)))["hash"]
         assert h == sequence_hash(tokens, hash_seed(CFG))
 
-    run_top(top, image_for(top), scenario)
+    dma_cmds = []
+
+    async def watch_dma(ctx):
+        """Every command the DMA takes: its op, ``sealed`` and ``slot``."""
+        cmd = top.dma.cmd
+        async for _, _, valid, ready, p in ctx.tick().sample(cmd.valid, cmd.ready, cmd.payload):
+            if valid and ready:
+                dma_cmds.append((DmaOp(p.op), p.sealed, p.slot))
+
+    run_top(top, image_for(top), scenario, monitors=[watch_dma])
+    # the power-on scan's HEADER reads are open; the tenants' transfers are sealed, under
+    # the request's slot: A's export, A's import, B's export
+    assert [c for c in dma_cmds if c[0] is not DmaOp.HEADER] == [
+        (DmaOp.EXPORT, 1, SLOT_A), (DmaOp.IMPORT, 1, SLOT_A), (DmaOp.EXPORT, 1, SLOT_B)]
+    headers = [c for c in dma_cmds if c[0] is DmaOp.HEADER]
+    assert len(headers) == REGIONS and all(c[1:] == (0, 0) for c in headers)
 
 
 def _windows(key: bytes, width: int = 4):
