@@ -28,8 +28,9 @@ answer's last, against 15 for KEY_CLEAR, which answers at once.
 :class:`~ringkv.hw.key_slots.KeySlots`, whose only read port goes to the MAC core, whose only
 output is a BLAKE2s tag; the dispatcher never holds the key (the bytes go from the frame
 decoder's data stream into the slots' write port) and both key opcodes answer with a status
-only. The frame decoder's buffer holds the KEY_SET frame until the next frame overwrites it,
-and it is read only as the current frame's own payload. The tags reach the dispatcher only
+only. The frame decoder's payload buffer keeps a KEY_SET frame's bytes until later frames
+overwrite them, but it releases only a checked frame's own bytes (``0 .. length - 1``, all
+written by that frame), so no request can read another's payload. The tags reach the dispatcher only
 here (the tenant seed, a keyed hash of a public digest: the key cannot be recovered from it)
 and in the DMA (a record's tag, written to storage, which holds it anyway).
 
