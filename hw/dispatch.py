@@ -21,6 +21,11 @@ Adding an opcode: define it in :mod:`ringkv.defs.protocol` (``Op``, ``REQUESTS``
 separate components with a handshake between them: a unit's state follows the dispatcher's in
 the next clock exactly as if written in one place, so the split costs no cycle.
 
+The request layouts are the build's (:func:`ringkv.defs.protocol.build_requests`): a sealed
+build's tenant ops carry a key slot, which :meth:`Dispatcher.tenant` checks and turns into the
+hash engine's seed and the DMA's ``sealed``/``slot`` (:meth:`Dispatcher.dma_tenant`); an open
+build's dispatcher has none of it.
+
 Resources shared between families (the hash feeder on token-memory read port 0, the directory
 command port, the DMA command port, the attention core's command port, the statistics counters
 and the commit sequence) live here, with helpers that emit the states of one call to them

@@ -21,6 +21,10 @@ The CRC (:data:`FRAME_CRC`) is CRC-16/XMODEM: polynomial 0x1021, initial value 0
 reflection, no final XOR, over every byte after SYNC up to the end of the payload, sent most
 significant byte first, so that running the CRC over the CRC bytes too leaves the residue 0.
 
+Builds: an open build (the default) executes every op of :data:`REQUESTS` but :data:`KEY_OPS`;
+a sealed build (``RingKVTop(sealed=True)``) executes them all, with :data:`SEALED_REQUESTS`'s
+layouts (a tenant key slot appended) for :data:`TENANT_OPS` (:func:`build_requests`).
+
 Payloads: every request and response payload is a fixed little-endian record (:class:`Layout`),
 optionally followed by a variable *tail* (tokens, attention elements, sector bytes). Integers are
 unsigned little-endian; a field whose kind is ``"bytes"`` is a raw byte string.
