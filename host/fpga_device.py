@@ -11,11 +11,21 @@ Attention runs in the fixed-point numerics of the core, the configuration's ``nu
 (``ringkv-fx1``: q/k/v int8, ``ringkv-fx2``: q/k/v int16; see :mod:`ringkv.host.golden_fixed`):
 q/k/v are quantized here with that numerics (``ringkv-fx1c``: with the layer's fractions from
 ``config.qkv_fracs``), outputs (int16 in all) dequantized with it.
+
+A sealed build (``RingKVTop(sealed=True)``, ``FpgaDevice(sealed=True)``) takes a tenant key slot
+in ``QUERY``, ``QUERY_PREFIX`` and ``EXPORT``; the driver maps tenants to key ids
+(``tenants``), key ids to the device's slots, and writes a key into a slot (``KEY_SET``) the
+first time a tenant of that key is used, from the :class:`~ringkv.host.keys.KeyRing` it was
+given (or :meth:`FpgaDevice.set_key`). Keys are never logged, and the device never sends one
+back.
 """
+
+import logging
 
 import numpy as np
 
 from ringkv.defs.config import RingKVConfig
+from ringkv.defs.mac import KEY_SLOTS
 from ringkv.defs.numerics import numerics_of
 from ringkv.defs.protocol import (
     DEFAULT_MAX_PAYLOAD,
@@ -37,6 +47,7 @@ from ringkv.defs.protocol import (
     Status,
     StorageError,
     StorageKind,
+    build_requests,
     max_attn_tokens,
 )
 from ringkv.defs.record import (
@@ -51,11 +62,13 @@ from ringkv.defs.record import (
 )
 
 from . import errors
-from .errors import ConfigError, DeviceError
+from .errors import ConfigError, DeviceError, KeyRequired
 from .golden_fixed import dequantize_out, quantize
+from .keys import KeyRing
 from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from .record import (
     RecordError,
+    check_key_ring,
     decode_header,
     decode_payload,
     kind_name,
@@ -69,6 +82,8 @@ from .scheduler import Device, Holding, QueryResult
 
 __all__ = ["FpgaDevice", "ConfigMismatch", "DeviceNotReady", "STORAGE_ERRORS",
            "PREFIX_RETRIES"]
+
+log = logging.getLogger(__name__)
 
 #: The storage port's error codes (``hw/storage.StorageError``), as reported by a failed
 #: recovery.
@@ -89,6 +104,8 @@ _MISS_REASONS = {
     RecordStatus.BAD_VERSION: "foreign format",
     RecordStatus.NOT_THIS: "stale directory entry",
     RecordStatus.STORAGE: "storage error",
+    RecordStatus.NO_KEY: "no key",
+    RecordStatus.BAD_MAC: "bad tag",
 }
 
 
@@ -121,12 +138,36 @@ class FpgaDevice(Device):
 
     ``max_payload`` is the device's request bound (``Op.VERSION`` reports it; default
     :data:`~ringkv.defs.protocol.DEFAULT_MAX_PAYLOAD`).
+
+    ``sealed``: the device is a sealed build; the sealed API is the
+    :class:`~ringkv.host.software_device.SoftwareDevice`'s: ``query``, ``query_prefix``,
+    ``import_`` and ``export`` (and ``write_record``) take ``tenant=``, ``tenants`` maps a
+    tenant to a key id, ``keys`` is the :class:`~ringkv.host.keys.KeyRing` the key ids come
+    from (:func:`~ringkv.host.keys.load_keys`: a 0600 key file or ``RINGKV_KEYS``), and
+    :meth:`set_key` adds one. A tenant whose key id is not held raises
+    :class:`~ringkv.host.errors.KeyRequired` before anything is sent. The device has
+    :data:`~ringkv.defs.mac.KEY_SLOTS` slots: a key goes into one (``KEY_SET``, which also
+    derives the slot's hash seed on the device) the first time one of its tenants is used; when
+    all are taken the least recently used key leaves its slot. A ``NO_KEY`` answer (the device
+    was reset: its slots are volatile) makes the driver write the key again and repeat the
+    request once. An open device ignores tenants.
     """
 
-    def __init__(self, link, config: RingKVConfig, *, max_payload: int = DEFAULT_MAX_PAYLOAD):
+    def __init__(self, link, config: RingKVConfig, *, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 sealed: bool = False, keys: KeyRing | None = None, tenants=None):
         if not isinstance(config, RingKVConfig):
             raise TypeError(f"config must be a RingKVConfig, not {config!r}")
+        if not isinstance(sealed, bool):
+            raise TypeError(f"sealed must be a bool, not {sealed!r}")
+        if keys is not None and not isinstance(keys, KeyRing):
+            raise TypeError(f"keys must be a KeyRing (ringkv.host.keys.load_keys), not "
+                            f"{type(keys).__name__}")
         self.link, self.config, self.max_payload = link, config, max_payload
+        self.sealed = sealed
+        self._keys = check_key_ring(keys.keys() if keys is not None else {})
+        self.tenants = dict(tenants or {})
+        self._slots: dict[int, int] = {}       # key id -> device slot, least recent first
+        self._requests = build_requests(sealed)
         self.numerics = numerics_of(config.numerics)
         self._fracs = self.numerics.layer_fracs(config.layers, config.qkv_fracs)
         self.attention = self
@@ -151,6 +192,73 @@ class FpgaDevice(Device):
 
     def _call(self, op, **fields):
         return self._request(op, REQUESTS[op].pack(**fields))[1]
+
+    # -- keys and tenants (sealed builds) -----------------------------------------------------
+    def __repr__(self) -> str:
+        mode = f"sealed, key ids {sorted(self._keys)}" if self.sealed else "open"
+        return f"FpgaDevice({self.config.digest().hex()[:12]}, {mode})"
+
+    def set_key(self, key_id: int, key: bytes, tenants=()) -> None:
+        """Hold ``key`` under ``key_id`` (replacing a key of that id) and give it to
+        ``tenants``; a key id already in a device slot is written again at once (so records
+        sealed under the replaced key no longer verify), otherwise on first use."""
+        ring = check_key_ring({key_id: key})
+        self._keys.update(ring)
+        for t in tenants:
+            self.tenants[t] = key_id
+        if self.sealed and key_id in self._slots:
+            self._key_set(self._slots[key_id], key_id)
+
+    def _key_set(self, slot: int, key_id: int) -> None:
+        payload = REQUESTS[Op.KEY_SET].pack(slot=slot, key_id=key_id) + self._keys[key_id]
+        try:
+            self.link.request(Op.KEY_SET, payload)
+        except DeviceError as e:
+            if e.status != Status.UNKNOWN_OP:
+                raise
+            raise ConfigError("the device is an open build: it has no key slots",
+                              hint="use the device without keys (open mode), or build it "
+                                   "sealed (RingKVTop(sealed=True))", fields=["sealed"]) from None
+        log.debug("key id %d written to device slot %d", key_id, slot)
+
+    def _slot(self, tenant) -> int | None:
+        """The device slot of ``tenant``'s key (written there if it is not yet), or ``None``
+        on an open device; :class:`KeyRequired` for a tenant without a key."""
+        if not self.sealed:
+            return None
+        key_id = self.tenants.get(tenant)
+        if key_id is None or key_id not in self._keys:
+            why = "unknown tenant" if key_id is None else f"key id {key_id} not held"
+            raise KeyRequired(f"sealed device: tenant {tenant!r} has no key ({why})",
+                              hint="set the tenant's key (a key file or RINGKV_KEYS)",
+                              fields=["keys"])
+        slot = self._slots.pop(key_id, None)
+        if slot is None:
+            used = set(self._slots.values())
+            free = [k for k in range(KEY_SLOTS) if k not in used]
+            if free:
+                slot = free[0]
+            else:                                   # the least recently used key leaves
+                slot = self._slots.pop(next(iter(self._slots)))
+            self._key_set(slot, key_id)
+        self._slots[key_id] = slot
+        return slot
+
+    def _tenant_request(self, op, tenant, ok, **fields):
+        """``op`` (a tenant op) with ``tenant``'s slot in a sealed build; a ``NO_KEY`` answer
+        (the device lost its volatile slots) writes the key again and repeats once."""
+        for _attempt in range(2):
+            slot = self._slot(tenant)
+            if slot is not None:
+                fields["slot"] = slot
+            try:
+                return self._request(op, self._requests[op].pack(**fields), ok=ok)
+            except DeviceError as e:
+                if e.status != Status.NO_KEY:
+                    raise
+            self._slots.clear()
+        raise KeyRequired(f"the device refused tenant {tenant!r}'s key slot twice (NO_KEY)",
+                          fields=["keys"])
 
     # -- identity -----------------------------------------------------------------------------
     def version(self) -> dict:
@@ -219,14 +327,15 @@ class FpgaDevice(Device):
         return out
 
     # -- snapshot store -----------------------------------------------------------------------
-    def query(self, tokens) -> QueryResult:
+    def query(self, tokens, *, tenant=None) -> QueryResult:
         """Write ``tokens`` to token memory, then ``QUERY``: on a hit the device has verified
         the record and imported it into the rings."""
         tokens = list(tokens)
+        self._slot(tenant)                       # refused before anything is sent
         self.write_tokens(tokens)
         self.counters["queries"] += 1
-        status, data = self._request(Op.QUERY, REQUESTS[Op.QUERY].pack(n=len(tokens)),
-                                     ok=(Status.HIT, Status.MISS))
+        status, data = self._tenant_request(Op.QUERY, tenant, (Status.HIT, Status.MISS),
+                                            n=len(tokens))
         r = SNAPSHOT_RESPONSE.unpack(data)
         self.counters["device_cycles"] += r["cycles"]
         hit = status == Status.HIT
@@ -241,7 +350,7 @@ class FpgaDevice(Device):
         self._last_hit = (result, r["bytes"]) if hit else None
         return result
 
-    def query_prefix(self, tokens, limit) -> QueryResult:
+    def query_prefix(self, tokens, limit, *, tenant=None) -> QueryResult:
         """The longest stored prefix of ``tokens[:limit]``, verified and imported.
 
         Writes ``tokens[:limit]`` to token memory and asks ``QUERY_PREFIX n=limit``: the device
@@ -257,6 +366,7 @@ class FpgaDevice(Device):
         """
         tokens = list(tokens)
         limit = min(int(limit), len(tokens))
+        self._slot(tenant)
         self.counters["queries"] += 1
         self._last_hit = None
         reason = "no stored prefix"
@@ -264,16 +374,15 @@ class FpgaDevice(Device):
             self.write_tokens(tokens[:limit])
             n = limit
             for _ in range(1 + PREFIX_RETRIES):
-                status, data = self._request(Op.QUERY_PREFIX,
-                                             REQUESTS[Op.QUERY_PREFIX].pack(n=n),
-                                             ok=(Status.HIT, Status.MISS))
+                status, data = self._tenant_request(Op.QUERY_PREFIX, tenant,
+                                                    (Status.HIT, Status.MISS), n=n)
                 p = PREFIX_RESPONSE.unpack(data)
                 self.counters["device_cycles"] += p["cycles"]
                 if status != Status.HIT:
                     break
                 c = p["count"]
-                status, data = self._request(Op.QUERY, REQUESTS[Op.QUERY].pack(n=c),
-                                             ok=(Status.HIT, Status.MISS))
+                status, data = self._tenant_request(Op.QUERY, tenant,
+                                                    (Status.HIT, Status.MISS), n=c)
                 r = SNAPSHOT_RESPONSE.unpack(data)
                 self.counters["device_cycles"] += r["cycles"]
                 if status == Status.HIT:
@@ -294,7 +403,8 @@ class FpgaDevice(Device):
         self.counters["misses"] += 1
         return QueryResult(False, 0, 0, reason)
 
-    def import_(self, result: QueryResult) -> int:
+    def import_(self, result: QueryResult, *, tenant=None) -> int:
+        self._slot(tenant)
         if not result.hit or self._last_hit is None or self._last_hit[0] != result:
             raise ValueError("import needs the result of the last query, a hit")
         moved = self._last_hit[1]
@@ -302,13 +412,14 @@ class FpgaDevice(Device):
         self.counters["bytes_in"] += moved
         return moved
 
-    def export(self, tokens, replaces=None, *, checkpoint=False):
+    def export(self, tokens, replaces=None, *, checkpoint=False, tenant=None):
         """``EXPORT`` the rings as the record of ``tokens`` (a turn snapshot, or with
         ``checkpoint`` a prefix checkpoint: the record header's kind); delete the record
-        ``replaces`` unless it is the same key. Returns ``(key, bytes moved)``."""
+        ``replaces`` unless it is the same key. Returns ``(key, bytes moved)``. A sealed
+        device seals it under ``tenant``'s key."""
         n = len(tokens)
         kind = RecordKind.CHECKPOINT if checkpoint else RecordKind.TURN
-        data = self._request(Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=n, kind=kind.value))[1]
+        data = self._tenant_request(Op.EXPORT, tenant, (Status.OK,), n=n, kind=kind.value)[1]
         r = SNAPSHOT_RESPONSE.unpack(data)
         key = (n, r["hash"])
         if replaces is not None and tuple(replaces) != key:
@@ -513,7 +624,7 @@ class FpgaDevice(Device):
                                       "directory says")
         return record
 
-    def write_record(self, data: bytes) -> tuple:
+    def write_record(self, data: bytes, *, tenant=None) -> tuple:
         """Store a record copied from another device: the gateware has no sector write, so the
         record's K/V go back into the rings and the device exports them itself.
 
@@ -558,8 +669,8 @@ class FpgaDevice(Device):
             vi[n - valid:] = np.transpose(signed(v[layer]), (1, 0, 2))
             self._attend(Op.ATTN_PREFILL, layer, q, ki, vi)
         kind = header.kind if header.kind in {x.value for x in RecordKind} else 0
-        r = SNAPSHOT_RESPONSE.unpack(self._request(
-            Op.EXPORT, REQUESTS[Op.EXPORT].pack(n=n, kind=kind))[1])
+        r = SNAPSHOT_RESPONSE.unpack(self._tenant_request(Op.EXPORT, tenant, (Status.OK,),
+                                                          n=n, kind=kind)[1])
         if r["hash"] != header.prefix_hash:
             raise errors.StorageError(
                 f"the copied record's hash {header.prefix_hash:#018x} is not the device's "

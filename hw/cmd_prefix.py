@@ -10,7 +10,9 @@ follows it with ``QUERY count``, which verifies the stored tokens, the config an
 CRC and imports (so a hash collision or a corrupt record is a miss, never a wrong answer). The
 probe refreshes no stamp: looking a prefix up is not a use, only the import that follows is.
 ``n`` must be ``1 .. count of token memory`` (an empty token memory is ``BAD_ARG``); like
-``QUERY`` the request answers ``NOT_READY`` while the directory is recovered.
+``QUERY`` the request answers ``NOT_READY`` while the directory is recovered. In a sealed build
+it carries a tenant key slot (checked first: ``BAD_ARG``, ``NO_KEY``) and the hash starts from
+the tenant's seed, so it finds only that tenant's records.
 
 Datapath (all four run at once, one token per clock where nothing stalls)::
 
@@ -82,7 +84,7 @@ class PrefixUnit(CommandUnit):
 
     def dispatch(self, d):
         m, tm = d.m, d.tm
-        with m.Case(Op.QUERY_PREFIX.value):
+        with m.Case(Op.QUERY_PREFIX.value), d.tenant(Op.QUERY_PREFIX):
             n = d.arg(Op.QUERY_PREFIX, "n")
             with m.If((n == 0) | (n > tm.count)):
                 d.reject(Status.BAD_ARG)

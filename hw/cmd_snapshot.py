@@ -12,6 +12,10 @@ A :class:`~ringkv.hw.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`.
   old record of the key, insert (evicting the LRU snapshot when full), DMA export with the
   commit sequence number, then retire the old record; an export that fails is undone. The
   sequence number advances modulo 2**32 on each committed export.
+
+In a sealed build both carry a tenant key slot (:meth:`~ringkv.hw.dispatch.Dispatcher.tenant`:
+``BAD_ARG`` past the slots, ``NO_KEY`` for a slot without a key, before anything else): the
+hash starts from the tenant's seed, and the DMA transfer is a sealed one under that slot.
 """
 
 from amaranth import Mux, Signal
@@ -60,7 +64,7 @@ class SnapshotUnit(CommandUnit):
 
     def dispatch(self, d):
         m, tm, arg = d.m, d.tm, d.arg
-        with m.Case(Op.QUERY.value):
+        with m.Case(Op.QUERY.value), d.tenant(Op.QUERY):
             n = arg(Op.QUERY, "n")
             with m.If((n == 0) | (n > tm.count)):
                 d.reject(Status.BAD_ARG)
@@ -69,7 +73,7 @@ class SnapshotUnit(CommandUnit):
                              self.s_dir.eq(DirStatus.MISS), self.s_link.eq(0),
                              self.s_region.eq(0), self.s_seq.eq(0)]
                 m.next = "QUERY_HASH"
-        with m.Case(Op.EXPORT.value):
+        with m.Case(Op.EXPORT.value), d.tenant(Op.EXPORT):
             n = arg(Op.EXPORT, "n")
             kind = arg(Op.EXPORT, "kind")
             with m.If((n == 0) | (n > tm.count) | (n != d.ring.meta_count)
@@ -98,7 +102,7 @@ class SnapshotUnit(CommandUnit):
             with m.Else():
                 m.next = "QUERY_DONE"
         d.dma_call("QUERY_IMPORT", "QUERY_IMPORTED", op=DmaOp.IMPORT, region=s_region, count=s_n,
-                   hash=hash_val)
+                   hash=hash_val, **d.dma_tenant())
         with m.State("QUERY_IMPORTED"):
             status = dma_resp.status
             m.d.sync += [s_rec.eq(status), self.s_seq.eq(dma_resp.seq)]
@@ -152,7 +156,7 @@ class SnapshotUnit(CommandUnit):
             with m.Else():
                 m.next = "EXPORT_DONE"
         d.dma_call("EXPORT_WRITE", "EXPORT_WRITTEN", op=DmaOp.EXPORT, region=s_region, count=s_n,
-                   hash=hash_val, seq=self.s_seq, kind=self.s_kind)
+                   hash=hash_val, seq=self.s_seq, kind=self.s_kind, **d.dma_tenant())
         with m.State("EXPORT_WRITTEN"):
             m.d.sync += s_rec.eq(dma_resp.status)
             with m.If(dma_resp.status == RecordStatus.OK):

@@ -21,6 +21,11 @@ Adding an opcode: define it in :mod:`ringkv.defs.protocol` (``Op``, ``REQUESTS``
 separate components with a handshake between them: a unit's state follows the dispatcher's in
 the next clock exactly as if written in one place, so the split costs no cycle.
 
+The request layouts are the build's (:func:`ringkv.defs.protocol.build_requests`): a sealed
+build's tenant ops carry a key slot, which :meth:`Dispatcher.tenant` checks and turns into the
+hash engine's seed and the DMA's ``sealed``/``slot`` (:meth:`Dispatcher.dma_tenant`); an open
+build's dispatcher has none of it.
+
 Resources shared between families (the hash feeder on token-memory read port 0, the directory
 command port, the DMA command port, the attention core's command port, the statistics counters
 and the commit sequence) live here, with helpers that emit the states of one call to them
@@ -28,10 +33,14 @@ and the commit sequence) live here, with helpers that emit the states of one cal
 :meth:`~Dispatcher.attn_cmd`).
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal, Value
+from contextlib import contextmanager
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import wiring
 
-from ringkv.defs.protocol import LENGTH, RECOVERY_STATUS, REQUESTS, RESPONSES, Length
+from ringkv.defs.hash import hash_seed
+from ringkv.defs.mac import KEY_SLOTS, SEED_BYTES
+from ringkv.defs.protocol import LENGTH, RECOVERY_STATUS, RESPONSES, Length, build_requests
 
 from .directory import Op as DirOp
 from .directory import Status as DirStatus
@@ -70,6 +79,9 @@ class CommandUnit:
 
     OPS = ()
     BODIES = {}
+    #: A unit only sealed builds have (``RingKVTop(sealed=True)``): its opcodes are not
+    #: executed by an open build (``UNKNOWN_OP``).
+    SEALED = False
 
     def signals(self, d):
         """Create the unit's registers (before any hook that uses them)."""
@@ -101,6 +113,9 @@ class Dispatcher:
         self.dec, self.enc, self.tm, self.hasher = decoder, encoder, tokens, hasher
         self.dr, self.dma, self.at = directory, dma, attention
         self.config, self.layout = top.config, top.record_layout
+        #: The request layouts this build executes (:func:`ringkv.defs.protocol.build_requests`).
+        self.sealed = top.sealed
+        self.requests = build_requests(self.sealed)
         m = self.m
         # response body modes: the fixed record first, then each unit's, in unit order
         self.modes = {"BUF": ("SEND_BUFFER", 0)}
@@ -125,7 +140,7 @@ class Dispatcher:
                          self.dir_cycles.eq(self.dir_cycles + ~directory.i.ready)]
 
         # ---- request registers -------------------------------------------------------------
-        arg_max = max(lay_.size for lay_ in REQUESTS.values())
+        arg_max = max(lay_.size for lay_ in self.requests.values())
         self.op = LinkOp(Signal(8, name="op"))     # any byte; reset value 0 is no Op
         self.seq = Signal(8)
         self.length = Signal(16)
@@ -181,11 +196,54 @@ class Dispatcher:
         m.d.comb += arbiter.dma_owns.eq(dma.busy & ~self.scan_busy)
         self.ring = arbiter.reader
 
+        # ---- tenants (sealed builds): key slots' set bits, per-slot seeds, the hash seed ----
+        if self.sealed:
+            #: which key slots hold a key (``KeySlots.set``)
+            self.key_set = Signal(KEY_SLOTS)
+            #: each slot's prefix-hash seed (``tenant_seed``), written by KEY_SET
+            self.seeds = top.tenant_seeds
+            #: the current request's tenant slot (valid once ``tenant`` has passed it)
+            self.tenant_slot = Signal(range(KEY_SLOTS))
+            #: the hash engine's ``h_0``: the open seed, or the request's tenant's seed
+            self.open_seed = hash_seed(self.config)
+            self.h_seed = Signal(8 * SEED_BYTES, init=self.open_seed)
+            m.d.comb += [self.key_set.eq(top.key_slots.set), hasher.seed_in.eq(self.h_seed)]
+
     # ---- helpers for the units -------------------------------------------------------------
     def arg(self, op, name):
         """Field ``name`` of ``op``'s request record, as collected in ``ARGS``."""
-        off, size = REQUESTS[op].offset(name)
+        off, size = self.requests[op].offset(name)
         return self.args[8 * off:8 * (off + size)]
+
+    @contextmanager
+    def tenant(self, op):
+        """The ``DISPATCH`` case body of a tenant op (:data:`~ringkv.defs.protocol.TENANT_OPS`).
+
+        An open build runs the body as it is. A sealed build first checks the request's
+        ``slot``: ``>= KEY_SLOTS`` is ``BAD_ARG``, a slot without a key ``NO_KEY`` (refused:
+        nothing done); otherwise the body runs with ``tenant_slot`` and the hash seed set to
+        the slot's in the same clock (so the op's first hashed token, a clock later at the
+        earliest, starts from the tenant's seed)."""
+        if not self.sealed:
+            yield
+            return
+        m = self.m
+        slot = self.arg(op, "slot")
+        sel = slot[:max(1, (KEY_SLOTS - 1).bit_length())]
+        with m.If(slot >= KEY_SLOTS):
+            self.reject(Status.BAD_ARG)
+        with m.Elif(~self.key_set.bit_select(sel, 1)):
+            self.reject(Status.NO_KEY)
+        with m.Else():
+            m.d.sync += [self.tenant_slot.eq(sel), self.h_seed.eq(Array(self.seeds)[sel])]
+            yield
+
+    def dma_tenant(self) -> dict:
+        """The DMA command fields of the current request's tenant: none in an open build
+        (``sealed`` 0: an open transfer), ``sealed``/``slot`` in a sealed one."""
+        if not self.sealed:
+            return {}
+        return {"sealed": 1, "slot": self.tenant_slot}
 
     def respond(self, status, n_bytes=0, how="BUF"):
         """Answer: the response header next, then ``n_bytes`` of body ``how``."""
@@ -329,13 +387,17 @@ class Dispatcher:
                                      self.answer_not_ready.eq(0),
                                      self.frames.eq(self.frames + 1),
                                      self.cycles_at.eq(self.cycles)]
+                        if self.sealed:        # every request hashes with the open seed...
+                            m.d.sync += self.h_seed.eq(self.open_seed)   # ...but a tenant's
                         m.next = "HEADER_CHECK"
 
             with m.State("HEADER_CHECK"):
                 # the payload length against the op's layout, by its rule in LENGTH
                 with m.Switch(op):
                     for o, rule in LENGTH.items():
-                        size = REQUESTS[o].size
+                        if o not in self.requests:
+                            continue
+                        size = self.requests[o].size
                         with m.Case(o.value):
                             if rule is Length.ANY:
                                 m.next = "DISPATCH"
@@ -366,8 +428,8 @@ class Dispatcher:
                     m.d.sync += [self.args.word_select(taken[:5], 8).eq(dec.data.payload.data),
                                  taken.eq(taken + 1)]
                     with m.Switch(op):
-                        for o in REQUESTS:
-                            size = REQUESTS[o].size
+                        for o in self.requests:
+                            size = self.requests[o].size
                             if size == 0:
                                 continue
                             with m.Case(o.value):

@@ -35,6 +35,9 @@ class HashEngine(wiring.Component):
         Width of the emitted token count (prefix length); it wraps modulo ``2**count_width``.
     seed : int
         ``h_0``; use :func:`ringkv.defs.hash.hash_seed` to fold in the config digest.
+    seed_input : bool
+        Take ``h_0`` from the ``seed_in`` port instead (a run-time seed: a sealed device's tenant
+        seed, chosen per request); ``seed`` is then only the chain's value after reset.
     rounds : int
         ARX rounds per token (1 to 4; default 2).
 
@@ -66,7 +69,8 @@ class HashEngine(wiring.Component):
     not needed for correctness: a hit also compares the stored tokens.
     """
 
-    def __init__(self, *, token_width=16, hash_width=64, count_width=24, seed=0, rounds=2):
+    def __init__(self, *, token_width=16, hash_width=64, count_width=24, seed=0, rounds=2,
+                 seed_input=False):
         check_params(token_width, hash_width, rounds)
         check_int("Count width", count_width, low=1, high=64, unit=" bits")
         check_int("Seed", seed)
@@ -77,16 +81,23 @@ class HashEngine(wiring.Component):
         self._count_width = count_width
         self._seed = seed
         self._rounds = rounds
-        super().__init__({
+        if not isinstance(seed_input, bool):
+            raise TypeError(f"seed_input must be a bool, not {seed_input!r}")
+        self._seed_input = seed_input
+        ports = {
             "i": In(stream.Signature(hash_input_layout(token_width))),
             "o": Out(stream.Signature(hash_output_layout(hash_width, count_width))),
-        })
+        }
+        if seed_input:
+            ports["seed_in"] = In(hash_width)
+        super().__init__(ports)
 
     token_width = property(lambda self: self._token_width)
     hash_width = property(lambda self: self._hash_width)
     count_width = property(lambda self: self._count_width)
     seed = property(lambda self: self._seed)
     rounds = property(lambda self: self._rounds)
+    seed_input = property(lambda self: self._seed_input)
 
     def elaborate(self, platform):
         m = Module()
@@ -97,7 +108,8 @@ class HashEngine(wiring.Component):
         count = Signal(self._count_width)
         last = Signal()
 
-        base = Mux(self.i.payload.first, self._seed, state)
+        h0 = self.seed_in if self._seed_input else self._seed
+        base = Mux(self.i.payload.first, h0, state)
         x = base[:w]
         y = base[w:] ^ self.i.payload.token
         for r in range(self._rounds):

@@ -26,6 +26,7 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
+from ringkv.defs.mac import KEY_SLOTS, SEED_BYTES
 from ringkv.defs.protocol import (
     DEFAULT_MAX_PAYLOAD,
     REQUESTS,
@@ -33,12 +34,14 @@ from ringkv.defs.protocol import (
     StorageKind,
     attn_in_bytes,
     attn_out_bytes,
+    build_requests,
 )
 from ringkv.defs.record import RecordLayout
 
 from .attention import AttentionCore
 from .cmd_attention import AttentionUnit
 from .cmd_directory import DirectoryUnit
+from .cmd_keys import KeyUnit, MacArbiter
 from .cmd_link import LinkUnit
 from .cmd_prefix import PrefixUnit
 from .cmd_recovery import RecoveryUnit
@@ -50,15 +53,18 @@ from .dispatch import Dispatcher
 from .dma import DmaEngine
 from .framing import FrameDecoder, FrameEncoder
 from .hash_engine import HashEngine
+from .key_slots import KeySlots
+from .mac import MacCore
 from .storage import StorageInfoSignature, StoragePortSignature
 from .token_memory import TokenMemory
 
 __all__ = ["RingKVTop", "UNITS"]
 
 #: The dispatcher's command units, one per command family; together they execute every
-#: opcode of :data:`ringkv.defs.protocol.REQUESTS` (checked at construction).
+#: opcode of the build's requests (:func:`ringkv.defs.protocol.build_requests`; checked at
+#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``).
 UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, AttentionUnit,
-         StorageUnit, RecoveryUnit)
+         StorageUnit, RecoveryUnit, KeyUnit)
 
 
 class RingKVTop(wiring.Component):
@@ -89,6 +95,18 @@ class RingKVTop(wiring.Component):
         What serves the storage port (:class:`~ringkv.defs.protocol.StorageKind`; ``NONE``:
         no SD controller, a simulation's sector model), and ``sd_clock_hz`` its SD clock in
         data transfers: the build's parameters, reported by ``STORAGE_INFO``.
+    sealed : bool
+        A sealed build (default: open). It holds :class:`~ringkv.hw.key_slots.KeySlots` and
+        a :class:`~ringkv.hw.mac.MacCore` (shared by the DMA and the tenant-seed derivation
+        through :class:`~ringkv.hw.cmd_keys.MacArbiter`), executes ``KEY_SET`` and
+        ``KEY_CLEAR``, and takes a tenant key slot in ``QUERY``, ``QUERY_PREFIX`` and
+        ``EXPORT`` (:data:`~ringkv.defs.protocol.SEALED_REQUESTS`): the hash engine starts
+        from that slot's seed, the DMA seals (export) or verifies (import) under its key, and
+        a slot without a key is refused ``NO_KEY`` before anything is done. A build
+        parameter, not a run-time setting: nothing on the link can turn a sealed device open
+        (an open device accepts unauthenticated records), and an open build has no MAC at all
+        (its gateware is the device's before sealing existed, with the key opcodes answered
+        ``UNKNOWN_OP``).
 
     Ports
     -----
@@ -132,7 +150,7 @@ class RingKVTop(wiring.Component):
                  buckets: int | None = None, lanes: int = 4, macs: int = 8,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
-                 sd_clock_hz: int = 0):
+                 sd_clock_hz: int = 0, sealed: bool = False):
         check_type("config", config, RingKVConfig)
         check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
@@ -154,10 +172,14 @@ class RingKVTop(wiring.Component):
                              f"of this config), not {max_payload!r}")
         check_type("storage_kind", storage_kind, StorageKind)
         check_int("sd_clock_hz", sd_clock_hz, low=0, high=(1 << 32) - 1)
-        handled = [o for unit in UNITS for o in unit.OPS]
-        if sorted(handled, key=lambda o: o.value) != sorted(REQUESTS, key=lambda o: o.value):
+        check_type("sealed", sealed, bool)
+        self._sealed = sealed
+        self._units = tuple(u for u in UNITS if sealed or not u.SEALED)
+        requests = build_requests(sealed)
+        handled = [o for unit in self._units for o in unit.OPS]
+        if sorted(handled, key=lambda o: o.value) != sorted(requests, key=lambda o: o.value):
             raise AssertionError(f"command units {sorted(o.name for o in handled)} do not "
-                                 f"cover the requests {sorted(o.name for o in REQUESTS)} "
+                                 f"cover the requests {sorted(o.name for o in requests)} "
                                  f"exactly once")
         self._config = config
         self._regions, self._links, self._buckets = regions, links, buckets
@@ -169,7 +191,7 @@ class RingKVTop(wiring.Component):
         self.encoder = FrameEncoder()
         self.tokens = TokenMemory(config.max_tokens, config.token_width, read_ports=2)
         self.hasher = HashEngine(token_width=config.token_width, hash_width=64,
-                                 count_width=24, seed=hash_seed(config))
+                                 count_width=24, seed=hash_seed(config), seed_input=sealed)
         self.directory = CacheDirectory(buckets=buckets, links=links, regions=regions,
                                         count_width=24, hash_width=64, stamp_width=32)
         self.dma = DmaEngine(config, regions, base_lba)
@@ -178,6 +200,14 @@ class RingKVTop(wiring.Component):
                                        window=config.window, lanes=lanes, macs=macs,
                                        numerics=config.numerics,
                                        qkv_fracs=config.qkv_fracs)
+        if sealed:
+            self.key_slots = KeySlots()
+            self.mac = MacCore()
+            self.mac_arbiter = MacArbiter()
+            #: Each key slot's prefix-hash seed, written by KEY_SET (not a port: the
+            #: dispatcher's registers, a simulation observation point).
+            self.tenant_seeds = [Signal(8 * SEED_BYTES, name=f"tenant_seed{k}")
+                                 for k in range(KEY_SLOTS)]
         super().__init__({
             "rx": In(stream.Signature(8)),
             "tx": Out(stream.Signature(8)),
@@ -197,6 +227,7 @@ class RingKVTop(wiring.Component):
     record_layout = property(lambda self: self._layout)
     storage_kind = property(lambda self: self._storage_kind)
     sd_clock_hz = property(lambda self: self._sd_clock_hz)
+    sealed = property(lambda self: self._sealed)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):
@@ -211,7 +242,21 @@ class RingKVTop(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rx), dec.i)
         wiring.connect(m, enc.o, wiring.flipped(self.tx))
         wiring.connect(m, dma.tokens, tm.read_port(1))
-        dispatcher = Dispatcher(m, self, [unit() for unit in UNITS], decoder=dec, encoder=enc,
+        if self._sealed:
+            # keys: written by the key unit, read only by the MAC; the MAC shared by the DMA
+            # and the seed derivation; the DMA sees the slots' ids and set bits
+            m.submodules.key_slots = slots = self.key_slots
+            m.submodules.mac = mac = self.mac
+            m.submodules.mac_arbiter = arbiter = self.mac_arbiter
+            wiring.connect(m, mac.key, slots.read)
+            wiring.connect(m, dma.mac, arbiter.dma)
+            for name in ("cmd", "i"):
+                wiring.connect(m, getattr(arbiter.core, name), getattr(mac, name))
+            wiring.connect(m, mac.o, arbiter.core.o)
+            if "abort" in mac.signature.members:
+                m.d.comb += mac.abort.eq(arbiter.core.abort)
+            m.d.comb += [dma.key_ids.eq(slots.key_ids), dma.key_set.eq(slots.set)]
+        dispatcher = Dispatcher(m, self, [unit() for unit in self._units], decoder=dec, encoder=enc,
                                 tokens=tm, hasher=hasher, directory=dr, dma=dma, attention=at)
         dispatcher.elaborate()
         m.d.comb += self.recovering.eq(dispatcher.scan_busy)

@@ -75,6 +75,7 @@ def cores():
         "attention_reciprocal": lambda: Reciprocal(25),
         "top_demo": lambda: RingKVTop(DEMO_CONFIG, regions=16),
         "top_demo_fx2": lambda: RingKVTop(replace(DEMO_CONFIG, numerics="ringkv-fx2"), regions=16),
+        "top_demo_sealed": lambda: RingKVTop(DEMO_CONFIG, regions=16, sealed=True),
     }
     return out
 

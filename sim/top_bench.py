@@ -112,11 +112,13 @@ class SimByteLink:
 
 def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=None,
             storage_idle=0.0, storage_stall=0.0, storage_dead=False, storage_log=None, vcd=None,
-            wait_ready=True):
+            wait_ready=True, monitors=()):
     """Simulate ``top`` with ``image`` on its storage port; ``await scenario(ctx, link)``.
 
     ``wait_ready``: the scenario starts when the power-on recovery scan has ended
-    (``top.recovering`` low); ``link.ready_cycles`` is then the clocks it took."""
+    (``top.recovering`` low); ``link.ready_cycles`` is then the clocks it took.
+    ``monitors``: async functions ``f(ctx)`` run as background testbenches beside it (to watch
+    internal streams; they must only read)."""
     link = SimByteLink(top, rng=rng, idle=idle, stall=stall)
     sim = Simulator(top)
     sim.add_clock(1e-8)
@@ -135,6 +137,8 @@ def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=
 
     sim.add_testbench(storage, background=True)
     sim.add_testbench(link.tx_process, background=True)
+    for monitor in monitors:
+        sim.add_testbench(monitor, background=True)
     sim.add_testbench(body)
     cycle_signature.tap(sim, top, relative=False)
     if vcd:

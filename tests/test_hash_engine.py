@@ -87,6 +87,47 @@ def test_no_first_marker_continues_from_seed():
     sim.run()
     assert out == prefix_hashes([5, 6], 1234)
 
+@pytest.mark.parametrize("idle,stall", [(0.0, 0.0), (0.4, 0.4)])
+def test_seed_input_per_sequence(idle, stall):
+    """``seed_input``: each sequence starts from the seed on the ``seed_in`` port when its first
+    token transfers (a sealed device's tenant seeds), equal to the golden chain of that seed;
+    the port may change between sequences and while the chain runs."""
+    rng = random.Random(11)
+    sequences = [[rng.randrange(1 << 16) for _ in range(rng.choice([1, 3, 9]))]
+                 for _ in range(24)]
+    seeds = [rng.getrandbits(64) for _ in sequences]
+    seeds[0], seeds[1] = 0, (1 << 64) - 1
+    engine = HashEngine(seed=5, seed_input=True)
+    rng_in, rng_out = random.Random(1), random.Random(2)
+    out = []
+
+    async def source(ctx):
+        for seq, seed in zip(sequences, seeds):
+            for k, t in enumerate(seq):
+                # the seed of this sequence on its first token, junk afterwards
+                ctx.set(engine.seed_in, seed if k == 0 else rng_in.getrandbits(64))
+                await stream_put(ctx, engine.i, {"token": t, "first": k == 0,
+                                                 "last": k == len(seq) - 1},
+                                 rng=rng_in, idle=idle)
+
+    async def sink(ctx):
+        for _ in range(sum(map(len, sequences))):
+            p = await stream_get(ctx, engine.o, rng=rng_out, stall=stall)
+            out.append((p.hash, p.count, p.last))
+
+    sim = Simulator(engine)
+    sim.add_clock(1e-8)
+    sim.add_testbench(source)
+    sim.add_testbench(sink)
+    sim.run()
+    want = []
+    for seq, seed in zip(sequences, seeds):
+        want += ref_prefix_hashes([seq], seed)
+    assert out == want
+    with pytest.raises(TypeError, match=r"^seed_input must be a bool, not 1$"):
+        HashEngine(seed_input=1)
+    assert "seed_in" not in HashEngine().signature.members
+
 
 @pytest.mark.parametrize("kwargs,exc,message", [
     ({"hash_width": 48}, ValueError, "Hash width must be 64, 96 or 128 bits, not 48"),

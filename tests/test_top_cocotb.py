@@ -36,3 +36,15 @@ def test_prefix_cocotb():
                build_name="ringkv_top_small",
                params={"config": asdict(CFG), "regions": 4, "links": top.links,
                        "buckets": top.buckets, "seed": 16})
+
+
+@requires_verilator
+@pytest.mark.slow        # its own Verilator build of the sealed top (the MAC, the key slots)
+def test_top_sealed_cocotb():
+    """A sealed top on Verilator (tests/cocotb/cocotb_top_sealed.py): KEY_SET and its
+    refusals, NO_KEY, tenant A's record a miss for tenant B and a hit for A, with random idle
+    and stalls on the link and the storage port."""
+    top = RingKVTop(CFG, regions=4, lanes=2, macs=4, max_payload=1024, sealed=True)
+    run_cocotb(top, toplevel="ringkv_top", test_module="cocotb_top_sealed",
+               build_name="ringkv_top_small_sealed",
+               params={"config": asdict(CFG), "regions": 4, "seed": 9})

@@ -2,7 +2,8 @@
 
 The opcode, status and payload-layout tables of ``docs/blocks/link.md`` come from
 :mod:`ringkv.defs.protocol` (``Op``, ``Status``, ``REQUESTS``, ``RESPONSES``, ``TAILS``,
-``LENGTH``, ``IDEMPOTENT_OPS`` and the shared response layouts), the header table of
+``LENGTH``, ``IDEMPOTENT_OPS``, ``SEALED_REQUESTS``, ``KEY_OPS`` and the shared response
+layouts), the header table of
 ``docs/blocks/record-format.md`` from :mod:`ringkv.defs.record` (``HEADER_FIELDS``). Each table
 sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` in its doc.
 
@@ -68,7 +69,13 @@ def opcode_rows():
                             "—", "—", ""]
             continue
         req_tail, resp_tail = P.TAILS.get(op, ("", ""))
-        yield op.name, [f"`{op.name}`", _hex(op.value), _layout(P.REQUESTS[op], req_tail),
+        request = _layout(P.REQUESTS[op], req_tail)
+        if op in P.SEALED_REQUESTS:
+            extra = P.SEALED_REQUESTS[op].fields[len(P.REQUESTS[op].fields):]
+            request += f"; sealed builds: then {', '.join(_field(f) for f in extra)}"
+        if op in P.KEY_OPS:
+            request += " (sealed builds only)"
+        yield op.name, [f"`{op.name}`", _hex(op.value), request,
                         _layout(P.RESPONSES[op], resp_tail), P.LENGTH[op].value,
                         "yes" if op in P.IDEMPOTENT_OPS else ""]
 

@@ -21,6 +21,10 @@ The CRC (:data:`FRAME_CRC`) is CRC-16/XMODEM: polynomial 0x1021, initial value 0
 reflection, no final XOR, over every byte after SYNC up to the end of the payload, sent most
 significant byte first, so that running the CRC over the CRC bytes too leaves the residue 0.
 
+Builds: an open build (the default) executes every op of :data:`REQUESTS` but :data:`KEY_OPS`;
+a sealed build (``RingKVTop(sealed=True)``) executes them all, with :data:`SEALED_REQUESTS`'s
+layouts (a tenant key slot appended) for :data:`TENANT_OPS` (:func:`build_requests`).
+
 Payloads: every request and response payload is a fixed little-endian record (:class:`Layout`),
 optionally followed by a variable *tail* (tokens, attention elements, sector bytes). Integers are
 unsigned little-endian; a field whose kind is ``"bytes"`` is a raw byte string.
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 
 from .config import RingKVConfig
 from .crc import CrcSpec
+from .mac import KEY_BYTES
 from .record import elem_bytes
 
 __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "SYNC", "RESPONSE_FLAG",
@@ -41,7 +46,8 @@ __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "SYNC", "RESPONSE_FLAG",
            "RECOVERY_GATED", "RECOVERY_SCAN_GATED", "NO_RECORD", "RING_CLEAR_ALL", "FLAG_EVICT",
            "FLAG_EXISTING",
            "RING_ELEMENTS", "RING_META", "META_BYTES", "attn_in_bytes", "attn_out_bytes",
-           "max_attn_tokens", "STORAGE_INFO", "StorageKind", "CardType", "StorageError"]
+           "max_attn_tokens", "STORAGE_INFO", "StorageKind", "CardType", "StorageError",
+           "KEY_SET_TAIL", "KEY_OPS", "TENANT_OPS", "SEALED_REQUESTS", "build_requests"]
 
 #: First byte of every frame; the decoder hunts for it after an error.
 SYNC = 0xA5
@@ -54,7 +60,7 @@ REQUEST_OVERHEAD = 7
 #: Bytes of a response besides its payload: SYNC, op, seq, status, 2 length, 2 CRC.
 RESPONSE_OVERHEAD = 8
 #: Reported by ``Op.VERSION``; bump it when a frame layout or an opcode's payload changes.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 #: The frame CRC (the gateware builds it with ``amaranth.lib.crc``, the host computes it with
 #: ``binascii.crc_hqx``; a test checks both against these parameters).
 FRAME_CRC = CrcSpec("CRC16_XMODEM", width=16, polynomial=0x1021, initial=0, reflect=False,
@@ -107,6 +113,9 @@ class Op(enum.Enum):
     STORAGE_REBUILD = 0x51  # re-run the device's recovery: rebuild the directory from headers
     STORAGE_STATUS = 0x52   # recovery state and figures (RECOVERY_STATUS)
     STORAGE_INFO   = 0x53   # the storage medium: controller, card type and size (STORAGE_INFO)
+    # record keys (sealed builds only; an open build answers UNKNOWN_OP)
+    KEY_SET        = 0x60   # write a key slot: key id and 32-byte key; derives its hash seed
+    KEY_CLEAR      = 0x61   # erase a key slot
 
 
 class Status(enum.Enum):
@@ -127,6 +136,7 @@ class Status(enum.Enum):
     CORRUPT        = 0x0C   # a record whose payload CRC does not match
     NOT_READY      = 0x0D   # the directory is being recovered (or recovery failed): the body
                             # is the RECOVERY_STATUS record (state, progress, error)
+    NO_KEY         = 0x0E   # sealed build: the request's tenant slot holds no key; nothing done
     INTERNAL       = 0x0F
 
 
@@ -134,12 +144,12 @@ class Status(enum.Enum):
 IDEMPOTENT_OPS = frozenset({
     Op.PING, Op.VERSION, Op.CONFIG_DIGEST, Op.STATS, Op.TOKENS_WRITE, Op.TOKENS_READ,
     Op.HASH_QUERY, Op.DIR_LOOKUP, Op.DIR_READ, Op.QUERY, Op.QUERY_PREFIX, Op.ALLOC_STATUS,
-    Op.RING_READ, Op.SECTOR_READ, Op.STORAGE_STATUS, Op.STORAGE_INFO,
+    Op.RING_READ, Op.SECTOR_READ, Op.STORAGE_STATUS, Op.STORAGE_INFO, Op.KEY_SET, Op.KEY_CLEAR,
 })
 
 
 #: Reported by ``Op.VERSION``; bump when the gateware's behaviour changes.
-GATEWARE_VERSION = 3
+GATEWARE_VERSION = 4
 #: ``record_status`` of a QUERY whose directory lookup missed (the DMA did not run).
 NO_RECORD = 0xFF
 #: ``RING_CLEAR`` of this layer clears every ring.
@@ -329,6 +339,8 @@ REQUESTS = {
     Op.STORAGE_REBUILD: _EMPTY,
     Op.STORAGE_STATUS: _EMPTY,
     Op.STORAGE_INFO: _EMPTY,
+    Op.KEY_SET: Layout((("slot", 1), ("key_id", 2))),      # then the key: KEY_BYTES bytes
+    Op.KEY_CLEAR: Layout((("slot", 1),)),
 }
 
 #: Response layouts (the fixed part).
@@ -368,6 +380,8 @@ RESPONSES = {
     Op.STORAGE_REBUILD: RECOVERY_STATUS,
     Op.STORAGE_STATUS: RECOVERY_STATUS,
     Op.STORAGE_INFO: STORAGE_INFO,
+    Op.KEY_SET: _EMPTY,           # status only: no key material ever goes back
+    Op.KEY_CLEAR: _EMPTY,
 }
 
 #: What follows the fixed part, per op: ``(request tail, response tail)`` in words.
@@ -380,10 +394,11 @@ TAILS = {
     Op.ATTN_PREFILL: ("q/k/v of count tokens", "outputs of count tokens"),
     Op.RING_READ: ("", "n ring bytes (EB per element), or n x (count u32, head u16)"),
     Op.SECTOR_READ: ("", "512 bytes"),
+    Op.KEY_SET: ("the key (32 bytes)", ""),
 }
 
-#: The opcodes the gateware executes; the others (IMPORT: QUERY imports on a hit) are answered
-#: UNKNOWN_OP.
+#: The opcodes the gateware executes (:data:`KEY_OPS` in sealed builds only); the others
+#: (IMPORT: QUERY imports on a hit) are answered UNKNOWN_OP.
 IMPLEMENTED = frozenset(REQUESTS)
 
 
@@ -404,7 +419,30 @@ LENGTH = {op: Length.EXACT for op in REQUESTS} | {
     Op.TOKENS_APPEND: Length.TAIL,
     Op.ATTN_DECODE: Length.TAIL,
     Op.ATTN_PREFILL: Length.TAIL,
+    Op.KEY_SET: Length.TAIL,             # exactly the key: the unit checks, BAD_LENGTH
 }
+
+#: Bytes of ``KEY_SET``'s tail: the key.
+KEY_SET_TAIL = KEY_BYTES
+#: Requests only a sealed build executes (an open build has no key slots: ``UNKNOWN_OP``).
+KEY_OPS = frozenset({Op.KEY_SET, Op.KEY_CLEAR})
+#: Requests that carry a tenant slot in a sealed build: the open layout, then ``slot`` (u8).
+TENANT_OPS = frozenset({Op.QUERY, Op.QUERY_PREFIX, Op.EXPORT})
+#: The sealed build's layouts of :data:`TENANT_OPS`: the open layout followed by the tenant's
+#: key slot. The slot selects the hash seed (the tenant's), the key that seals an export and
+#: the key an import must verify under; a slot ``>= KEY_SLOTS`` is ``BAD_ARG``, a slot without
+#: a key ``NO_KEY``, before anything is done.
+SEALED_REQUESTS = {op: Layout(REQUESTS[op].fields + (("slot", 1),))
+                   for op in sorted(TENANT_OPS, key=lambda o: o.value)}
+
+
+def build_requests(sealed: bool) -> dict:
+    """The request layouts a build executes: an open build every op of :data:`REQUESTS` but
+    :data:`KEY_OPS`; a sealed build every op, :data:`TENANT_OPS` with their
+    :data:`SEALED_REQUESTS` layouts. The length rules are :data:`LENGTH`'s in both."""
+    if sealed:
+        return {op: SEALED_REQUESTS.get(op, lay) for op, lay in REQUESTS.items()}
+    return {op: lay for op, lay in REQUESTS.items() if op not in KEY_OPS}
 
 
 def attn_in_bytes(config: RingKVConfig, count: int) -> int:
