@@ -30,6 +30,20 @@ without writing the rings: the directory rebuild scan uses it (host-driven, see
 The device's power-on recovery (``hw/cmd_recovery.py``) scans with it: one sector read per
 region, the payload left to the import's checks.
 
+**Sealed** (``sealed = 1``, key slot ``slot``; ``docs/blocks/dma.md#the-record-mac``): the
+engine drives the record MAC (``mac``, to a :class:`~ringkv.hw.mac.MacUnit`) with the record's
+MAC message: the token and K/V bytes as they move, then header bytes 0..507 with the tag as
+zeros (a second pass of the header encoder, 508 clocks). An export under a slot whose key is not
+set is ``NO_KEY`` and writes nothing; else it writes the slot's key id and the tag into the
+header, which it still writes last. An import (and a VERIFY with ``sealed``) checks the record's
+key id after the header checks (``NO_KEY`` unless it is the slot's; a sealed import also refuses
+an open record), and the tag after the payload CRC, before the ring metadata: ``BAD_MAC`` empties
+the rings as a payload CRC failure does. An open import refuses a sealed record (``NO_KEY``) and
+an open record with a tag (``BAD_MAC``), as the golden import does. A failed sealed transfer
+gives its message up with ``mac.abort``. Open transfers never drive ``mac`` and keep their
+clocks; a sealed one adds no clock per byte, one clock to open the message and ``509 +`` the
+MAC's last-byte-to-tag latency (42..83) from its last payload byte to the response.
+
 The ring port is byte-addressed (``element * EB + byte``, ``EB`` bytes per element from the
 configuration's numerics): the KV loops step over elements as above with the byte of the element
 innermost, so a record's bytes of one element are consecutive and little-endian (the record
@@ -127,6 +141,9 @@ class DmaEngine(wiring.Component):
     :class:`RingPortSignature`), ``tokens`` (Out :class:`TokenReadSignature`), ``busy``;
     ``mac`` (Out :class:`~ringkv.hw.mac.MacPortSignature`: the record MAC core), ``key_ids``
     and ``key_set`` (In: the key slots' ids and set bits, :class:`~ringkv.hw.key_slots.KeySlots`).
+    ``mac`` is driven only during a sealed transfer (``cmd.valid`` in ``MAC_OPEN``, ``i`` while
+    the message is open, ``o.ready`` in ``MAC_TAG``, ``abort`` in ``RESPOND`` of a transfer that
+    gave its message up); ``cmd`` may wait there while the core serves another user.
     """
 
     def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
