@@ -97,8 +97,9 @@ class DmaHarness(wiring.Component):
 
     With ``mac=True`` the engine's ``mac``, ``key_ids`` and ``key_set`` go to a
     :class:`~ringkv.hw.mac.MacUnit` (the record MAC and its key slots), whose slots are written
-    through ``key_write``: the sealed transfers. Without it they are left open (the engine's
-    open transfers never use them).
+    through ``key_write``: the sealed transfers. ``mac_hold`` (In 1) makes the unit refuse the
+    engine's ``cmd`` while high, as while it serves another user (the tenant-seed derivation).
+    Without ``mac`` they are left open (the engine's open transfers never use them).
     """
 
     def __init__(self, config, regions, *, sd=None, sd4=None, mac=False):
@@ -125,7 +126,7 @@ class DmaHarness(wiring.Component):
                                                "payload": Out(config.token_width)})),
             "tok_clear": In(1),
             "tok_count": Out(range(config.max_tokens + 1)),
-            **({"key_write": In(stream.Signature(KeyWrite))} if mac else {}),
+            **({"key_write": In(stream.Signature(KeyWrite)), "mac_hold": In(1)} if mac else {}),
         })
 
     def elaborate(self, platform):
@@ -151,7 +152,9 @@ class DmaHarness(wiring.Component):
         if self.mac is not None:
             m.submodules.mac = unit = self.mac
             port = dma.mac
-            connect(m, port.cmd, unit.cmd)
+            m.d.comb += [unit.cmd.valid.eq(port.cmd.valid & ~self.mac_hold),
+                         port.cmd.ready.eq(unit.cmd.ready & ~self.mac_hold),
+                         unit.cmd.payload.eq(port.cmd.payload)]
             connect(m, port.i, unit.i)
             connect(m, unit.o, port.o)
             connect(m, flipped(self.key_write), unit.key_write)

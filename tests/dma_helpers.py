@@ -93,9 +93,11 @@ async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, sealed=0, slot=0
 
 
 def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_after=None,
-             log=None, error_after=None, process=None):
+             log=None, error_after=None, process=None, hold=0.0):
     """Run ``body(ctx, h, rng)`` against a harness with the MAC whose storage is ``image``;
-    ``process(h)`` (optional) gives an extra background process (a monitor)."""
+    ``process(h)`` (optional) gives an extra background process (a monitor); ``hold``: the
+    chance per clock that the MAC refuses a new message (busy with another user). Every clock,
+    a byte the engine offers the MAC must find it ready (else the simulation fails)."""
     h = DmaHarness(config, regions, mac=True)
     sim = Simulator(h)
     sim.add_clock(1e-8)
@@ -113,11 +115,29 @@ def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_a
     async def bench(ctx):
         result["value"] = await body(ctx, h, rng)
 
+    lost = []
+
+    async def holder(ctx):
+        hold_rng = random.Random(seed + 2)
+        async for _ in ctx.tick():
+            ctx.set(h.mac_hold, int(hold_rng.random() < hold))
+
+    async def mac_watch(ctx):
+        # a byte offered to the MAC while it cannot take it would be lost from the tag
+        port = h.dma.mac.i
+        async for _, _, valid, ready in ctx.tick().sample(port.valid, port.ready):
+            if valid and not ready:
+                lost.append(1)
+
     sim.add_testbench(server, background=cut_after is None)
     sim.add_testbench(bench, background=cut_after is not None)
+    sim.add_process(mac_watch)
+    if hold:
+        sim.add_testbench(holder, background=True)
     if process is not None:
         sim.add_process(process(h))
     sim.run()
+    assert not lost, f"{len(lost)} MAC byte(s) offered while the core was not ready"
     return result
 
 
