@@ -99,7 +99,7 @@ def test_block_boundary_counts():
     (TINY, 0, 0, 1), pytest.param(TINY, 1, 3, 2, marks=SLOW),
     pytest.param(TINY, 35, 1, 3, marks=SLOW), (TINY, 36, 2, 4),
     pytest.param(TINY, 37, 0, 5, marks=SLOW), (TINY, 40, 3, 6),
-    pytest.param(SMALL, 7, 2, 7, marks=SLOW), (SMALL, 600, 1, 8),
+    pytest.param(SMALL, 7, 2, 7, marks=SLOW), pytest.param(SMALL, 600, 1, 8, marks=SLOW),
     pytest.param(SMALL2, 300, 0, 9, marks=SLOW),
 ])
 def test_sealed_export_bit_exact(config, count, slot, seed):
@@ -167,8 +167,8 @@ def test_sealed_export_unset_slot_is_no_key():
 @pytest.mark.parametrize("config,count,slot,seed", [
     (TINY, 0, 1, 30), pytest.param(TINY, 3, 0, 31, marks=SLOW),
     pytest.param(TINY, 35, 2, 32, marks=SLOW), (TINY, 36, 3, 33),
-    pytest.param(TINY, 37, 1, 34, marks=SLOW), pytest.param(TINY, 40, 0, 35, marks=SLOW),
-    (SMALL, 600, 2, 36), pytest.param(SMALL2, 21, 3, 37, marks=SLOW),
+    pytest.param(TINY, 37, 1, 34, marks=SLOW), (TINY, 40, 0, 35),
+    pytest.param(SMALL, 600, 2, 36, marks=SLOW), pytest.param(SMALL2, 21, 3, 37, marks=SLOW),
 ])
 def test_sealed_import_of_golden_record(config, count, slot, seed):
     """A golden sealed record imports under its slot: ``OK``, the rings and metadata are the
