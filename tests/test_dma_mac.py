@@ -6,6 +6,7 @@ the MAC's reference), with random idle and stalls on every storage stream."""
 import random
 
 import pytest
+from conftest import examples
 from dma_helpers import (
     dma_op,
     load_state,
@@ -15,6 +16,8 @@ from dma_helpers import (
     set_key,
     simulate,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.mac import KEY_SLOTS
@@ -338,6 +341,51 @@ def test_modes_match_golden(op):
         statuses.append(want)
     assert set(statuses) == {RecordStatus.OK, RecordStatus.NO_KEY, RecordStatus.BAD_MAC}
     assert statuses.count(RecordStatus.NO_KEY) == (9 if op == DmaOp.IMPORT else 2)
+
+
+@SLOW      # the round trips above, drawn: counts, slots, numerics, stalls
+@settings(max_examples=examples(fast=2, thorough=20), deadline=None)
+@given(st.data())
+def test_sealed_round_trip_property(data):
+    """Drawn configuration (one or two bytes per element), count, slot, seed and stall rates:
+    the sealed export is the golden sealed record and imports back under its slot, the rings
+    and metadata the golden import's; under another set slot it is ``NO_KEY``."""
+    config = data.draw(st.sampled_from((TINY, SMALL2)))
+    count = data.draw(st.integers(0, config.max_tokens if config is TINY else 40))
+    slot = data.draw(st.integers(0, KEY_SLOTS - 1))
+    seed = data.draw(st.integers(0, 1 << 16))
+    p = data.draw(st.sampled_from((0.0, 0.3, 0.6)))
+    hold = data.draw(st.sampled_from((0.0, 0.7)))
+    rng = random.Random(seed)
+    image = new_image(config, 2, rng)
+    before = bytes(image[:])
+    session = random_session(config, rng, count)
+    stale = random_session(config, rng, 0)[0]
+    other = (slot + 1) % KEY_SLOTS
+
+    async def body(ctx, h, rng):
+        await set_keys(ctx, h, range(KEY_SLOTS))
+        await load_state(ctx, h, config, *session)
+        exp = await dma_op(ctx, h, DmaOp.EXPORT, 1, hash=seed, seq=7, sealed=1, slot=slot,
+                           rng=rng, idle=p)
+        await load_state(ctx, h, config, stale, 1, 0, session[3])
+        wrong = await dma_op(ctx, h, DmaOp.IMPORT, 1, count=count, hash=seed, sealed=1,
+                             slot=other, rng=rng, idle=p)
+        imp = await dma_op(ctx, h, DmaOp.IMPORT, 1, count=count, hash=seed, sealed=1,
+                           slot=slot, rng=rng, idle=p)
+        return exp, wrong, imp, await read_state(ctx, h, config)
+
+    res = simulate(config, 2, image, body, seed=seed, idle=p, stall=p, hold=hold)
+    exp, wrong, imp, (got, meta) = res["value"]
+    assert exp == (RecordStatus.OK, count, seed, 7, KEYS[slot][0])
+    assert bytes(image[:]) == expected_image(
+        config, before, 1, golden_writes(config, session, hash=seed, seq=7, slot=slot))
+    assert wrong[0] is RecordStatus.NO_KEY
+    assert imp == (RecordStatus.OK, count, seed, 7, KEYS[slot][0])
+    want = stale.copy()
+    import_record(config, image.read, 1, count=count, prefix_hash=seed,
+                  session_tokens=session[3], rings=want, keys=dict([KEYS[slot]]), sealed=True)
+    assert (got == want).all() and meta == [(count, session[2])] * len(meta)
 
 
 # --- failures in the middle of a sealed export ----------------------------------------------
