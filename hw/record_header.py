@@ -97,7 +97,9 @@ class HeaderParser(wiring.Component):
     """Registers a header's variable fields and checks its constant bytes, one byte per clock.
 
     Ports: ``clear`` (In 1: zero ``commit_seq``, ``prefix_hash``, ``count`` and the flags at the
-    next edge; the other fields are checked against ``count`` before use and keep their value),
+    next edge; the other fields keep their value: the lengths are checked against ``count``
+    before use, and the engine uses ``kind``, ``key_id`` and ``mac_tag`` only once the whole
+    sector passed its checks),
     ``valid``/``pos``/``byte`` (In: the byte at offset ``pos``), ``fields`` (Out
     :data:`ParsedHeader`), ``bad_magic``, ``bad_version``, ``bad_config`` (Out 1: a byte of
     that range differed from the configuration's since the last ``clear``; the config range
