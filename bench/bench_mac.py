@@ -1,16 +1,67 @@
-"""Record MAC core: bytes per clock and overhead per message (exact, Amaranth simulator) and
-synthesis of the MAC with its key slots on the LFE5U-85F at the board's 40 MHz."""
+"""Record MAC core: bytes per clock and overhead per message (exact, Amaranth simulator); the
+DMA engine's export and import with and without the MAC (exact clocks); synthesis of the MAC
+with its key slots, and of the DMA engine with the MAC, on the LFE5U-85F at the board's
+40 MHz."""
 
 import random
 
+from amaranth import Module
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, connect, flipped
 from amaranth.sim import Simulator
 
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.mac import KEY_ID_BYTES, PERSON_RECORD
+from ringkv.defs.record import RecordLayout, RecordStatus
 from ringkv.host.golden_mac import mac
+from ringkv.host.record import import_record
+from ringkv.hw.dma import DmaEngine, DmaOp
+from ringkv.hw.key_slots import KeyWrite
 from ringkv.hw.mac import MacUnit
+from ringkv.sim.ring_model import DmaHarness
+from ringkv.sim.sector_model import SectorImage, serve_storage
+from ringkv.sim.streams import tick_until
 
 TITLE = "Record MAC (keyed BLAKE2s)"
+
+#: regions of the DMA engine in the synthesis of the sealed DMA (the ``storage`` group's)
+REGIONS = 1024
+#: the DMA transfers' configuration: small rings (the record is mostly tokens), up to 16,384
+#: tokens; the smoke run's is smaller still
+DMA_CONFIG = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=8, window=16,
+                          token_width=16, max_tokens=16384)
+DMA_COUNTS = (256, 16384)
+SMOKE_DMA_CONFIG = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, window=4,
+                                token_width=8, max_tokens=40)
+
+
+class SealedDma(wiring.Component):
+    """:class:`~ringkv.hw.dma.DmaEngine` with the :class:`~ringkv.hw.mac.MacUnit` it drives
+    (the record MAC and its key slots): the engine's ports but ``mac``, ``key_ids`` and
+    ``key_set``, plus the slots' ``key_write``; what the sealed DMA costs on the device."""
+
+    def __init__(self, config, regions):
+        self.dma = DmaEngine(config, regions)
+        self.mac = MacUnit()
+        sig = self.dma.signature.members
+        super().__init__({name: sig[name] for name in ("cmd", "resp", "storage", "ring",
+                                                        "tokens", "busy")}
+                         | {"key_write": In(stream.Signature(KeyWrite))})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dma, m.submodules.mac = dma, unit = self.dma, self.mac
+        for name in ("cmd", "storage", "ring", "tokens"):
+            connect(m, flipped(getattr(self, name)), getattr(dma, name))
+        connect(m, dma.resp, flipped(self.resp))
+        connect(m, dma.mac.cmd, unit.cmd)
+        connect(m, dma.mac.i, unit.i)
+        connect(m, unit.o, dma.mac.o)
+        connect(m, flipped(self.key_write), unit.key_write)
+        m.d.comb += [unit.abort.eq(dma.mac.abort), dma.key_ids.eq(unit.key_ids),
+                     dma.key_set.eq(unit.set), self.busy.eq(dma.busy)]
+        return m
 
 
 def measure(length: int, seed: int = 0) -> dict:
@@ -57,6 +108,70 @@ def measure(length: int, seed: int = 0) -> dict:
     return out
 
 
+def dma_cycles(config, count: int, *, sealed: bool) -> dict:
+    """Clocks of one export and one import of ``count`` tokens (``DmaHarness`` with the MAC,
+    the storage model at its peak of one byte per clock), from the command's transfer to the
+    response; sealed under key slot 0, or open."""
+    lay = RecordLayout(config)
+    h = DmaHarness(config, 2, mac=True)
+    image = SectorImage(sectors=2 * lay.sectors_per_region)
+    key = random.Random(count).randbytes(32)
+    clock = [0]
+    out = {}
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock[0] += 1
+
+    async def server(ctx):
+        await serve_storage(ctx, h.storage, image)
+
+    async def op(ctx, payload):
+        ctx.set(h.cmd.valid, 1)
+        ctx.set(h.cmd.payload, {**payload, "sealed": int(sealed), "slot": 0})
+        await tick_until(ctx, h.cmd.ready)
+        ctx.set(h.cmd.valid, 0)
+        start = clock[0]
+        ctx.set(h.resp.ready, 1)
+        (resp,) = await tick_until(ctx, h.resp.valid, h.resp.payload)
+        ctx.set(h.resp.ready, 0)
+        return RecordStatus(resp.status.value), clock[0] - start
+
+    async def body(ctx):
+        raw = (1).to_bytes(KEY_ID_BYTES, "little") + key
+        for index, byte in enumerate(raw):
+            ctx.set(h.key_write.valid, 1)
+            ctx.set(h.key_write.payload, {"slot": 0, "index": index, "data": byte})
+            await ctx.tick()
+        ctx.set(h.key_write.valid, 0)
+        ctx.set(h.tap.meta_we, 1)
+        for ring in range(config.layers * config.kv_heads):
+            ctx.set(h.tap.meta_ring, ring)
+            ctx.set(h.tap.meta_wcount, count)
+            ctx.set(h.tap.meta_whead, (count - 1) % config.window)
+            await ctx.tick()
+        ctx.set(h.tap.meta_we, 0)
+        out["export"] = await op(ctx, {"op": DmaOp.EXPORT, "region": 1, "hash": 5, "seq": 1})
+        out["import"] = await op(ctx, {"op": DmaOp.IMPORT, "region": 1, "count": count,
+                                       "hash": 5})
+
+    sim = Simulator(h)
+    sim.add_clock(25e-9)
+    sim.add_testbench(counter, background=True)
+    sim.add_testbench(server, background=True)
+    sim.add_testbench(body)
+    sim.run()
+    for name in ("export", "import"):
+        if out[name][0] is not RecordStatus.OK:
+            raise RuntimeError(f"bench {name} of {count} tokens: {out[name][0]}")
+    if sealed:       # the record is the golden sealed one: its tag verifies under the key
+        status, _, _ = import_record(config, image.read, 1, keys={1: key})
+        if status is not RecordStatus.OK:
+            raise RuntimeError(f"the sealed record of {count} tokens does not verify: {status}")
+    return {"export": out["export"][1], "import": out["import"][1],
+            "record_bytes": lay.record_bytes(count)}
+
+
 def run(smoke: bool = False):
     results = []
     for length in ((64, 65) if smoke else (256, 4096, 4096 + 1, 4096 + 50)):
@@ -65,6 +180,26 @@ def run(smoke: bool = False):
                         "value": round(length / r["bytes_clocks"], 4),
                         "params": {"bytes": length, "clocks": r["bytes_clocks"],
                                    "last_to_tag_clocks": r["tail"]}})
+    config = SMOKE_DMA_CONFIG if smoke else DMA_CONFIG
+    cfg = {f: getattr(config, f) for f in ("layers", "kv_heads", "head_dim", "window",
+                                            "token_width", "max_tokens")}
+    for count in ((1,) if smoke else DMA_COUNTS):
+        opened = dma_cycles(config, count, sealed=False)
+        sealed = dma_cycles(config, count, sealed=True)
+        for d in ("export", "import"):
+            results.append({"name": f"mac.dma.{d}.cycles", "unit": "cycles",
+                            "value": sealed[d],
+                            "params": {**cfg, "count": count,
+                                       "record_bytes": sealed["record_bytes"],
+                                       "open_cycles": opened[d],
+                                       "mac_overhead": sealed[d] - opened[d]}})
+    synth = synth_or_elaborate(SealedDma(DEFAULT_CONFIG, REGIONS), "mac_sealed_dma",
+                               smoke=smoke, freq_mhz=40)
+    if synth is not None:
+        results.append(synth_result("sealed_dma", {
+            **{f: getattr(DEFAULT_CONFIG, f) for f in ("layers", "kv_heads", "head_dim",
+                                                        "window", "max_tokens")},
+            "regions": REGIONS, "tag_bytes": 16, "key_slots": 4}, synth))
     synth = synth_or_elaborate(MacUnit(), "mac_unit", smoke=smoke, freq_mhz=40)
     if synth is not None:
         results.append(synth_result("mac_unit", {"tag_bytes": 16, "key_slots": 4}, synth))
@@ -81,7 +216,24 @@ def markdown(results):
             "overhead: 42 when the final block has 42 bytes or more, up to 83 after a full "
             "block, see [mac](blocks/mac.md)). Every tag checked against `hashlib`.\n\n")
     text += table(["bytes", "clocks", "bytes/clock", "last byte → tag"], rows)
-    text += ("\n\nSynthesis (out of context, `MacUnit`: the core and 4 key slots, 16-byte tag, "
-             "target the board's 40 MHz):\n\n")
+    dma = [r for r in results if r["name"].startswith("mac.dma.")]
+    if dma:
+        p = dma[0]["params"]
+        text += ("\n\nThe DMA engine with the MAC (`DmaHarness(..., mac=True)`, the storage "
+                 "model at one byte per clock), clocks from the command's transfer to the "
+                 "response, open (`sealed=0`) and sealed under key slot 0 (the sealed record "
+                 "checked against the golden import with the key). Configuration: "
+                 f"{p['layers']} layer, {p['kv_heads']} KV head, head_dim {p['head_dim']}, "
+                 f"window {p['window']}, {p['token_width']}-bit tokens, max_tokens "
+                 f"{p['max_tokens']} (small rings keep the simulation short; the MAC's cost "
+                 "per record does not depend on them, see [dma](blocks/dma.md#the-record-mac))."
+                 "\n\n")
+        text += table(["transfer", "tokens", "record bytes", "open", "sealed", "MAC overhead"],
+                      [[r["name"].split(".")[2], r["params"]["count"],
+                        r["params"]["record_bytes"], r["params"]["open_cycles"], r["value"],
+                        r["params"]["mac_overhead"]] for r in dma])
+    text += ("\n\nSynthesis (out of context, target the board's 40 MHz): `MacUnit` (the core "
+             "and 4 key slots, 16-byte tag); `sealed_dma`, the DMA engine (default "
+             "configuration, 1024 regions) with the `MacUnit` it drives:\n\n")
     text += table(SYNTH_HEADER, synth_rows(results))
     return text

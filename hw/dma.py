@@ -30,6 +30,20 @@ without writing the rings: the directory rebuild scan uses it (host-driven, see
 The device's power-on recovery (``hw/cmd_recovery.py``) scans with it: one sector read per
 region, the payload left to the import's checks.
 
+**Sealed** (``sealed = 1``, key slot ``slot``; ``docs/blocks/dma.md#the-record-mac``): the
+engine drives the record MAC (``mac``, to a :class:`~ringkv.hw.mac.MacUnit`) with the record's
+MAC message: the token and K/V bytes as they move, then header bytes 0..507 with the tag as
+zeros (a second pass of the header encoder, 508 clocks). An export under a slot whose key is not
+set is ``NO_KEY`` and writes nothing; else it writes the slot's key id and the tag into the
+header, which it still writes last. An import (and a VERIFY with ``sealed``) checks the record's
+key id after the header checks (``NO_KEY`` unless it is the slot's; a sealed import also refuses
+an open record), and the tag after the payload CRC, before the ring metadata: ``BAD_MAC`` empties
+the rings as a payload CRC failure does. An open import refuses a sealed record (``NO_KEY``) and
+an open record with a tag (``BAD_MAC``), as the golden import does. A failed sealed transfer
+gives its message up with ``mac.abort``. Open transfers never drive ``mac`` and keep their
+clocks; a sealed one adds no clock per byte, one clock to open the message and ``509 +`` the
+MAC's last-byte-to-tag latency (42..83) from its last payload byte to the response.
+
 The ring port is byte-addressed (``element * EB + byte``, ``EB`` bytes per element from the
 configuration's numerics): the KV loops step over elements as above with the byte of the element
 innermost, so a record's bytes of one element are consecutive and little-endian (the record
@@ -63,8 +77,9 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs import record as record_defs
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
-from ringkv.defs.mac import KEY_ID_BYTES, KEY_SLOTS
+from ringkv.defs.mac import KEY_ID_BYTES, KEY_SLOTS, PERSON_RECORD, PERSONS, TAG_BYTES
 from ringkv.defs.record import (
+    MAC_HEADER_BYTES,
     RECORD_CRC,
     RECORD_STATUS_BITS,
     SECTOR,
@@ -126,6 +141,9 @@ class DmaEngine(wiring.Component):
     :class:`RingPortSignature`), ``tokens`` (Out :class:`TokenReadSignature`), ``busy``;
     ``mac`` (Out :class:`~ringkv.hw.mac.MacPortSignature`: the record MAC core), ``key_ids``
     and ``key_set`` (In: the key slots' ids and set bits, :class:`~ringkv.hw.key_slots.KeySlots`).
+    ``mac`` is driven only during a sealed transfer (``cmd.valid`` in ``MAC_OPEN``, ``i`` while
+    the message is open, ``o.ready`` in ``MAC_TAG``, ``abort`` in ``RESPOND`` of a transfer that
+    gave its message up); ``cmd`` may wait there while the core serves another user.
     """
 
     def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
@@ -188,11 +206,22 @@ class DmaEngine(wiring.Component):
         req_hash = Signal(64)
         req_seq = Signal(32)
         req_kind = Signal(RecordKind)
+        req_sealed = Signal()
+        req_slot = Signal(range(KEY_SLOTS))
         base_lba = Signal(32)
         n = Signal(32)                    # token count of the snapshot
         head = Signal(range(W))
         status = Signal(RecordStatus)
         kv_started = Signal()
+        # --- the record MAC (docs/blocks/dma.md#the-record-mac) --------------------------
+        key_id = Signal(8 * KEY_ID_BYTES)  # export: the id written; else the header's
+        tag = Signal(8 * TAG_BYTES)        # export: the tag, once computed
+        mac_run = Signal()                 # this transfer runs the MAC
+        mac_open = Signal()                # the MAC holds a message of ours (or its tag)
+        slot_set = Signal()
+        slot_id = Signal(8 * KEY_ID_BYTES)
+        m.d.comb += [slot_set.eq(self.key_set.bit_select(req_slot, 1)),
+                     slot_id.eq(self.key_ids[req_slot])]
 
         v = Signal(range(W + 1))
         m.d.comb += v.eq(Mux(n < W, n, W))
@@ -223,13 +252,21 @@ class DmaEngine(wiring.Component):
         m.d.comb += [cursor.segment.eq(seg), cursor.valid_slots.eq(v), cursor.first_slot.eq(s0)]
 
         # --- export: header bytes, built at issue time --------------------------------------
+        # (and the MAC's header pass, both directions: an import's fields are the header's
+        # it read, its count, head and lengths checked equal to what they derive from)
+        exporting = op == DmaOp.EXPORT
+        importing = op == DmaOp.IMPORT
+        hd = hparse.fields
         m.d.comb += [henc.pos.eq(hdr_pos), henc.header_crc.eq(hcrc.crc),
-                     henc.fields.commit_seq.eq(req_seq), henc.fields.prefix_hash.eq(req_hash),
+                     henc.fields.commit_seq.eq(Mux(exporting, req_seq, hd.commit_seq)),
+                     henc.fields.prefix_hash.eq(Mux(exporting, req_hash, hd.prefix_hash)),
                      henc.fields.count.eq(n), henc.fields.ring_head.eq(head),
                      henc.fields.token_bytes.eq(tok_payload),
                      henc.fields.k_bytes.eq(kv_payload >> 1),
                      henc.fields.v_bytes.eq(kv_payload >> 1),
-                     henc.fields.payload_crc.eq(pcrc.crc), henc.fields.kind.eq(req_kind)]
+                     henc.fields.payload_crc.eq(pcrc.crc),
+                     henc.fields.kind.eq(Mux(exporting, req_kind, hd.kind)),
+                     henc.fields.key_id.eq(key_id), henc.fields.mac_tag.eq(tag)]
 
         # --- export datapath: issue -> read pipeline -> FIFO -> storage.wdata ---------------
         m.d.comb += [wpipe.token_word.eq(self.tokens.data),
@@ -242,7 +279,6 @@ class DmaEngine(wiring.Component):
         m.d.comb += [hparse.pos.eq(hdr_pos), hparse.byte.eq(rbyte),
                      tcheck.byte.eq(rbyte), tcheck.sel.eq(cursor.token_byte),
                      tcheck.token_word.eq(self.tokens.data)]
-        hd = hparse.fields
 
         # --- the record's bytes as the CRCs see them: the tap (docs/blocks/dma.md) -----------
         # payload CRC one clock behind its bytes (export: the FIFO's input; import: the
@@ -255,6 +291,19 @@ class DmaEngine(wiring.Component):
         tap = self.record_tap
         m.d.comb += [tap.valid.eq(hcrc.valid | crc_v), tap.segment.eq(seg),
                      tap.pos.eq(hdr_pos), tap.byte.eq(Mux(hcrc.valid, hcrc.data, crc_d))]
+        # the MAC takes the payload bytes with the payload CRC, one clock behind the tap (off
+        # the ring port's read path); the header pass (MAC_HEADER) overrides this below
+        mac = self.mac
+        m.d.comb += [mac.i.valid.eq(mac_open & pcrc_v), mac.i.payload.data.eq(pcrc_d),
+                     mac.cmd.payload.person.eq(PERSONS.index(PERSON_RECORD)),
+                     mac.cmd.payload.slot.eq(req_slot)]
+        # a key check decides this request: an import always (no slot: no key), a verify
+        # with ``sealed``; a sealed import refuses an open record too
+        check_keys = importing | ((op == DmaOp.VERIFY) & req_sealed)
+        key_fail = check_keys & Mux(hd.key_id == 0, importing & req_sealed,
+                                    ~(req_sealed & slot_set & (hd.key_id == slot_id)))
+        # an open record carries a zero tag (host/record.py's check_mac)
+        tag_bad = check_keys & (hd.key_id == 0) & (hd.mac_tag != 0)
 
         ml = Signal(range(max(LH, 2)))    # ring index of a metadata access
         meta_bad = Signal()
@@ -273,9 +322,6 @@ class DmaEngine(wiring.Component):
                 m.d.comb += [seg_count.eq(kv_sectors), seg_lba.eq(base_lba + lay.kv_sector),
                              seg_pay.eq(kv_payload)]
 
-        exporting = op == DmaOp.EXPORT
-        importing = op == DmaOp.IMPORT
-
         m.d.comb += [self.ring.ring_addr.eq(cursor.ring_addr), self.ring.meta_ring.eq(ml),
                      self.tokens.addr.eq(cursor.token_index), self.ring.ring_wdata.eq(rbyte),
                      self.ring.meta_wcount.eq(meta_w_count), self.ring.meta_whead.eq(meta_w_head)]
@@ -286,6 +332,8 @@ class DmaEngine(wiring.Component):
                     p = self.cmd.payload
                     m.d.sync += [op.eq(p.op), region.eq(p.region), req_count.eq(p.count),
                                  req_hash.eq(p.hash), req_seq.eq(p.seq), req_kind.eq(p.kind),
+                                 req_sealed.eq(p.sealed), req_slot.eq(p.slot), key_id.eq(0),
+                                 tag.eq(0), mac_run.eq(0),
                                  status.eq(RecordStatus.OK), kv_started.eq(0),
                                  meta_bad.eq(0), ml.eq(0), n.eq(0), head.eq(0)]
                     m.d.comb += [pcrc.start.eq(1), hcrc.start.eq(1), hparse.clear.eq(1),
@@ -297,7 +345,11 @@ class DmaEngine(wiring.Component):
                 with m.If(region >= self._regions):
                     m.d.sync += status.eq(RecordStatus.BAD_REQUEST)
                     m.next = "RESPOND"
+                with m.Elif(exporting & req_sealed & ~slot_set):
+                    m.d.sync += status.eq(RecordStatus.NO_KEY)
+                    m.next = "RESPOND"
                 with m.Elif(exporting):
+                    m.d.sync += [key_id.eq(Mux(req_sealed, slot_id, 0)), mac_run.eq(req_sealed)]
                     m.next = "META_READ"
                 with m.Else():
                     m.d.sync += seg.eq(RecordSegment.HDR)
@@ -327,7 +379,25 @@ class DmaEngine(wiring.Component):
                     m.next = "RESPOND"
                 with m.Else():
                     m.d.sync += seg.eq(Mux(n == 0, RecordSegment.HDR, RecordSegment.TOK))
-                    m.next = "SEGMENT_COMMAND"
+                    with m.If(mac_run):
+                        m.next = "MAC_OPEN"
+                    with m.Else():
+                        m.next = "SEGMENT_COMMAND"
+            # ---- sealed transfers: open the MAC's message (the core may be busy elsewhere) ----
+            with m.State("MAC_OPEN"):
+                m.d.comb += [self.busy.eq(1), mac.cmd.valid.eq(1)]
+                with m.If(mac.cmd.ready):
+                    m.d.sync += mac_open.eq(1)
+                    with m.If(exporting & (seg == RecordSegment.HDR)):    # no payload
+                        m.d.comb += cursor.start.eq(1)
+                        m.next = "MAC_HEADER"
+                    with m.Elif(exporting):
+                        m.next = "SEGMENT_COMMAND"
+                    with m.Elif(hd.count == 0):
+                        m.next = "CRC_EVALUATE"
+                    with m.Else():
+                        m.d.sync += seg.eq(RecordSegment.TOK)
+                        m.next = "SEGMENT_COMMAND"
             # ---- one storage transfer ----
             with m.State("SEGMENT_COMMAND"):
                 m.d.comb += [self.busy.eq(1), st.cmd.valid.eq(1),
@@ -391,10 +461,18 @@ class DmaEngine(wiring.Component):
                     with m.Switch(seg):
                         with m.Case(RecordSegment.TOK):
                             m.d.sync += seg.eq(Mux(v == 0, RecordSegment.HDR, RecordSegment.KV))
-                            m.next = "SEGMENT_COMMAND"
+                            with m.If(mac_run & (v == 0)):
+                                m.d.comb += cursor.start.eq(1)
+                                m.next = "MAC_HEADER"
+                            with m.Else():
+                                m.next = "SEGMENT_COMMAND"
                         with m.Case(RecordSegment.KV):
                             m.d.sync += seg.eq(RecordSegment.HDR)
-                            m.next = "SEGMENT_COMMAND"
+                            with m.If(mac_run):
+                                m.d.comb += cursor.start.eq(1)
+                                m.next = "MAC_HEADER"
+                            with m.Else():
+                                m.next = "SEGMENT_COMMAND"
                         with m.Default():
                             m.next = "RESPOND"
                 with m.Else():
@@ -416,6 +494,9 @@ class DmaEngine(wiring.Component):
             # ---- import: header checks, in the golden model's order ----
             with m.State("HEADER_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
+                # the response's key id: the header's, once its magic, version and CRC passed
+                m.d.sync += key_id.eq(Mux(~hparse.bad_magic & ~hparse.bad_version
+                                          & hcrc.match_detected, hd.key_id, 0))
                 failed = {"magic": hparse.bad_magic, "version": hparse.bad_version,
                           "header_crc": ~hcrc.match_detected, "config": hparse.bad_config,
                           "fields": ((hd.count > c.max_tokens) | (hd.ring_head >= W)
@@ -428,9 +509,15 @@ class DmaEngine(wiring.Component):
                         m.next = "RESPOND"
                 with m.Elif(op == DmaOp.HEADER):
                     m.next = "RESPOND"
+                with m.Elif(key_fail):
+                    m.d.sync += status.eq(RecordStatus.NO_KEY)
+                    m.next = "RESPOND"
                 with m.Elif(importing & ((hd.count != req_count) | (hd.prefix_hash != req_hash))):
                     m.d.sync += status.eq(RecordStatus.NOT_THIS)
                     m.next = "RESPOND"
+                with m.Elif(check_keys & (hd.key_id != 0)):      # a sealed record, its key held
+                    m.d.sync += mac_run.eq(1)
+                    m.next = "MAC_OPEN"
                 with m.Elif(hd.count == 0):
                     m.next = "CRC_EVALUATE"
                 with m.Else():
@@ -438,15 +525,48 @@ class DmaEngine(wiring.Component):
                     m.next = "SEGMENT_COMMAND"
             with m.State("CRC_EVALUATE"):
                 m.d.comb += self.busy.eq(1)
-                ok = pcrc.crc == hd.payload_crc
-                with m.If(~ok):
+                crc_ok = pcrc.crc == hd.payload_crc
+                ok = crc_ok & ~tag_bad
+                with m.If(~crc_ok):
                     m.d.sync += status.eq(RecordStatus.BAD_PAYLOAD_CRC)
-                with m.If(importing & (ok | kv_started)):
+                with m.Elif(tag_bad):
+                    m.d.sync += status.eq(RecordStatus.BAD_MAC)
+                with m.If(crc_ok & mac_run):       # the tag decides: the MAC's header pass
+                    m.d.sync += seg.eq(RecordSegment.HDR)
+                    m.d.comb += cursor.start.eq(1)
+                    m.next = "MAC_HEADER"
+                with m.Elif(importing & (ok | kv_started)):
                     m.d.sync += [meta_w_count.eq(Mux(ok, n, 0)), meta_w_head.eq(Mux(ok, head, 0)),
                                  ml.eq(0)]
                     m.next = "META_WRITE"
                 with m.Else():
                     m.next = "RESPOND"
+            # ---- the MAC's header pass: bytes 0..507, the tag field as zeros (``tag`` is 0
+            # until MAC_TAG), one per clock (the core never stalls inside a message) ----
+            with m.State("MAC_HEADER"):
+                m.d.comb += [self.busy.eq(1), mac.i.valid.eq(1), mac.i.payload.data.eq(henc.byte),
+                             mac.i.payload.last.eq(hdr_pos == MAC_HEADER_BYTES - 1)]
+                with m.If(mac.i.ready):
+                    m.d.comb += cursor.step.eq(1)
+                    with m.If(hdr_pos == MAC_HEADER_BYTES - 1):
+                        m.next = "MAC_TAG"
+            with m.State("MAC_TAG"):
+                m.d.comb += [self.busy.eq(1), mac.o.ready.eq(1)]
+                with m.If(mac.o.valid):
+                    m.d.sync += mac_open.eq(0)
+                    with m.If(exporting):           # the tag goes into the header, written now
+                        m.d.sync += tag.eq(mac.o.payload)
+                        m.next = "SEGMENT_COMMAND"
+                    with m.Else():
+                        good = mac.o.payload == hd.mac_tag
+                        with m.If(~good):
+                            m.d.sync += status.eq(RecordStatus.BAD_MAC)
+                        with m.If(importing & (good | kv_started)):
+                            m.d.sync += [meta_w_count.eq(Mux(good, n, 0)),
+                                         meta_w_head.eq(Mux(good, head, 0)), ml.eq(0)]
+                            m.next = "META_WRITE"
+                        with m.Else():
+                            m.next = "RESPOND"
             with m.State("FAIL"):
                 # storage error: an import that has started writing the rings empties them
                 m.d.comb += self.busy.eq(1)
@@ -462,8 +582,12 @@ class DmaEngine(wiring.Component):
                 with m.Else():
                     m.d.sync += ml.eq(ml + 1)
             with m.State("RESPOND"):
+                # a failed sealed transfer gives its message up: the core is free again
+                m.d.comb += mac.abort.eq(mac_open)
+                m.d.sync += mac_open.eq(0)
                 m.d.comb += [self.busy.eq(1), self.resp.valid.eq(1),
                              self.resp.payload.status.eq(status),
+                             self.resp.payload.key_id.eq(key_id),
                              self.resp.payload.count.eq(Mux(exporting, n, hd.count)),
                              self.resp.payload.hash.eq(Mux(exporting, req_hash, hd.prefix_hash)),
                              self.resp.payload.seq.eq(Mux(exporting, req_seq, hd.commit_seq))]

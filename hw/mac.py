@@ -4,7 +4,7 @@ The function, its parameters and why it was chosen: :mod:`ringkv.defs.mac` and
 ``docs/blocks/mac.md``; the golden model is :func:`ringkv.host.golden_mac.mac` (``hashlib``).
 """
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -381,8 +381,15 @@ class MacCore(wiring.Component):
 
 class MacUnit(wiring.Component):
     """:class:`MacCore` with its :class:`~ringkv.hw.key_slots.KeySlots`: the MAC as the device
-    holds it. Ports: the core's ``cmd``, ``i``, ``o``; the slots' ``key_write`` (their
-    ``write``), ``set``, ``key_ids`` and ``refused``. The key read port stays inside."""
+    holds it. Ports: the core's ``cmd``, ``i``, ``o``; ``abort`` (In 1); the slots'
+    ``key_write`` (their ``write``), ``set``, ``key_ids`` and ``refused``. The key read port
+    stays inside.
+
+    ``abort`` (:class:`MacPortSignature`'s): the core's registers return to their reset
+    values at the next edge, so the open message and any tag not yet taken are dropped and the
+    core is idle (``cmd.ready`` high) the clock after; ``cmd`` and ``i`` are ignored in the
+    clock of ``abort``. The key slots are not affected. A user that gives up a message half way
+    (a failed transfer) frees the core in one clock this way."""
 
     def __init__(self, *, digest_bytes: int = TAG_BYTES, persons=PERSONS, slots: int = KEY_SLOTS):
         self._core = MacCore(digest_bytes=digest_bytes, persons=persons, slots=slots)
@@ -391,6 +398,7 @@ class MacUnit(wiring.Component):
             "cmd": In(self._core.cmd.signature.flip()),
             "i": In(self._core.i.signature.flip()),
             "o": Out(self._core.o.signature),
+            "abort": In(1),
             "key_write": In(stream.Signature(KeyWrite)),
             "set": Out(slots),
             "key_ids": Out(self._slots.key_ids.shape()),
@@ -399,7 +407,10 @@ class MacUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.core = core = self._core
+        core = self._core
+        # the message buffers are memories and keep their bytes: a block's byte count (a
+        # register) masks what the next message has not written
+        m.submodules.core = ResetInserter(self.abort)(core)
         m.submodules.slots = slots = self._slots
         wiring.connect(m, wiring.flipped(self.cmd), core.cmd)
         wiring.connect(m, wiring.flipped(self.i), core.i)

@@ -30,16 +30,15 @@ from ringkv.defs.record import CONST_RANGES, HEADER_OFFSETS, SECTOR, header_temp
 __all__ = ["HeaderFields", "ParsedHeader", "HEADER_CHECKS", "HeaderEncoder", "HeaderParser"]
 
 #: The header's variable fields, each as wide as its place in the sector. ``ring_head`` and
-#: ``kind`` are narrower in the engine; the bytes above their value are zero.
+#: ``kind`` are narrower in the engine; the bytes above their value are zero. ``mac_tag`` and
+#: ``key_id`` are a sealed record's (``docs/blocks/mac.md``); an open record's are zero.
 HeaderFields = data.StructLayout({
     name: 8 * HEADER_OFFSETS[name][1]
     for name in ("commit_seq", "prefix_hash", "count", "ring_head", "token_bytes", "k_bytes",
-                 "v_bytes", "payload_crc", "kind")})
-#: The fields :class:`HeaderParser` keeps (an import needs no ``kind``).
-ParsedHeader = data.StructLayout({
-    name: 8 * HEADER_OFFSETS[name][1]
-    for name in ("commit_seq", "prefix_hash", "count", "ring_head", "token_bytes", "k_bytes",
-                 "v_bytes", "payload_crc")})
+                 "v_bytes", "payload_crc", "kind", "mac_tag", "key_id")})
+#: The fields :class:`HeaderParser` keeps: all of :data:`HeaderFields` (an import re-encodes
+#: the header it read for the record MAC, and compares the stored tag).
+ParsedHeader = HeaderFields
 #: The import's header checks in the order they decide (first failing wins), as
 #: ``(check, RecordStatus member name)``: ``magic``, ``version`` and ``config`` are
 #: :class:`HeaderParser`'s flags, ``header_crc`` the CRC over all 512 bytes, ``fields`` the
@@ -98,7 +97,9 @@ class HeaderParser(wiring.Component):
     """Registers a header's variable fields and checks its constant bytes, one byte per clock.
 
     Ports: ``clear`` (In 1: zero ``commit_seq``, ``prefix_hash``, ``count`` and the flags at the
-    next edge; the other fields are checked against ``count`` before use and keep their value),
+    next edge; the other fields keep their value: the lengths are checked against ``count``
+    before use, and the engine uses ``kind``, ``key_id`` and ``mac_tag`` only once the whole
+    sector passed its checks),
     ``valid``/``pos``/``byte`` (In: the byte at offset ``pos``), ``fields`` (Out
     :data:`ParsedHeader`), ``bad_magic``, ``bad_version``, ``bad_config`` (Out 1: a byte of
     that range differed from the configuration's since the last ``clear``; the config range

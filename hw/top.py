@@ -19,7 +19,7 @@ built from a command unit per family (:data:`UNITS`, ``hw/cmd_*.py``): adding an
 its definition and its family's unit.
 """
 
-from amaranth import Module, Signal
+from amaranth import Module, ResetInserter, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -246,15 +246,16 @@ class RingKVTop(wiring.Component):
             # keys: written by the key unit, read only by the MAC; the MAC shared by the DMA
             # and the seed derivation; the DMA sees the slots' ids and set bits
             m.submodules.key_slots = slots = self.key_slots
-            m.submodules.mac = mac = self.mac
             m.submodules.mac_arbiter = arbiter = self.mac_arbiter
+            # the owner's abort resets the core's registers (as in MacUnit): a transfer that
+            # fails half way leaves the core idle the next clock, with no message open
+            m.submodules.mac = ResetInserter(arbiter.core.abort)(self.mac)
+            mac = self.mac
             wiring.connect(m, mac.key, slots.read)
             wiring.connect(m, dma.mac, arbiter.dma)
             for name in ("cmd", "i"):
                 wiring.connect(m, getattr(arbiter.core, name), getattr(mac, name))
             wiring.connect(m, mac.o, arbiter.core.o)
-            if "abort" in mac.signature.members:
-                m.d.comb += mac.abort.eq(arbiter.core.abort)
             m.d.comb += [dma.key_ids.eq(slots.key_ids), dma.key_set.eq(slots.set)]
         dispatcher = Dispatcher(m, self, [unit() for unit in self._units], decoder=dec, encoder=enc,
                                 tokens=tm, hasher=hasher, directory=dr, dma=dma, attention=at)

@@ -17,10 +17,12 @@ Amaranth-simulator tests and of the cocotb/Verilator tests.
 """
 
 from amaranth import Module, Signal
-from amaranth.lib import memory, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ringkv.hw.dma import DmaEngine
+from ringkv.hw.key_slots import KeyWrite
+from ringkv.hw.mac import MacUnit
 from ringkv.hw.ring_port import RingPortSignature
 from ringkv.hw.sdnative import SDBusSignature, SDNativeController
 from ringkv.hw.sdspi import SDSPIController, SPISignature
@@ -92,13 +94,20 @@ class DmaHarness(wiring.Component):
     ``sd_ready`` are the top-level ports instead of ``storage``: the board's storage path in SPI
     mode. With ``sd4`` (a dict of :class:`~ringkv.hw.sdnative.SDNativeController` parameters)
     the same with the native 4-bit controller, its bus on ``sdbus``.
+
+    With ``mac=True`` the engine's ``mac``, ``key_ids`` and ``key_set`` go to a
+    :class:`~ringkv.hw.mac.MacUnit` (the record MAC and its key slots), whose slots are written
+    through ``key_write``: the sealed transfers. ``mac_hold`` (In 1) makes the unit refuse the
+    engine's ``cmd`` while high, as while it serves another user (the tenant-seed derivation).
+    Without ``mac`` they are left open (the engine's open transfers never use them).
     """
 
-    def __init__(self, config, regions, *, sd=None, sd4=None):
+    def __init__(self, config, regions, *, sd=None, sd4=None, mac=False):
         if sd is not None and sd4 is not None:
             raise ValueError("give sd (SPI mode) or sd4 (native mode), not both")
         self._config = config
         self.dma = DmaEngine(config, regions)
+        self.mac = MacUnit() if mac else None
         self.rings = RingMemoryModel(config)
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
         self.sd = (SDSPIController(**sd) if sd is not None else
@@ -117,6 +126,7 @@ class DmaHarness(wiring.Component):
                                                "payload": Out(config.token_width)})),
             "tok_clear": In(1),
             "tok_count": Out(range(config.max_tokens + 1)),
+            **({"key_write": In(stream.Signature(KeyWrite)), "mac_hold": In(1)} if mac else {}),
         })
 
     def elaborate(self, platform):
@@ -139,6 +149,17 @@ class DmaHarness(wiring.Component):
         connect(m, dma.ring, rings.ring)
         connect(m, dma.tokens, tmem.read_port(0))
         connect(m, flipped(self.tap), rings.tap)
+        if self.mac is not None:
+            m.submodules.mac = unit = self.mac
+            port = dma.mac
+            m.d.comb += [unit.cmd.valid.eq(port.cmd.valid & ~self.mac_hold),
+                         port.cmd.ready.eq(unit.cmd.ready & ~self.mac_hold),
+                         unit.cmd.payload.eq(port.cmd.payload)]
+            connect(m, port.i, unit.i)
+            connect(m, unit.o, port.o)
+            connect(m, flipped(self.key_write), unit.key_write)
+            m.d.comb += [unit.abort.eq(port.abort), dma.key_ids.eq(unit.key_ids),
+                         dma.key_set.eq(unit.set)]
         m.d.comb += [tmem.append.valid.eq(self.tok_append.valid),
                      tmem.append.payload.eq(self.tok_append.payload)]
         m.d.comb += [tmem.clear.eq(self.tok_clear), self.tok_count.eq(tmem.count),

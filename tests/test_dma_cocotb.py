@@ -1,4 +1,5 @@
-"""DMA harness on Verilator via cocotb (tests/cocotb/cocotb_dma.py)."""
+"""DMA harness on Verilator via cocotb (tests/cocotb/cocotb_dma.py; with the record MAC,
+tests/cocotb/cocotb_dma_mac.py)."""
 
 from dataclasses import asdict
 
@@ -29,3 +30,15 @@ def test_dma_cocotb(name):
                build_name=f"dma_harness_{name}",
                params={"config": asdict(config), "regions": regions, "trials": trials,
                        "seed": len(name), "cuts": 3})
+
+
+@requires_verilator
+def test_sealed_dma_cocotb():
+    """The DMA harness with the record MAC on Verilator (tests/cocotb/cocotb_dma_mac.py):
+    sealed exports and imports against the golden sealed record, a forged tag, an unset
+    slot."""
+    config = RingKVConfig(layers=1, q_heads=2, kv_heads=1, head_dim=8, window=8,
+                          token_width=16, max_tokens=100)
+    run_cocotb(DmaHarness(config, 2, mac=True), toplevel="dma_harness",
+               test_module="cocotb_dma_mac", build_name="dma_harness_sealed",
+               params={"config": asdict(config), "regions": 2, "trials": 4, "seed": 3})

@@ -335,3 +335,49 @@ def test_tenant_seed_on_the_core():
     digest = DEFAULT_CONFIG.digest()
     run = check([(3, 1, digest)], {3: (2, key)})
     assert int.from_bytes(run.tags[0][:8], "little") == tenant_seed(key, digest)
+
+
+@pytest.mark.parametrize("abort_at", [0, 3, 40, 64, 70, 130, 200])
+def test_abort_frees_the_core(abort_at):
+    """``abort`` in the middle of a message (during the key load, inside a block, on a block
+    boundary, with the final block compressing, with the tag waiting): the core is idle the
+    clock after (``cmd.ready`` high, ``i.ready`` and ``o.valid`` low), and the next message's
+    tag is ``hashlib``'s, whatever the aborted message left in the buffers."""
+    rng = random.Random(abort_at)
+    key = rng.randbytes(32)
+    first, second = rng.randbytes(100), rng.randbytes(77)
+    dut = MacUnit()
+    out = {}
+
+    async def tb(ctx):
+        await set_key(ctx, dut, 2, 9, key)
+        await stream_put(ctx, dut.cmd, {"person": 0, "slot": 2, "empty": 0})
+        sent = 0
+        for _ in range(abort_at):
+            if sent < len(first) and ctx.get(dut.i.ready):
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.payload, {"data": first[sent], "last": int(sent == 99)})
+                sent += 1
+            else:
+                ctx.set(dut.i.valid, 0)
+            await ctx.tick()
+        ctx.set(dut.i.valid, 0)
+        ctx.set(dut.abort, 1)
+        await ctx.tick()
+        ctx.set(dut.abort, 0)
+        out["after"] = (ctx.get(dut.cmd.ready), ctx.get(dut.i.ready), ctx.get(dut.o.valid))
+        await stream_put(ctx, dut.cmd, {"person": 0, "slot": 2, "empty": 0})
+        for j, byte in enumerate(second):
+            await stream_put(ctx, dut.i, {"data": byte, "last": int(j == len(second) - 1)})
+        ctx.set(dut.o.ready, 1)
+        while not ctx.get(dut.o.valid):
+            await ctx.tick()
+        out["tag"] = ctx.get(dut.o.payload).to_bytes(TAG_BYTES, "little")
+        await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-6)
+    sim.add_testbench(tb)
+    sim.run()
+    assert out["after"] == (1, 0, 0)
+    assert out["tag"] == mac(key, second)

@@ -35,14 +35,16 @@ CONFIGS = [DEFAULT_CONFIG, SMALL, SMALLC]
 def random_fields(config, rng, extreme=None):
     """Golden header arguments: random, or every field at its lowest or highest value."""
     if extreme == "low":
-        return dict(count=0, ring_head=0, prefix_hash=0, commit_seq=0, payload_crc=0, kind=0)
+        return dict(count=0, ring_head=0, prefix_hash=0, commit_seq=0, payload_crc=0, kind=0,
+                    key_id=0, mac_tag=bytes(16))
     if extreme == "high":
         return dict(count=config.max_tokens, ring_head=config.window - 1,
                     prefix_hash=(1 << 64) - 1, commit_seq=(1 << 32) - 1,
-                    payload_crc=(1 << 32) - 1, kind=255)
+                    payload_crc=(1 << 32) - 1, kind=255, key_id=0xFFFF, mac_tag=b"\xff" * 16)
     return dict(count=rng.randrange(config.max_tokens + 1), ring_head=rng.randrange(config.window),
                 prefix_hash=rng.randrange(1 << 64), commit_seq=rng.randrange(1 << 32),
-                payload_crc=rng.randrange(1 << 32), kind=rng.randrange(256))
+                payload_crc=rng.randrange(1 << 32), kind=rng.randrange(256),
+                key_id=rng.randrange(1 << 16), mac_tag=rng.randbytes(16))
 
 
 def encoder_fields(config, f):
@@ -52,7 +54,8 @@ def encoder_fields(config, f):
             "ring_head": f["ring_head"],
             "token_bytes": f["count"] * RecordLayout(config).token_bytes,
             "k_bytes": kv // 2, "v_bytes": kv // 2, "payload_crc": f["payload_crc"],
-            "kind": f["kind"]}
+            "kind": f["kind"], "key_id": f["key_id"],
+            "mac_tag": int.from_bytes(f["mac_tag"], "little")}
 
 
 def run(dut, bench, *, clock=True):
@@ -64,7 +67,7 @@ def run(dut, bench, *, clock=True):
 
 
 def test_layouts_cover_the_variable_fields():
-    assert set(HeaderFields.members) == set(ParsedHeader.members) | {"kind"}
+    assert set(HeaderFields.members) == set(ParsedHeader.members)
     for name, shape in HeaderFields.members.items():
         assert shape == 8 * HEADER_OFFSETS[name][1]
     assert [status for _, status in HEADER_CHECKS] == [
@@ -142,6 +145,7 @@ def test_parser_matches_golden(config):
             await parse(ctx, dut, sector, rng, rng.sample(range(SECTOR), SECTOR))
             h = decode_header(sector, config)
             want = {name: getattr(h, name) for name in ParsedHeader.members}
+            want["mac_tag"] = int.from_bytes(want["mac_tag"], "little")
             got = {name: ctx.get(getattr(dut.fields, name)) for name in ParsedHeader.members}
             assert got == want
             assert {k: ctx.get(getattr(dut, k)) for k in model_flags(config, sector)} == {

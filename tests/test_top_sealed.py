@@ -3,9 +3,8 @@
 KEY_SET / KEY_CLEAR and their refusals, the tenant seed registers against the golden
 ``tenant_seed``, tenant slots on QUERY, QUERY_PREFIX and EXPORT (refused without a key,
 isolated between tenants), no key byte in any response of any opcode, the open build's
-answers to the key opcodes, and the MAC arbiter. The sealed records themselves (the tag the
-DMA writes and checks) are the DMA's: those end-to-end tests are marked ``xfail`` until the DMA
-feeds the MAC.
+answers to the key opcodes, the MAC arbiter, and sealed records end to end (the tag the DMA
+writes on export and checks on import, under the tenant's key).
 """
 
 import random
@@ -57,12 +56,6 @@ RNG = random.Random(0x5EA1)
 KEY_A, KEY_B, KEY_C = (bytes(RNG.getrandbits(8) for _ in range(32)) for _ in range(3))
 ID_A, ID_B, ID_C = 7, 0x1234, 0xFFFF
 SLOT_A, SLOT_B, SLOT_C = 0, 1, 3
-
-#: The DMA does not drive the MAC yet: a sealed transfer is still an open one.
-NO_DMA_MAC = pytest.mark.xfail(
-    strict=True, reason="the DMA does not feed the MAC yet (DmaEngine.mac is undriven: sealed "
-                        "exports write open records, sealed imports check no tag)")
-
 
 def rand_qkv(rng, count):
     q = rng.integers(-128, 128, size=(count, CFG.q_heads, CFG.head_dim))
@@ -399,7 +392,6 @@ def test_no_key_material_in_any_response():
 
 # -- the sealed records (the DMA's part) ---------------------------------------------------------
 
-@NO_DMA_MAC
 def test_sealed_export_is_the_golden_sealed_record():
     """A sealed EXPORT writes the golden sealed record: key id of the slot, the tag of
     ``encode_record(..., key=, key_id=)``; it verifies under the tenant's key only."""
@@ -431,7 +423,6 @@ def test_sealed_export_is_the_golden_sealed_record():
     run_top(top, image, scenario)
 
 
-@NO_DMA_MAC
 def test_sealed_import_takes_only_the_tenants_verified_record():
     """A sealed QUERY imports a record only if it is sealed under the slot's key id and its
     tag verifies: the golden sealed record is a HIT; an open record, one sealed under another
