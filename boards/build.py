@@ -193,14 +193,16 @@ def _run_script(build_dir: Path, script: str, log_path: Path, progress: _Progres
 def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 4096,
           build_dir=None, seed: int = 1, storage: str = "sd4", out=None,
           heartbeat_s: float = 60.0, constrain_mhz: float | None = None,
-          config=None, lanes: int = 4, macs: int = 8) -> dict:
+          config=None, lanes: int = 4, macs: int = 8, sealed: bool = False) -> dict:
     """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
     ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
     (default standard error); the tools' output to ``<build_dir>/build.log``.
     ``constrain_mhz``: the clock nextpnr places and routes against (default ``sys_mhz`` plus
     :data:`OVERCONSTRAIN_PCT`; ``sys_mhz`` itself: no over-constraint). ``config``, ``lanes``
     and ``macs``: the device's shape (default: the board's, ``TRAINED_CONFIG`` at P=4, M=8; a
-    reduced one builds in minutes, as the benchmark's smoke run does)."""
+    reduced one builds in minutes, as the benchmark's smoke run does). ``sealed``: the sealed
+    device (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenants, the record
+    MAC)."""
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {sorted(BOARDS)}")
     setup_environ()
@@ -213,7 +215,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     platform = getattr(ulx3s, BOARDS[board])()
     shape = {} if config is None else {"config": config}
     top = ULX3STop(**shape, sys_mhz=sys_mhz, regions=regions, storage=storage, lanes=lanes,
-                   macs=macs)
+                   macs=macs, sealed=sealed)
     name = "ringkv_ulx3s"
     real_mhz = top.sys_hz / 1e6
     if constrain_mhz is None:
@@ -295,6 +297,11 @@ def main(argv=None):
     parser.add_argument("--storage", default="sd4", choices=["sd4", "spi"],
                         help="SD card mode: native 4-bit (default) or SPI")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    parser.add_argument("--sealed", action="store_true",
+                        help="the sealed device: key slots, tenant slots and the record MAC "
+                             "(docs/blocks/mac.md); default: open")
+    parser.add_argument("--build-dir", default=None,
+                        help="where the build goes (default: build/BOARD)")
     parser.add_argument("--min-slack-pct", type=float, default=0.0,
                         help="fail when less of the clock period is left on the critical "
                              "path (default 0: fail only when timing is not met)")
@@ -309,7 +316,8 @@ def main(argv=None):
     try:
         result = build(args.board, sys_mhz=args.sys_mhz, regions=args.regions, seed=args.seed,
                        storage=args.storage, heartbeat_s=args.heartbeat,
-                       constrain_mhz=args.constrain_mhz)
+                       constrain_mhz=args.constrain_mhz, sealed=args.sealed,
+                       build_dir=args.build_dir)
     except BuildFailed as e:
         print(f"BUILD FAILED: {e}", file=sys.stderr)
         return 1

@@ -117,12 +117,13 @@ def _stretch(m, event, cycles: int):
 
 
 class ULX3STop(Elaboratable):
-    """The board top level; see the module docstring."""
+    """The board top level; see the module docstring. ``sealed``: the sealed device
+    (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenant slots, the record MAC)."""
 
     def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = 40.0,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
-                 clock: str = "pll"):
+                 clock: str = "pll", sealed: bool = False):
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
         self.clock = clock
@@ -144,7 +145,8 @@ class ULX3STop(Elaboratable):
         kind = StorageKind.SD_NATIVE if storage == "sd4" else StorageKind.SD_SPI
         self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs,
                              storage_kind=kind,
-                             sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)))
+                             sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)),
+                             sealed=sealed)
 
     def _clock_source(self, m, platform, clk):
         """Drive ``clk`` at ``sys_hz``; return the lock signal. The one place where the
