@@ -184,10 +184,7 @@ class _Api:
         events: asyncio.Queue = asyncio.Queue()
 
         def sink(kind, value):
-            # a non-streamed answer waits for the result only: its tokens need not wake the
-            # event loop
-            if stream or kind != "token":
-                loop.call_soon_threadsafe(events.put_nowait, (kind, value))
+            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
 
         job = Job(prompt, params, sink, chat=chat, session=session, received=t0)
         try:
