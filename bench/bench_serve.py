@@ -62,7 +62,7 @@ from pathlib import Path
 
 from bench.run import table
 
-__all__ = ["TITLE", "run", "markdown", "sequential_overhead",
+__all__ = ["TITLE", "run", "markdown", "sequential_overhead", "set_priority", "priority_of",
            "STEPS", "OVERHEAD_STEPS"]
 
 TITLE = "Server: ringkv serve under load (software devices)"
@@ -100,11 +100,12 @@ def _system(i: int) -> str:
 
 @contextlib.contextmanager
 def _server(devices, placement, capacity, *, device="software", clients=None, shape=None,
-            niceness=None, log=None):
+            niceness=None, log=None, pids=None):
     """``ringkv serve`` in its own process (the clients' event loop is not the server's), on
-    ``devices`` times ``--device device``; ``niceness``: its scheduling priority (and its
-    devices' processes'), absolute; ``log``: a file for its log at ``--log-level debug`` (the
-    step-by-step times of each request), else warnings only."""
+    ``devices`` times ``--device device``; ``niceness``: once it is up, its scheduling
+    priority and its devices' processes' (:func:`set_priority`); ``log``: a file for its log
+    at ``--log-level debug`` (the step-by-step times of each request), else warnings only;
+    ``pids``: a list that receives the server's process id and its descendants'."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -115,16 +116,55 @@ def _server(devices, placement, capacity, *, device="software", clients=None, sh
     for _ in range(devices):
         argv += ["--device", device]
 
-    def priority():
-        if niceness is not None:
-            os.setpriority(os.PRIO_PROCESS, 0, niceness)
-
     with contextlib.ExitStack() as stack:
         err = None if log is None else stack.enter_context(open(log, "w"))
-        proc = subprocess.Popen(argv, start_new_session=True, stderr=err, stdout=err,
-                                preexec_fn=priority if niceness is not None else None)
+        proc = subprocess.Popen(argv, start_new_session=True, stderr=err, stdout=err)
         stack.callback(_stop_server, proc)
-        yield _wait_up(proc, f"http://127.0.0.1:{port}")
+        base = _wait_up(proc, f"http://127.0.0.1:{port}")
+        everyone = [proc.pid, *_descendants(proc.pid)]
+        if niceness is not None:
+            for pid in everyone:
+                set_priority(pid, niceness)
+        if pids is not None:
+            pids[:] = everyone
+        yield base
+
+
+def set_priority(pid: int, niceness: int):
+    """Process ``pid`` at ``niceness``, and its session's autogroup too: where the kernel
+    groups processes by session (``/proc/sys/kernel/sched_autogroup_enabled``), a process's
+    nice value ranks it only among its own session's processes, the autogroup's among the
+    machine's other sessions (the server and each device's process have a session of their
+    own)."""
+    os.setpriority(os.PRIO_PROCESS, pid, niceness)
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+
+
+def priority_of(pid: int) -> dict:
+    """``{"nice", "autogroup_nice"}`` of process ``pid`` (the latter None without
+    autogroups)."""
+    try:
+        group = int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        group = None
+    return {"nice": os.getpriority(os.PRIO_PROCESS, pid), "autogroup_nice": group}
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (its devices' processes, their simulators)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        kids = [c for c, p in parents.items() if p == todo[-1]]
+        todo.pop()
+        out += kids
+        todo += kids
+    return out
 
 
 def _stop_server(proc):
@@ -257,11 +297,12 @@ def _steps(log) -> list[dict]:
 def sequential_overhead(requests: int, niceness=None, *, shape=None, workdir=None) -> dict:
     """The server's own overhead with one client sending ``requests`` chat requests one at a
     time (8 tokens each) to one software device (the ``shape``; None: ``SHAPE``), the server
-    (and its device's process) at scheduling priority ``niceness`` (absolute; None: this
-    process's). Returns the metric's
+    and its device's process at scheduling priority ``niceness`` (:func:`set_priority`; None:
+    as started). Returns the metric's
     mean (``ringkv_server_overhead_seconds``, ms), the per-request overhead's median, p90 and
-    max from the step log, each step's median, the niceness and the 1-minute load average at
-    the start and end."""
+    max from the step log, each step's median, the priorities of the server and its device's
+    process (``priorities``: :func:`priority_of`) and the 1-minute load average at the start
+    and end."""
     import tempfile
 
     import httpx
@@ -270,8 +311,10 @@ def sequential_overhead(requests: int, niceness=None, *, shape=None, workdir=Non
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-"))
         log = Path(workdir) / f"sequential-{niceness}.log"
         load_start = os.getloadavg()[0]
+        pids: list = []
         with _server(1, "prefix", CAPACITY, clients=1, shape=shape, niceness=niceness,
-                     log=log) as base:
+                     log=log, pids=pids) as base:
+            priorities = [priority_of(pid) for pid in pids]
             msgs = [{"role": "system", "content": _system(0)},
                     {"role": "user", "content": "Who?"}]
             with httpx.Client(timeout=600) as client:
@@ -290,7 +333,8 @@ def sequential_overhead(requests: int, niceness=None, *, shape=None, workdir=Non
             "first_ms": per[0] if per else float("nan"),
             "step_median_ms": {k: round(_percentile([st[k] for st in steps], 0.5), 3)
                                for k in STEPS} if steps else {},
-            "niceness": os.getpriority(os.PRIO_PROCESS, 0) if niceness is None else niceness,
+            "niceness": niceness, "priorities": priorities,
+            "bench_priority": priority_of(os.getpid()),
             "loadavg_1min": round(load_start, 2), "loadavg_1min_end": round(load_end, 2)}
 
 

@@ -1,5 +1,4 @@
-"""``ringkv serve`` on simulated boards, and the server's own overhead with one request at a
-time, at this process's scheduling priority and above the machine's other jobs.
+"""``ringkv serve`` on simulated boards.
 
 **Boards.** ``bench_serve``'s load (the same clients, conversations, edits, regenerations and
 seeded sampling, from the same seed), smaller: ``SIM_CLIENTS`` clients at once,
@@ -21,23 +20,13 @@ to other clients in another run) got the same reply, else 0; ``serve_sim.greedy_
 likewise for ``GREEDY`` greedy requests (one per system prompt, after the load) on the two
 boards and on the two software devices.
 
-**Overhead.** ``bench_serve.sequential_overhead``: one client, ``SEQUENTIAL`` requests one
-after another to one software device; the metric's mean and, from the server's step log
-(``--log-level debug``), each request's own overhead (the steps outside the device's queue and
-the scheduler) with its median and p90: once with the server and its device's process at
-this process's priority (``make bench`` runs at the machine's normal priority), once raised to
-niceness -10 above the machine's other jobs (needs root; skipped otherwise), back to back.
-The difference is the machine's contention: on a loaded machine a process that was waiting
-for a message waits again for a core before it can read it.
-
 Environment: ``RINGKV_BENCH_SERVE_SIM_REQUESTS`` (default 12), ``RINGKV_BENCH_SERVE_SIM_CLIENTS``
-(4), ``RINGKV_BENCH_SERVE_SIM_MAX_TOKENS`` (16), ``RINGKV_BENCH_SERVE_SEQUENTIAL`` (100; 0: not
-measured) and ``bench_serve``'s ``RINGKV_BENCH_SERVE_TURNS``.
+(4), ``RINGKV_BENCH_SERVE_SIM_MAX_TOKENS`` (16) and ``bench_serve``'s
+``RINGKV_BENCH_SERVE_TURNS``.
 
 ``run(smoke=True)`` runs no board: a board's start and its requests take tens of seconds, and
 an idle simulated board keeps a core busy, too slow for ``make test``. It runs the two software
-devices' load at 4 requests of 2 clients, the greedy requests on them, and 3 sequential
-requests at each priority.
+devices' load at 4 requests of 2 clients and the greedy requests on them.
 """
 
 import asyncio
@@ -48,13 +37,11 @@ from bench.run import table
 
 __all__ = ["TITLE", "run", "markdown"]
 
-TITLE = "Server: simulated boards; the server's own overhead by priority"
+TITLE = "Server: ringkv serve on simulated boards"
 SIM_REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_REQUESTS", "12"))
 SIM_CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_CLIENTS", "4"))
 SIM_MAX_TOKENS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_MAX_TOKENS", "16"))
-SEQUENTIAL = int(os.environ.get("RINGKV_BENCH_SERVE_SEQUENTIAL", "100"))
 GREEDY = 2
-RAISED = -10
 
 #: (label, devices, --device)
 CONFIGS = (("one simulated board", 1, "sim"),
@@ -80,11 +67,11 @@ def _greedy(base) -> list[str]:
 def run(smoke: bool = False):
     """The figures (module docstring); ``smoke``: no board, the smallest sizes."""
     if not smoke:
-        return _run(CONFIGS, SIM_REQUESTS, SIM_CLIENTS, SEQUENTIAL)
-    return _run(SMOKE_CONFIGS, 4, 2, 3)
+        return _run(CONFIGS, SIM_REQUESTS, SIM_CLIENTS)
+    return _run(SMOKE_CONFIGS, 4, 2)
 
 
-def _run(configs, requests, clients, sequential):
+def _run(configs, requests, clients):
     common = {"requests": requests, "clients": clients, "systems": serve.SYSTEMS,
               "max_tokens": SIM_MAX_TOKENS, "config": "demo", "turns": list(serve.TURNS),
               "machine": f"{os.cpu_count()} CPUs, shared"}
@@ -141,16 +128,6 @@ def _run(configs, requests, clients, sequential):
         out.append({"name": "serve_sim.two_vs_one_tokens_per_s",
                     "value": round(by[two] / by[one], 3), "unit": "ratio",
                     "params": dict(common, setups=labels[:2])})
-    # the server's own overhead, one request at a time, at two priorities, back to back
-    levels = ([None] + ([RAISED] if os.geteuid() == 0 else [])) if sequential else []
-    for level in levels:
-        seq = serve.sequential_overhead(sequential, level, shape="demo")
-        name = "raised" if level is not None else "as_run"
-        params = dict(serve._rounded(seq), requests=sequential, clients=1, config="demo",
-                      priority=name, machine=common["machine"], target="< 2 ms")
-        for figure in ("mean_ms", "median_ms", "p90_ms"):
-            out.append({"name": f"serve_sim.overhead_sequential.{name}.{figure}",
-                        "value": round(seq[figure], 3), "unit": "ms", "params": params})
     return out
 
 
@@ -190,26 +167,4 @@ def markdown(results) -> str:
                             [[n, r["value"], r["params"].get("requests_compared",
                                                              r["params"].get("requests", ""))]
                              for n, r in extra])]
-    seq = []
-    for name in ("as_run", "raised"):
-        key = f"serve_sim.overhead_sequential.{name}"
-        if key + ".mean_ms" in by:
-            p = by[key + ".mean_ms"]["params"]
-            steps = p.get("step_median_ms", {})
-            seq.append([name, p["niceness"], p["requests"],
-                        f"{by[key + '.mean_ms']['value']:.2f}",
-                        f"{by[key + '.median_ms']['value']:.2f}",
-                        f"{by[key + '.p90_ms']['value']:.2f}",
-                        f"{p['first_ms']:.2f}",
-                        " / ".join(f"{steps.get(s, float('nan')):.2f}"
-                                   for s in serve.OVERHEAD_STEPS),
-                        f"{p['loadavg_1min']} / {p['loadavg_1min_end']}"])
-    if seq:
-        lines += ["", "The server's own overhead per request with one client, one request at "
-                  "a time (8 tokens, one software device, the demo shape), at the bench's "
-                  "priority and raised above the machine's other jobs; the steps' medians "
-                  "are " + ", ".join(f"`{s}`" for s in serve.OVERHEAD_STEPS) + " (the "
-                  "server's debug log). Target: under 2 ms.", "",
-                  table(["priority", "niceness", "requests", "mean ms", "median ms", "p90 ms",
-                         "first ms", "steps (medians) ms", "load avg start / end"], seq)]
     return "\n".join(lines)
