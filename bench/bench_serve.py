@@ -100,11 +100,12 @@ def _system(i: int) -> str:
 
 @contextlib.contextmanager
 def _server(devices, placement, capacity, *, device="software", clients=None, shape=None,
-            niceness=None, log=None, pids=None):
+            niceness=None, realtime=False, log=None, pids=None):
     """``ringkv serve`` in its own process (the clients' event loop is not the server's), on
-    ``devices`` times ``--device device``; ``niceness``: once it is up, its scheduling
-    priority and its devices' processes' (:func:`set_priority`); ``log``: a file for its log
-    at ``--log-level debug`` (the step-by-step times of each request), else warnings only;
+    ``devices`` times ``--device device``; ``niceness``, ``realtime``: once it is up, its
+    scheduling priority and its devices' processes' (:func:`set_priority`); ``log``: a file
+    for its log at ``--log-level debug`` (the step-by-step times of each request), else
+    warnings only;
     ``pids``: a list that receives the server's process id and its descendants'."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,31 +125,40 @@ def _server(devices, placement, capacity, *, device="software", clients=None, sh
         everyone = [proc.pid, *_descendants(proc.pid)]
         if niceness is not None:
             for pid in everyone:
-                set_priority(pid, niceness)
+                set_priority(pid, niceness, realtime=realtime)
         if pids is not None:
             pids[:] = everyone
         yield base
 
 
-def set_priority(pid: int, niceness: int):
-    """Process ``pid`` at ``niceness``, and its session's autogroup too: where the kernel
-    groups processes by session (``/proc/sys/kernel/sched_autogroup_enabled``), a process's
-    nice value ranks it only among its own session's processes, the autogroup's among the
-    machine's other sessions (the server and each device's process have a session of their
-    own)."""
-    os.setpriority(os.PRIO_PROCESS, pid, niceness)
+def set_priority(pid: int, niceness: int, *, realtime: bool = False):
+    """Every thread of process ``pid`` at ``niceness`` (on Linux a nice value is a thread's),
+    and its session's autogroup too: where the kernel groups processes by session
+    (``/proc/sys/kernel/sched_autogroup_enabled``), a nice value ranks a thread only among its
+    own session's, the autogroup's among the machine's other sessions (the server and each
+    device's process have a session of their own). ``realtime``: every thread also in the
+    real-time round-robin class (``SCHED_RR``, priority 1), which runs before every ordinary
+    thread whatever its nice value."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+        if realtime:
+            os.sched_setscheduler(int(task.name), os.SCHED_RR, os.sched_param(1))
     with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
 
 
 def priority_of(pid: int) -> dict:
-    """``{"nice", "autogroup_nice"}`` of process ``pid`` (the latter None without
-    autogroups)."""
+    """``{"nice", "autogroup_nice", "policy"}`` of process ``pid``'s threads (each the
+    set of its threads' values; the autogroup's None without autogroups)."""
     try:
         group = int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
     except (OSError, ValueError, IndexError):
         group = None
-    return {"nice": os.getpriority(os.PRIO_PROCESS, pid), "autogroup_nice": group}
+    tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    names = {os.SCHED_OTHER: "other", os.SCHED_RR: "rr", os.SCHED_FIFO: "fifo"}
+    return {"nice": sorted({os.getpriority(os.PRIO_PROCESS, t) for t in tids}),
+            "autogroup_nice": group,
+            "policy": sorted({names.get(os.sched_getscheduler(t), "other") for t in tids})}
 
 
 def _descendants(pid: int) -> list[int]:
@@ -294,11 +304,12 @@ def _steps(log) -> list[dict]:
     return out
 
 
-def sequential_overhead(requests: int, niceness=None, *, shape=None, workdir=None) -> dict:
+def sequential_overhead(requests: int, niceness=None, *, realtime=False, shape=None,
+                        workdir=None) -> dict:
     """The server's own overhead with one client sending ``requests`` chat requests one at a
     time (8 tokens each) to one software device (the ``shape``; None: ``SHAPE``), the server
-    and its device's process at scheduling priority ``niceness`` (:func:`set_priority`; None:
-    as started). Returns the metric's
+    and its device's process at scheduling priority ``niceness`` and ``realtime``
+    (:func:`set_priority`; None: as started). Returns the metric's
     mean (``ringkv_server_overhead_seconds``, ms), the per-request overhead's median, p90 and
     max from the step log, each step's median, the priorities of the server and its device's
     process (``priorities``: :func:`priority_of`) and the 1-minute load average at the start
@@ -309,11 +320,11 @@ def sequential_overhead(requests: int, niceness=None, *, shape=None, workdir=Non
     with contextlib.ExitStack() as stack:
         if workdir is None:
             workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-"))
-        log = Path(workdir) / f"sequential-{niceness}.log"
+        log = Path(workdir) / f"sequential-{niceness}-{realtime}.log"
         load_start = os.getloadavg()[0]
         pids: list = []
         with _server(1, "prefix", CAPACITY, clients=1, shape=shape, niceness=niceness,
-                     log=log, pids=pids) as base:
+                     realtime=realtime, log=log, pids=pids) as base:
             priorities = [priority_of(pid) for pid in pids]
             msgs = [{"role": "system", "content": _system(0)},
                     {"role": "user", "content": "Who?"}]

@@ -8,9 +8,11 @@ after another to ``ringkv serve`` on one software device, the demo shape; the me
 each request's own overhead (its steps outside the device's queue and the scheduler:
 ``bench_serve.OVERHEAD_STEPS``) with its median and p90, and each step's median. Once as
 started (a session of its own, the machine's default priority), once with the server and its
-device's process raised to niceness ``RAISED`` (``bench_serve.set_priority``: the process and
-its session's autogroup, without which a nice value ranks a process only within its own
-session; needs root, skipped otherwise). The 1-minute load average at the start and end of
+device's process raised to niceness ``RAISED`` (``bench_serve.set_priority``: every thread,
+and the session's autogroup, without which a nice value ranks a thread only within its own
+session), and once more in the real-time class besides (``SCHED_RR``, priority 1: before every
+ordinary thread; the run's CPU time is bounded, a few seconds of the device's model); both
+need root and are skipped otherwise. The 1-minute load average at the start and end of
 each is recorded: on a loaded machine a process that was waiting for a message (the device's
 process for its request, the server's thread for the answer) waits again for a core before it
 can read it; raised above the load it does not, and what remains is the server's own cost.
@@ -28,18 +30,18 @@ __all__ = ["TITLE", "run", "markdown", "RAISED"]
 TITLE = "Server: its own overhead per request, one request at a time, by priority"
 SEQUENTIAL = int(os.environ.get("RINGKV_BENCH_SERVE_SEQUENTIAL", "200"))
 RAISED = -10
-#: (figure name, niceness)
-LEVELS = (("as_started", None), ("raised", RAISED))
+#: (figure name, niceness, real-time)
+LEVELS = (("as_started", None, False), ("raised", RAISED, False), ("realtime", RAISED, True))
 
 
 def run(smoke: bool = False):
     """The figures (module docstring); ``smoke``: 3 requests at each priority."""
     requests = 3 if smoke else SEQUENTIAL
     out = []
-    for name, level in LEVELS:
+    for name, level, realtime in LEVELS:
         if level is not None and os.geteuid() != 0:
             continue
-        seq = serve.sequential_overhead(requests, level, shape="demo")
+        seq = serve.sequential_overhead(requests, level, realtime=realtime, shape="demo")
         params = dict(serve._rounded(seq), requests=requests, clients=1, config="demo",
                       max_tokens=8, priority=name,
                       machine=f"{os.cpu_count()} CPUs, shared", target="< 2 ms")
@@ -52,13 +54,14 @@ def run(smoke: bool = False):
 def markdown(results) -> str:
     by = {r["name"]: r for r in results}
     rows = []
-    for name, _ in LEVELS:
+    for name, *_ in LEVELS:
         key = f"serve.overhead.{name}"
         if key + ".mean_ms" not in by:
             continue
         p = by[key + ".mean_ms"]["params"]
         steps = p.get("step_median_ms", {})
-        prio = ", ".join(f"{x['nice']}/{x['autogroup_nice']}" for x in p["priorities"])
+        prio = ", ".join("{}/{}/{}".format(",".join(map(str, x["nice"])), x["autogroup_nice"],
+                                           ",".join(x["policy"])) for x in p["priorities"])
         rows.append([name.replace("_", " "), prio, p["requests"],
                      f"{by[key + '.mean_ms']['value']:.2f}",
                      f"{by[key + '.median_ms']['value']:.2f}",
@@ -74,6 +77,7 @@ def markdown(results) -> str:
         "device's queue and its scheduler; per request from the server's step log (mean, "
         "median, p90, max), the steps' medians being " +
         ", ".join(f"`{s}`" for s in serve.OVERHEAD_STEPS) + ". Priority: nice / autogroup "
-        "nice of the server and its device's process. Target: under 2 ms.", "",
-        table(["priority", "nice / autogroup", "requests", "mean ms", "median ms", "p90 ms",
+        "nice / scheduling class of the server's threads and its device's process's. Target: "
+        "under 2 ms.", "",
+        table(["priority", "nice / autogroup / class", "requests", "mean ms", "median ms", "p90 ms",
                "max ms", "steps (medians) ms", "load avg start / end"], rows)])
