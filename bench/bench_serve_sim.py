@@ -20,9 +20,10 @@ to other clients in another run) got the same reply, else 0; ``serve_sim.greedy_
 likewise for ``GREEDY`` greedy requests (one per system prompt, after the load) on the two
 boards and on the two software devices.
 
-Environment: ``RINGKV_BENCH_SERVE_SIM_REQUESTS`` (default 12), ``RINGKV_BENCH_SERVE_SIM_CLIENTS``
-(4), ``RINGKV_BENCH_SERVE_SIM_MAX_TOKENS`` (16) and ``bench_serve``'s
-``RINGKV_BENCH_SERVE_TURNS``.
+Environment: ``RINGKV_BENCH_SERVE_SIM_REQUESTS`` (default 40), ``RINGKV_BENCH_SERVE_SIM_CLIENTS``
+(8), ``RINGKV_BENCH_SERVE_SIM_MAX_TOKENS`` (16) and ``bench_serve``'s
+``RINGKV_BENCH_SERVE_TURNS``. The group takes about 20 minutes on a 2-core machine at load
+average 6, most of it the one board's 40 requests.
 
 ``run(smoke=True)`` runs no board: a board's start and its requests take tens of seconds, and
 an idle simulated board keeps a core busy, too slow for ``make test``. It runs the two software
@@ -38,8 +39,8 @@ from bench.run import table
 __all__ = ["TITLE", "run", "markdown"]
 
 TITLE = "Server: ringkv serve on simulated boards"
-SIM_REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_REQUESTS", "12"))
-SIM_CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_CLIENTS", "4"))
+SIM_REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_REQUESTS", "40"))
+SIM_CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_CLIENTS", "8"))
 SIM_MAX_TOKENS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_MAX_TOKENS", "16"))
 GREEDY = 2
 
