@@ -58,10 +58,12 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from bench.run import table
 
-__all__ = ["TITLE", "run", "markdown"]
+__all__ = ["TITLE", "run", "markdown", "sequential_overhead", "set_priority", "priority_of",
+           "STEPS", "OVERHEAD_STEPS"]
 
 TITLE = "Server: ringkv serve under load (software devices)"
 REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_REQUESTS", "320"))
@@ -97,48 +99,117 @@ def _system(i: int) -> str:
 
 
 @contextlib.contextmanager
-def _server(devices, placement, capacity):
-    """``ringkv serve`` in its own process (the clients' event loop is not the server's)."""
-    import httpx
+def _server(devices, placement, capacity, *, device="software", clients=None, shape=None,
+            niceness=None, realtime=False, log=None, pids=None):
+    """``ringkv serve`` in its own process (the clients' event loop is not the server's), on
+    ``devices`` times ``--device device``; ``niceness``, ``realtime``: once it is up, its
+    scheduling priority and its devices' processes' (:func:`set_priority`); ``log``: a file
+    for its log at ``--log-level debug`` (the step-by-step times of each request), else
+    warnings only;
+    ``pids``: a list that receives the server's process id and its descendants'."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [sys.executable, "-m", "ringkv.serve.main", "--port", str(port), "--config", SHAPE,
-            "--placement", placement, "--capacity", str(capacity), "--max-queue",
-            str(CLIENTS + 1), "--log-level", "warning"]
+    argv = [sys.executable, "-m", "ringkv.serve.main", "--port", str(port), "--config",
+            shape or SHAPE, "--placement", placement, "--capacity", str(capacity),
+            "--max-queue", str((clients or CLIENTS) + 1),
+            "--log-level", "warning" if log is None else "debug"]
     for _ in range(devices):
-        argv += ["--device", "software"]
-    proc = subprocess.Popen(argv, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ringkv serve exited with {proc.returncode}")
-            try:
-                if httpx.get(base + "/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("ringkv serve did not start within 300 s")
-            time.sleep(0.1)
+        argv += ["--device", device]
+
+    with contextlib.ExitStack() as stack:
+        err = None if log is None else stack.enter_context(open(log, "w"))
+        proc = subprocess.Popen(argv, start_new_session=True, stderr=err, stdout=err)
+        stack.callback(_stop_server, proc)
+        base = _wait_up(proc, f"http://127.0.0.1:{port}")
+        everyone = [proc.pid, *_descendants(proc.pid)]
+        if niceness is not None:
+            for pid in everyone:
+                set_priority(pid, niceness, realtime=realtime)
+        if pids is not None:
+            pids[:] = everyone
         yield base
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
 
 
-async def _chat(client, base, messages, seed):
+def set_priority(pid: int, niceness: int, *, realtime: bool = False):
+    """Every thread of process ``pid`` at ``niceness`` (on Linux a nice value is a thread's),
+    and its session's autogroup too: where the kernel groups processes by session
+    (``/proc/sys/kernel/sched_autogroup_enabled``), a nice value ranks a thread only among its
+    own session's, the autogroup's among the machine's other sessions (the server and each
+    device's process have a session of their own). ``realtime``: every thread also in the
+    real-time round-robin class (``SCHED_RR``, priority 1), which runs before every ordinary
+    thread whatever its nice value."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.setpriority(os.PRIO_PROCESS, int(task.name), niceness)
+        if realtime:
+            os.sched_setscheduler(int(task.name), os.SCHED_RR, os.sched_param(1))
+    with contextlib.suppress(OSError):
+        Path(f"/proc/{pid}/autogroup").write_text(str(niceness))
+
+
+def priority_of(pid: int) -> dict:
+    """``{"nice", "autogroup_nice", "policy"}`` of process ``pid``'s threads (each the
+    set of its threads' values; the autogroup's None without autogroups)."""
+    try:
+        group = int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        group = None
+    tids = [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    names = {os.SCHED_OTHER: "other", os.SCHED_RR: "rr", os.SCHED_FIFO: "fifo"}
+    return {"nice": sorted({os.getpriority(os.PRIO_PROCESS, t) for t in tids}),
+            "autogroup_nice": group,
+            "policy": sorted({names.get(os.sched_getscheduler(t), "other") for t in tids})}
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (its devices' processes, their simulators)."""
+    parents = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    out, todo = [], [pid]
+    while todo:
+        kids = [c for c, p in parents.items() if p == todo[-1]]
+        todo.pop()
+        out += kids
+        todo += kids
+    return out
+
+
+def _stop_server(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_up(proc, base) -> str:
+    """``base`` once the server answers ``/health`` with every device ready."""
+    import httpx
+    deadline = time.monotonic() + 900          # a simulated board's first start builds it
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ringkv serve exited with {proc.returncode}")
+        try:
+            if httpx.get(base + "/health").status_code == 200:
+                return base
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("ringkv serve did not start within 900 s")
+        time.sleep(0.1)
+
+
+async def _chat(client, base, messages, seed, max_tokens=None, temperature=0.8):
     """One streamed chat completion: (reply, ttft s, usage)."""
     t0 = time.perf_counter()
     ttft, parts, usage = None, [], None
-    body = {"messages": messages, "max_tokens": MAX_TOKENS, "temperature": 0.8, "seed": seed,
+    body = {"messages": messages, "max_tokens": max_tokens or MAX_TOKENS,
+            "temperature": temperature, "seed": seed,
             "stream": True, "stream_options": {"include_usage": True}}
     async with client.stream("POST", base + "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
@@ -159,28 +230,33 @@ async def _chat(client, base, messages, seed):
     return "".join(parts), (ttft if ttft is not None else time.perf_counter() - t0), usage
 
 
-async def _load(base, turns, seed=24):
+async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens=None):
+    """The load (module docstring): ``(records, wall s)``, a record ``(ttft s, usage,
+    (client, its request number), reply)`` per request."""
     import httpx
 
     from ringkv.serve.template import chat_prompt
-    budget = [REQUESTS]
+    budget = [requests or REQUESTS]
     records = []
+    max_tokens = max_tokens or MAX_TOKENS
     max_len = httpx.get(base + "/v1/models").json()["data"][0]["max_model_len"]
 
     async def client_task(c):
         rng = random.Random(seed * 1000 + c)
-        async with httpx.AsyncClient(timeout=600) as client:
+        sent = 0
+        async with httpx.AsyncClient(timeout=1800) as client:
             while budget[0] > 0:
                 messages = [{"role": "system", "content": _system(rng.randrange(SYSTEMS))},
                             {"role": "user", "content": rng.choice(_QUESTIONS)}]
                 for _turn in range(rng.randint(*turns)):
                     if budget[0] <= 0 or \
-                            len(chat_prompt(messages).tokens) + MAX_TOKENS > max_len:
+                            len(chat_prompt(messages).tokens) + max_tokens > max_len:
                         break
                     budget[0] -= 1
                     reply, ttft, usage = await _chat(client, base, messages,
-                                                     rng.randrange(1 << 31))
-                    records.append((ttft, usage))
+                                                     rng.randrange(1 << 31), max_tokens)
+                    records.append((ttft, usage, (c, sent), reply))
+                    sent += 1
                     roll = rng.random()
                     if roll < 0.15:              # edit the last message
                         messages = messages[:-1] + [{"role": "user",
@@ -193,7 +269,7 @@ async def _load(base, turns, seed=24):
                                                 "content": rng.choice(_QUESTIONS)}]
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(client_task(c) for c in range(CLIENTS)))
+    await asyncio.gather(*(client_task(c) for c in range(clients or CLIENTS)))
     return records, time.perf_counter() - t0
 
 
@@ -207,6 +283,70 @@ def _overhead(base) -> tuple[float, int]:
         elif line.startswith("ringkv_server_overhead_seconds_count"):
             count = float(line.split()[-1])
     return (total / count if count else float("nan")), int(count)
+
+
+#: the steps of a request in the server's debug log (``serve/app.py``); a request's overhead
+#: is all of them but ``routed->picked`` (the device's queue) and ``started->ended`` (the
+#: scheduler)
+STEPS = ("received->routed", "routed->picked", "picked->got", "got->started",
+         "started->ended", "ended->answered", "answered->finished")
+OVERHEAD_STEPS = tuple(s for s in STEPS if s not in ("routed->picked", "started->ended"))
+
+
+def _steps(log) -> list[dict]:
+    """``{step: ms}`` per request from a server's debug log."""
+    import re
+    out = []
+    for line in Path(log).read_text().splitlines():
+        found = dict(re.findall(r"(\w+->\w+) ([\d.]+) ms", line))
+        if set(STEPS) <= set(found):
+            out.append({k: float(found[k]) for k in STEPS})
+    return out
+
+
+def sequential_overhead(requests: int, niceness=None, *, realtime=False, shape=None,
+                        workdir=None) -> dict:
+    """The server's own overhead with one client sending ``requests`` chat requests one at a
+    time (8 tokens each) to one software device (the ``shape``; None: ``SHAPE``), the server
+    and its device's process at scheduling priority ``niceness`` and ``realtime``
+    (:func:`set_priority`; None: as started). Returns the metric's
+    mean (``ringkv_server_overhead_seconds``, ms), the per-request overhead's median, p90 and
+    max from the step log, each step's median, the priorities of the server and its device's
+    process (``priorities``: :func:`priority_of`) and the 1-minute load average at the start
+    and end."""
+    import tempfile
+
+    import httpx
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-serve-"))
+        log = Path(workdir) / f"sequential-{niceness}-{realtime}.log"
+        load_start = os.getloadavg()[0]
+        pids: list = []
+        with _server(1, "prefix", CAPACITY, clients=1, shape=shape, niceness=niceness,
+                     realtime=realtime, log=log, pids=pids) as base:
+            priorities = [priority_of(pid) for pid in pids]
+            msgs = [{"role": "system", "content": _system(0)},
+                    {"role": "user", "content": "Who?"}]
+            with httpx.Client(timeout=600) as client:
+                for i in range(requests):
+                    r = client.post(base + "/v1/chat/completions", json={
+                        "messages": msgs, "max_tokens": 8, "temperature": 0.8, "seed": i})
+                    r.raise_for_status()
+            mean, n = _overhead(base)
+        load_end = os.getloadavg()[0]
+        steps = _steps(log)
+    per = [sum(st[k] for k in OVERHEAD_STEPS) for st in steps]
+    return {"mean_ms": mean * 1e3, "requests_measured": n, "logged": len(steps),
+            "median_ms": _percentile(per, 0.5) if per else float("nan"),
+            "p90_ms": _percentile(per, 0.9) if per else float("nan"),
+            "max_ms": max(per, default=float("nan")),
+            "first_ms": per[0] if per else float("nan"),
+            "step_median_ms": {k: round(_percentile([st[k] for st in steps], 0.5), 3)
+                               for k in STEPS} if steps else {},
+            "niceness": niceness, "priorities": priorities,
+            "bench_priority": priority_of(os.getpid()),
+            "loadavg_1min": round(load_start, 2), "loadavg_1min_end": round(load_end, 2)}
 
 
 def _percentile(values, q):
@@ -248,10 +388,10 @@ def _measure(prefix: str, turns, configs, common) -> tuple[list, dict]:
         with _server(devices, placement, capacity) as base:
             records, wall = asyncio.run(_load(base, turns))
             overhead, n = _overhead(base)
-        ttfts = [t for t, _ in records]
-        prompt = sum(u["prompt_tokens"] for _, u in records)
-        cached = sum(u["prompt_tokens_details"]["cached_tokens"] for _, u in records)
-        generated = sum(u["completion_tokens"] for _, u in records)
+        ttfts = [r[0] for r in records]
+        prompt = sum(r[1]["prompt_tokens"] for r in records)
+        cached = sum(r[1]["prompt_tokens_details"]["cached_tokens"] for r in records)
+        generated = sum(r[1]["completion_tokens"] for r in records)
         fractions[label] = cached / prompt
         params = dict(common, devices=devices, placement=placement, turns=list(turns),
                       capacity=None if capacity >= 1 << 30 else capacity, setup=label,
@@ -295,22 +435,15 @@ def _run():
     if LONG_TURNS:
         out += _measure("long.", LONG_TURNS, LONG_CONFIGS, common)[0]
     # the server's own overhead with one client, one request at a time
-    load_start = os.getloadavg()[0]
-    with _server(1, "prefix", CAPACITY) as base:
-        import httpx
-        msgs = [{"role": "system", "content": _system(0)}, {"role": "user", "content": "Who?"}]
-        with httpx.Client(timeout=600) as client:
-            for i in range(SEQUENTIAL):
-                r = client.post(base + "/v1/chat/completions", json={
-                    "messages": msgs, "max_tokens": 8, "temperature": 0.8, "seed": i})
-                r.raise_for_status()
-        overhead, n = _overhead(base)
-    out.append({"name": "serve.overhead_sequential_ms", "value": round(overhead * 1e3, 3),
-                "unit": "ms", "params": dict(common, requests_measured=n, clients=1,
-                                             loadavg_1min=round(load_start, 2),
-                                             loadavg_1min_end=round(os.getloadavg()[0], 2),
+    seq = sequential_overhead(SEQUENTIAL)
+    out.append({"name": "serve.overhead_sequential_ms", "value": round(seq["mean_ms"], 3),
+                "unit": "ms", "params": dict(common, **_rounded(seq), clients=1,
                                              target="< 2 ms")})
     return out
+
+
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
 
 
 def _table(by, prefix, configs) -> str | None:

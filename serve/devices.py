@@ -9,8 +9,10 @@ a failure, listed and closed.
   server, or a recovery, is a new device on the same image);
 * ``sim`` or ``sim:IMAGE`` -- a simulated board: ``RingKVTop`` built with Verilator and run
   under cocotb by the existing harness (:class:`ringkv.sim.harness.SimDevice`), its card an
-  image file (a temporary one for ``sim``); if the simulator dies, the recovery starts it
-  again on the same image (a power cycle: the board recovers its directory by itself);
+  image file (a temporary one for ``sim``: ``sim`` may be named many times, a board and a
+  card each); the top of ``ringkv sim`` for the same ``--config`` (the demo shape: the demo's
+  top, ``DEMO_TOP``, the build ``make demo`` uses); if the simulator dies, the recovery starts
+  it again on the same image (a power cycle: the board recovers its directory by itself);
 * ``socket://HOST:PORT`` -- a device reached over TCP (a ``ringkv sim`` started elsewhere);
 * anything else -- a serial port (``/dev/ttyUSB0``: the board's USB UART).
 
@@ -185,8 +187,10 @@ class SimHandle(LinkHandle):
 
 
 def parse_device(spec: str, config, *, capacity=None, attention_factory=None, timeout=60.0,
-                 workdir=None) -> DeviceHandle:
-    """A :class:`DeviceHandle` for one ``--device`` value (module docstring)."""
+                 workdir=None, top_kwargs=None) -> DeviceHandle:
+    """A :class:`DeviceHandle` for one ``--device`` value (module docstring); ``top_kwargs``:
+    a simulated board's ``RingKVTop`` parameters (``ringkv sim``'s: ``DEMO_TOP`` for the demo
+    shape)."""
     if not isinstance(spec, str) or not spec:
         raise UsageError(f"--device must name a device, not {spec!r}", param="--device")
     kind, _, rest = spec.partition(":")
@@ -194,7 +198,8 @@ def parse_device(spec: str, config, *, capacity=None, attention_factory=None, ti
         return SoftwareHandle(spec, config, image=rest or None, capacity=capacity,
                               attention_factory=attention_factory)
     if kind == "sim":
-        return SimHandle(spec, config, image=rest or None, workdir=workdir, timeout=timeout)
+        return SimHandle(spec, config, image=rest or None, workdir=workdir, timeout=timeout,
+                         top_kwargs=top_kwargs)
     if spec.startswith("socket://") or spec.startswith("/") or spec.upper().startswith("COM"):
         return LinkHandle(spec, config, timeout=timeout)
     raise UsageError(f"--device {spec!r}: expected software[:IMAGE], sim[:IMAGE], "

@@ -173,11 +173,17 @@ def build_server(args):
     backend = FixedBackend if args.backend == "fixed" else Float64Backend
     specs = args.device or [f"software:{default_image()}"]
     repeated = {s for s in specs if specs.count(s) > 1}
-    if repeated - {"software"}:
-        raise UsageError(f"--device {sorted(repeated - {'software'})[0]} is named twice (only "
-                         f"'software', in memory, may be repeated)", param="--device")
+    if repeated - {"software", "sim"}:
+        raise UsageError(f"--device {sorted(repeated - {'software', 'sim'})[0]} is named twice "
+                         f"(only 'software', in memory, and 'sim', on a temporary card, may be "
+                         f"repeated)", param="--device")
+    # a simulated board has ``ringkv sim``'s top for the shape: the demo's for the demo shape
+    top = {}
+    if args.config == "demo" and any(s.partition(":")[0] == "sim" for s in specs):
+        from ringkv.sim.harness import DEMO_TOP
+        top = dict(DEMO_TOP)
     handles = [parse_device(s, config, capacity=args.capacity, attention_factory=backend,
-                            timeout=args.timeout) for s in specs]
+                            timeout=args.timeout, top_kwargs=top) for s in specs]
     for i, h in enumerate(handles):
         if h.spec in repeated:
             h.name = f"{h.spec}-{i}"
@@ -246,6 +252,10 @@ def main(argv=None) -> int:
     # uvicorn handles SIGINT/SIGTERM itself (a clean shutdown) and then raises the signal
     # again for the handler that was there before: this one lets the command end normally
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    # what is loaded now stays (modules, the model): out of the cyclic collector's way, whose
+    # full collections over it would pause the event loop for tens of milliseconds
+    import gc
+    gc.freeze()
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:

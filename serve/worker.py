@@ -34,6 +34,7 @@ Any other failure is answered ``("error", exception)``. Exceptions cross as pick
 host's errors pickle whole); one that does not pickle crosses as its type and message.
 """
 
+import gc
 import itertools
 import logging
 import os
@@ -47,7 +48,7 @@ from collections import OrderedDict
 from multiprocessing.connection import Connection
 
 from ringkv.host.errors import UsageError
-from ringkv.host.sampling import Sampler
+from ringkv.host.sampling import Sampler, SamplingParams
 from ringkv.host.scheduler import Scheduler
 
 from .template import TextStream
@@ -93,6 +94,14 @@ def portable(exc: BaseException) -> BaseException:
         return exc
     except Exception:                    # noqa: BLE001 - any failure to pickle
         return RuntimeError(f"{type(exc).__name__}: {exc}")
+
+
+def _warm_up():
+    """What a request's setup does for the first time in the process, done once here: numpy's
+    random generator (a sampler's) costs milliseconds at its first use and microseconds
+    after."""
+    Sampler(SamplingParams(temperature=1.0, seed=0))([0.0, 0.0])
+    TextStream(("\n\n",)).push(65)
 
 
 class _Exporting:
@@ -165,6 +174,7 @@ class DeviceServer:
         self.pinned.clear()
         sim = getattr(self.handle, "sim", None)
         info = {"pid": os.getpid(), "sim_pid": sim.proc.pid if sim is not None else None}
+        _warm_up()
         self.send(("opened", self._listing(), info))
 
     def _op_listing(self):
@@ -300,7 +310,11 @@ def main(argv=None) -> int:
     from ringkv.sim import procs
     try:
         with procs.interruptible():        # SIGTERM: a simulator started here is stopped
-            DeviceServer(conn, setup).run()
+            server = DeviceServer(conn, setup)
+            # the modules and the model stay: out of the cyclic collector's way (a full
+            # collection over them pauses a request for tens of milliseconds)
+            gc.freeze()
+            server.run()
     except KeyboardInterrupt:
         return 130
     return 0

@@ -17,6 +17,35 @@ def test_serve_bench_runs_at_a_tiny_size():
     for r in results:
         if r["name"].endswith("cached_fraction"):
             p = r["params"]
-            assert p["requests"] == 8 and 0 < p["cached_tokens"] < p["prompt_tokens"]
+            assert p["requests"] == 8 and 0 <= p["cached_tokens"] < p["prompt_tokens"]
             assert r["value"] == round(p["cached_tokens"] / p["prompt_tokens"], 4)
+            # one device holds every conversation's earlier turns (8 requests of 2 clients:
+            # each client's second request resumes); spread over four devices a client's
+            # requests may each land on a device that has none of its turns yet
+            if p["devices"] == 1:
+                assert p["cached_tokens"] > 0, r["name"]
     assert "prefix_vs_round_robin" in b.markdown(results)
+
+
+def test_serve_overhead_raises_the_server_and_its_device_process_above_the_load():
+    """The ``serve_overhead`` group's priorities took effect on both processes (the nice value
+    and, where the kernel groups by session, the session's autogroup, without which the nice
+    value ranks a process only within its own session), and each request's steps were read
+    from the server's log."""
+    import os
+
+    from bench import bench_serve_overhead as b
+    by = {r["name"]: r["params"] for r in b.run(smoke=True)}
+    started = by["serve.overhead.as_started.mean_ms"]
+    assert started["requests_measured"] == 3 and started["logged"] == 3
+    assert len(started["priorities"]) == 2           # the server and its device's process
+    assert all(b.RAISED not in p["nice"] and p["policy"] == ["other"]
+               for p in started["priorities"])
+    if os.geteuid() == 0:
+        for level, policy in (("raised", "other"), ("realtime", "rr")):
+            params = by[f"serve.overhead.{level}.mean_ms"]
+            assert params["logged"] == 3 and len(params["priorities"]) == 2
+            assert all(p["nice"] == [b.RAISED] and p["autogroup_nice"] in (b.RAISED, None)
+                       and p["policy"] == [policy] for p in params["priorities"])
+    else:
+        assert "serve.overhead.raised.mean_ms" not in by

@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from ringkv.host.errors import UsageError
 from ringkv.host.model import FixedBackend
 from ringkv.host.scheduler import plain_run
 from ringkv.serve.main import build_parser, build_server, serve_in_thread
@@ -460,3 +461,23 @@ def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
             assert message in r.stderr and "Traceback" not in r.stderr, (extra, r.stderr)
             assert r.stderr.startswith("ringkv serve: "), r.stderr
     assert not (tmp_path / "data").exists()
+
+
+def test_simulated_boards_may_be_repeated_and_take_the_demo_top(tmp_path):
+    """``--device sim`` twice is two boards (each its temporary card), with ``ringkv sim``'s
+    top for the shape (the demo's for ``--config demo``); an image named twice is refused.
+    Nothing is started."""
+    from ringkv.serve.engine import Engine
+    from ringkv.sim.harness import DEMO_TOP
+    engine, _, _ = build_server(build_parser().parse_args(
+        ["--config", "demo", "--device", "sim", "--device", "sim", "--device", "software"]))
+    assert isinstance(engine, Engine)
+    sims = [w.handle for w in engine.workers[:2]]
+    assert [h.name for h in sims] == ["sim-0", "sim-1"] and sims[0] is not sims[1]
+    assert all(h.kind == "sim" and h.top_kwargs == DEMO_TOP and h.image is None for h in sims)
+    assert engine.workers[2].handle.name == "software"
+    image = str(tmp_path / "card.img")
+    with pytest.raises(UsageError, match=r"--device sim:.*card\.img is named twice"):
+        build_server(build_parser().parse_args(
+            ["--config", "demo", "--device", f"sim:{image}", "--device", f"sim:{image}"]))
+    assert not (tmp_path / "card.img").exists()
