@@ -67,6 +67,16 @@ def test_serve_on_a_simulated_board_and_survive_its_power_cut(tmp_path):
         chunks = list(client.chat.completions.create(
             model="ringkv-kjv", messages=msgs, max_tokens=10, temperature=0, stream=True))
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+        # the next turn resends the conversation: the board resumes it from its own store
+        turn = msgs + [{"role": "assistant", "content": want},
+                       {"role": "user", "content": "And Moses answered"}]
+        raw = client.chat.completions.with_raw_response.create(
+            model="ringkv-kjv", messages=turn, max_tokens=4, temperature=0)
+        r = raw.parse()
+        assert raw.headers["x-ringkv-device"] == "sim"
+        assert 0 < r.usage.prompt_tokens_details.cached_tokens < r.usage.prompt_tokens
+        assert metrics.device_hits.labels("sim")._value.get() \
+            + metrics.device_prefix_hits.labels("sim")._value.get() >= 1
 
         # power cut: the simulator dies; requests go on (retried on the software device)
         _power_cut(engine.workers[0])
