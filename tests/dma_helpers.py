@@ -19,7 +19,8 @@ __all__ = ["rand_rings", "random_session", "load_state", "read_state", "set_key"
 
 
 def rand_rings(config, rng):
-    """Random element words ``[layer, kv_head, kind, slot, dim]``."""
+    """Random element words (uint8 for fx1, uint16 for fx2) ``[layer, kv_head, kind, slot,
+    dim]``."""
     shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
     dt = ring_dtype(config)
     return np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
@@ -31,9 +32,9 @@ def random_session(config, rng, count):
     return rand_rings(config, rng), count, rng.randrange(config.window), tokens
 
 
-async def load_state(ctx, h, config, rings, count, head, tokens):
-    """Write ``rings`` and every ring's metadata through the ring model's tap, and
-    ``tokens`` into token memory."""
+async def load_state(ctx, h, config, rings, count, head, tokens, *, meta_heads=None):
+    """Write ``rings`` and every ring's metadata (``head``, or ring ``r``'s
+    ``meta_heads[r]``) through the ring model's tap, and ``tokens`` into token memory."""
     ctx.set(h.tap.we, 1)
     for i, byte in enumerate(ring_image(config, rings)):
         ctx.set(h.tap.addr, i)
@@ -44,7 +45,7 @@ async def load_state(ctx, h, config, rings, count, head, tokens):
     for layer in range(config.layers * config.kv_heads):
         ctx.set(h.tap.meta_ring, layer)
         ctx.set(h.tap.meta_wcount, count)
-        ctx.set(h.tap.meta_whead, head)
+        ctx.set(h.tap.meta_whead, meta_heads[layer] if meta_heads else head)
         await ctx.tick()
     ctx.set(h.tap.meta_we, 0)
     ctx.set(h.tok_clear, 1)

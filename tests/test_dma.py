@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
+from dma_helpers import load_state, rand_rings, read_state
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
@@ -14,9 +15,6 @@ from ringkv.host.record import (
     encode_record,
     import_record,
     rebuild,
-    ring_dtype,
-    ring_image,
-    rings_from_image,
     scan_image,
 )
 from ringkv.hw.dma import DmaEngine, DmaOp
@@ -40,54 +38,6 @@ TINY2 = RingKVConfig(**{**TINY.__dict__, "numerics": "ringkv-fx2"})
 # numerics ringkv-fx1c: fx1's bytes, per-layer fractions in the digest and the header
 SMALLC = RingKVConfig(**{**SMALL.__dict__, "numerics": "ringkv-fx1c",
                          "qkv_fracs": ((5, 4, 6), (4, 6, 3))})
-
-
-def rand_rings(config, rng):
-    """Random element words (uint8 for fx1, uint16 for fx2) ``[layer, kv_head, kind, slot,
-    dim]``."""
-    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
-    dt = ring_dtype(config)
-    return np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
-                         dtype=dt).reshape(shape).copy()
-
-
-async def load_state(ctx, h, config, rings, count, head, tokens, *, meta_heads=None):
-    flat = ring_image(config, rings)
-    ctx.set(h.tap.we, 1)
-    for i, byte in enumerate(flat):
-        ctx.set(h.tap.addr, i)
-        ctx.set(h.tap.wdata, int(byte))
-        await ctx.tick()
-    ctx.set(h.tap.we, 0)
-    ctx.set(h.tap.meta_we, 1)
-    for layer in range(config.layers * config.kv_heads):
-        ctx.set(h.tap.meta_ring, layer)
-        ctx.set(h.tap.meta_wcount, count)
-        ctx.set(h.tap.meta_whead, meta_heads[layer] if meta_heads else head)
-        await ctx.tick()
-    ctx.set(h.tap.meta_we, 0)
-    ctx.set(h.tok_clear, 1)
-    await ctx.tick()
-    ctx.set(h.tok_clear, 0)
-    ctx.set(h.tok_append.valid, 1)
-    for tok in tokens:
-        ctx.set(h.tok_append.payload, tok)
-        await ctx.tick()
-    ctx.set(h.tok_append.valid, 0)
-
-
-async def read_state(ctx, h, config):
-    n = RingPortSignature.for_config(config).ring_bytes
-    out = bytearray(n)
-    for i in range(n):
-        ctx.set(h.tap.addr, i)
-        await ctx.tick()
-        out[i] = ctx.get(h.tap.rdata)
-    meta = []
-    for layer in range(config.layers * config.kv_heads):
-        ctx.set(h.tap.meta_ring, layer)
-        meta.append((ctx.get(h.tap.meta_rcount), ctx.get(h.tap.meta_rhead)))
-    return rings_from_image(config, out), meta
 
 
 async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, rng=None, idle=0.0):
