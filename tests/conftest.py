@@ -10,6 +10,7 @@ of a host rule costs microseconds and one of a simulated core seconds.
 """
 
 import json
+import logging
 import os
 import shutil
 
@@ -112,3 +113,18 @@ def pytest_sessionfinish(session):
     with open(DURATIONS, "w") as f:
         json.dump(dict(sorted(known.items())), f, indent=0)
         f.write("\n")
+
+
+@pytest.fixture(autouse=True)
+def ringkv_logger_restored():
+    """Put the ``ringkv`` logger back as it was after each test. The command line's ``main()``
+    configures it for the whole process (its own handler, no propagation to the root logger);
+    a test that runs ``main()`` in process would otherwise hide the library's log records from
+    ``caplog`` in every later test of the same worker (and a check that a key is not in the log
+    would pass on an empty log)."""
+    logger = logging.getLogger("ringkv")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
