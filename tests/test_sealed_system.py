@@ -36,10 +36,10 @@ KEY_A, KEY_B = (bytes(RNG.integers(0, 256, size=32, dtype=np.uint8)) for _ in ra
 ID_A, ID_B = 7, 0x1234
 N, N_LONG = 10, 14           # N > window: every ring slot valid, the whole rings compared
 
-#: Slow: its own Verilator build of the sealed top took 91 s here (2 shared cores), the module
-#: 17 s more on that build: over the ~90 s one end-to-end path may add to ``make test``. The
-#: sealed top in the Amaranth simulator (tests/test_top_sealed.py) and the DMA's MAC
-#: (tests/test_dma_mac.py) are in ``make test``.
+#: Slow: its own Verilator build of the sealed top took 91 s here (2 shared cores), the
+#: module 12 to 17 s more on that build: over the ~90 s one end-to-end path may add to ``make
+#: test``. The sealed top in the Amaranth simulator (tests/test_top_sealed.py) and the DMA's
+#: MAC (tests/test_dma_mac.py) are in ``make test``.
 pytestmark = [requires_verilator, pytest.mark.slow]
 
 
@@ -172,11 +172,18 @@ def test_forged_records_are_refused_on_import(exported, tmp_path):
     with sim:
         st = dev.wait_ready()
         assert (st["live"], st["freed"]) == (2, 0)     # the headers are intact: both listed
+        seed_a = tenant_seed(KEY_A, CFG.digest())
+        assert sorted(dev.directory()) == sorted(
+            (N, sequence_hash(t, seed_a), where[key[1]])
+            for t, key in ((s1.tokens[:N], exported["keys"][0]),
+                           (tokens2, exported["keys"][1])))
         for i, (session, tokens) in enumerate(((s1, s1.tokens[:N]), (s2, tokens2))):
             session.compute(dev)                      # rings full of this session's state
             got = dev.query(tokens, tenant="a")
             hash_a = sequence_hash(tokens, tenant_seed(KEY_A, CFG.digest()))
             assert got == QueryResult(False, N, hash_a, "bad tag")
+            # freed: a record whose tag fails can never verify
+            assert (N, hash_a) not in [(c, h) for c, h, _ in dev.directory()]
             assert [count for count, _ in dev.ring_meta()] == [0] * (CFG.layers * CFG.kv_heads)
             # the host recomputes after a miss (the scheduler: clear the rings, prefill): the
             # next decode equals the run without reuse
@@ -209,8 +216,8 @@ def test_forged_records_are_refused_on_import(exported, tmp_path):
 
 
 @pytest.mark.xfail(strict=True, reason="a refused import writes ring metadata (count 0, head "
-                   "0), not the cleared rings' (0, W-1): the next decode writes slot 1 and "
-                   "attends slot 0, which holds the refused record's V")
+                   "0), not the cleared rings' (0, W-1): the next decode writes slot 1, its "
+                   "output is slot 0's V, the refused record's")
 def test_decode_straight_after_a_refused_import(exported, tmp_path):
     """On cleared rings, tenant A's QUERY of the record whose K/V byte was forged is refused
     (``bad tag``) after the DMA wrote its K/V into the rings; a decode straight after it (no
