@@ -317,6 +317,9 @@ class SimDevice:
         self.config = config
         top_kwargs = top_parameters(top_kwargs, sealed)
         self.sealed = top_kwargs.pop("sealed", False)
+        if self.sealed and self.MODULE != SimDevice.MODULE:
+            raise ValueError(f"{type(self).__name__} has no sealed build (sealed=True is "
+                             f"RingKVTop's simulation: SimDevice)")
         cmd = [sys.executable, "-m", self.MODULE, "--image", str(self.image),
                "--config", json.dumps(config.__dict__), "--top", json.dumps(top_kwargs)]
         if self.sealed:

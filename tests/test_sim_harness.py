@@ -29,3 +29,12 @@ def test_top_parameters_refusals():
         top_parameters({}, sealed=1)
     with pytest.raises(TypeError, match=r"^top_kwargs' sealed must be a bool, not 'yes'$"):
         top_parameters({"sealed": "yes"})
+
+
+def test_board_simulation_has_no_sealed_build(tmp_path):
+    """The pin-level board simulation is an open build: refused before anything starts."""
+    from ringkv.sim.board_harness import BoardDevice
+    with pytest.raises(ValueError, match=r"^BoardDevice has no sealed build \(sealed=True is "
+                                         r"RingKVTop's simulation: SimDevice\)$"):
+        BoardDevice(tmp_path / "card.img", sealed=True)
+    assert not (tmp_path / "card.img").exists()
