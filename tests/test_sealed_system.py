@@ -215,9 +215,6 @@ def test_forged_records_are_refused_on_import(exported, tmp_path):
                                                                    "no record")
 
 
-@pytest.mark.xfail(strict=True, reason="a refused import writes ring metadata (count 0, head "
-                   "0), not the cleared rings' (0, W-1): the next decode writes slot 1, its "
-                   "output is slot 0's V, the refused record's")
 def test_decode_straight_after_a_refused_import(exported, tmp_path):
     """On cleared rings, tenant A's QUERY of the record whose K/V byte was forged is refused
     (``bad tag``) after the DMA wrote its K/V into the rings; a decode straight after it (no
