@@ -414,8 +414,9 @@ def import_record(config, read, region, *, count=None, prefix_hash=None, session
     the header, the tag after the payload CRC. Returns ``(status, header or None, meta)``;
     never raises on bad records. ``meta`` is the ``(count, head)`` the DMA writes to every layer,
     or ``None`` when the metadata stays unchanged. After a failure in the KV phase (payload CRC)
-    an import has partly overwritten the rings, so it writes count 0 (an empty ring): a miss,
-    never a stale cache claiming to be valid.
+    an import has partly overwritten the rings, so it writes count 0 and head ``W - 1``: the
+    state a ring clear leaves (empty, the next token in slot 0), a miss, never a stale cache
+    claiming to be valid.
 
     The bytes read are untrusted: the payload is read only after the header passed every check
     (so ``count <= max_tokens`` and the lengths are those of ``count``), and never beyond the
@@ -469,13 +470,14 @@ def _import(config, read, region, *, count=None, prefix_hash=None, session_token
         for t, s in enumerate(slots):
             rings[:, :, 0, s, :] = k[:, :, t, :]
             rings[:, :, 1, s, :] = v[:, :, t, :]
+    emptied = (0, config.window - 1) if importing and kvn else None    # the cleared state
     if not ok:
-        return (RecordStatus.BAD_PAYLOAD_CRC, h, ((0, 0) if importing and kvn else None),
+        return (RecordStatus.BAD_PAYLOAD_CRC, h, emptied,
                 "payload CRC mismatch (torn or corrupt payload)")
     if keys is not None:
         status, why = check_mac(h, header, tok, kv, keys, sealed=sealed)
         if status is not RecordStatus.OK:
-            return status, h, ((0, 0) if importing and kvn else None), why
+            return status, h, emptied, why
     return RecordStatus.OK, h, ((h.count, h.ring_head) if importing else None), ""
 
 

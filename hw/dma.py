@@ -17,8 +17,9 @@ from the engine's :class:`RingKVConfig`), field consistency, and that count and 
 requested ones; then streams the stored tokens and compares each with token memory **before**
 any KV is written; then streams K and V into the ring port while computing the payload CRC, and
 finally writes the metadata (count, head) of every ring. Failures before the KV phase change
-nothing; a payload CRC failure (or storage error) in the KV phase writes count 0 to every
-ring, so the rings are empty: a miss, never a stale or corrupt cache.
+nothing; a payload CRC failure (or storage error) in the KV phase writes count 0 and head
+``W - 1`` to every ring (the state RING_CLEAR_ALL leaves), so the rings are empty and the next
+token goes to slot 0: a miss, never a stale or corrupt cache.
 
 **Verify** (``op = VERIFY``, region): the import's checks without count/hash/token comparison and
 without writing the rings: the directory rebuild scan uses it (host-driven, see
@@ -536,8 +537,8 @@ class DmaEngine(wiring.Component):
                     m.d.comb += cursor.start.eq(1)
                     m.next = "MAC_HEADER"
                 with m.Elif(importing & (ok | kv_started)):
-                    m.d.sync += [meta_w_count.eq(Mux(ok, n, 0)), meta_w_head.eq(Mux(ok, head, 0)),
-                                 ml.eq(0)]
+                    m.d.sync += [meta_w_count.eq(Mux(ok, n, 0)),
+                                 meta_w_head.eq(Mux(ok, head, W - 1)), ml.eq(0)]
                     m.next = "META_WRITE"
                 with m.Else():
                     m.next = "RESPOND"
@@ -563,14 +564,14 @@ class DmaEngine(wiring.Component):
                             m.d.sync += status.eq(RecordStatus.BAD_MAC)
                         with m.If(importing & (good | kv_started)):
                             m.d.sync += [meta_w_count.eq(Mux(good, n, 0)),
-                                         meta_w_head.eq(Mux(good, head, 0)), ml.eq(0)]
+                                         meta_w_head.eq(Mux(good, head, W - 1)), ml.eq(0)]
                             m.next = "META_WRITE"
                         with m.Else():
                             m.next = "RESPOND"
             with m.State("FAIL"):
                 # storage error: an import that has started writing the rings empties them
                 m.d.comb += self.busy.eq(1)
-                m.d.sync += [meta_w_count.eq(0), meta_w_head.eq(0), ml.eq(0)]
+                m.d.sync += [meta_w_count.eq(0), meta_w_head.eq(W - 1), ml.eq(0)]
                 with m.If(importing & kv_started):
                     m.next = "META_WRITE"
                 with m.Else():

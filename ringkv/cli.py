@@ -704,6 +704,11 @@ def _cmd_chat(args, rest):
 
 def _cmd_sim(args, rest):
     if any(a == "--board" or a.startswith("--board=") for a in rest):
+        if "--sealed" in rest:
+            raise UsageError("--sealed is not available with --board: the pin-level board "
+                             "simulation is an open build",
+                             hint="ringkv sim --sealed (without --board) simulates the sealed "
+                                  "RingKVTop", param="sealed")
         from ringkv.sim.board_harness import main as board_main
         return board_main(rest)
     from ringkv.sim.harness import main as sim_main

@@ -4,6 +4,8 @@
 it under cocotb with the storage port served from an image file, and prints
 ``socket://127.0.0.1:PORT`` — the URL that :class:`ringkv.host.link.Link` (pyserial's
 ``serial_for_url``) connects to, exactly as it would open ``/dev/ttyUSB0`` for the board.
+``--sealed`` (``sealed=True`` here) builds the sealed top (``RingKVTop(sealed=True)``: key
+slots, tenant slots, the record MAC; docs/blocks/mac.md), a build of its own.
 
 :class:`SimDevice` runs the same thing as a child process for scripts and tests: it starts the
 simulator, waits for the URL, and ``stop()`` / ``kill()`` end it (``kill`` is a power cut: the
@@ -22,6 +24,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from ringkv.defs.checks import check_type
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig, named_config
 from ringkv.defs.record import SECTOR
 from ringkv.host.errors import (
@@ -40,7 +43,7 @@ from .toolchain import setup_environ
 from .verilog import write_verilog
 
 __all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME", "DEMO_TOP", "build_key",
-           "check_image", "check_port", "progress", "sources_digest"]
+           "check_image", "check_port", "progress", "sources_digest", "top_parameters"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,23 @@ TOP_NAME = "ringkv_top"
 DEMO_TOP = {"regions": 2, "lanes": 4, "macs": 8}
 #: Verilator's options for the top; part of the build key.
 BUILD_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-O2"]
+
+
+def top_parameters(top_kwargs: dict, sealed: bool = False) -> dict:
+    """``top_kwargs`` with ``sealed`` folded in: ``{..., "sealed": True}`` for a sealed top,
+    no ``sealed`` entry for an open one (so that ``sealed=False`` and an open ``top_kwargs``
+    name the same build). Raises ``TypeError`` for a ``sealed`` that is not a bool and
+    ``ValueError`` when ``sealed=True`` meets ``top_kwargs["sealed"]`` false."""
+    check_type("sealed", sealed, bool)
+    kw = dict(top_kwargs)
+    if "sealed" in kw:
+        check_type("top_kwargs' sealed", kw["sealed"], bool)
+        if sealed and not kw["sealed"]:
+            raise ValueError('sealed=True contradicts top_kwargs["sealed"]=False')
+        sealed = kw.pop("sealed")
+    if sealed:
+        kw["sealed"] = True
+    return kw
 
 
 def _top(config, top_kwargs):
@@ -117,9 +137,12 @@ def progress(what: str, every: float = 10.0):
     log.info("%s: done in %.0f s", what, time.monotonic() - started)
 
 
-def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path, int]:
+def build_top(config: RingKVConfig = DEFAULT_CONFIG, *, sealed: bool = False,
+              **top_kwargs) -> tuple[Path, int]:
     """Verilate the top unless the build cache holds it (:func:`build_key`); return (build
-    dir, sectors)."""
+    dir, sectors). ``sealed``: the sealed top (:func:`top_parameters`; part of the build
+    key, a build of its own)."""
+    top_kwargs = top_parameters(top_kwargs, sealed)
     setup_environ()
     build_dir = _build_dir(config, top_kwargs)
     build_dir.mkdir(parents=True, exist_ok=True)
@@ -155,17 +178,19 @@ def build_top(config: RingKVConfig = DEFAULT_CONFIG, **top_kwargs) -> tuple[Path
 
 
 def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: bool = False,
-          prebuilt: bool = False, cut_after: int | None = None, **top_kwargs):
+          prebuilt: bool = False, cut_after: int | None = None, sealed: bool = False,
+          **top_kwargs):
     """Build if needed, then run the simulated device until killed (or one connection).
 
     ``prebuilt``: kept for callers that have just run :func:`build_top` (the build cache makes
     every call after the first one fast anyway).
     ``cut_after``: the power fails after that many bytes written to storage (the sector being
     written is torn, holding the bytes received so far) and the simulator exits at once.
+    ``sealed``: the sealed top (:func:`build_top`).
     Raises :class:`~ringkv.host.errors.RingKVError` when the simulator stops with an error
     (it cannot listen on ``port``, the image cannot be used).
     """
-    build_dir, sectors = build_top(config, **top_kwargs)
+    build_dir, sectors = build_top(config, sealed=sealed, **top_kwargs)
     from cocotb_tools.runner import get_runner
     runner = get_runner("verilator")
     env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
@@ -279,17 +304,26 @@ def check_image(path, config: RingKVConfig, sectors: int, *, create: bool = Fals
 
 class SimDevice:
     """A simulated device in a child process (``python -m ringkv.sim.harness``; a subclass
-    names another server module with the same command line in ``MODULE``)."""
+    names another server module with the same command line in ``MODULE``). ``sealed``: the
+    sealed top (``--sealed``; :attr:`sealed` says which it is)."""
 
     MODULE = "ringkv.sim.harness"
 
     def __init__(self, image, *, config: RingKVConfig = DEFAULT_CONFIG, log=None,
                  startup_timeout: float = 900.0, prebuilt: bool = False,
-                 cut_after: int | None = None, server_args=(), **top_kwargs):
+                 cut_after: int | None = None, server_args=(), sealed: bool = False,
+                 **top_kwargs):
         self.image = Path(image)
         self.config = config
+        top_kwargs = top_parameters(top_kwargs, sealed)
+        self.sealed = top_kwargs.pop("sealed", False)
+        if self.sealed and self.MODULE != SimDevice.MODULE:
+            raise ValueError(f"{type(self).__name__} has no sealed build (sealed=True is "
+                             f"RingKVTop's simulation: SimDevice)")
         cmd = [sys.executable, "-m", self.MODULE, "--image", str(self.image),
                "--config", json.dumps(config.__dict__), "--top", json.dumps(top_kwargs)]
+        if self.sealed:
+            cmd.append("--sealed")
         if prebuilt:
             cmd.append("--prebuilt")
         if cut_after is not None:
@@ -386,6 +420,9 @@ def main(argv=None):
     parser.add_argument("--top", default=None,
                         help="RingKVTop keyword arguments as JSON (default: {} -- 64 regions "
                              "--, with --config demo the demo's)")
+    parser.add_argument("--sealed", action="store_true",
+                        help="the sealed device: key slots, tenant slots and the record MAC "
+                             "(docs/blocks/mac.md), a build of its own; default: open")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
                         help="(kept for scripts: a matching build is always reused)")
@@ -402,15 +439,25 @@ def main(argv=None):
         sectors = _sectors(config, top)
     except (ValueError, TypeError) as e:
         raise UsageError(f"bad --config or --top: {e}", param="config") from None
+    if not isinstance(top.get("sealed", False), bool):
+        raise UsageError(f"bad --top: \"sealed\" is true or false, not "
+                         f"{json.dumps(top['sealed'])}", param="top")
+    if args.sealed and top.get("sealed") is False:
+        raise UsageError("--sealed contradicts --top's \"sealed\": false",
+                         hint="give --sealed alone (or --top with \"sealed\": true)",
+                         param="sealed")
+    top = top_parameters(top, args.sealed)
+    sealed = top.pop("sealed", False)
     check_port(args.port)
     what = check_image(args.image, config, sectors, create=args.create)
     image = Path(args.image).resolve()
     if args.create:
         image.write_bytes(b"")
-    print(f"ringkv sim: image {image} ({what}); config digest {config.digest().hex()[:16]}",
+    print(f"ringkv sim: image {image} ({what}); config digest {config.digest().hex()[:16]}; "
+          + ("sealed (key slots, tenants, record MAC)" if sealed else "open"),
           file=sys.stderr, flush=True)
     serve(image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
-          cut_after=args.cut_after, **top)
+          cut_after=args.cut_after, sealed=sealed, **top)
     return 0
 
 

@@ -274,7 +274,7 @@ def test_forged_record_is_bad_mac_and_rings_empty(how):
     res = simulate(config, 2, image, body, seed=5, idle=0.2, stall=0.2)
     bad, (got, meta), good = res["value"]
     assert bad[0] is RecordStatus.BAD_MAC
-    assert meta == [(0, 0)] * (config.layers * config.kv_heads)
+    assert meta == [(0, config.window - 1)] * (config.layers * config.kv_heads)   # cleared
     assert good[0] is RecordStatus.OK
     image.write(0, bad_image)
     rings = session[0].copy()
@@ -282,7 +282,7 @@ def test_forged_record_is_bad_mac_and_rings_empty(how):
                                          prefix_hash=forged_hash, session_tokens=tokens,
                                          rings=rings, keys={KEYS[slot][0]: KEYS[slot][1]},
                                          sealed=True)
-    assert status is RecordStatus.BAD_MAC and want_meta == (0, 0)
+    assert status is RecordStatus.BAD_MAC and want_meta == (0, config.window - 1)
 
 
 @pytest.mark.parametrize("op", [DmaOp.IMPORT, pytest.param(DmaOp.VERIFY, marks=SLOW)])

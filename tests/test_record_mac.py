@@ -144,7 +144,7 @@ def test_forged_record_with_recomputed_crcs_is_refused():
     [info] = scan_image(SMALL, img.read, 1)
     assert info.valid and info.key_id == 1 and info.mac_ok is None   # CRCs alone: fine
     status, meta, rings = do_import(SMALL, img, tokens, {1: KEY_A}, sealed=True)
-    assert status is RecordStatus.BAD_MAC and meta == (0, 0)    # the DMA writes count 0
+    assert status is RecordStatus.BAD_MAC and meta == (0, SMALL.window - 1)    # the cleared state
     [info] = scan_image(SMALL, img.read, 1, keys={1: KEY_A})
     assert info.status is RecordStatus.BAD_MAC and info.mac_ok is False
     # forging it as an open record (key id 0, zero tag) does not help on a sealed device
@@ -162,7 +162,7 @@ def test_tenant_a_record_under_tenant_b_key():
     assert do_import(SMALL, img, tokens, {2: KEY_B}, sealed=True)[0] is RecordStatus.NO_KEY
     # the same key id mapped to B's key (a rotated or misassigned key): the tag fails
     status, meta, rings = do_import(SMALL, img, tokens, {1: KEY_B}, sealed=True)
-    assert status is RecordStatus.BAD_MAC and meta == (0, 0)
+    assert status is RecordStatus.BAD_MAC and meta == (0, SMALL.window - 1)
     [info] = scan_image(SMALL, img.read, 1, keys={1: KEY_B})
     assert info.status is RecordStatus.BAD_MAC
 

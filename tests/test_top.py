@@ -286,7 +286,7 @@ def test_export_query_hit_miss_corrupt():
         r = SNAPSHOT_RESPONSE.unpack(frame.payload)
         assert r["record_status"] == RecordStatus.BAD_PAYLOAD_CRC.value and r["dir_status"] == 0
         _, meta = await read_rings(ctx, link)
-        assert meta == [(0, 0)] * (CFG.layers * CFG.kv_heads)      # emptied, never stale
+        assert meta == [(0, CFG.window - 1)] * (CFG.layers * CFG.kv_heads)   # cleared, never stale
         # ... and the record is dropped from the directory, its region freed to FIFO B
         frame = await link.request(ctx, Op.QUERY, req(Op.QUERY, n=12))
         assert Status(frame.status) == Status.MISS
