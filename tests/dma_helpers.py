@@ -94,12 +94,14 @@ async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, sealed=0, slot=0
 
 
 def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_after=None,
-             log=None, error_after=None, process=None, hold=0.0):
-    """Run ``body(ctx, h, rng)`` against a harness with the MAC whose storage is ``image``;
-    ``process(h)`` (optional) gives an extra background process (a monitor); ``hold``: the
-    chance per clock that the MAC refuses a new message (busy with another user). Every clock,
-    a byte the engine offers the MAC must find it ready (else the simulation fails)."""
-    h = DmaHarness(config, regions, mac=True)
+             dead=False, log=None, error_after=None, process=None, hold=0.0, mac=True):
+    """Run ``body(ctx, h, rng)`` against a harness whose storage is ``image``, with the MAC
+    (``mac``, default) or without; ``process(h)`` (optional) gives an extra background process
+    (a monitor); ``hold``: the chance per clock that the MAC refuses a new message (busy with
+    another user). With the MAC, every clock a byte the engine offers it must find it ready
+    (else the simulation fails). With a power cut (``cut_after``) the simulation ends when the
+    server loses power, else when the body ends."""
+    h = DmaHarness(config, regions, mac=mac)
     sim = Simulator(h)
     sim.add_clock(1e-8)
     rng = random.Random(seed)
@@ -108,7 +110,7 @@ def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_a
     async def server(ctx):
         try:
             await serve_storage(ctx, h.storage, image, rng=random.Random(seed + 1), idle=idle,
-                                stall=stall, cut_after=cut_after, log=log,
+                                stall=stall, cut_after=cut_after, dead=dead, log=log,
                                 error_after=error_after)
         except PowerCut as e:
             result["cut"] = str(e)
@@ -132,7 +134,8 @@ def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_a
 
     sim.add_testbench(server, background=cut_after is None)
     sim.add_testbench(bench, background=cut_after is not None)
-    sim.add_process(mac_watch)
+    if mac:
+        sim.add_process(mac_watch)
     if hold:
         sim.add_testbench(holder, background=True)
     if process is not None:

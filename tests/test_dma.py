@@ -1,11 +1,13 @@
 """DMA engine in the Amaranth simulator against the golden record model (host/record.py)."""
 
+import functools
 import random
 
 import numpy as np
 import pytest
 from amaranth.sim import Simulator
-from dma_helpers import load_state, rand_rings, read_state
+from dma_helpers import load_state, new_image, rand_rings, read_state
+from dma_helpers import simulate as simulate_with
 
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
@@ -21,11 +23,13 @@ from ringkv.hw.dma import DmaEngine, DmaOp
 from ringkv.hw.dma_stream import RecordSegment
 from ringkv.hw.ring_port import RingPortSignature
 from ringkv.hw.storage import StorageOp
-from ringkv.sim.ring_model import DmaHarness
-from ringkv.sim.sector_model import PowerCut, SectorImage, serve_storage
+from ringkv.sim.sector_model import serve_storage
 from ringkv.sim.streams import stream_get, stream_put
 
 # background testbenches (the storage server, the card) are abandoned when the body ends
+#: the engine alone (no MAC): every test here is an open transfer
+simulate = functools.partial(simulate_with, mac=False)
+
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 SMALL = RingKVConfig(layers=2, q_heads=2, kv_heads=1, head_dim=8, window=8, token_width=16,
@@ -45,41 +49,6 @@ async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, rng=None, idle=0
                                   "seq": seq}, rng=rng, idle=idle)
     resp = await stream_get(ctx, h.resp, rng=rng, stall=idle)
     return RecordStatus(resp.status.value), resp.count, resp.hash, resp.seq
-
-
-def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_after=None,
-             dead=False, log=None, error_after=None):
-    """Run ``body(ctx, h, rng)`` against a harness whose storage is ``image``."""
-    h = DmaHarness(config, regions)
-    sim = Simulator(h)
-    sim.add_clock(1e-8)
-    rng = random.Random(seed)
-    result = {}
-
-    async def server(ctx):
-        try:
-            await serve_storage(ctx, h.storage, image, rng=random.Random(seed + 1), idle=idle,
-                                stall=stall, cut_after=cut_after, dead=dead, log=log,
-                                error_after=error_after)
-        except PowerCut as e:
-            result["cut"] = str(e)
-
-    async def bench(ctx):
-        result["value"] = await body(ctx, h, rng)
-
-    # with a power cut the simulation ends when the server loses power, else when the body ends
-    sim.add_testbench(server, background=cut_after is None)
-    sim.add_testbench(bench, background=cut_after is not None)
-    sim.run()
-    return result
-
-
-def new_image(config, regions, rng=None):
-    lay = RecordLayout(config)
-    image = SectorImage(sectors=regions * lay.sectors_per_region + 2)
-    if rng is not None:       # garbage everywhere: padding and stale bytes must not matter
-        image.write(0, rng.randbytes(image.sectors * SECTOR))
-    return image
 
 
 def random_session(config, rng, count=None):
