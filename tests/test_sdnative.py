@@ -7,10 +7,10 @@ import pytest
 from amaranth.sim import Simulator
 
 from ringkv.hw.sdnative import SDNativeController
-from ringkv.hw.storage import CardType, StorageError, StorageOp
+from ringkv.hw.storage import CardType, StorageError
 from ringkv.sim.sd4_model import SDCard4, amaranth_sd4_card, csd_sectors
 from ringkv.sim.sector_model import PowerCut, SectorImage
-from ringkv.sim.streams import stream_put
+from ringkv.sim.storage_host import storage_read, storage_write
 
 # background testbenches (the card) are abandoned when the body ends
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -42,51 +42,6 @@ def simulate(card, body, deadline=None, **params):
     sim.add_testbench(bench)
     sim.run()
     return result["value"]
-
-
-async def do_write(ctx, dut, lba, data, rng=None, p=0.0, count=None):
-    s = dut.storage
-    count = len(data) // 512 if count is None else count
-    await stream_put(ctx, s.cmd, {"op": StorageOp.WRITE, "lba": lba, "count": count},
-                     rng=rng, idle=p)
-    i = 0
-    ctx.set(s.status.ready, 1)
-    while True:
-        if i < len(data):
-            if rng is not None and rng.random() < p:
-                ctx.set(s.wdata.valid, 0)
-            else:
-                ctx.set(s.wdata.valid, 1)
-                ctx.set(s.wdata.payload, data[i])
-        _, _, ready, valid, st_valid, st = await ctx.tick().sample(
-            s.wdata.ready, s.wdata.valid, s.status.valid, s.status.payload)
-        if ready and valid and i < len(data):
-            i += 1
-            if i == len(data):
-                ctx.set(s.wdata.valid, 0)
-        if st_valid:
-            ctx.set(s.wdata.valid, 0)
-            ctx.set(s.status.ready, 0)
-            return StorageError(st.error), i
-
-
-async def do_read(ctx, dut, lba, count, rng=None, p=0.0):
-    s = dut.storage
-    await stream_put(ctx, s.cmd, {"op": StorageOp.READ, "lba": lba, "count": count},
-                     rng=rng, idle=p)
-    out = bytearray()
-    ctx.set(s.status.ready, 1)
-    while True:
-        take = not (rng is not None and rng.random() < p)
-        ctx.set(s.rdata.ready, int(take))
-        _, _, valid, byte, st_valid, st = await ctx.tick().sample(
-            s.rdata.valid, s.rdata.payload, s.status.valid, s.status.payload)
-        if take and valid:
-            out.append(byte)
-        if st_valid:
-            ctx.set(s.rdata.ready, 0)
-            ctx.set(s.status.ready, 0)
-            return StorageError(st.error), bytes(out)
 
 
 def test_parameter_errors():
@@ -125,10 +80,10 @@ def test_init_and_round_trip(kind):
     three = rng.randbytes(3 * 512)
 
     async def body(ctx, dut):
-        r = [await do_write(ctx, dut, 5, one, rng, 0.3)]
-        r.append(await do_write(ctx, dut, 10, three, rng, 0.3))
-        r.append(await do_read(ctx, dut, 5, 1, rng, 0.3))
-        r.append(await do_read(ctx, dut, 9, 4, rng, 0.3))
+        r = [await storage_write(ctx, dut.storage, 5, one, rng=rng, idle=0.3)]
+        r.append(await storage_write(ctx, dut.storage, 10, three, rng=rng, idle=0.3))
+        r.append(await storage_read(ctx, dut.storage, 5, 1, rng=rng, stall=0.3))
+        r.append(await storage_read(ctx, dut.storage, 9, 4, rng=rng, stall=0.3))
         return r, ctx.get(dut.ready), ctx.get(dut.sdhc), ctx.get(dut.high_speed), \
             ctx.get(dut.sectors), ctx.get(dut.card_type)
 
@@ -175,7 +130,8 @@ def test_unsupported_cards_are_not_ready(kind):
     card = SDCard4(SectorImage(sectors=16), v2=kind != "v1", sdhc=kind != "sdsc")
 
     async def body(ctx, dut):
-        return (await do_read(ctx, dut, 0, 1))[0], ctx.get(dut.ready), ctx.get(dut.card_type)
+        status = (await storage_read(ctx, dut.storage, 0, 1))[0]
+        return status, ctx.get(dut.ready), ctx.get(dut.card_type)
 
     # the SDSC card is reported as such (its ACMD41 answer: CCS = 0); the v1 card never
     # answers ACMD41 (it is refused at CMD8): unknown
@@ -200,11 +156,11 @@ def test_random_transfers():
             p = rng.choice([0.0, 0.1, 0.5])
             if rng.random() < 0.5:
                 data = rng.randbytes(count * 512)
-                assert await do_write(ctx, dut, lba, data, rng, p) == \
+                assert await storage_write(ctx, dut.storage, lba, data, rng=rng, idle=p) == \
                     (StorageError.OK, len(data))
                 assert image.read(lba, count) == data
             else:
-                st, got = await do_read(ctx, dut, lba, count, rng, p)
+                st, got = await storage_read(ctx, dut.storage, lba, count, rng=rng, stall=p)
                 assert st is StorageError.OK and got == image.read(lba, count)
 
     simulate(card, body)
@@ -220,32 +176,33 @@ def test_errors_never_hang():
     card = SDCard4(image, dead="high")
 
     async def body(ctx, dut):
-        out = {"none": (await do_read(ctx, dut, 2, 1))[0], "none_ready": ctx.get(dut.ready)}
+        out = {"none": (await storage_read(ctx, dut.storage, 2, 1))[0],
+               "none_ready": ctx.get(dut.ready)}
         card.dead = None
-        out["back"] = await do_write(ctx, dut, 3, bytes(range(256)) * 2)
+        out["back"] = await storage_write(ctx, dut.storage, 3, bytes(range(256)) * 2)
         card.bad_read_crc = 1
-        out["crc"] = (await do_read(ctx, dut, 2, 1))[0]
-        out["ok_after"] = await do_read(ctx, dut, 3, 1)
+        out["crc"] = (await storage_read(ctx, dut.storage, 2, 1))[0]
+        out["ok_after"] = await storage_read(ctx, dut.storage, 3, 1)
         card.bad_read_crc = 1
-        out["crc_multi"] = (await do_read(ctx, dut, 2, 2))[0]
+        out["crc_multi"] = (await storage_read(ctx, dut.storage, 2, 2))[0]
         card.bad_resp_crc = 1
-        out["resp_crc"] = (await do_read(ctx, dut, 2, 1))[0]
+        out["resp_crc"] = (await storage_read(ctx, dut.storage, 2, 1))[0]
         card.bad_write_bus = 1
-        out["wr_crc"] = await do_write(ctx, dut, 7, bytes(1024))
+        out["wr_crc"] = await storage_write(ctx, dut.storage, 7, bytes(1024))
         card.write_error = 1
-        out["wr_err"] = (await do_write(ctx, dut, 7, bytes(512)))[0]
+        out["wr_err"] = (await storage_write(ctx, dut.storage, 7, bytes(512)))[0]
         card.fail_next = 1 << 19
-        out["card_err"] = (await do_read(ctx, dut, 7, 2))[0]
-        out["range0"] = await do_write(ctx, dut, 0, b"", count=0)
-        out["range"] = (await do_read(ctx, dut, 1020, 5))[0]
+        out["card_err"] = (await storage_read(ctx, dut.storage, 7, 2))[0]
+        out["range0"] = await storage_write(ctx, dut.storage, 0, b"", count=0)
+        out["range"] = (await storage_read(ctx, dut.storage, 1020, 5))[0]
         out["log_len"] = len(card.log)
-        out["ok_end"] = (await do_read(ctx, dut, 1022, 2))[0]
+        out["ok_end"] = (await storage_read(ctx, dut.storage, 1022, 2))[0]
         card.dead = "high"          # the card stops answering
-        out["dead_read"] = (await do_read(ctx, dut, 2, 2))[0]
+        out["dead_read"] = (await storage_read(ctx, dut.storage, 2, 2))[0]
         out["dead_ready"] = ctx.get(dut.ready)
-        out["dead_again"] = (await do_read(ctx, dut, 2, 1))[0]
+        out["dead_again"] = (await storage_read(ctx, dut.storage, 2, 1))[0]
         card.dead = None
-        out["revived"] = (await do_read(ctx, dut, 3, 1))
+        out["revived"] = (await storage_read(ctx, dut.storage, 3, 1))
         return out
 
     out = simulate(card, body, hs_half_period=1)
@@ -276,12 +233,12 @@ def test_card_beyond_image_and_stuck_busy():
     card = SDCard4(image)
 
     async def body(ctx, dut):
-        out = {"oor": (await do_read(ctx, dut, 100, 1))[0]}
+        out = {"oor": (await storage_read(ctx, dut.storage, 100, 1))[0]}
         card.busy_clocks = 10_000
-        out["busy"] = (await do_write(ctx, dut, 1, bytes(512)))[0]
+        out["busy"] = (await storage_write(ctx, dut.storage, 1, bytes(512)))[0]
         out["busy_ready"] = ctx.get(dut.ready)
         card.busy_clocks = 4
-        out["after"] = await do_write(ctx, dut, 2, bytes(range(256)) * 4)
+        out["after"] = await storage_write(ctx, dut.storage, 2, bytes(range(256)) * 4)
         return out
 
     out = simulate(card, body)
@@ -299,9 +256,9 @@ def test_short_timeouts_never_hang():
     card = SDCard4(_image(16, 2), nac=40, init_polls=0)
 
     async def body(ctx, dut):
-        out = [(await do_read(ctx, dut, 1, 2))[0]]
+        out = [(await storage_read(ctx, dut.storage, 1, 2))[0]]
         card.ncr = 20
-        out.append((await do_read(ctx, dut, 1, 1))[0])
+        out.append((await storage_read(ctx, dut.storage, 1, 1))[0])
         return out
 
     assert simulate(card, body, deadline=40_000, data_timeout=8, resp_timeout=12) == \
@@ -317,12 +274,12 @@ def test_card_pulled_out_mid_read():
     card = SDCard4(image)
 
     async def body(ctx, dut):
-        out = {"first": await do_read(ctx, dut, 2, 1)}
+        out = {"first": await storage_read(ctx, dut.storage, 2, 1)}
         card.die_after = 1500
-        out["pulled"] = await do_read(ctx, dut, 2, 4)
+        out["pulled"] = await storage_read(ctx, dut.storage, 2, 4)
         out["pulled_ready"] = ctx.get(dut.ready)
         card.dead = None
-        out["back"] = await do_read(ctx, dut, 2, 2)
+        out["back"] = await storage_read(ctx, dut.storage, 2, 2)
         return out
 
     out = simulate(card, body)
@@ -344,7 +301,7 @@ def test_power_cut_tears_the_block():
     data = random.Random(8).randbytes(3 * 512)
 
     async def body(ctx, dut):
-        return await do_write(ctx, dut, 20, data)
+        return await storage_write(ctx, dut.storage, 20, data)
 
     with pytest.raises(PowerCut):
         simulate(card, body)
@@ -389,7 +346,7 @@ def test_random_faults(seed):
             before = image.read(lba, count)
             if write:
                 data = rng.randbytes(count * 512)
-                st, _ = await do_write(ctx, dut, lba, data, rng, 0.2)
+                st, _ = await storage_write(ctx, dut.storage, lba, data, rng=rng, idle=0.2)
                 after = image.read(lba, count)
                 if st is StorageError.OK:
                     assert after == data, (fault, lba, count)
@@ -398,7 +355,7 @@ def test_random_faults(seed):
                     assert sector in (before[512 * k:512 * (k + 1)],
                                       data[512 * k:512 * (k + 1)]), (fault, k)
             else:
-                st, got = await do_read(ctx, dut, lba, count, rng, 0.2)
+                st, got = await storage_read(ctx, dut.storage, lba, count, rng=rng, stall=0.2)
                 if st is StorageError.OK:
                     assert got == before, (fault, lba, count)
             log.append((fault, write, st))

@@ -6,10 +6,10 @@ import pytest
 from amaranth.sim import Simulator
 
 from ringkv.hw.sdspi import SDSPIController
-from ringkv.hw.storage import CardType, StorageError, StorageOp
+from ringkv.hw.storage import CardType, StorageError
 from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
 from ringkv.sim.sector_model import SectorImage
-from ringkv.sim.streams import stream_put
+from ringkv.sim.storage_host import storage_read, storage_write
 
 # background testbenches (the storage server, the card) are abandoned when the body ends
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -36,50 +36,6 @@ def simulate(card, body, **params):
     return result["value"]
 
 
-async def do_write(ctx, dut, lba, data, rng=None, p=0.0):
-    s = dut.storage
-    await stream_put(ctx, s.cmd, {"op": StorageOp.WRITE, "lba": lba, "count": len(data) // 512},
-                     rng=rng, idle=p)
-    i = 0
-    ctx.set(s.status.ready, 1)
-    while True:
-        if i < len(data):
-            if rng is not None and rng.random() < p:
-                ctx.set(s.wdata.valid, 0)
-            else:
-                ctx.set(s.wdata.valid, 1)
-                ctx.set(s.wdata.payload, data[i])
-        _, _, ready, valid, st_valid, st = await ctx.tick().sample(
-            s.wdata.ready, s.wdata.valid, s.status.valid, s.status.payload)
-        if ready and valid and i < len(data):
-            i += 1
-            if i == len(data):
-                ctx.set(s.wdata.valid, 0)
-        if st_valid:
-            ctx.set(s.wdata.valid, 0)
-            ctx.set(s.status.ready, 0)
-            return StorageError(st.error), i
-
-
-async def do_read(ctx, dut, lba, count, rng=None, p=0.0):
-    s = dut.storage
-    await stream_put(ctx, s.cmd, {"op": StorageOp.READ, "lba": lba, "count": count},
-                     rng=rng, idle=p)
-    out = bytearray()
-    ctx.set(s.status.ready, 1)
-    while True:
-        take = not (rng is not None and rng.random() < p)
-        ctx.set(s.rdata.ready, int(take))
-        _, _, valid, byte, st_valid, st = await ctx.tick().sample(
-            s.rdata.valid, s.rdata.payload, s.status.valid, s.status.payload)
-        if take and valid:
-            out.append(byte)
-        if st_valid:
-            ctx.set(s.rdata.ready, 0)
-            ctx.set(s.status.ready, 0)
-            return StorageError(st.error), bytes(out)
-
-
 def test_parameter_errors():
     with pytest.raises(ValueError, match=r"^half_period must be a positive integer, not 0$"):
         SDSPIController(half_period=0)
@@ -103,10 +59,10 @@ def test_init_and_round_trip(kind):
     three = rng.randbytes(2 * 512)
 
     async def body(ctx, dut):
-        r = [await do_write(ctx, dut, 5, one, rng, 0.2)]
-        r.append(await do_write(ctx, dut, 10, three, rng, 0.2))
-        r.append(await do_read(ctx, dut, 5, 1, rng, 0.2))
-        r.append(await do_read(ctx, dut, 9, 3, rng, 0.2))
+        r = [await storage_write(ctx, dut.storage, 5, one, rng=rng, idle=0.2)]
+        r.append(await storage_write(ctx, dut.storage, 10, three, rng=rng, idle=0.2))
+        r.append(await storage_read(ctx, dut.storage, 5, 1, rng=rng, stall=0.2))
+        r.append(await storage_read(ctx, dut.storage, 9, 3, rng=rng, stall=0.2))
         return r, ctx.get(dut.ready), ctx.get(dut.sdhc), ctx.get(dut.card_type)
 
     (w1, w3, r1, r5), ready, sdhc, card_type = simulate(card, body)
@@ -131,18 +87,18 @@ def test_errors_never_hang():
     card = SDCardSPI(image, bad_read_crc=1)
 
     async def body(ctx, dut):
-        out = {"range": await do_write(ctx, dut, 0, b"")}
-        out["crc"] = (await do_read(ctx, dut, 2, 1))[0]
-        out["ok_after"] = (await do_read(ctx, dut, 2, 1))[0]
-        out["beyond"] = (await do_read(ctx, dut, 100, 1))[0]
+        out = {"range": await storage_write(ctx, dut.storage, 0, b"")}
+        out["crc"] = (await storage_read(ctx, dut.storage, 2, 1))[0]
+        out["ok_after"] = (await storage_read(ctx, dut.storage, 2, 1))[0]
+        out["beyond"] = (await storage_read(ctx, dut.storage, 100, 1))[0]
         card.bad_read_crc = 1
-        out["crc_multi"] = (await do_read(ctx, dut, 2, 2))[0]
+        out["crc_multi"] = (await storage_read(ctx, dut.storage, 2, 2))[0]
         card.dead = "high"          # the card stops answering
-        out["dead_read"] = (await do_read(ctx, dut, 2, 2))[0]
+        out["dead_read"] = (await storage_read(ctx, dut.storage, 2, 2))[0]
         out["dead_ready"] = ctx.get(dut.ready)
-        out["dead_again"] = (await do_read(ctx, dut, 2, 1))[0]
+        out["dead_again"] = (await storage_read(ctx, dut.storage, 2, 1))[0]
         card.dead = None
-        out["revived"] = (await do_write(ctx, dut, 3, bytes(range(256)) * 2))[0]
+        out["revived"] = (await storage_write(ctx, dut.storage, 3, bytes(range(256)) * 2))[0]
         return out
 
     out = simulate(card, body)
@@ -162,9 +118,9 @@ def test_stuck_busy_times_out():
     card = SDCardSPI(image)
 
     async def body(ctx, dut):
-        first = await do_write(ctx, dut, 1, bytes(512))
+        first = await storage_write(ctx, dut.storage, 1, bytes(512))
         card.busy_bytes = 10_000          # a card that never finishes programming
-        second = await do_write(ctx, dut, 1, bytes(1024))
+        second = await storage_write(ctx, dut.storage, 1, bytes(1024))
         return first[0], second[0]
 
     assert simulate(card, body) == (StorageError.OK, StorageError.TIMEOUT)

@@ -4,65 +4,25 @@ import random
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
-from ringkv.hw.storage import StorageError
+from ringkv.hw.storage import StorageError, StorageOp
 from ringkv.sim.cocotb_run import cocotb_params
-from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
 from ringkv.sim.sd4_model import CocotbSD4Card, SDCard4
 from ringkv.sim.sector_model import SectorImage
+from ringkv.sim.storage_host import CocotbStorageHost
 
 P = cocotb_params()
-CMD = [("op", 1), ("lba", 32), ("count", 16)]
-READ, WRITE = 0, 1
 
 
-class SD4Bench:
+class SD4Bench(CocotbStorageHost):
+    """The controller's storage port driven from Python, the card model on its pins."""
+
     def __init__(self, dut, card, seed, p):
-        self.dut, self.card = dut, card
-        rng = random.Random(seed)
-        self.cmd = StreamSource(dut, "storage__cmd", dut.clk, idle=p,
-                                rng=random.Random(rng.random()))
-        self.wdata = StreamSource(dut, "storage__wdata", dut.clk, idle=p,
-                                  rng=random.Random(rng.random()))
-        self.status = StreamSink(dut, "storage__status", dut.clk)
-        self.p, self.rng = p, rng
+        super().__init__(dut, seed, p)
+        self.card = card
         self.model = CocotbSD4Card(dut, "sd", card)
         self.task = cocotb.start_soon(self.model.run())
-
-    async def reset(self):
-        self.dut.rst.value = 1
-        for _ in range(3):
-            await RisingEdge(self.dut.clk)
-        self.dut.rst.value = 0
-
-    async def write(self, lba, data):
-        await self.cmd.send(pack_fields(CMD, {"op": WRITE, "lba": lba, "count": len(data) // 512}))
-        sender = cocotb.start_soon(self.wdata.send_all(data))
-        status = StorageError(unpack_fields([("error", 3)], await self.status.recv())["error"])
-        if not sender.done():
-            sender.cancel()
-            self.dut.storage__wdata__valid.value = 0
-        return status
-
-    async def read(self, lba, count):
-        await self.cmd.send(pack_fields(CMD, {"op": READ, "lba": lba, "count": count}))
-        d = self.dut
-        out = bytearray()
-        d.storage__status__ready.value = 1
-        while True:
-            take = self.rng.random() >= self.p
-            d.storage__rdata__ready.value = int(take)
-            await ReadOnly()
-            if take and int(d.storage__rdata__valid.value):
-                out.append(int(d.storage__rdata__payload.value))
-            done = int(d.storage__status__valid.value)
-            status = int(d.storage__status__payload.value)
-            await RisingEdge(d.clk)
-            if done:
-                d.storage__status__ready.value = 0
-                d.storage__rdata__ready.value = 0
-                return StorageError(status), bytes(out)
 
 
 @cocotb.test(timeout_time=4000, timeout_unit="ms")
@@ -122,7 +82,6 @@ async def card_that_stops_answering(dut):
     assert (await bench.read(1, 1))[0] is StorageError.CRC
     st, got = await bench.read(1, 2)
     assert st is StorageError.OK and got == bytes(range(256)) * 4
-    await bench.cmd.send(pack_fields(CMD, {"op": READ, "lba": 0, "count": 0}))
-    assert unpack_fields([("error", 3)], await bench.status.recv())["error"] == \
-        StorageError.RANGE.value
+    await bench.send_cmd(StorageOp.READ, 0, 0)
+    assert await bench.recv_status() is StorageError.RANGE
     assert card.violations == []
