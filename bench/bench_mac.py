@@ -10,18 +10,14 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, connect, flipped
 from amaranth.sim import Simulator
 
+from bench.bench_storage import dma_cycles
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.mac import KEY_ID_BYTES, PERSON_RECORD
-from ringkv.defs.record import RecordLayout, RecordStatus
 from ringkv.host.golden_mac import mac
-from ringkv.host.record import import_record
-from ringkv.hw.dma import DmaEngine, DmaOp
+from ringkv.hw.dma import DmaEngine
 from ringkv.hw.key_slots import KeyWrite
 from ringkv.hw.mac import MacUnit
-from ringkv.sim.ring_model import DmaHarness
-from ringkv.sim.sector_model import SectorImage, serve_storage
-from ringkv.sim.streams import tick_until
 
 TITLE = "Record MAC (keyed BLAKE2s)"
 
@@ -108,70 +104,6 @@ def measure(length: int, seed: int = 0) -> dict:
     return out
 
 
-def dma_cycles(config, count: int, *, sealed: bool) -> dict:
-    """Clocks of one export and one import of ``count`` tokens (``DmaHarness`` with the MAC,
-    the storage model at its peak of one byte per clock), from the command's transfer to the
-    response; sealed under key slot 0, or open."""
-    lay = RecordLayout(config)
-    h = DmaHarness(config, 2, mac=True)
-    image = SectorImage(sectors=2 * lay.sectors_per_region)
-    key = random.Random(count).randbytes(32)
-    clock = [0]
-    out = {}
-
-    async def counter(ctx):
-        async for _ in ctx.tick():
-            clock[0] += 1
-
-    async def server(ctx):
-        await serve_storage(ctx, h.storage, image)
-
-    async def op(ctx, payload):
-        ctx.set(h.cmd.valid, 1)
-        ctx.set(h.cmd.payload, {**payload, "sealed": int(sealed), "slot": 0})
-        await tick_until(ctx, h.cmd.ready)
-        ctx.set(h.cmd.valid, 0)
-        start = clock[0]
-        ctx.set(h.resp.ready, 1)
-        (resp,) = await tick_until(ctx, h.resp.valid, h.resp.payload)
-        ctx.set(h.resp.ready, 0)
-        return RecordStatus(resp.status.value), clock[0] - start
-
-    async def body(ctx):
-        raw = (1).to_bytes(KEY_ID_BYTES, "little") + key
-        for index, byte in enumerate(raw):
-            ctx.set(h.key_write.valid, 1)
-            ctx.set(h.key_write.payload, {"slot": 0, "index": index, "data": byte})
-            await ctx.tick()
-        ctx.set(h.key_write.valid, 0)
-        ctx.set(h.tap.meta_we, 1)
-        for ring in range(config.layers * config.kv_heads):
-            ctx.set(h.tap.meta_ring, ring)
-            ctx.set(h.tap.meta_wcount, count)
-            ctx.set(h.tap.meta_whead, (count - 1) % config.window)
-            await ctx.tick()
-        ctx.set(h.tap.meta_we, 0)
-        out["export"] = await op(ctx, {"op": DmaOp.EXPORT, "region": 1, "hash": 5, "seq": 1})
-        out["import"] = await op(ctx, {"op": DmaOp.IMPORT, "region": 1, "count": count,
-                                       "hash": 5})
-
-    sim = Simulator(h)
-    sim.add_clock(25e-9)
-    sim.add_testbench(counter, background=True)
-    sim.add_testbench(server, background=True)
-    sim.add_testbench(body)
-    sim.run()
-    for name in ("export", "import"):
-        if out[name][0] is not RecordStatus.OK:
-            raise RuntimeError(f"bench {name} of {count} tokens: {out[name][0]}")
-    if sealed:       # the record is the golden sealed one: its tag verifies under the key
-        status, _, _ = import_record(config, image.read, 1, keys={1: key})
-        if status is not RecordStatus.OK:
-            raise RuntimeError(f"the sealed record of {count} tokens does not verify: {status}")
-    return {"export": out["export"][1], "import": out["import"][1],
-            "record_bytes": lay.record_bytes(count)}
-
-
 def run(smoke: bool = False):
     results = []
     for length in ((64, 65) if smoke else (256, 4096, 4096 + 1, 4096 + 50)):
@@ -184,8 +116,8 @@ def run(smoke: bool = False):
     cfg = {f: getattr(config, f) for f in ("layers", "kv_heads", "head_dim", "window",
                                             "token_width", "max_tokens")}
     for count in ((1,) if smoke else DMA_COUNTS):
-        opened = dma_cycles(config, count, sealed=False)
-        sealed = dma_cycles(config, count, sealed=True)
+        opened = dma_cycles(config, count, mac=True, sealed=False)
+        sealed = dma_cycles(config, count, mac=True, sealed=True)
         for d in ("export", "import"):
             results.append({"name": f"mac.dma.{d}.cycles", "unit": "cycles",
                             "value": sealed[d],

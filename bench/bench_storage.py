@@ -18,7 +18,9 @@ import random
 from amaranth.sim import Simulator
 
 from ringkv.defs.config import DEFAULT_CONFIG
+from ringkv.defs.mac import KEY_ID_BYTES
 from ringkv.defs.record import RecordLayout, RecordStatus
+from ringkv.host.record import import_record
 from ringkv.hw.dma import DmaEngine, DmaOp
 from ringkv.hw.sdnative import SDNativeController
 from ringkv.hw.sdspi import SDSPIController
@@ -54,13 +56,18 @@ SD4_BOARD = dict(init_half_period=50, half_period=1, resp_timeout=64, data_timeo
 SD4_CARD = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
 
 
-def _dma_cycles(config, count):
-    """(export cycles, import cycles, record bytes) of one snapshot of ``count`` tokens."""
+def dma_cycles(config, count: int, *, mac: bool = False, sealed: bool = False) -> dict:
+    """Clocks of one export and one import of ``count`` tokens: ``DmaHarness`` (with the record
+    MAC when ``mac``), the storage model at its peak of one byte per clock, counted from the
+    command's transfer to the response. ``sealed`` (with ``mac``): under key slot 0, and the
+    record must verify as the golden sealed record under that key. Returns ``export``,
+    ``import`` and ``record_bytes``."""
+    if sealed and not mac:
+        raise ValueError("a sealed transfer needs the MAC (mac=True)")
     lay = RecordLayout(config)
-    h = DmaHarness(config, 2)
+    h = DmaHarness(config, 2, mac=mac)
     image = SectorImage(sectors=2 * lay.sectors_per_region)
-    sim = Simulator(h)
-    sim.add_clock(1e-8)
+    key = random.Random(count).randbytes(32)
     clock = [0]
     out = {}
 
@@ -72,6 +79,8 @@ def _dma_cycles(config, count):
         await serve_storage(ctx, h.storage, image)
 
     async def op(ctx, payload):
+        if mac:
+            payload = {**payload, "sealed": int(sealed), "slot": 0}
         ctx.set(h.cmd.valid, 1)
         ctx.set(h.cmd.payload, payload)
         await tick_until(ctx, h.cmd.ready)
@@ -83,6 +92,13 @@ def _dma_cycles(config, count):
         return RecordStatus(resp.status.value), clock[0] - start
 
     async def body(ctx):
+        if mac:
+            raw = (1).to_bytes(KEY_ID_BYTES, "little") + key
+            for index, byte in enumerate(raw):
+                ctx.set(h.key_write.valid, 1)
+                ctx.set(h.key_write.payload, {"slot": 0, "index": index, "data": byte})
+                await ctx.tick()
+            ctx.set(h.key_write.valid, 0)
         ctx.set(h.tap.meta_we, 1)
         for ring in range(config.layers * config.kv_heads):
             ctx.set(h.tap.meta_ring, ring)
@@ -94,6 +110,8 @@ def _dma_cycles(config, count):
         out["import"] = await op(ctx, {"op": DmaOp.IMPORT, "region": 1, "count": count,
                                        "hash": 5})
 
+    sim = Simulator(h)
+    sim.add_clock(25e-9)
     sim.add_testbench(counter, background=True)
     sim.add_testbench(server, background=True)
     sim.add_testbench(body)
@@ -101,7 +119,12 @@ def _dma_cycles(config, count):
     for name in ("export", "import"):
         if out[name][0] is not RecordStatus.OK:
             raise RuntimeError(f"bench {name} of {count} tokens: {out[name][0]}")
-    return out["export"][1], out["import"][1], lay.record_bytes(count)
+    if sealed:       # the record is the golden sealed one: its tag verifies under the key
+        status, _, _ = import_record(config, image.read, 1, keys={1: key})
+        if status is not RecordStatus.OK:
+            raise RuntimeError(f"the sealed record of {count} tokens does not verify: {status}")
+    return {"export": out["export"][1], "import": out["import"][1],
+            "record_bytes": lay.record_bytes(count)}
 
 
 def sd_cycles(op, sectors, params=SD_BENCH):
@@ -336,8 +359,9 @@ def run(smoke: bool = False):
                                    "kv_bytes": 2 * config.layers * config.kv_heads
                                    * min(n, config.window) * config.head_dim}})
     for n in dma_counts:
-        exp, imp, size = _dma_cycles(config, n)
-        for name, cycles in (("export", exp), ("import", imp)):
+        r = dma_cycles(config, n)
+        size = r["record_bytes"]
+        for name, cycles in (("export", r["export"]), ("import", r["import"])):
             results.append({"name": f"dma.{name}.cycles", "value": cycles, "unit": "cycles",
                             "params": {**cfg, "count": n, "record_bytes": size,
                                        "efficiency": round(size / cycles, 4),

@@ -11,8 +11,9 @@ Workload per load factor (load = live links / buckets, as in the directory bench
 is cleared and filled with ``load * 32`` entries by ``DIR_INSERT``: two checkpoints of the
 conversation (its prefixes of 256 and 768 tokens) and random keys (random count, random 64-bit
 hash); then ``QUERY_PREFIX n=1024`` over a 1024-token conversation in token memory (the
-shared-prefix length the target is stated for): it answers the 768-token checkpoint. The constant part is measured on an
-empty directory with ``n = 1``; the per-token cost is ``(cycles - constant) / n``.
+shared-prefix length the target is stated for): it answers the 768-token checkpoint. The
+constant part is measured on an empty directory with ``n = 1``; the per-token cost is
+``(cycles - constant) / n``.
 """
 
 import math
