@@ -28,7 +28,7 @@ import sys
 __all__ = [
     "ExitCode", "RingKVError", "UsageError", "ConfigError", "LinkError", "DeviceError",
     "DeviceNotReady", "StorageError", "NotACardImage", "Interrupted", "Overloaded", "NotFound",
-    "KeyRequired",
+    "KeyRequired", "Unauthorized",
     "ArgumentParser", "error_lines", "run_main",
 ]
 
@@ -109,6 +109,16 @@ class KeyRequired(ConfigError):
     """A sealed device was asked to QUERY, QUERY_PREFIX or EXPORT for a tenant that has no key
     (none set, or the tenant unknown): refused, nothing read or written. Names the tenant,
     never a key."""
+
+
+class Unauthorized(RingKVError):
+    """A server request without the API key the server requires, or with another one
+    (``ringkv serve --api-key``): 401, ``code`` ``invalid_api_key``, as the OpenAI API answers.
+    Never names the key given."""
+    exit_code = ExitCode.USAGE
+    http_status = 401
+    api_type = "invalid_request_error"
+    api_code = "invalid_api_key"
 
 
 class LinkError(RingKVError, OSError):

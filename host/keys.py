@@ -27,7 +27,8 @@ from ringkv.defs.mac import KEY_BYTES, KEY_ID_BYTES, KEY_ID_NONE
 
 from .errors import ConfigError
 
-__all__ = ["ENV_VAR", "KeyRing", "parse_keys", "read_key_file", "keys_from_env", "load_keys"]
+__all__ = ["ENV_VAR", "KeyRing", "parse_keys", "read_key_file", "read_private_file",
+           "keys_from_env", "load_keys"]
 
 log = logging.getLogger(__name__)
 
@@ -108,35 +109,42 @@ def parse_keys(text: str, source: str) -> KeyRing:
     return ring
 
 
-def read_key_file(path) -> KeyRing:
-    """The keys of a key file, after checking it is a regular file only its owner may read
-    or write."""
+def read_private_file(path, what: str = "key file") -> str:
+    """The ASCII text of ``path`` (at most 1 MiB), after checking that it is a regular file
+    only its owner may read or write and that the owner is this user; anything else is a
+    :class:`ConfigError` that begins with ``what`` and the path. Every secret the host reads
+    from a file (record keys, the server's API keys) comes through here."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
-        raise ConfigError(f"key file {path}: not found", fields=["keys"]) from None
+        raise ConfigError(f"{what} {path}: not found", fields=["keys"]) from None
     except OSError as e:
-        raise ConfigError(f"key file {path}: cannot open it ({e.strerror})",
+        raise ConfigError(f"{what} {path}: cannot open it ({e.strerror})",
                           fields=["keys"]) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise ConfigError(f"key file {path}: not a regular file", fields=["keys"])
+        raise ConfigError(f"{what} {path}: not a regular file", fields=["keys"])
     with os.fdopen(fd, "rb") as f:
         if st.st_mode & 0o077:
-            raise ConfigError(f"key file {path}: permissions {stat.S_IMODE(st.st_mode):04o} "
+            raise ConfigError(f"{what} {path}: permissions {stat.S_IMODE(st.st_mode):04o} "
                               f"are too open (its group or others may access it)",
                               hint=f"chmod 600 {path}", fields=["keys"])
         if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            raise ConfigError(f"key file {path}: owned by another user (uid {st.st_uid})",
+            raise ConfigError(f"{what} {path}: owned by another user (uid {st.st_uid})",
                               fields=["keys"])
         raw = f.read(1 << 20)
     try:
-        text = raw.decode("ascii")
+        return raw.decode("ascii")
     except UnicodeDecodeError:
-        raise ConfigError(f"key file {path}: not ASCII text", fields=["keys"]) from None
-    return parse_keys(text, f"key file {path}")
+        raise ConfigError(f"{what} {path}: not ASCII text", fields=["keys"]) from None
+
+
+def read_key_file(path) -> KeyRing:
+    """The keys of a key file, after checking it is a regular file only its owner may read
+    or write (:func:`read_private_file`)."""
+    return parse_keys(read_private_file(path), f"key file {path}")
 
 
 def keys_from_env(environ=None) -> KeyRing | None:

@@ -27,13 +27,20 @@ error bodies are the API's own and no schema library is needed.
   turn.
 * The response header ``X-RingKV-Device`` names the device that served the request (for a
   stream: the one it was sent to first).
+* API keys (``ringkv serve --api-key``): with keys given, every route under ``/v1`` needs
+  ``Authorization: Bearer KEY`` with one of them (what the ``openai`` client sends from its
+  ``api_key``), else 401 ``invalid_api_key`` with ``WWW-Authenticate: Bearer``; ``/health``
+  and ``/metrics`` stay open (for load balancers and Prometheus), as vLLM's do. The check is
+  an ASGI middleware ahead of the routes, so that no route can forget it, and it compares in
+  constant time (``hmac.compare_digest``) against every key.
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
-  :class:`~ringkv.host.errors.RingKVError` (400 bad request, 404 unknown model, 429 every
-  device's queue full, 503 no device ready or the device failed); anything else is a 500 with
-  a one-line body (the traceback goes to the log only).
+  :class:`~ringkv.host.errors.RingKVError` (400 bad request, 401 no or another API key, 404
+  unknown model, 429 every device's queue full, 503 no device ready or the device failed);
+  anything else is a 500 with a one-line body (the traceback goes to the log only).
 """
 
 import asyncio
+import hmac
 import json
 import logging
 import time
@@ -41,17 +48,19 @@ import uuid
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from ringkv.host.errors import NotFound, RingKVError, UsageError
+from ringkv.host.errors import NotFound, RingKVError, Unauthorized, UsageError
 from ringkv.host.sampling import SamplingParams
 
 from .engine import Cancelled, Job
 from .template import chat_prompt, completion_prompt
 
-__all__ = ["create_app", "error_body", "CHAT_MAX_TOKENS", "COMPLETION_MAX_TOKENS"]
+__all__ = ["create_app", "error_body", "ApiKeyGate", "CHAT_MAX_TOKENS",
+           "COMPLETION_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,56 @@ def _error_response(exc: RingKVError) -> JSONResponse:
     return JSONResponse(error_body(exc.one_line(), type_=exc.api_type, param=exc.param,
                                    code=exc.api_code), status_code=exc.http_status,
                         headers=headers)
+
+
+class ApiKeyGate:
+    """ASGI middleware: HTTP requests under ``/v1`` need ``Authorization: Bearer KEY`` with one
+    of ``keys`` (strings); any other is answered 401 (:class:`Unauthorized`) before it reaches
+    a route, and counted in ``metrics.requests`` (when given) under its endpoint. Every key is
+    compared, in constant time, whatever matched first."""
+
+    #: the ``endpoint`` label of a refused request (any other path: ``other``, so that a
+    #: client cannot grow the metric's label set)
+    ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
+                 "/v1/models": "models"}
+
+    def __init__(self, app, keys, metrics=None):
+        self.app = app
+        self.keys = [k.encode("ascii") for k in keys]
+        if not self.keys:
+            raise ValueError("ApiKeyGate needs at least one key")
+        self.metrics = metrics
+
+    def _refusal(self, scope) -> Unauthorized | None:
+        if scope["type"] != "http" or not (scope["path"] == "/v1"
+                                           or scope["path"].startswith("/v1/")):
+            return None
+        given = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = token.strip()
+                break
+        if given is None:
+            return Unauthorized("no API key: this server requires one, sent as Bearer auth "
+                                "(Authorization: Bearer KEY; the openai client's api_key)")
+        matched = False
+        for key in self.keys:
+            matched |= hmac.compare_digest(given, key)
+        return None if matched else Unauthorized("incorrect API key provided")
+
+    async def __call__(self, scope, receive, send):
+        refusal = self._refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        if self.metrics is not None:
+            endpoint = self.ENDPOINTS.get(scope["path"], "other")
+            self.metrics.requests.labels(endpoint, "401").inc()
+        response = _error_response(refusal)
+        response.headers["WWW-Authenticate"] = 'Bearer realm="ringkv"'
+        await response(scope, receive, send)
 
 
 def _dumps(obj) -> str:
@@ -329,9 +388,10 @@ async def _internal_error(request, exc: Exception):
                                    type_="server_error"), status_code=500)
 
 
-def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=True):
+def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=True,
+               api_keys=()):
     """The ASGI application over ``engine`` (started and stopped with the application when
-    ``manage_engine``)."""
+    ``manage_engine``); with ``api_keys``, ``/v1`` needs one of them (:class:`ApiKeyGate`)."""
     api = _Api(engine, model_name, fingerprint)
     import contextlib
 
@@ -350,5 +410,7 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
               Route("/v1/models", api.models, methods=["GET"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.metrics_text, methods=["GET"])]
-    return Starlette(routes=routes, lifespan=lifespan,
+    middleware = [Middleware(ApiKeyGate, keys=list(api_keys), metrics=engine.metrics)] \
+        if api_keys else []
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                      exception_handlers={HTTPException: _http_error, Exception: _internal_error})

@@ -3,12 +3,14 @@
 ::
 
     ringkv serve [--host 127.0.0.1] [--port 8000] [--device SPEC ...] [--config default|demo]
+                 [--api-key KEY ...] [--api-key-file FILE]     (or RINGKV_API_KEY=KEY[,KEY])
 
 The model is the trained one shipped for the configuration's shape (``--weights FILE`` for
 another, ``--random`` for the untrained one); devices as :mod:`ringkv.serve.devices` describes.
-uvicorn serves the application in this process; Ctrl-C or SIGTERM stops it cleanly (uvicorn's
-own signal handling: open requests end, the workers stop, simulators started here are
-stopped) and the command exits with status 130.
+With API keys, ``/v1`` needs one of them (:class:`ringkv.serve.app.ApiKeyGate`); they are read
+and checked before any device starts. uvicorn serves the application in this process; Ctrl-C
+or SIGTERM stops it cleanly (uvicorn's own signal handling: open requests end, the workers
+stop, simulators started here are stopped) and the command exits with status 130.
 """
 
 import argparse
@@ -28,8 +30,8 @@ from ringkv.host.errors import (
     error_lines,
 )
 
-__all__ = ["main", "build_parser", "build_server", "listen", "serve_in_thread",
-           "NUMERICS_CHOICES"]
+__all__ = ["main", "build_parser", "build_server", "listen", "serve_in_thread", "api_keys",
+           "NUMERICS_CHOICES", "API_KEY_ENV"]
 
 NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
 
@@ -88,6 +90,16 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def _loopback(host: str) -> bool:
+    import ipaddress
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(
         prog="ringkv serve",
@@ -126,10 +138,59 @@ def build_parser() -> argparse.ArgumentParser:
                         "saves at least this many tokens of prefill (0: never copy)")
     p.add_argument("--model-name", default=None,
                    help="the model's id in the API (default ringkv-kjv, or ringkv-random)")
+    p.add_argument("--api-key", action="append", default=None, metavar="KEY",
+                   help="require this key on every /v1 route (Authorization: Bearer KEY; "
+                        "repeatable). Other users of the machine can read a command line: "
+                        "prefer --api-key-file or RINGKV_API_KEY")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="require one of the keys in FILE (one a line; blank lines and "
+                        "# comments skipped). With neither option, the keys in "
+                        f"{API_KEY_ENV} (comma-separated), if it is set")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="link timeout (s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
     return p
+
+
+#: The environment variable read for API keys when neither ``--api-key`` nor
+#: ``--api-key-file`` is given (keys separated by commas).
+API_KEY_ENV = "RINGKV_API_KEY"
+
+
+def _check_key(key: str, where: str, param: str) -> str:
+    if not key or not all(0x21 <= ord(c) <= 0x7E for c in key):
+        raise UsageError(f"{where}: an API key must be printable ASCII without spaces (it "
+                         f"travels in an HTTP header)", param=param)
+    return key
+
+
+def api_keys(args, environ=None) -> list:
+    """The API keys ``ringkv serve`` requires (empty: none): ``--api-key`` and
+    ``--api-key-file`` together, else :data:`API_KEY_ENV`. The file is read as the record key
+    files are (:func:`ringkv.host.keys.read_private_file`: a regular file of this user's that
+    only its owner may access). A file that cannot be used, holds no key, or a key that cannot
+    be sent in a header is a :class:`UsageError` naming where it is, never the key."""
+    import os
+    environ = os.environ if environ is None else environ
+    keys = [_check_key(k, "--api-key", "--api-key") for k in args.api_key or ()]
+    if args.api_key_file:
+        from ringkv.host.keys import read_private_file
+        path = args.api_key_file
+        try:
+            lines = read_private_file(path, "--api-key-file").splitlines()
+        except ConfigError as e:           # a bad option's value: exit status 2, as the rest
+            raise UsageError(e.message, hint=e.hint, param="--api-key-file") from None
+        found = [(n, line.strip()) for n, line in enumerate(lines, 1)
+                 if line.strip() and not line.lstrip().startswith("#")]
+        if not found:
+            raise UsageError(f"--api-key-file {path}: holds no key (one a line)",
+                             param="--api-key-file")
+        keys += [_check_key(k, f"--api-key-file {path} line {n}", "--api-key-file")
+                 for n, k in found]
+    if not keys and environ.get(API_KEY_ENV):
+        keys = [_check_key(k.strip(), API_KEY_ENV, API_KEY_ENV)
+                for k in environ[API_KEY_ENV].split(",")]
+    return list(dict.fromkeys(keys))
 
 
 def _model_and_config(args):
@@ -163,6 +224,7 @@ def _model_and_config(args):
 
 def build_server(args):
     """``(engine, app, model_name)`` for parsed arguments (nothing started yet)."""
+    keys = api_keys(args)
     from ringkv.host.model import FixedBackend, Float64Backend
 
     from .app import create_app
@@ -195,8 +257,9 @@ def build_server(args):
                     max_imbalance=args.max_imbalance,
                     move_min_tokens=args.move_min_tokens)
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
-    app = create_app(engine, model_name=name,
+    app = create_app(engine, model_name=name, api_keys=keys,
                      fingerprint="ringkv-" + config.digest().hex()[:12])
+    app.state.api_keys = len(keys)
     return engine, app, name
 
 
@@ -245,6 +308,12 @@ def main(argv=None) -> int:
     port = sock.getsockname()[1]
     log.info("serving %s on http://%s:%d/v1 with %d device(s): %s", name, args.host, port,
              len(engine.workers), ", ".join(w.name for w in engine.workers))
+    if app.state.api_keys:
+        log.info("/v1 requires an API key (%d accepted); /health and /metrics are open",
+                 app.state.api_keys)
+    elif not _loopback(args.host):
+        log.warning("no API key (--api-key, --api-key-file or %s): anyone who reaches "
+                    "%s:%d can use the server", API_KEY_ENV, args.host, port)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port,
                                            log_level=args.log_level,
                                            access_log=args.log_level == "debug"))

@@ -14,7 +14,7 @@ import pytest
 from ringkv.host.errors import UsageError
 from ringkv.host.model import FixedBackend
 from ringkv.host.scheduler import plain_run
-from ringkv.serve.main import build_parser, build_server, serve_in_thread
+from ringkv.serve.main import api_keys, build_parser, build_server, serve_in_thread
 from ringkv.serve.template import chat_prompt
 
 SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
@@ -437,6 +437,83 @@ status); a bad ``--device``
     assert "Traceback" not in bad.stderr
 
 
+def test_api_keys_guard_v1_and_leave_health_and_metrics_open(tmp_path):
+    """With keys (``--api-key`` and ``--api-key-file`` together), ``/v1`` answers 401
+    ``invalid_api_key`` to no key, another scheme or another key (the ``openai`` client
+    raises ``AuthenticationError``), naming no key; either key serves, streamed too;
+    ``/health`` and ``/metrics`` need none; refusals are counted by endpoint."""
+    keyfile = tmp_path / "keys"
+    keyfile.write_text("# the team's keys\n\n  sk-second  \n")
+    keyfile.chmod(0o600)
+    with running("--device", "software", "--api-key", "sk-first",
+                 "--api-key-file", str(keyfile)) as r:
+        with pytest.raises(openai.AuthenticationError) as e:
+            r.client.completions.create(model=r.name, prompt="In the beginning", max_tokens=2)
+        assert e.value.status_code == 401 and e.value.code == "invalid_api_key"
+        body = {"model": r.name, "prompt": "In the beginning", "max_tokens": 2}
+        for headers, message in [({}, "no API key"),
+                                 ({"Authorization": "Basic c2stZmlyc3Q="}, "no API key"),
+                                 ({"Authorization": "Bearer sk-firs"}, "incorrect API key"),
+                                 ({"Authorization": "Bearer sk-first2"}, "incorrect API key")]:
+            resp = http.post(r.base + "/v1/completions", json=body, headers=headers)
+            assert resp.status_code == 401, headers
+            assert resp.headers["www-authenticate"].startswith("Bearer")
+            err = resp.json()["error"]
+            assert err["code"] == "invalid_api_key" and err["type"] == "invalid_request_error"
+            assert message in err["message"] and "sk-" not in resp.text
+        assert http.get(r.base + "/v1/models").status_code == 401
+        assert http.get(r.base + "/v1/no/such/route").status_code == 401
+        for key in ("sk-first", "sk-second"):
+            client = openai.OpenAI(base_url=r.base + "/v1", api_key=key, max_retries=0,
+                                   timeout=120)
+            out = client.completions.create(model=r.name, prompt="And God said",
+                                            max_tokens=3, temperature=0)
+            assert out.usage.completion_tokens == 3
+        chunks = list(client.chat.completions.create(
+            model=r.name, messages=[{"role": "user", "content": "Who made the light?"}],
+            max_tokens=4, temperature=0, stream=True))
+        assert chunks[0].choices[0].delta.role == "assistant"
+        assert chunks[-1].choices[0].finish_reason is not None
+        assert http.get(r.base + "/health").status_code == 200
+        assert r.metric('ringkv_requests_total{endpoint="completions",status="401"}') == 5
+        assert r.metric('ringkv_requests_total{endpoint="models",status="401"}') == 1
+        assert r.metric('ringkv_requests_total{endpoint="other",status="401"}') == 1
+        assert r.metric('ringkv_requests_total{endpoint="completions",status="200"}') == 2
+
+
+def test_api_key_options_fail_cleanly_and_never_show_a_key(tmp_path):
+    """Keys from the options, else from ``RINGKV_API_KEY`` (comma-separated); an unreadable
+    or empty key file and a key that cannot travel in a header are one ``UsageError`` naming
+    the option, the file and the line, never the key."""
+    parser = build_parser()
+
+    def keys(*argv, env=None):
+        return api_keys(parser.parse_args(list(argv)), env or {})
+
+    assert keys() == []
+    assert keys(env={"RINGKV_API_KEY": "k1, k2"}) == ["k1", "k2"]
+    assert keys("--api-key", "k3", "--api-key", "k3", env={"RINGKV_API_KEY": "k1"}) == ["k3"]
+    with pytest.raises(UsageError, match=r"^--api-key-file \S*nowhere: not found$"):
+        keys("--api-key-file", str(tmp_path / "nowhere"))
+    for name, text in (("empty", "# none yet\n\n"), ("spaced", "fine-key\nsk secret\n"),
+                       ("open", "k1\n")):
+        (tmp_path / name).write_text(text)
+        (tmp_path / name).chmod(0o644 if name == "open" else 0o600)
+    with pytest.raises(UsageError, match=r"open: permissions 0644 are too open") as e:
+        keys("--api-key-file", str(tmp_path / "open"))
+    assert e.value.hint == f"chmod 600 {tmp_path / 'open'}"
+    with pytest.raises(UsageError, match=r"empty: holds no key \(one a line\)$"):
+        keys("--api-key-file", str(tmp_path / "empty"))
+    with pytest.raises(UsageError, match=r"spaced line 2: an API key must be printable ASCII "
+                                         r"without spaces") as e:
+        keys("--api-key-file", str(tmp_path / "spaced"))
+    assert "secret" not in str(e.value) and e.value.param == "--api-key-file"
+    with pytest.raises(UsageError, match=r"^--api-key: an API key must be printable"):
+        keys("--api-key", "")
+    with pytest.raises(UsageError, match=r"^RINGKV_API_KEY: an API key must be printable"):
+        keys(env={"RINGKV_API_KEY": "k1,,k2"})
+
+
 def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
     """Bad option values are one line and exit status 2; a port in use is found before any
     device starts: one line, exit status 4, the card image not created."""
@@ -453,6 +530,8 @@ def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
                  (["--capacity", "0"], 2, "--capacity: must be at least 1"),
                  (["--timeout", "-1"], 2, "--timeout: must be positive"),
                  (["--host", "no.such.host.invalid"], 2, "--host"),
+                 (["--api-key-file", str(tmp_path / "no-keys")], 2,
+                  "--api-key-file " + str(tmp_path / "no-keys") + ": not found"),
                  (["--port", str(port)], 4, f"cannot listen on 127.0.0.1:{port}")]
         for extra, code, message in cases:
             r = subprocess.run(base + extra, env=env, capture_output=True, text=True,
