@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 import pytest
-from test_cli_misuse import CFG, assert_clean_failure, ringkv
+from cli_helpers import CFG, assert_clean_failure, ringkv
 
 from ringkv.defs.record import SECTOR, RecordLayout, put_field
 from ringkv.host.errors import ExitCode

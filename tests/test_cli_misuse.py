@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_helpers import CFG, assert_clean_failure, cli_env, mentioning, ringkv
 
-from ringkv.defs.config import TRAINED_DEMO_CONFIG
 from ringkv.defs.record import SECTOR, RecordLayout
 from ringkv.host.errors import ExitCode
 from ringkv.host.record import encode_header, encode_record
 
 ROOT = Path(__file__).resolve().parent.parent
-CFG = TRAINED_DEMO_CONFIG          # `ringkv sim --config demo`, `ringkv chat --config demo`
 
 
 def _have_sim() -> bool:
@@ -43,48 +42,6 @@ def _digest(path: Path) -> str | None:
     if path.is_dir():
         return "dir"
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
-
-
-def _mentioning(token: str) -> list[int]:
-    """Processes (other than this one) whose command line or environment mentions
-    ``token``: the children a command left behind."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit() or int(d.name) == os.getpid():
-            continue
-        try:
-            text = (d / "cmdline").read_bytes() + (d / "environ").read_bytes()
-        except OSError:
-            continue
-        if token.encode() in text:
-            found.append(int(d.name))
-    return found
-
-
-def _env(tmp: Path) -> dict:
-    return {**os.environ, "XDG_STATE_HOME": str(tmp / "state"), "TMPDIR": str(tmp / "tmp"),
-            "RINGKV_TEST_TAG": str(tmp), "PYTHONWARNINGS": "default"}
-
-
-def ringkv(args, tmp: Path, *, stdin: str = "", timeout: float = 300.0):
-    (tmp / "tmp").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-m", "ringkv", *args], input=stdin, text=True,
-                          capture_output=True, cwd=tmp, env=_env(tmp), timeout=timeout)
-
-
-def assert_clean_failure(r, code: int, tmp: Path, *, message: str | None = None):
-    """Exit ``code``, one ``ringkv:`` line (plus at most a hint), no traceback, nothing left
-    running."""
-    both = r.stdout + r.stderr
-    assert "Traceback" not in both, both
-    assert r.returncode == code, both
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    errors = [x for x in lines if x.startswith("ringkv: ")]
-    hints = [x for x in lines if x.startswith("  hint: ")]
-    assert len(errors) == 1 and len(hints) <= 1, r.stderr
-    if message is not None:
-        assert message in errors[0], errors[0]
-    assert not _mentioning(str(tmp)), "a child process was left running"
 
 
 def _demo_image(path: Path):
@@ -221,7 +178,7 @@ def test_interrupted_software_chat_keeps_nothing_running(tmp_path):
     (tmp_path / "tmp").mkdir()
     p = subprocess.Popen([sys.executable, "-m", "ringkv", "chat", "--config", "demo"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, cwd=tmp_path, env=_env(tmp_path))
+                         text=True, cwd=tmp_path, env=cli_env(tmp_path))
     p.stdin.write("In the beginning\n")
     p.stdin.flush()
     assert "[default first" in _read_until(p, "[default")
@@ -269,7 +226,7 @@ def _start_sim(tmp: Path, image: Path, *extra):
     (tmp / "tmp").mkdir(exist_ok=True)
     p = subprocess.Popen([sys.executable, "-m", "ringkv", "sim", "--config", "demo",
                           "--image", str(image), *extra], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=tmp, env=_env(tmp),
+                         stderr=subprocess.PIPE, text=True, cwd=tmp, env=cli_env(tmp),
                          start_new_session=True, preexec_fn=_as_at_a_terminal)
     line = _read_until(p, "RINGKV-SIM listening on ")
     return p, line.split()[-1]
@@ -322,7 +279,7 @@ def test_chat_survives_a_killed_simulator(built, tmp_path):
                              "--link", url, "--tokens", "3", "--timeout", "30"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env=_env(tmp_path))
+                            env=cli_env(tmp_path))
     try:
         chat.stdin.write("/session\n/bogus\nAnd God said\n")
         chat.stdin.flush()
@@ -352,7 +309,7 @@ def test_chat_survives_a_killed_simulator(built, tmp_path):
             chat.kill()
         os.killpg(sim.pid, signal.SIGTERM)
         sim.communicate(timeout=60)
-    assert not _mentioning(str(tmp_path))
+    assert not mentioning(str(tmp_path))
     r = ringkv(["storage", "fsck", str(image)], tmp_path)
     assert r.returncode in (0, 1) and "from its records" in r.stdout, r.stdout + r.stderr
 
@@ -362,7 +319,7 @@ def test_demo_interrupted_leaves_nothing(built, tmp_path):
     """Ctrl-C during ``ringkv demo``: exit 130, no simulator left, its temp dir removed."""
     (tmp_path / "tmp").mkdir()
     p = subprocess.Popen([sys.executable, "-m", "ringkv", "demo"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env(tmp_path),
+                         stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=cli_env(tmp_path),
                          start_new_session=True, preexec_fn=_as_at_a_terminal)
     _read_until(p, "device A up")
     time.sleep(1.0)

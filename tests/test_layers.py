@@ -154,3 +154,38 @@ def test_the_check_catches_a_violation(path, source, needle):
 ])
 def test_the_check_allows_what_the_rule_allows(path, source):
     assert violations(ROOT / path, source) == []
+
+
+#: the test folders: a test module (``test_*.py``) imports shared code from a plain helper
+#: module beside it (``top_helpers.py``, ``cli_helpers.py``, ...), never from another test
+#: module (pytest would collect the imported module's tests under two names, and a change to
+#: one test file would silently change another)
+TEST_FOLDERS = ("tests", "tests/cocotb")
+
+
+def imports_of_test_modules(source: str) -> list[str]:
+    """The test modules ``source`` imports (top-level names beginning ``test_``)."""
+    found = []
+    for line, target in imports_of(source, "tests.x", False):
+        parts = target.split(".")
+        if any(p.startswith("test_") for p in parts[:2] if p != "tests"):
+            found.append(f"line {line}: {target}")
+    return found
+
+
+def test_no_test_module_imports_another():
+    found = [f"{path.relative_to(ROOT)} {hit}"
+             for folder in TEST_FOLDERS for path in sorted((ROOT / folder).glob("*.py"))
+             for hit in imports_of_test_modules(path.read_text())]
+    assert not found, "a test module imports another:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source, bad", [
+    ("from test_software_device import SMALL\n", True),
+    ("import test_golden_mac\n", True),
+    ("def f():\n    from test_cli_misuse import ringkv\n", True),
+    ("from softdev_helpers import SMALL\nfrom ringkv.host import test_vectors\n", False),
+    ("import pytest\nfrom conftest import requires_yices\n", False),
+])
+def test_the_test_import_check_catches_one(source, bad):
+    assert bool(imports_of_test_modules(source)) is bad

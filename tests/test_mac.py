@@ -14,7 +14,7 @@ from amaranth.sim import Simulator
 from conftest import examples, requires_verilator
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_golden_mac import KAT, KAT_KEY, kat_input
+from mac_vectors import KAT, KAT_KEY, kat_input
 
 from ringkv.defs.config import DEFAULT_CONFIG
 from ringkv.defs.mac import KEY_ID_BYTES, PERSONS, TAG_BYTES

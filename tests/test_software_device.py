@@ -11,12 +11,23 @@ import textwrap
 
 import numpy as np
 import pytest
+from softdev_helpers import (
+    LAY,
+    SMALL,
+    SPAN,
+    compute,
+    device,
+    fixed,
+    stored,
+    tokens_of,
+    valid_state,
+)
 
 from ringkv.defs.config import RingKVConfig
-from ringkv.defs.record import SECTOR, RecordKind, RecordLayout, RecordStatus
+from ringkv.defs.record import SECTOR, RecordKind, RecordStatus
 from ringkv.host.errors import ConfigError, NotACardImage, StorageError
 from ringkv.host.golden_directory import GoldenDirectory
-from ringkv.host.model import BOS, FixedBackend, Float64Backend, Model
+from ringkv.host.model import BOS, Float64Backend, Model
 from ringkv.host.record import (
     RecordError,
     crc32,
@@ -28,47 +39,10 @@ from ringkv.host.record import (
 from ringkv.host.scheduler import Scheduler, plain_run
 from ringkv.host.software_device import SoftwareDevice
 
-SMALL = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, window=16, max_tokens=256)
-LAY = RecordLayout(SMALL)
-SPAN = LAY.sectors_per_region * SECTOR
-
 
 @pytest.fixture(scope="module")
 def model():
     return Model(SMALL, hidden=64, ffn=96, seed=11)
-
-
-def fixed():
-    return FixedBackend(SMALL, lanes=2)
-
-
-def device(**kw):
-    return SoftwareDevice(SMALL, attention=fixed(), **kw)
-
-
-def compute(dev, tokens, model):
-    """The state after ``tokens`` in ``dev``'s rings and token memory."""
-    dev.attention.reset()
-    dev.write_tokens(tokens)
-    model.prefill(list(tokens), 0, dev.attention, 5)
-
-
-def stored(dev, tokens, model, **kw):
-    compute(dev, tokens, model)
-    return dev.export(tokens, **kw)[0]
-
-
-def tokens_of(seed, n):
-    rng = np.random.default_rng(seed)
-    return [BOS] + [int(t) for t in rng.integers(1, 256, size=n - 1)]
-
-
-def valid_state(dev):
-    """Each ring's (count, head) and the K/V of its valid slots, oldest first."""
-    rings, count, head = dev.attention.snapshot()
-    v = min(int(count[0]), SMALL.window)
-    slots = [(int(head[0]) - v + 1 + t) % SMALL.window for t in range(v)]
-    return count.tolist(), head.tolist(), rings[:, :, :, slots, :].tolist()
 
 
 def region_bytes(image, region):

@@ -4,7 +4,7 @@ and a power cut during export keeps the previous sealed snapshot valid."""
 
 import numpy as np
 import pytest
-from test_software_device import (
+from softdev_helpers import (
     LAY,
     SMALL,
     compute,
