@@ -63,6 +63,7 @@ import numpy as np
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import kv_bytes_of
 
+from .errors import UsageError
 from .model import AttentionBackend, Float64Backend, Model
 
 __all__ = ["Device", "QueryResult", "Holding", "Scheduler", "Session", "plain_run",
@@ -128,7 +129,11 @@ class Holding:
 
 
 class Device(abc.ABC):
-    """What the scheduler needs from the accelerator side (FPGA or software)."""
+    """What the scheduler needs from the accelerator side (FPGA or software).
+
+    A device with sealed records also takes ``tenant=`` (a keyword) in :meth:`query`,
+    :meth:`query_prefix`, :meth:`import_` and :meth:`export`; the scheduler passes it only for
+    a session that has a tenant, so a device without tenants needs none of it."""
 
     config: RingKVConfig
     attention: AttentionBackend
@@ -199,6 +204,7 @@ class Session:
     dirty: bool = False
     key: tuple | None = None                       # the session's newest turn snapshot
     turns: list = field(default_factory=list)      # its turn snapshots kept, oldest first
+    tenant: object = None                          # whose keys its records use (sealed device)
 
     def __post_init__(self):
         if self.key is not None:
@@ -251,12 +257,18 @@ class Scheduler:
         return key in self.checkpoint_keys or any(
             key in s.turns for other, s in self.sessions.items() if other != sid)
 
+    @staticmethod
+    def _tenant(s) -> dict:
+        """The device call's ``tenant=`` for session ``s`` (none for a session without one, so
+        that a device that knows no tenants is called as before)."""
+        return {} if s.tenant is None else {"tenant": s.tenant}
+
     def _export_turn(self, sid, s, event):
         """Export the rings as ``sid``'s turn snapshot; its oldest turn beyond ``keep_turns``
         is deleted by the same export unless it is a checkpoint or another session's turn."""
         victim = s.turns.pop(0) if len(s.turns) >= self.keep_turns else None
         replaces = victim if victim is not None and not self._protected(victim, sid) else None
-        key, moved = self.device.export(s.tokens, replaces)
+        key, moved = self.device.export(s.tokens, replaces, **self._tenant(s))
         key = tuple(key)
         s.turns = [k for k in s.turns if k != key] + [key]
         s.key, s.dirty = key, False
@@ -277,7 +289,7 @@ class Scheduler:
 
     # -- requests -------------------------------------------------------------------------
     def request(self, sid, tokens, n_new: int, *, checkpoints=(), rewind: int | None = None,
-                sample=None, on_token=None) -> list[int]:
+                sample=None, on_token=None, tenant=None) -> list[int]:
         """Feed ``tokens`` to session ``sid`` and generate up to ``n_new`` tokens.
 
         ``sample(logits) -> token`` picks each token (default greedy: ``argmax``, as
@@ -292,11 +304,23 @@ class Scheduler:
         ``len(stream) < p <= len(stream) + len(tokens)``); a position that the imported
         prefix already covers is not stored again. ``rewind=k``: first cut the session's
         stream to its first ``k`` tokens (edit-and-resend; see the module docstring).
+
+        ``tenant``: whose records the session's queries, imports and exports use, on a sealed
+        device (:class:`~ringkv.host.software_device.SoftwareDevice` and
+        :class:`~ringkv.host.fpga_device.FpgaDevice` with ``sealed=True``: the tenant's key
+        seals its records and seeds its prefix hash, so one tenant never finds another's). It
+        is the session's from its first request on; a request for the session under another
+        tenant is refused (:class:`~ringkv.host.errors.UsageError`), nothing changed.
         """
         tokens = [int(t) for t in tokens]
         if not isinstance(n_new, int) or n_new < 0:
             raise ValueError(f"n_new must be a non-negative number of tokens, not {n_new!r}")
-        s = self.sessions.setdefault(sid, Session())
+        s = self.sessions.get(sid)
+        if s is None:
+            s = self.sessions[sid] = Session(tenant=tenant)
+        elif s.tenant != tenant:
+            raise UsageError(f"session {sid!r} belongs to another tenant",
+                             param="session")
         if rewind is not None and (not isinstance(rewind, int)
                                    or not 0 <= rewind <= len(s.stream)):
             raise ValueError(f"rewind must be a position 0..{len(s.stream)} of session "
@@ -349,9 +373,9 @@ class Scheduler:
             self._release_resident(event)
             found = False
             if s.tokens:
-                result = dev.query(s.tokens)
+                result = dev.query(s.tokens, **self._tenant(s))
                 if result.hit:
-                    event["imported_bytes"] = dev.import_(result)
+                    event["imported_bytes"] = dev.import_(result, **self._tenant(s))
                     event["path"], event["reused"] = "hit", len(s.tokens)
                     found = True
                 else:
@@ -359,10 +383,10 @@ class Scheduler:
             if not found:
                 everything = s.tokens + s.pending + tokens
                 limit = len(everything) - (1 if n_new > 0 else 0)
-                result = (dev.query_prefix(everything, limit)
+                result = (dev.query_prefix(everything, limit, **self._tenant(s))
                           if self.prefix_reuse and limit > 0 else None)
                 if result is not None and result.hit:
-                    event["imported_bytes"] = dev.import_(result)
+                    event["imported_bytes"] = dev.import_(result, **self._tenant(s))
                     event["path"], event["reused"] = "prefix", result.count
                     event["reason"] = ""
                     s.tokens, s.pending = everything[:result.count], []
@@ -412,7 +436,7 @@ class Scheduler:
                 dev.append_tokens(seg)
                 s.tokens += seg
             if stop in stops:
-                key, moved = dev.export(s.tokens, checkpoint=True)
+                key, moved = dev.export(s.tokens, checkpoint=True, **self._tenant(s))
                 last = (stop, tuple(key))
                 self.checkpoint_keys.add(last[1])
                 event["checkpoints"].append(stop)

@@ -15,11 +15,12 @@ from softdev_helpers import (
 )
 
 from ringkv.defs.record import SECTOR, RecordStatus, put_field
-from ringkv.host.errors import KeyRequired
+from ringkv.host.errors import KeyRequired, UsageError
 from ringkv.host.golden_hash import sequence_hash
 from ringkv.host.golden_mac import tenant_seed
 from ringkv.host.model import Float64Backend, Model
 from ringkv.host.record import RecordError, crc32, decode_header, scan_image
+from ringkv.host.scheduler import Scheduler, plain_run
 from ringkv.host.software_device import SoftwareDevice
 
 KEY_A = bytes(range(32))
@@ -81,6 +82,33 @@ def test_no_key_refused(model):
     dev.set_key(3, bytes(32), tenants=["c"])
     assert not dev.query(toks, tenant="c").hit
     assert "KeyRing" not in repr(dev) and KEY_A.hex() not in repr(dev)
+
+
+def test_scheduler_sessions_of_two_tenants_never_share_a_record(model):
+    """The scheduler on a sealed device: a session's tenant seals its records and seeds its
+    prefix hash, so another tenant's session with the same prompt computes it afresh while the
+    same tenant's reuses it; every answer is the run without reuse; a session stays its
+    tenant's; a tenant without a key is refused with the session unchanged."""
+    dev = sealed()
+    sched = Scheduler(model, dev, chunk=5, checkpoint_every=8)
+    prompt = tokens_of(7, 20)
+    outs = [sched.request("a1", prompt, 3, tenant="a"),
+            sched.request("b1", prompt, 3, tenant="b"),
+            sched.request("a2", prompt, 3, tenant="a")]
+    assert [(e["path"], e["reused"]) for e in sched.events] == \
+        [("first", 0), ("first", 0), ("prefix", 16)]
+    assert outs == [plain_run(model, [(0, prompt, 3)], fixed, chunk=5)[0]] * 3
+    assert {i.key_id for i in scan_image(SMALL, dev.card.read, dev.regions) if i.valid} == \
+        {1, 2}
+    state = (list(sched.sessions["a1"].tokens), list(sched.sessions["a1"].turns))
+    with pytest.raises(UsageError, match="^session 'a1' belongs to another tenant$"):
+        sched.request("a1", [5], 1, tenant="b")
+    assert (sched.sessions["a1"].tokens, sched.sessions["a1"].turns) == state
+    sched.request("a1", [5], 1, tenant="a")
+    assert sched.events[-1]["path"] == "hit"
+    with pytest.raises(KeyRequired, match="tenant 'c' has no key"):
+        sched.request("c1", prompt, 1, tenant="c")
+    assert sched.sessions["c1"].tokens == [] and sched.resident is None
 
 
 def test_open_mode_is_the_default_and_unchanged(model):
