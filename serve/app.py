@@ -83,9 +83,11 @@ def _error_response(exc: RingKVError) -> JSONResponse:
 
 class ApiKeyGate:
     """ASGI middleware: HTTP requests under ``/v1`` need ``Authorization: Bearer KEY`` with one
-    of ``keys`` (strings); any other is answered 401 (:class:`Unauthorized`) before it reaches
-    a route, and counted in ``metrics.requests`` (when given) under its endpoint. Every key is
-    compared, in constant time, whatever matched first."""
+    of ``keys`` (strings, or a dict of key -> tenant); any other is answered 401
+    (:class:`Unauthorized`) before it reaches a route, and counted in ``metrics.requests``
+    (when given) under its endpoint. Every key is compared, in constant time, whatever matched
+    first. The matching key's tenant (None for none) goes to the route as
+    ``scope["ringkv.tenant"]``."""
 
     #: the ``endpoint`` label of a refused request (any other path: ``other``, so that a
     #: client cannot grow the metric's label set)
@@ -94,12 +96,15 @@ class ApiKeyGate:
 
     def __init__(self, app, keys, metrics=None):
         self.app = app
-        self.keys = [k.encode("ascii") for k in keys]
+        tenants = keys if isinstance(keys, dict) else dict.fromkeys(keys)
+        self.keys = [(k.encode("ascii"), t) for k, t in tenants.items()]
         if not self.keys:
             raise ValueError("ApiKeyGate needs at least one key")
         self.metrics = metrics
 
     def _refusal(self, scope) -> Unauthorized | None:
+        """None for a request that may pass (``scope["ringkv.tenant"]`` set for ``/v1``), else
+        the refusal."""
         if scope["type"] != "http" or not (scope["path"] == "/v1"
                                            or scope["path"].startswith("/v1/")):
             return None
@@ -113,10 +118,14 @@ class ApiKeyGate:
         if given is None:
             return Unauthorized("no API key: this server requires one, sent as Bearer auth "
                                 "(Authorization: Bearer KEY; the openai client's api_key)")
-        matched = False
-        for key in self.keys:
-            matched |= hmac.compare_digest(given, key)
-        return None if matched else Unauthorized("incorrect API key provided")
+        matched, tenant = False, None
+        for key, owner in self.keys:
+            if hmac.compare_digest(given, key):
+                matched, tenant = True, owner
+        if not matched:
+            return Unauthorized("incorrect API key provided")
+        scope["ringkv.tenant"] = tenant
+        return None
 
     async def __call__(self, scope, receive, send):
         refusal = self._refusal(scope)
@@ -136,8 +145,9 @@ def _dumps(obj) -> str:
 
 
 class _Api:
-    def __init__(self, engine, model_name: str, fingerprint: str):
+    def __init__(self, engine, model_name: str, fingerprint: str, tenant=None):
         self.engine, self.model_name, self.fingerprint = engine, model_name, fingerprint
+        self.tenant = tenant
         self.metrics = engine.metrics
         self.created = int(time.time())
         self.max_context = engine.config.max_tokens
@@ -245,7 +255,9 @@ class _Api:
         def sink(kind, value):
             loop.call_soon_threadsafe(events.put_nowait, (kind, value))
 
-        job = Job(prompt, params, sink, chat=chat, session=session, received=t0)
+        tenant = request.scope.get("ringkv.tenant")
+        job = Job(prompt, params, sink, chat=chat, session=session, received=t0,
+                  tenant=self.tenant if tenant is None else tenant)
         try:
             worker = self.engine.submit(job)
         except RingKVError as e:
@@ -389,10 +401,11 @@ async def _internal_error(request, exc: Exception):
 
 
 def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=True,
-               api_keys=()):
+               api_keys=(), tenant=None):
     """The ASGI application over ``engine`` (started and stopped with the application when
-    ``manage_engine``); with ``api_keys``, ``/v1`` needs one of them (:class:`ApiKeyGate`)."""
-    api = _Api(engine, model_name, fingerprint)
+    ``manage_engine``); with ``api_keys`` (keys, or key -> tenant), ``/v1`` needs one of them
+    (:class:`ApiKeyGate`). A request's tenant is its key's, else ``tenant``."""
+    api = _Api(engine, model_name, fingerprint, tenant)
     import contextlib
 
     @contextlib.asynccontextmanager
@@ -410,7 +423,7 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
               Route("/v1/models", api.models, methods=["GET"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.metrics_text, methods=["GET"])]
-    middleware = [Middleware(ApiKeyGate, keys=list(api_keys), metrics=engine.metrics)] \
+    middleware = [Middleware(ApiKeyGate, keys=api_keys, metrics=engine.metrics)] \
         if api_keys else []
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                      exception_handlers={HTTPException: _http_error, Exception: _internal_error})

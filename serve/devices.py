@@ -25,6 +25,13 @@ Each :class:`DeviceHandle` gives a fresh, ready :class:`~ringkv.host.scheduler.D
 host's, its power-on recovery waited for) and lists the records the device holds
 (:meth:`DeviceHandle.listing`: the software device's store, the board's own directory) --
 the server's index of a device is rebuilt from that listing, never guessed.
+
+Sealed devices (``ringkv serve --sealed``): every handle is given the record key ring
+(``keys``, a :class:`~ringkv.host.keys.KeyRing`); the device is opened sealed, each key id its
+own tenant (``tenants={id: id}``): the software device in its sealed mode, a simulated board
+as ``RingKVTop(sealed=True)`` (``ringkv sim --sealed``), a board over a link with
+``FpgaDevice(sealed=True)`` (the board must be a sealed build: an open one refuses the first
+key with a clear error).
 """
 
 import logging
@@ -52,9 +59,38 @@ class DeviceHandle:
 
     kind = "device"
 
-    def __init__(self, spec: str):
+    def __init__(self, spec: str, *, keys=None):
         self.spec = spec
         self.name = spec
+        #: the record key ring of a sealed device (None: an open one)
+        self.keys = keys
+
+    @property
+    def sealed(self) -> bool:
+        return self.keys is not None
+
+    def __getstate__(self):
+        # A handle crosses once, in the setup message, to its device's own process, over the
+        # private socket pair between the two (serve/worker.py); a KeyRing refuses to be
+        # pickled anywhere else (so that keys never reach a log, a cache or an error), so its
+        # keys cross here as a plain dict and are a KeyRing again on the other side.
+        state = dict(self.__dict__)
+        if self.keys is not None:
+            state["keys"] = (self.keys.keys(), self.keys.source)
+        return state
+
+    def __setstate__(self, state):
+        if state.get("keys") is not None:
+            from ringkv.host.keys import KeyRing
+            keys, source = state["keys"]
+            state = dict(state, keys=KeyRing(keys, source))
+        self.__dict__.update(state)
+
+    def _sealed_kwargs(self) -> dict:
+        """The device's ``sealed``, ``keys`` and ``tenants`` (a key id is its own tenant)."""
+        if self.keys is None:
+            return {}
+        return {"sealed": True, "keys": self.keys, "tenants": {i: i for i in self.keys.ids()}}
 
     def open(self):
         raise NotImplementedError
@@ -76,8 +112,9 @@ class SoftwareHandle(DeviceHandle):
 
     kind = "software"
 
-    def __init__(self, spec, config, *, image=None, capacity=None, attention_factory=None):
-        super().__init__(spec)
+    def __init__(self, spec, config, *, image=None, capacity=None, attention_factory=None,
+                 keys=None):
+        super().__init__(spec, keys=keys)
         self.config, self.image, self.capacity = config, image, capacity
         self.attention_factory = attention_factory
         self._memory = None
@@ -88,14 +125,14 @@ class SoftwareHandle(DeviceHandle):
             # in memory: the store survives a reopen (it is the device's), the rings do not
             if self._memory is None:
                 self._memory = SoftwareDevice(self.config, attention=attention,
-                                              capacity=self.capacity)
+                                              capacity=self.capacity, **self._sealed_kwargs())
             else:
                 self._memory.attention.reset()
                 self._memory.write_tokens([])
             return self._memory
         Path(self.image).parent.mkdir(parents=True, exist_ok=True)
         return SoftwareDevice(self.config, attention=attention, capacity=self.capacity,
-                              image=self.image)
+                              image=self.image, **self._sealed_kwargs())
 
     def listing(self, device):
         return [h.key for h in device.holdings(tokens=False)]
@@ -107,8 +144,9 @@ class LinkHandle(DeviceHandle):
 
     kind = "link"
 
-    def __init__(self, spec, config, *, url=None, timeout=60.0, ready_timeout=600.0):
-        super().__init__(spec)
+    def __init__(self, spec, config, *, url=None, timeout=60.0, ready_timeout=600.0,
+                 keys=None):
+        super().__init__(spec, keys=keys)
         self.config, self.url, self.timeout = config, url or spec, timeout
         self.ready_timeout = ready_timeout
         self._link = None
@@ -118,7 +156,7 @@ class LinkHandle(DeviceHandle):
         from ringkv.host.link import Link
         self._close_link()
         self._link = Link(self.url, timeout=self.timeout)
-        device = FpgaDevice(self._link, self.config)
+        device = FpgaDevice(self._link, self.config, **self._sealed_kwargs())
         device.check_config()            # a device built for another configuration: refused
         device.wait_ready(self.ready_timeout)
         return device
@@ -147,8 +185,8 @@ class SimHandle(LinkHandle):
     kind = "sim"
 
     def __init__(self, spec, config, *, image=None, workdir=None, timeout=60.0,
-                 top_kwargs=None):
-        super().__init__(spec, config, url="", timeout=timeout)
+                 top_kwargs=None, keys=None):
+        super().__init__(spec, config, url="", timeout=timeout, keys=keys)
         self.top_kwargs = dict(top_kwargs or {})      # RingKVTop's parameters (regions, ...)
         self._built = False
         # ``sim`` alone: a temporary card, made where the simulator runs (the device's
@@ -171,7 +209,8 @@ class SimHandle(LinkHandle):
                      self.name, self.image)
             # the first start builds (or finds) the Verilator model; a restart reuses it
             self.sim = SimDevice(self.image, config=self.config, prebuilt=self._built,
-                                 log=self.image.with_suffix(".log"), **self.top_kwargs)
+                                 log=self.image.with_suffix(".log"), sealed=self.sealed,
+                                 **self.top_kwargs)
             self._built = True
         self.url = self.sim.url
         return super().open()
@@ -187,20 +226,20 @@ class SimHandle(LinkHandle):
 
 
 def parse_device(spec: str, config, *, capacity=None, attention_factory=None, timeout=60.0,
-                 workdir=None, top_kwargs=None) -> DeviceHandle:
+                 workdir=None, top_kwargs=None, keys=None) -> DeviceHandle:
     """A :class:`DeviceHandle` for one ``--device`` value (module docstring); ``top_kwargs``:
     a simulated board's ``RingKVTop`` parameters (``ringkv sim``'s: ``DEMO_TOP`` for the demo
-    shape)."""
+    shape); ``keys``: the record key ring of sealed devices (None: open)."""
     if not isinstance(spec, str) or not spec:
         raise UsageError(f"--device must name a device, not {spec!r}", param="--device")
     kind, _, rest = spec.partition(":")
     if kind == "software":
         return SoftwareHandle(spec, config, image=rest or None, capacity=capacity,
-                              attention_factory=attention_factory)
+                              attention_factory=attention_factory, keys=keys)
     if kind == "sim":
         return SimHandle(spec, config, image=rest or None, workdir=workdir, timeout=timeout,
-                         top_kwargs=top_kwargs)
+                         top_kwargs=top_kwargs, keys=keys)
     if spec.startswith("socket://") or spec.startswith("/") or spec.upper().startswith("COM"):
-        return LinkHandle(spec, config, timeout=timeout)
+        return LinkHandle(spec, config, timeout=timeout, keys=keys)
     raise UsageError(f"--device {spec!r}: expected software[:IMAGE], sim[:IMAGE], "
                      f"socket://HOST:PORT or a serial port path", param="--device")

@@ -22,6 +22,11 @@ system prompt that many conversations share. A request may pin a conversation wi
 ``session_id``: it then stays one scheduler session (and on one device while that device
 serves), an edit of it cut back with the scheduler's ``rewind``.
 
+**Tenants** (a sealed server): a request carries its tenant (:attr:`Job.tenant`, a record key
+id); the router hashes its prompt with that tenant's seed (``Engine(seeds=)``, the devices'
+own), so it finds only the tenant's records, pins are per tenant and session, and the device's
+process runs the request as the tenant's (its scheduler session and every device call).
+
 **Router.** A request goes to the ready device holding its longest stored prefix (by the
 server's index of that device), unless that device's queue is longer than the least loaded
 one's by more than ``max_imbalance`` requests; without a stored prefix it goes to the least
@@ -120,6 +125,7 @@ class Job:
     sink: object
     chat: bool = False
     session: str | None = None
+    tenant: int | None = None    # a sealed server's tenant (the key id the request's API key names)
     received: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     emitted: int = 0
@@ -400,7 +406,7 @@ class Worker:
         spec = {"seq": seq, "tokens": list(job.prompt.tokens),
                 "checkpoints": list(job.prompt.checkpoints), "params": job.params,
                 "stops": job.stops, "session": job.session, "predicted": job.predicted,
-                "move": record}
+                "move": record, "tenant": job.tenant}
         last, cancelling, answered = None, False, False
         try:
             self._send(("serve", spec))
@@ -530,7 +536,7 @@ class Engine:
 
     def __init__(self, model, config, handles, metrics, *, chunk: int = 64,
                  max_queue: int = 16, placement: str = "prefix", max_imbalance: int = 4,
-                 max_sessions: int = 256, move_min_tokens: int = 64):
+                 max_sessions: int = 256, move_min_tokens: int = 64, seeds=None):
         if placement not in PLACEMENTS:
             raise UsageError(f"placement must be one of {', '.join(PLACEMENTS)}, not "
                              f"{placement!r}", param="--placement")
@@ -544,8 +550,11 @@ class Engine:
         self.move_min_tokens = move_min_tokens
         self.lock = threading.Lock()
         self.workers = [Worker(self, h, i) for i, h in enumerate(handles)]
-        self.hasher = PrefixHasher(hash_seed(config))
-        self.pins: dict = {}                # session id -> worker
+        #: tenant -> the prefix hashes of its prompts (a sealed server: the tenant's key's seed,
+        #: ``seeds``; open: the configuration's seed, tenant None)
+        seeds = {None: hash_seed(config)} if seeds is None else dict(seeds)
+        self.hashers = {t: PrefixHasher(seed) for t, seed in seeds.items()}
+        self.pins: dict = {}                # (tenant, session id) -> worker
         self._turn = itertools.count()
         self._model_blob = None
         self._blob_lock = threading.Lock()
@@ -590,7 +599,7 @@ class Engine:
         limit = len(tokens) - 1
         if limit < 1:
             return {w: (0, None) for w in workers}
-        hashes = self.hasher.hashes(tokens, limit, job.prompt.checkpoints)
+        hashes = self.hashers[job.tenant].hashes(tokens, limit, job.prompt.checkpoints)
         out = {}
         for w in workers:
             with w.lock:
@@ -604,7 +613,7 @@ class Engine:
         if not open_:
             raise Overloaded(f"all {len(ready)} ready devices have {self.max_queue} requests "
                              f"queued or running", hint="retry later")
-        pinned = self.pins.get(job.session) if job.session is not None else None
+        pinned = self.pins.get((job.tenant, job.session)) if job.session is not None else None
         if pinned in open_:
             job.predicted = self._matches(job, [pinned])[pinned][0]
             return pinned
@@ -647,7 +656,7 @@ class Engine:
             w.load += 1
             job.counted_by = w
             if job.session is not None:
-                self.pins[job.session] = w
+                self.pins[(job.tenant, job.session)] = w
                 while len(self.pins) > self.max_sessions * len(self.workers):
                     self.pins.pop(next(iter(self.pins)))
         self.metrics.device_queue.labels(w.name).set(w.load)

@@ -31,7 +31,7 @@ from ringkv.host.errors import (
 )
 
 __all__ = ["main", "build_parser", "build_server", "listen", "serve_in_thread", "api_keys",
-           "NUMERICS_CHOICES", "API_KEY_ENV"]
+           "tenancy", "NUMERICS_CHOICES", "API_KEY_ENV"]
 
 NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
 
@@ -143,9 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "repeatable). Other users of the machine can read a command line: "
                         "prefer --api-key-file or RINGKV_API_KEY")
     p.add_argument("--api-key-file", metavar="FILE",
-                   help="require one of the keys in FILE (one a line; blank lines and "
-                        "# comments skipped). With neither option, the keys in "
-                        f"{API_KEY_ENV} (comma-separated), if it is set")
+                   help="require one of the keys in FILE (one a line, 'KEY' or, with "
+                        "--sealed, 'KEY KEY_ID': whose records its requests use; blank lines "
+                        "and # comments skipped; only its owner may read it). With neither "
+                        f"option, the keys in {API_KEY_ENV} (comma-separated), if it is set")
+    p.add_argument("--sealed", action="store_true",
+                   help="sealed devices: every record sealed (keyed MAC) under its tenant's "
+                        "key and found only by that tenant; software devices in sealed mode, "
+                        "'sim' the sealed top, boards must be sealed builds. A tenant is a "
+                        "record key id: the one key of --key-file, or the id the request's API "
+                        "key names")
+    p.add_argument("--key-file", metavar="FILE",
+                   help="the record keys of --sealed ('KEY_ID HEX' a line, owner-only; "
+                        "default: RINGKV_KEYS)")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="link timeout (s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
@@ -157,6 +167,14 @@ def build_parser() -> argparse.ArgumentParser:
 API_KEY_ENV = "RINGKV_API_KEY"
 
 
+def _key_id(text: str, where: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        # (the text is not shown: a key with a space in it would be half shown)
+        raise UsageError(f"{where}: the key id after the key must be a number 1..65535",
+                         param="--api-key-file")
+    return int(text)
+
+
 def _check_key(key: str, where: str, param: str) -> str:
     if not key or not all(0x21 <= ord(c) <= 0x7E for c in key):
         raise UsageError(f"{where}: an API key must be printable ASCII without spaces (it "
@@ -164,15 +182,17 @@ def _check_key(key: str, where: str, param: str) -> str:
     return key
 
 
-def api_keys(args, environ=None) -> list:
-    """The API keys ``ringkv serve`` requires (empty: none): ``--api-key`` and
-    ``--api-key-file`` together, else :data:`API_KEY_ENV`. The file is read as the record key
-    files are (:func:`ringkv.host.keys.read_private_file`: a regular file of this user's that
-    only its owner may access). A file that cannot be used, holds no key, or a key that cannot
-    be sent in a header is a :class:`UsageError` naming where it is, never the key."""
+def api_keys(args, environ=None) -> dict:
+    """The API keys ``ringkv serve`` requires, each with the record key id its requests use
+    (None where the line names none; empty: no keys): ``--api-key`` and ``--api-key-file``
+    together, else :data:`API_KEY_ENV`. The file is read as the record key files are
+    (:func:`ringkv.host.keys.read_private_file`: a regular file of this user's that only its
+    owner may access); a line is ``KEY`` or ``KEY KEY_ID``. A file that cannot be used, holds
+    no key, or a key that cannot be sent in a header is a :class:`UsageError` naming where it
+    is, never the key."""
     import os
     environ = os.environ if environ is None else environ
-    keys = [_check_key(k, "--api-key", "--api-key") for k in args.api_key or ()]
+    keys = {_check_key(k, "--api-key", "--api-key"): None for k in args.api_key or ()}
     if args.api_key_file:
         from ringkv.host.keys import read_private_file
         path = args.api_key_file
@@ -185,12 +205,54 @@ def api_keys(args, environ=None) -> list:
         if not found:
             raise UsageError(f"--api-key-file {path}: holds no key (one a line)",
                              param="--api-key-file")
-        keys += [_check_key(k, f"--api-key-file {path} line {n}", "--api-key-file")
-                 for n, k in found]
+        for n, line in found:
+            where = f"--api-key-file {path} line {n}"
+            key, *rest = line.split()
+            if len(rest) > 1:
+                raise UsageError(f"{where}: expected 'KEY' or 'KEY KEY_ID'",
+                                 param="--api-key-file")
+            keys[_check_key(key, where, "--api-key-file")] = \
+                _key_id(rest[0], where) if rest else None
     if not keys and environ.get(API_KEY_ENV):
-        keys = [_check_key(k.strip(), API_KEY_ENV, API_KEY_ENV)
-                for k in environ[API_KEY_ENV].split(",")]
-    return list(dict.fromkeys(keys))
+        keys = {_check_key(k.strip(), API_KEY_ENV, API_KEY_ENV): None
+                for k in environ[API_KEY_ENV].split(",")}
+    return keys
+
+
+def tenancy(args, keys: dict, config, environ=None):
+    """``(record key ring, default tenant, tenant seeds)`` of the server: all None for an open
+    one. ``--sealed``: the ring from ``--key-file`` or ``RINGKV_KEYS``; a tenant is a key id
+    (the ring's only one by default; with several, every API key must name its own); the
+    seeds are the router's prefix-hash seeds per tenant (the devices' own). Anything that does
+    not fit is a :class:`UsageError` before any device starts (a bad key file: the
+    :class:`ConfigError` of :mod:`ringkv.host.keys`)."""
+    named = sorted({k for k in keys.values() if k is not None})
+    if not args.sealed:
+        if named:
+            raise UsageError(f"--api-key-file names key id {named[0]}: only a sealed server "
+                             f"(--sealed) has tenants", param="--api-key-file")
+        if args.key_file:
+            raise UsageError("--key-file holds record keys for --sealed", param="--key-file")
+        return None, None, None
+    from ringkv.host.golden_mac import tenant_seed
+    from ringkv.host.keys import load_keys
+    ring = load_keys(args.key_file, environ)
+    if ring is None or not len(ring):
+        raise UsageError("--sealed needs the record keys: --key-file FILE or RINGKV_KEYS",
+                         param="--key-file")
+    missing = [k for k in named if k not in ring]
+    if missing:
+        raise UsageError(f"--api-key-file names key id {missing[0]}, which the record keys do "
+                         f"not hold (ids {', '.join(map(str, ring.ids()))})",
+                         param="--api-key-file")
+    default = ring.ids()[0] if len(ring) == 1 else None
+    if default is None and (not keys or None in keys.values()):
+        raise UsageError(f"--sealed with {len(ring)} record keys (ids "
+                         f"{', '.join(map(str, ring.ids()))}): every API key must name the key "
+                         f"id its requests use ('KEY KEY_ID' lines in --api-key-file)",
+                         param="--api-key-file")
+    seeds = {kid: tenant_seed(ring[kid], config.digest()) for kid in ring.ids()}
+    return ring, default, seeds
 
 
 def _model_and_config(args):
@@ -232,6 +294,7 @@ def build_server(args):
     from .engine import Engine
     from .metrics import Metrics
     model, config = _model_and_config(args)
+    ring, tenant, seeds = tenancy(args, keys, config)
     backend = FixedBackend if args.backend == "fixed" else Float64Backend
     specs = args.device or [f"software:{default_image()}"]
     repeated = {s for s in specs if specs.count(s) > 1}
@@ -245,7 +308,7 @@ def build_server(args):
         from ringkv.sim.harness import DEMO_TOP
         top = dict(DEMO_TOP)
     handles = [parse_device(s, config, capacity=args.capacity, attention_factory=backend,
-                            timeout=args.timeout, top_kwargs=top) for s in specs]
+                            timeout=args.timeout, top_kwargs=top, keys=ring) for s in specs]
     for i, h in enumerate(handles):
         if h.spec in repeated:
             h.name = f"{h.spec}-{i}"
@@ -255,9 +318,9 @@ def build_server(args):
     engine = Engine(model, config, handles, metrics, chunk=args.chunk,
                     max_queue=args.max_queue, placement=args.placement,
                     max_imbalance=args.max_imbalance,
-                    move_min_tokens=args.move_min_tokens)
+                    move_min_tokens=args.move_min_tokens, seeds=seeds)
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
-    app = create_app(engine, model_name=name, api_keys=keys,
+    app = create_app(engine, model_name=name, api_keys=keys, tenant=tenant,
                      fingerprint="ringkv-" + config.digest().hex()[:12])
     app.state.api_keys = len(keys)
     return engine, app, name
@@ -308,6 +371,10 @@ def main(argv=None) -> int:
     port = sock.getsockname()[1]
     log.info("serving %s on http://%s:%d/v1 with %d device(s): %s", name, args.host, port,
              len(engine.workers), ", ".join(w.name for w in engine.workers))
+    if args.sealed:
+        log.info("sealed: records sealed under the tenants' keys (%s)",
+                 "one tenant" if len(engine.hashers) == 1 else
+                 f"{len(engine.hashers)} tenants, by API key")
     if app.state.api_keys:
         log.info("/v1 requires an API key (%d accepted); /health and /metrics are open",
                  app.state.api_keys)

@@ -114,8 +114,8 @@ class _Exporting:
     def __getattr__(self, name):
         return getattr(self._device, name)
 
-    def export(self, tokens, replaces=None, *, checkpoint=False):
-        key, moved = self._device.export(tokens, replaces, checkpoint=checkpoint)
+    def export(self, tokens, replaces=None, *, checkpoint=False, **tenant):
+        key, moved = self._device.export(tokens, replaces, checkpoint=checkpoint, **tenant)
         self._server.send(("export", tuple(key),
                            None if replaces is None else tuple(replaces)))
         return key, moved
@@ -195,9 +195,16 @@ class DeviceServer:
         return keys
 
     # -- one request ---------------------------------------------------------------------------
-    def _place(self, tokens, session):
-        """``(sid, tokens to feed, rewind, stream position they start at)`` for a prompt."""
+    def _place(self, tokens, session, tenant=None):
+        """``(sid, tokens to feed, rewind, stream position they start at)`` for a prompt.
+
+        Sessions are the scheduler's: a pinned one under ``session`` (``(tenant, session)``
+        for a tenant's: two tenants' same session id are two sessions), the others under a
+        number; a prompt without a session continues the resident one only if that is
+        anonymous, of the same tenant, and the prompt extends its stream."""
         sched = self.scheduler
+        if session is not None and tenant is not None:
+            session = (tenant, session)
         if session is not None and session in sched.sessions:
             stream = sched.sessions[session].stream
             k = 0
@@ -212,8 +219,8 @@ class DeviceServer:
         if session is None and sched.resident is not None:
             sid = sched.resident
             stream = sched.sessions[sid].stream
-            if not isinstance(sid, str) and len(tokens) > len(stream) \
-                    and tokens[:len(stream)] == stream:
+            if isinstance(sid, int) and sched.sessions[sid].tenant == tenant \
+                    and len(tokens) > len(stream) and tokens[:len(stream)] == stream:
                 return sid, tokens[len(stream):], None, len(stream)
         sid = session if session is not None else next(self._sids)
         return sid, tokens, None, 0
@@ -221,7 +228,7 @@ class DeviceServer:
     def _forget_sessions(self, keep):
         """Drop the scheduler's sessions but the resident one and recent pinned ones."""
         sched = self.scheduler
-        for sid in [s for s in sched.sessions if not isinstance(s, str)]:
+        for sid in [s for s in sched.sessions if isinstance(s, int)]:
             if sid != sched.resident and sid != keep:
                 del sched.sessions[sid]
         while len(self.pinned) > self.max_sessions:
@@ -231,7 +238,8 @@ class DeviceServer:
         sched.events.clear()
 
     def _op_serve(self, spec):
-        seq, session = spec["seq"], spec["session"]
+        seq, session, tenant = spec["seq"], spec["session"], spec.get("tenant")
+        by_tenant = {} if tenant is None else {"tenant": tenant}
         tokens = list(spec["tokens"])
         text = TextStream(spec["stops"])
         sampler = Sampler(spec["params"])
@@ -249,16 +257,16 @@ class DeviceServer:
             if spec["move"] is not None:
                 # the copy may go through the rings (a board replays it into them, exports)
                 self.scheduler.resident = None
-                new = tuple(self.device._device.write_record(spec["move"]))
+                new = tuple(self.device._device.write_record(spec["move"], **by_tenant))
                 self.send(("moved", new))
-            sid, feed, rewind, base = self._place(tokens, session)
+            sid, feed, rewind, base = self._place(tokens, session, tenant)
             if session is not None:
-                self.pinned[session] = None
-                self.pinned.move_to_end(session)
+                self.pinned[sid] = None
+                self.pinned.move_to_end(sid)
             marks = [p for p in spec["checkpoints"] if base < p <= len(tokens)]
             out = self.scheduler.request(sid, feed, spec["params"].max_tokens,
                                          checkpoints=marks, rewind=rewind, sample=sampler,
-                                         on_token=on_token)
+                                         on_token=on_token, tenant=tenant)
         except Cancelled:
             log.info("%s: request cancelled by its client", self.handle.name)
             self._forget_sessions(None)

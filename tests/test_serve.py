@@ -490,9 +490,10 @@ def test_api_key_options_fail_cleanly_and_never_show_a_key(tmp_path):
     def keys(*argv, env=None):
         return api_keys(parser.parse_args(list(argv)), env or {})
 
-    assert keys() == []
-    assert keys(env={"RINGKV_API_KEY": "k1, k2"}) == ["k1", "k2"]
-    assert keys("--api-key", "k3", "--api-key", "k3", env={"RINGKV_API_KEY": "k1"}) == ["k3"]
+    assert keys() == {}
+    assert keys(env={"RINGKV_API_KEY": "k1, k2"}) == {"k1": None, "k2": None}
+    assert keys("--api-key", "k3", "--api-key", "k3", env={"RINGKV_API_KEY": "k1"}) == \
+        {"k3": None}
     with pytest.raises(UsageError, match=r"^--api-key-file \S*nowhere: not found$"):
         keys("--api-key-file", str(tmp_path / "nowhere"))
     for name, text in (("empty", "# none yet\n\n"), ("spaced", "fine-key\nsk secret\n"),
@@ -504,14 +505,98 @@ def test_api_key_options_fail_cleanly_and_never_show_a_key(tmp_path):
     assert e.value.hint == f"chmod 600 {tmp_path / 'open'}"
     with pytest.raises(UsageError, match=r"empty: holds no key \(one a line\)$"):
         keys("--api-key-file", str(tmp_path / "empty"))
-    with pytest.raises(UsageError, match=r"spaced line 2: an API key must be printable ASCII "
-                                         r"without spaces") as e:
+    with pytest.raises(UsageError, match=r"spaced line 2: the key id after the key must be a "
+                                         r"number 1\.\.65535$") as e:
         keys("--api-key-file", str(tmp_path / "spaced"))
     assert "secret" not in str(e.value) and e.value.param == "--api-key-file"
     with pytest.raises(UsageError, match=r"^--api-key: an API key must be printable"):
         keys("--api-key", "")
+    with pytest.raises(UsageError, match=r"^--api-key: an API key must be printable ASCII "
+                                         r"without spaces") as e:
+        keys("--api-key", "sk secret")
+    assert "secret" not in str(e.value)
     with pytest.raises(UsageError, match=r"^RINGKV_API_KEY: an API key must be printable"):
         keys(env={"RINGKV_API_KEY": "k1,,k2"})
+
+
+def _private(path, text):
+    path.write_text(text)
+    path.chmod(0o600)
+    return str(path)
+
+
+RECORD_KEYS = "1 " + "11" * 32 + "\n2 " + "22" * 32 + "\n"
+
+
+def test_a_sealed_server_keeps_each_tenants_records_its_own(tmp_path):
+    """``--sealed`` with two record keys and an API key naming each: the same prompt from the
+    other tenant reuses nothing (its prefix hash is seeded by its own key, its records sealed
+    under it), from the same tenant it reuses the stored prefix; answers are the same; two
+    tenants' equal session ids are two conversations."""
+    keys = _private(tmp_path / "records.keys", RECORD_KEYS)
+    api = _private(tmp_path / "api.keys", "sk-a 1\nsk-b 2\n")
+    with running("--device", "software", "--sealed", "--key-file", keys,
+                 "--api-key-file", api) as r:
+        def client(key):
+            return openai.OpenAI(base_url=r.base + "/v1", api_key=key, max_retries=0,
+                                 timeout=120)
+        a, b = client("sk-a"), client("sk-b")
+        messages = [{"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": "Who made the firmament?"}]
+
+        def ask(c, **kw):
+            return c.chat.completions.create(model=r.name, messages=messages, max_tokens=6,
+                                             temperature=0, **kw)
+        first, other, again = ask(a), ask(b), ask(a)
+        cached = [x.usage.prompt_tokens_details.cached_tokens for x in (first, other, again)]
+        assert cached[0] == 0 and cached[1] == 0 and cached[2] > 0, cached
+        texts = {x.choices[0].message.content for x in (first, other, again)}
+        assert len(texts) == 1
+        # one session id, two tenants, two conversations: B's turn under A's id is served (not
+        # refused as another tenant's session), and A's conversation goes on from its own turn
+        turn = ask(a, extra_body={"session_id": "s"})
+        b.chat.completions.create(model=r.name, max_tokens=4, temperature=0,
+                                  extra_body={"session_id": "s"},
+                                  messages=[{"role": "user", "content": "And Cain?"}])
+        more = messages + [{"role": "assistant", "content": turn.choices[0].message.content},
+                           {"role": "user", "content": "And then?"}]
+        again = a.chat.completions.create(model=r.name, messages=more, max_tokens=4,
+                                          temperature=0, extra_body={"session_id": "s"})
+        assert again.usage.prompt_tokens_details.cached_tokens >= turn.usage.prompt_tokens
+        [worker] = r.engine.workers
+        assert worker.handle.sealed and set(r.engine.hashers) == {1, 2}
+
+
+def test_sealed_options_are_checked_before_any_device_starts(tmp_path):
+    """``tenancy``: what ``--sealed``, ``--key-file`` and key ids in the API key file need."""
+    from ringkv.defs.config import DEMO_CONFIG
+    from ringkv.serve.main import tenancy
+    parser = build_parser()
+    keys1 = _private(tmp_path / "one.keys", "7 " + "ab" * 32 + "\n")
+    keys2 = _private(tmp_path / "two.keys", RECORD_KEYS)
+
+    def check(argv, api=None):
+        args = parser.parse_args(argv)
+        return tenancy(args, api or {}, DEMO_CONFIG, environ={})
+
+    assert check([]) == (None, None, None)
+    ring, default, seeds = check(["--sealed", "--key-file", keys1])
+    assert ring.ids() == [7] and default == 7 and set(seeds) == {7}
+    ring, default, seeds = check(["--sealed", "--key-file", keys2], {"sk-a": 1, "sk-b": 2})
+    assert default is None and set(seeds) == {1, 2} and seeds[1] != seeds[2]
+    cases = [([], {"sk": 1}, "names key id 1: only a sealed server"),
+             (["--key-file", keys1], {}, "--key-file holds record keys for --sealed"),
+             (["--sealed"], {}, "--sealed needs the record keys"),
+             (["--sealed", "--key-file", keys2], {"sk-a": 1, "sk-b": None},
+              "every API key must name the key id"),
+             (["--sealed", "--key-file", keys2], {}, "every API key must name the key id"),
+             (["--sealed", "--key-file", keys2], {"sk-a": 3}, "names key id 3, which the")]
+    for argv, api, message in cases:
+        with pytest.raises(UsageError, match=message):
+            check(argv, api)
+    api = _private(tmp_path / "bad.keys", "sk-a one\n")
+    with pytest.raises(UsageError, match=r"line 1: the key id after the key must be a number"):
+        api_keys(parser.parse_args(["--api-key-file", api]), {})
 
 
 def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
