@@ -13,11 +13,12 @@ from amaranth.sim import Simulator
 from bench.bench_storage import dma_cycles
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
-from ringkv.defs.mac import KEY_ID_BYTES, PERSON_RECORD
+from ringkv.defs.mac import PERSON_RECORD
 from ringkv.host.golden_mac import mac
 from ringkv.hw.dma import DmaEngine
 from ringkv.hw.key_slots import KeyWrite
 from ringkv.hw.mac import MacUnit
+from ringkv.sim.streams import write_key
 
 TITLE = "Record MAC (keyed BLAKE2s)"
 
@@ -69,12 +70,7 @@ def measure(length: int, seed: int = 0) -> dict:
     out = {}
 
     async def bench(ctx):
-        raw = (1).to_bytes(KEY_ID_BYTES, "little") + key
-        for index, byte in enumerate(raw):
-            ctx.set(dut.key_write.valid, 1)
-            ctx.set(dut.key_write.payload, {"slot": 0, "index": index, "data": byte})
-            await ctx.tick()
-        ctx.set(dut.key_write.valid, 0)
+        await write_key(ctx, dut.key_write, 0, 1, key)
         ctx.set(dut.cmd.valid, 1)
         ctx.set(dut.cmd.payload, {"person": 0, "slot": 0, "empty": int(not message)})
         await ctx.tick().until(dut.cmd.ready)

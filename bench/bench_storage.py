@@ -18,7 +18,6 @@ import random
 from amaranth.sim import Simulator
 
 from ringkv.defs.config import DEFAULT_CONFIG
-from ringkv.defs.mac import KEY_ID_BYTES
 from ringkv.defs.record import RecordLayout, RecordStatus
 from ringkv.host.record import import_record
 from ringkv.hw.dma import DmaEngine, DmaOp
@@ -30,7 +29,7 @@ from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sd4_model import SDCard4, amaranth_sd4_card
 from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card
 from ringkv.sim.sector_model import SectorImage, serve_storage
-from ringkv.sim.streams import tick_until
+from ringkv.sim.streams import tick_until, write_key
 
 from .run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 
@@ -93,12 +92,7 @@ def dma_cycles(config, count: int, *, mac: bool = False, sealed: bool = False) -
 
     async def body(ctx):
         if mac:
-            raw = (1).to_bytes(KEY_ID_BYTES, "little") + key
-            for index, byte in enumerate(raw):
-                ctx.set(h.key_write.valid, 1)
-                ctx.set(h.key_write.payload, {"slot": 0, "index": index, "data": byte})
-                await ctx.tick()
-            ctx.set(h.key_write.valid, 0)
+            await write_key(ctx, h.key_write, 0, 1, key)
         ctx.set(h.tap.meta_we, 1)
         for ring in range(config.layers * config.kv_heads):
             ctx.set(h.tap.meta_ring, ring)

@@ -6,7 +6,10 @@ without waiting for ``ready`` and the payload holds until the transfer. Both tak
 so every test can run with backpressure.
 """
 
-__all__ = ["tick_until", "stream_put", "stream_get", "stream_put_all", "stream_get_n"]
+from ringkv.defs.mac import KEY_ID_BYTES
+
+__all__ = ["tick_until", "stream_put", "stream_get", "stream_put_all", "stream_get_n",
+           "write_key"]
 
 
 async def tick_until(ctx, cond, *signals):
@@ -54,3 +57,16 @@ async def stream_put_all(ctx, stream, payloads, *, rng=None, idle=0.0):
 
 async def stream_get_n(ctx, stream, count, *, rng=None, stall=0.0):
     return [await stream_get(ctx, stream, rng=rng, stall=stall) for _ in range(count)]
+
+
+async def write_key(ctx, stream, slot, key_id, key, *, rng=None, idle=0.0):
+    """Write key slot ``slot`` through a ``KeyWrite`` stream (``hw/key_slots.py``): the key id
+    (little-endian), then the key, a byte a transfer; ``key=None`` clears the slot."""
+    if key is None:
+        await stream_put(ctx, stream, {"slot": slot, "index": 0, "data": 0, "clear": 1},
+                         rng=rng, idle=idle)
+        return
+    raw = key_id.to_bytes(KEY_ID_BYTES, "little") + key
+    for index, byte in enumerate(raw):
+        await stream_put(ctx, stream, {"slot": slot, "index": index, "data": byte, "clear": 0},
+                         rng=rng, idle=idle)

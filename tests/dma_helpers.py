@@ -6,13 +6,12 @@ import random
 import numpy as np
 from amaranth.sim import Simulator
 
-from ringkv.defs.mac import KEY_ID_BYTES
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 from ringkv.host.record import ring_dtype, ring_image, rings_from_image
 from ringkv.hw.ring_port import RingPortSignature
 from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sector_model import PowerCut, SectorImage, serve_storage
-from ringkv.sim.streams import stream_get, stream_put
+from ringkv.sim.streams import stream_get, stream_put, write_key
 
 __all__ = ["rand_rings", "random_session", "load_state", "read_state", "set_key", "dma_op",
            "simulate", "new_image"]
@@ -73,14 +72,8 @@ async def read_state(ctx, h, config):
 
 
 async def set_key(ctx, h, slot, key_id, key):
-    """Write a key slot through the harness's ``key_write`` (key id little-endian, then the
-    key); ``key=None`` clears the slot."""
-    if key is None:
-        await stream_put(ctx, h.key_write, {"slot": slot, "index": 0, "data": 0, "clear": 1})
-        return
-    raw = key_id.to_bytes(KEY_ID_BYTES, "little") + key
-    for i, byte in enumerate(raw):
-        await stream_put(ctx, h.key_write, {"slot": slot, "index": i, "data": byte, "clear": 0})
+    """Write a key slot through the harness's ``key_write``; ``key=None`` clears the slot."""
+    await write_key(ctx, h.key_write, slot, key_id, key)
 
 
 async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, sealed=0, slot=0, rng=None,

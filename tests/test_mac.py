@@ -21,7 +21,7 @@ from ringkv.defs.mac import KEY_ID_BYTES, PERSONS, TAG_BYTES
 from ringkv.host.golden_mac import mac, tenant_seed
 from ringkv.hw.key_slots import KeySlots
 from ringkv.hw.mac import BLOCK_CLOCKS, MacCore, MacUnit
-from ringkv.sim.streams import stream_put
+from ringkv.sim.streams import stream_put, write_key
 
 
 def key_bytes(key_id: int, key: bytes) -> list[dict]:
@@ -30,8 +30,7 @@ def key_bytes(key_id: int, key: bytes) -> list[dict]:
 
 
 async def set_key(ctx, dut, slot, key_id, key):
-    for w in key_bytes(key_id, key):
-        await stream_put(ctx, dut.key_write, {**w, "slot": slot})
+    await write_key(ctx, dut.key_write, slot, key_id, key)
 
 
 class Run:
