@@ -642,8 +642,21 @@ class FpgaDevice(Device):
         Cost: the link traffic of the attention part of a recompute of ``count`` tokens
         (``count * (Hq + 2*Hkv) * d * EB`` bytes per layer in, ``count * Hq * d * 2`` out) and
         one export; the host's model is not run. The rings and token memory then hold the
-        copied record's state (as after an import). Returns its key."""
-        header, _ = record_writes(self.config, data)
+        copied record's state (as after an import). Returns its key.
+
+        A sealed device takes only a sealed record whose tag verifies under one of its keys,
+        sealed under ``tenant``'s key (its export seals the copy under that key again); an open
+        device only an open record. Anything else is a ``RecordError`` (``NO_KEY``,
+        ``BAD_MAC``) before anything is sent: a record is never re-sealed for another tenant,
+        nor unsealed."""
+        header, _ = record_writes(self.config, data,
+                                  keys=self._keys if self.sealed else None)
+        if header.sealed != self.sealed:
+            raise RecordError(RecordStatus.NO_KEY, "a sealed device stores only sealed records, "
+                              "an open one only open records", header)
+        if self.sealed and header.key_id != self.tenants.get(tenant):
+            raise RecordError(RecordStatus.NO_KEY, f"the record is sealed under key id "
+                              f"{header.key_id}, not under tenant {tenant!r}'s key", header)
         c, n = self.config, header.count
         if n == 0:
             raise RecordError(RecordStatus.BAD_HEADER, "a record of no tokens holds nothing "

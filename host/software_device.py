@@ -752,13 +752,15 @@ class SoftwareDevice(Device):
             raise StorageError(f"region {region} holds another record than the directory says")
         return data
 
-    def write_record(self, data: bytes) -> tuple:
+    def write_record(self, data: bytes, *, tenant=None) -> tuple:
         """Store a record read from another device (:meth:`read_record`, or the board's
         ``FpgaDevice.read_record``) as this device's newest: checked first (length, header,
-        configuration, payload CRC: :class:`~ringkv.host.record.RecordError`, a
-        :class:`StorageError`), re-stamped with this store's next commit sequence, written
-        payload first and header last into a region the directory allocates (as an export
-        would). Returns its key."""
+        configuration, payload CRC, a sealed record's tag:
+        :class:`~ringkv.host.record.RecordError`, a :class:`StorageError`), re-stamped with
+        this store's next commit sequence, written payload first and header last into a region
+        the directory allocates (as an export would). With ``tenant`` (sealed mode) the record
+        must be sealed under that tenant's key (else ``NO_KEY``, nothing written). Returns its
+        key."""
         if self.card is None:
             raise StorageError("this software device keeps float rings in memory: it cannot "
                                "store a record in the card format",
@@ -767,6 +769,9 @@ class SoftwareDevice(Device):
         if self.sealed != header.sealed:
             raise RecordError(RecordStatus.NO_KEY, "a sealed device stores only sealed records, "
                               "an open one only open records", header)
+        if self.sealed and tenant is not None and header.key_id != self._tenant(tenant)[0]:
+            raise RecordError(RecordStatus.NO_KEY, f"the record is sealed under key id "
+                              f"{header.key_id}, not under tenant {tenant!r}'s key", header)
         if header.count == 0:
             raise RecordError(RecordStatus.BAD_HEADER, "a record of no tokens holds nothing "
                               "to resume", header)

@@ -361,10 +361,15 @@ def test_index_rebuilt_from_the_image_after_a_restart(tmp_path):
         assert r2.usage.prompt_tokens_details.cached_tokens > len(chat_prompt(msgs).tokens)
 
 
-def test_a_conversation_moves_with_its_record_when_its_device_is_full():
+@pytest.mark.parametrize("sealed", [False, True], ids=["open", "sealed"])
+def test_a_conversation_moves_with_its_record_when_its_device_is_full(tmp_path, sealed):
     """The device holding a conversation is busy to its bound: the next turn goes to the
-    other device, which first copies the conversation's record from it (and imports it)."""
-    with running("--device", "software", "--device", "software", "--max-queue", "1") as srv:
+    other device, which first copies the conversation's record from it (and imports it);
+    sealed devices copy the tenant's sealed record the same way."""
+    extra = ["--sealed", "--key-file", _private(tmp_path / "k", "5 " + "5a" * 32 + "\n")] \
+        if sealed else []
+    with running("--device", "software", "--device", "software", "--max-queue", "1",
+                 *extra) as srv:
         msgs = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": "Who went up to the mountain of God?"}]
         r1 = http.post(srv.base + "/v1/chat/completions", json={

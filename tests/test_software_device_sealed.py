@@ -18,6 +18,7 @@ from ringkv.defs.record import SECTOR, RecordStatus, put_field
 from ringkv.host.errors import KeyRequired, UsageError
 from ringkv.host.golden_hash import sequence_hash
 from ringkv.host.golden_mac import tenant_seed
+from ringkv.host.keys import KeyRing
 from ringkv.host.model import Float64Backend, Model
 from ringkv.host.record import RecordError, crc32, decode_header, scan_image
 from ringkv.host.scheduler import Scheduler, plain_run
@@ -188,3 +189,45 @@ def test_records_copied_between_sealed_devices(model):
         opened.write_record(data)
     assert e.value.status is RecordStatus.NO_KEY
     assert np.frombuffer(data[:SECTOR], np.uint8)[324] == 1            # key id 1 on the wire
+    # copied for a tenant: only a record sealed under that tenant's key
+    other = sealed()
+    with pytest.raises(RecordError, match="sealed under key id 1, not under tenant 'b'") as e:
+        other.write_record(data, tenant="b")
+    assert e.value.status is RecordStatus.NO_KEY and other.holdings() == []
+    assert other.write_record(data, tenant="a") == key
+
+
+def test_a_sealed_board_refuses_a_copy_before_sending_anything(model):
+    """``FpgaDevice.write_record`` on a sealed device: another tenant's record, a forged one
+    and an open one are refused before the first request (the link here fails at once if
+    used); on an open device a sealed record is refused the same way."""
+    from ringkv.host.fpga_device import FpgaDevice
+
+    class NoLink:
+        def request(self, *a, **kw):
+            raise AssertionError("the link was used")
+
+    src = sealed()
+    toks = tokens_of(9, 14)
+    compute(src, toks, model)
+    data = src.read_record(src.export(toks, tenant="a")[0])
+    board = FpgaDevice(NoLink(), SMALL, sealed=True, keys=KeyRing(KEYS), tenants=TENANTS)
+    with pytest.raises(RecordError, match="sealed under key id 1, not under tenant 'b'"):
+        board.write_record(data, tenant="b")
+    # forged without the key: a K/V byte changed, both CRCs recomputed
+    h = decode_header(data[:SECTOR], SMALL)
+    forged = bytearray(data)
+    kv_at = SECTOR * (1 + LAY.token_sectors(h.count))        # the copy's K/V, after its tokens
+    forged[kv_at] ^= 0x40
+    tok = data[SECTOR:SECTOR + h.token_bytes]
+    header = bytearray(forged[:SECTOR])
+    put_field(header, "payload_crc", crc32(tok + bytes(forged[kv_at:kv_at + h.k_bytes
+                                                              + h.v_bytes])))
+    put_field(header, "header_crc", crc32(header[:508]))
+    forged[:SECTOR] = header
+    with pytest.raises(RecordError) as e:
+        board.write_record(bytes(forged), tenant="a")
+    assert e.value.status is RecordStatus.BAD_MAC
+    opened = FpgaDevice(NoLink(), SMALL)
+    with pytest.raises(RecordError, match="an open one only open records"):
+        opened.write_record(data)
