@@ -375,8 +375,8 @@ class _Api:
              "owned_by": "ringkv", "max_model_len": self.max_context}]})
 
     async def health(self, request: Request):
-        devices = [{"name": w.name, "kind": w.handle.kind, "state": w.state,
-                    "queue_depth": w.load, "records": len(w.index),
+        devices = [{"name": w.name, "kind": w.handle.kind, "sealed": w.handle.sealed,
+                    "state": w.state, "queue_depth": w.load, "records": len(w.index),
                     "recoveries": w.recoveries} for w in self.engine.workers]
         ok = any(d["state"] == "ready" for d in devices)
         return JSONResponse({"status": "ok" if ok else "unavailable", "devices": devices},

@@ -69,6 +69,7 @@ def test_models_health_and_the_openai_client(srv):
     assert [m.id for m in srv.client.models.list().data] == [srv.name]
     h = http.get(srv.base + "/health").json()
     assert h["status"] == "ok" and h["devices"][0]["state"] == "ready"
+    assert h["devices"][0]["sealed"] is False
     r = srv.client.completions.create(model=srv.name, prompt="And God said, Let there be",
                                       max_tokens=12, temperature=0)
     choice = r.choices[0]
@@ -568,8 +569,9 @@ def test_a_sealed_server_keeps_each_tenants_records_its_own(tmp_path):
         again = a.chat.completions.create(model=r.name, messages=more, max_tokens=4,
                                           temperature=0, extra_body={"session_id": "s"})
         assert again.usage.prompt_tokens_details.cached_tokens >= turn.usage.prompt_tokens
-        [worker] = r.engine.workers
-        assert worker.handle.sealed and set(r.engine.hashers) == {1, 2}
+        assert set(r.engine.hashers) == {1, 2}
+        [device] = http.get(r.base + "/health").json()["devices"]
+        assert device["sealed"] is True and device["state"] == "ready"
 
 
 def test_sealed_options_are_checked_before_any_device_starts(tmp_path):
