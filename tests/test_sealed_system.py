@@ -10,7 +10,8 @@ the forged records are directory hits that the DMA refuses: a MISS whose reason 
 (``bad tag``), the rings left empty (the next decode equals one on cleared rings). On the
 unforged image the same records are HITs that restore the exported rings; tenant B asking for
 A's tokens is a miss. A power cut inside a later sealed export leaves the previous sealed
-snapshot importable.
+snapshot importable. ``ringkv serve --sealed`` on the same board keeps two tenants' records
+apart, end to end through the ``openai`` client.
 """
 
 import numpy as np
@@ -266,3 +267,51 @@ def test_power_cut_in_a_sealed_export(exported, tmp_path):
         hash_long = sequence_hash(s1.tokens[:N_LONG], tenant_seed(KEY_A, CFG.digest()))
         assert dev.query(s1.tokens[:N_LONG], tenant="a") == QueryResult(
             False, N_LONG, hash_long, "no record")
+
+
+def test_serve_two_tenants_on_the_sealed_board(tmp_path):
+    """``ringkv serve``'s engine and API on the sealed board (``SimHandle`` with the key ring:
+    ``ringkv serve --sealed --device sim``), two tenants by API key. The same prompt: tenant
+    A computes it, B reuses none of it (the board hashes B's tokens with B's seed and its
+    directory holds only A's keys for them), A again resumes it from the board's store; the
+    greedy answers are the same; the card then holds records sealed under each key."""
+    import openai
+
+    from ringkv.host.model import BOS, Model
+    from ringkv.serve.app import create_app
+    from ringkv.serve.devices import SimHandle
+    from ringkv.serve.engine import Engine
+    from ringkv.serve.main import serve_in_thread
+    from ringkv.serve.metrics import Metrics
+    from ringkv.sim.harness import build_top
+
+    build_top(CFG, sealed=True, **TOP)
+    ring = KeyRing({ID_A: KEY_A, ID_B: KEY_B}, "test")
+    image = tmp_path / "card.img"
+    board = SimHandle("sim", CFG, image=image, timeout=60, top_kwargs=TOP, keys=ring)
+    board._built = True
+    seeds = {i: tenant_seed(ring[i], CFG.digest()) for i in ring.ids()}
+    engine = Engine(Model(CFG, hidden=64, ffn=96, seed=3), CFG, [board], Metrics(), chunk=4,
+                    seeds=seeds)
+    server, thread, base = serve_in_thread(create_app(
+        engine, model_name="m", api_keys={"sk-a": ID_A, "sk-b": ID_B}))
+    try:
+        assert engine.wait_ready(300)
+        prompt = [BOS] + [int(t) for t in RNG.integers(1, 256, size=20)]
+
+        def ask(key):
+            client = openai.OpenAI(base_url=base + "/v1", api_key=key, max_retries=0,
+                                   timeout=300)
+            return client.completions.create(model="m", prompt=prompt, max_tokens=4,
+                                             temperature=0)
+        first, other, again = ask("sk-a"), ask("sk-b"), ask("sk-a")
+        cached = [r.usage.prompt_tokens_details.cached_tokens for r in (first, other, again)]
+        assert cached[0] == 0 and cached[1] == 0 and cached[2] > 0, cached
+        assert first.choices[0].text == other.choices[0].text == again.choices[0].text
+        assert all(r.usage.completion_tokens == 4 for r in (first, other, again))
+    finally:
+        server.should_exit = True
+        thread.join(60)
+    ids = {i.key_id for i in scan_image(CFG, read_of(image.read_bytes()), TOP["regions"],
+                                        keys=ring.keys()) if i.valid}
+    assert ids == {ID_A, ID_B}
