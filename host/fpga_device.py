@@ -209,6 +209,20 @@ class FpgaDevice(Device):
         if self.sealed and key_id in self._slots:
             self._key_set(self._slots[key_id], key_id)
 
+    def is_sealed_build(self) -> bool:
+        """Ask the device whether it is a sealed build: ``KEY_CLEAR`` of its last key slot
+        (``OK`` on a sealed build, ``UNKNOWN_OP`` on an open one). The slot is forgotten here
+        too; a key in it is written again on its next use, as after a reset."""
+        slot = KEY_SLOTS - 1
+        try:
+            self.link.request(Op.KEY_CLEAR, REQUESTS[Op.KEY_CLEAR].pack(slot=slot))
+        except DeviceError as e:
+            if e.status == Status.UNKNOWN_OP:
+                return False
+            raise
+        self._slots = {k: v for k, v in self._slots.items() if v != slot}
+        return True
+
     def _key_set(self, slot: int, key_id: int) -> None:
         payload = REQUESTS[Op.KEY_SET].pack(slot=slot, key_id=key_id) + self._keys[key_id]
         try:
@@ -254,6 +268,13 @@ class FpgaDevice(Device):
             try:
                 return self._request(op, self._requests[op].pack(**fields), ok=ok)
             except DeviceError as e:
+                if e.status == Status.BAD_LENGTH and not self.sealed:
+                    # the open layout of a tenant op is one byte short of the sealed one
+                    raise ConfigError(f"the device refused {op.name}'s open layout: it is a "
+                                      f"sealed build (its records are sealed per tenant)",
+                                      hint="open it sealed, with the record keys (ringkv serve "
+                                           "--sealed --key-file FILE)",
+                                      fields=["sealed"]) from None
                 if e.status != Status.NO_KEY:
                     raise
             self._slots.clear()

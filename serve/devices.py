@@ -38,7 +38,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from ringkv.host.errors import UsageError
+from ringkv.host.errors import ConfigError, UsageError
 from ringkv.host.software_device import SoftwareDevice
 
 __all__ = ["DeviceHandle", "SoftwareHandle", "LinkHandle", "SimHandle", "parse_device",
@@ -158,6 +158,14 @@ class LinkHandle(DeviceHandle):
         self._link = Link(self.url, timeout=self.timeout)
         device = FpgaDevice(self._link, self.config, **self._sealed_kwargs())
         device.check_config()            # a device built for another configuration: refused
+        if device.is_sealed_build() != self.sealed:
+            # refused at once, not at the first request (whose failure would only send the
+            # device to recovery, again and again)
+            raise ConfigError(f"{self.name} is {'a sealed' if not self.sealed else 'an open'} "
+                              f"build, the server is {'sealed' if self.sealed else 'open'}",
+                              hint="serve it with --sealed and the record keys"
+                              if not self.sealed else "serve it without --sealed",
+                              fields=["sealed"])
         device.wait_ready(self.ready_timeout)
         return device
 
@@ -196,7 +204,7 @@ class SimHandle(LinkHandle):
         self.sim = None
 
     def open(self):
-        from ringkv.sim.harness import SimDevice
+        from ringkv.sim.harness import SimDevice, top_parameters
         if self.image is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="ringkv-serve-sim-",
                                                     dir=self.workdir)
@@ -209,8 +217,8 @@ class SimHandle(LinkHandle):
                      self.name, self.image)
             # the first start builds (or finds) the Verilator model; a restart reuses it
             self.sim = SimDevice(self.image, config=self.config, prebuilt=self._built,
-                                 log=self.image.with_suffix(".log"), sealed=self.sealed,
-                                 **self.top_kwargs)
+                                 log=self.image.with_suffix(".log"),
+                                 **top_parameters(self.top_kwargs, self.sealed))
             self._built = True
         self.url = self.sim.url
         return super().open()

@@ -315,3 +315,23 @@ def test_serve_two_tenants_on_the_sealed_board(tmp_path):
     ids = {i.key_id for i in scan_image(CFG, read_of(image.read_bytes()), TOP["regions"],
                                         keys=ring.keys()) if i.valid}
     assert ids == {ID_A, ID_B}
+
+
+def test_an_open_server_refuses_the_sealed_board_when_it_opens_it(tmp_path):
+    """``ringkv serve`` without ``--sealed`` on a sealed board: the device is refused when it
+    is opened (one line naming the mismatch and what to do), not at its first request."""
+    from ringkv.host.errors import ConfigError
+    from ringkv.serve.devices import SimHandle
+    from ringkv.sim.harness import build_top
+
+    build_top(CFG, sealed=True, **TOP)
+    board = SimHandle("sim", CFG, image=tmp_path / "card.img", timeout=60,
+                      top_kwargs={**TOP, "sealed": True})
+    board._built = True
+    try:
+        with pytest.raises(ConfigError, match=r"^sim is a sealed build, the server is open$") \
+                as e:
+            board.open()
+        assert "--sealed" in e.value.hint
+    finally:
+        board.close()

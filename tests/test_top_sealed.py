@@ -610,6 +610,21 @@ def test_fpga_device_tenants(caplog):
         with pytest.raises(ConfigError, match=r"^the device is an open build: it has no key "
                                               r"slots$"):
             dev.query(tokens, tenant="a")
+        assert dev.is_sealed_build() is False
+    # the other way round: an open driver on a sealed build is told so, not a bare BAD_LENGTH
+    top = make_top(sealed=True)
+    with SimPort(top, image_for(top)) as port:
+        dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG, max_payload=1024)
+        dev.wait_ready()
+        assert dev.is_sealed_build() is True
+        dev.write_tokens(tokens)
+        for call in (lambda: dev.query(tokens), lambda: dev.query_prefix(tokens, 10),
+                     lambda: dev.export(tokens)):
+            with pytest.raises(ConfigError, match=r"^the device refused (QUERY|QUERY_PREFIX|"
+                                                  r"EXPORT)'s open layout: it is a sealed "
+                                                  r"build") as e:
+                call()
+            assert "--sealed" in e.value.hint
 
 
 # -- the MAC arbiter, model-checked --------------------------------------------------------------
