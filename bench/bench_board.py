@@ -13,8 +13,10 @@ seeds built).
 
 The gate-level smoke (:func:`ringkv.sim.gatesim.smoke`, on its cached build) runs here unless
 ``RINGKV_BENCH_GATESIM_REPORT=1``: then the figures of the last ``make gatesim`` are read
-(``build/gatesim-run/figures.json``, written by it); ``RINGKV_BENCH_GATESIM_SKIP=1`` leaves the
-gate-level figures out of the group (the build figures alone; the table then says so). Its
+(``build/gatesim-run/figures.json``, written by it); ``RINGKV_BENCH_GATESIM_KEEP=1`` keeps the
+gate-level figures already in ``bench/results.json`` (a new board build recorded without the
+46-minute smoke; the figures keep their own parameters); ``RINGKV_BENCH_GATESIM_SKIP=1`` leaves
+the gate-level figures out of the group (the build figures alone; the table then says so). Its
 figures are ``board.gatesim_cycles_per_s``
 (board clock cycles the netlist simulated per second of wall time, the device's own cycle
 counter over the two simulator sessions) and ``board.gatesim_scenario_s`` (the scenario's wall
@@ -37,6 +39,12 @@ def _gatesim() -> list[dict]:
     where = _REPO / "build" / "gatesim-run"
     if os.environ.get("RINGKV_BENCH_GATESIM_SKIP"):
         return []
+    if os.environ.get("RINGKV_BENCH_GATESIM_KEEP"):
+        kept = _kept(("board.gatesim_cycles_per_s", "board.gatesim_scenario_s"))
+        if len(kept) != 2:
+            raise RuntimeError("RINGKV_BENCH_GATESIM_KEEP: no gate-level figures in "
+                               "bench/results.json to keep")
+        return kept
     if os.environ.get("RINGKV_BENCH_GATESIM_REPORT"):
         fig = json.loads((where / "figures.json").read_text())
     else:
