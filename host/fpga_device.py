@@ -64,7 +64,7 @@ from ringkv.defs.record import (
 from . import errors
 from .errors import ConfigError, DeviceError, KeyRequired
 from .golden_fixed import dequantize_out, quantize
-from .keys import KeyRing
+from .keys import KeyRing, tenant_key_id
 from .ops import pack_attn, pack_tokens, unpack_attn, unpack_tokens
 from .record import (
     RecordError,
@@ -240,12 +240,7 @@ class FpgaDevice(Device):
         on an open device; :class:`KeyRequired` for a tenant without a key."""
         if not self.sealed:
             return None
-        key_id = self.tenants.get(tenant)
-        if key_id is None or key_id not in self._keys:
-            why = "unknown tenant" if key_id is None else f"key id {key_id} not held"
-            raise KeyRequired(f"sealed device: tenant {tenant!r} has no key ({why})",
-                              hint="set the tenant's key (a key file or RINGKV_KEYS)",
-                              fields=["keys"])
+        key_id = tenant_key_id(self.tenants, self._keys, tenant)
         slot = self._slots.pop(key_id, None)
         if slot is None:
             used = set(self._slots.values())

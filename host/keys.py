@@ -25,10 +25,10 @@ from pathlib import Path
 
 from ringkv.defs.mac import KEY_BYTES, KEY_ID_BYTES, KEY_ID_NONE
 
-from .errors import ConfigError
+from .errors import ConfigError, KeyRequired
 
 __all__ = ["ENV_VAR", "KeyRing", "parse_keys", "read_key_file", "read_private_file",
-           "keys_from_env", "load_keys"]
+           "keys_from_env", "load_keys", "tenant_key_id"]
 
 log = logging.getLogger(__name__)
 
@@ -162,3 +162,16 @@ def load_keys(key_file=None, environ=None) -> KeyRing | None:
     if key_file is not None:
         return read_key_file(key_file)
     return keys_from_env(environ)
+
+
+def tenant_key_id(tenants: dict, held, tenant) -> int:
+    """The key id of ``tenant`` (``tenants``: tenant -> key id) when its key is ``held`` (a
+    container of key ids); :class:`KeyRequired` naming the tenant, never a key, otherwise.
+    What both devices' sealed modes ask before a tenant's request."""
+    key_id = tenants.get(tenant)
+    if key_id is None or key_id not in held:
+        why = "unknown tenant" if key_id is None else f"key id {key_id} not held"
+        raise KeyRequired(f"sealed device: tenant {tenant!r} has no key ({why})",
+                          hint="set the tenant's key (a key file or RINGKV_KEYS)",
+                          fields=["keys"])
+    return key_id

@@ -55,10 +55,11 @@ from ringkv.defs.record import (
     seq_next,
 )
 
-from .errors import ConfigError, KeyRequired, NotACardImage, StorageError
+from .errors import ConfigError, NotACardImage, StorageError
 from .golden_directory import GoldenDirectory
 from .golden_hash import prefix_hashes, sequence_hash
 from .golden_mac import tenant_seed
+from .keys import tenant_key_id
 from .model import Float64Backend
 from .record import (
     RecordError,
@@ -480,12 +481,7 @@ class SoftwareDevice(Device):
         tenant's key id and seed, or :class:`KeyRequired`."""
         if not self.sealed:
             return 0, self.seed
-        key_id = self.tenants.get(tenant)
-        if key_id is None or key_id not in self._ring:
-            why = "unknown tenant" if key_id is None else f"key id {key_id} not set"
-            raise KeyRequired(f"sealed device: tenant {tenant!r} has no key ({why})",
-                              hint="set the tenant's key (a key file or RINGKV_KEYS)",
-                              fields=["keys"])
+        key_id = tenant_key_id(self.tenants, self._ring, tenant)
         return key_id, self._seeds[key_id]
 
     def set_key(self, key_id: int, key: bytes, tenants=()) -> None:
