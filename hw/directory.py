@@ -7,7 +7,7 @@ command sequencer; the bucket heads and the prev/next pointers, with every point
 policy) and the free-link FIFO are :mod:`ringkv.hw.directory_alloc`'s.
 """
 
-from amaranth.hdl import Assert, Assume, Const, Module, Mux, ResetSignal, Shape, Signal
+from amaranth.hdl import Assert, Assume, Module, Mux, ResetSignal, Shape, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -20,7 +20,7 @@ from ringkv.defs.directory import (
 )
 
 from .directory_alloc import FreeLinks, RegionAllocator, Table
-from .directory_lists import LIST_BUGS, BucketLists
+from .directory_lists import LIST_BUGS, BucketLists, count_true
 from .enums import shaped
 
 __all__ = ["CacheDirectory", "Op", "Status", "command_layout", "response_layout",
@@ -545,12 +545,6 @@ class CacheDirectory(wiring.Component):
         def occupied(slot, rd, level, depth):
             return ((slot - rd) % depth) < level
 
-        def count(terms):
-            total = Const(0, range(len(terms) + 1))
-            for term in terms:
-                total = total + term
-            return total
-
         checks = []
         if "regions" in self._checks:
             # Every region is in exactly one of FIFO A, FIFO B or a live link.
@@ -560,14 +554,14 @@ class CacheDirectory(wiring.Component):
                 in_b = [occupied(j, b_rd, b_level, nr) & (fifo_b.rows[j] == r)
                         for j in range(nr)]
                 live = [metas[n].valid & (metas[n].region == r) for n in range(nl)]
-                checks.append(count([in_a, *in_b, *live]) == 1)
+                checks.append(count_true([in_a, *in_b, *live]) == 1)
         if "free_links" in self._checks:
             # Free links and live links are disjoint, and together they are all links.
             checks += [fl_level <= nl, fl_wr == (fl_rd + fl_level)[:lb]]
             for n in range(nl):
                 free = [occupied(j, fl_rd, fl_level, nl) & (free_q.rows[j] == n)
                         for j in range(nl)]
-                checks.append(count([*free, metas[n].valid]) == 1)
+                checks.append(count_true([*free, metas[n].valid]) == 1)
         # The lists' own invariants ("reach", "links") over their tables.
         checks += lists.invariants(m, [row.valid for row in metas],
                                    [row.hash[:bb] for row in metas], self._checks)

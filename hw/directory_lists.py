@@ -15,13 +15,22 @@ from ringkv.defs.directory import NIL
 
 from .directory_alloc import Table
 
-__all__ = ["BucketLists", "LIST_BUGS", "LIST_CHECKS"]
+__all__ = ["BucketLists", "LIST_BUGS", "LIST_CHECKS", "count_true"]
 
 #: The invariant groups of :meth:`BucketLists.invariants`.
 LIST_CHECKS = ("reach", "links")
 #: Deliberately broken variants for the directory's formal tests (private knob ``_bug``).
 LIST_BUGS = ("lost_head", "stale_prev")
 
+
+
+def count_true(terms):
+    """How many of the 1-bit ``terms`` are 1 (a sum wide enough for all of them): the
+    invariants' "exactly one of" checks."""
+    total = Const(0, range(len(terms) + 1))
+    for term in terms:
+        total = total + term
+    return total
 
 class BucketLists(wiring.Component):
     """``buckets`` doubly linked lists over a pool of ``links`` links.
@@ -152,12 +161,6 @@ class BucketLists(wiring.Component):
         bucket_bits = Array(bucket)
         nil = self.is_nil
 
-        def count(terms):
-            total = Const(0, range(len(terms) + 1))
-            for term in terms:
-                total = total + term
-            return total
-
         checks = []
         if "reach" in groups:
             reach = [[Const(0) for _ in range(nl)] for _ in range(nb)]
@@ -169,7 +172,7 @@ class BucketLists(wiring.Component):
                     p = Mux(nil(p), p, nexts[p[:lb]])
                 checks.append(nil(p))
             for n in range(nl):
-                by = count([reach[b][n] for b in range(nb)])
+                by = count_true([reach[b][n] for b in range(nb)])
                 own = Array(reach[b][n] for b in range(nb))[bucket[n]]
                 checks.append(Mux(live[n], (by == 1) & own, by == 0))
         if "links" in groups:
