@@ -13,15 +13,19 @@ from ringkv.hw.hash_engine import HashEngine
 from ringkv.sim.streams import stream_get, stream_put
 
 
-def rtl_prefix_hashes(engine, sequences, *, idle=0.0, stall=0.0, rng_seed=0):
-    """Run ``sequences`` through ``engine``; return [(hash, count, last), ...]."""
+def rtl_prefix_hashes(engine, sequences, *, idle=0.0, stall=0.0, rng_seed=0, seeds=None):
+    """Run ``sequences`` through ``engine``; return [(hash, count, last), ...]. ``seeds``
+    (an engine with ``seed_input``): each sequence's seed on ``seed_in`` with its first token,
+    random junk there with the others."""
     rng_in, rng_out = random.Random(rng_seed), random.Random(rng_seed + 1)
     total = sum(len(s) for s in sequences)
     out = []
 
     async def source(ctx):
-        for seq in sequences:
+        for i, seq in enumerate(sequences):
             for k, t in enumerate(seq):
+                if seeds is not None:
+                    ctx.set(engine.seed_in, seeds[i] if k == 0 else rng_in.getrandbits(64))
                 await stream_put(ctx, engine.i, {"token": t, "first": k == 0,
                                                  "last": k == len(seq) - 1},
                                  rng=rng_in, idle=idle)
@@ -98,28 +102,7 @@ def test_seed_input_per_sequence(idle, stall):
     seeds = [rng.getrandbits(64) for _ in sequences]
     seeds[0], seeds[1] = 0, (1 << 64) - 1
     engine = HashEngine(seed=5, seed_input=True)
-    rng_in, rng_out = random.Random(1), random.Random(2)
-    out = []
-
-    async def source(ctx):
-        for seq, seed in zip(sequences, seeds):
-            for k, t in enumerate(seq):
-                # the seed of this sequence on its first token, junk afterwards
-                ctx.set(engine.seed_in, seed if k == 0 else rng_in.getrandbits(64))
-                await stream_put(ctx, engine.i, {"token": t, "first": k == 0,
-                                                 "last": k == len(seq) - 1},
-                                 rng=rng_in, idle=idle)
-
-    async def sink(ctx):
-        for _ in range(sum(map(len, sequences))):
-            p = await stream_get(ctx, engine.o, rng=rng_out, stall=stall)
-            out.append((p.hash, p.count, p.last))
-
-    sim = Simulator(engine)
-    sim.add_clock(1e-8)
-    sim.add_testbench(source)
-    sim.add_testbench(sink)
-    sim.run()
+    out = rtl_prefix_hashes(engine, sequences, idle=idle, stall=stall, rng_seed=1, seeds=seeds)
     want = []
     for seq, seed in zip(sequences, seeds):
         want += ref_prefix_hashes([seq], seed)
