@@ -24,9 +24,9 @@ export of B gets commit 2 in region 1, and both hit, B with its rings.
 
 import random
 
-import numpy as np
 import pytest
 from conftest import requires_verilator
+from device_sessions import RandomSession
 
 from ringkv.defs.config import DEMO_CONFIG
 from ringkv.defs.hash import hash_seed
@@ -69,23 +69,12 @@ def _top_kwargs():
     return {"regions": REGIONS, "lanes": LANES, "macs": MACS}
 
 
-class Session:
+class Session(RandomSession):
     """One session's tokens and q/k/v (fixed seed); ``compute(dev, n)`` puts its first ``n``
     tokens' state into the device's token memory and rings."""
 
     def __init__(self, seed=17):
-        rng = np.random.default_rng(seed)
-        c = CONFIG
-        self.tokens = [int(t) for t in rng.integers(0, 1 << c.token_width, size=N_B)]
-        self.qkv = [tuple(rng.standard_normal((N_B, h, c.head_dim)) * 2
-                          for h in (c.q_heads, c.kv_heads, c.kv_heads))
-                    for _ in range(c.layers)]
-
-    def compute(self, dev, n):
-        dev.reset()
-        dev.write_tokens(self.tokens[:n])
-        for layer, (q, k, v) in enumerate(self.qkv):
-            dev.prefill(layer, q[:n], k[:n], v[:n])
+        super().__init__(CONFIG, seed, N_B)
 
     def key(self, n):
         return n, sequence_hash(self.tokens[:n], hash_seed(CONFIG))

@@ -17,6 +17,7 @@ apart, end to end through the ``openai`` client.
 import numpy as np
 import pytest
 from conftest import requires_verilator
+from device_sessions import RandomSession
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.protocol import Op
@@ -44,30 +45,14 @@ N, N_LONG = 10, 14           # N > window: every ring slot valid, the whole ring
 pytestmark = [requires_verilator, pytest.mark.slow]
 
 
-class Session:
-    """``n`` tokens and every layer's q/k/v (a fixed seed), and one decode step after them."""
+class Session(RandomSession):
+    """``n`` tokens of the sealed top's shape; ``compute`` defaults to the first ``N``."""
 
     def __init__(self, seed, n=N_LONG):
-        rng = np.random.default_rng(seed)
-        c = CFG
-        self.tokens = [int(t) for t in rng.integers(0, 1 << c.token_width, size=n)]
-        self.qkv = [tuple(rng.standard_normal((n, h, c.head_dim)) * 2
-                          for h in (c.q_heads, c.kv_heads, c.kv_heads))
-                    for _ in range(c.layers)]
-        self.step = [tuple(rng.standard_normal((h, c.head_dim)) * 2
-                           for h in (c.q_heads, c.kv_heads, c.kv_heads))
-                     for _ in range(c.layers)]
+        super().__init__(CFG, seed, n)
 
     def compute(self, dev, n=N):
-        """Token memory and the rings hold the first ``n`` tokens (computed, no reuse)."""
-        dev.reset()
-        dev.write_tokens(self.tokens[:n])
-        for layer, (q, k, v) in enumerate(self.qkv):
-            dev.prefill(layer, q[:n], k[:n], v[:n])
-
-    def decode(self, dev):
-        """One decode step on every layer: the outputs."""
-        return [dev.decode(layer, *qkv) for layer, qkv in enumerate(self.step)]
+        super().compute(dev, n)
 
 
 def start(image, tmp_path, name, **kw):
