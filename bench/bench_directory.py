@@ -9,8 +9,8 @@ from amaranth.sim import Simulator
 
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.directory import Op
-from ringkv.host.golden_directory import GoldenDirectory
-from ringkv.hw.directory import CacheDirectory, layout_fields
+from ringkv.host.golden.directory import GoldenDirectory
+from ringkv.hw.store.directory import CacheDirectory, layout_fields
 from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
 from ringkv.sim.streams import stream_get, stream_put, tick_until
 

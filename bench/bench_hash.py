@@ -6,8 +6,8 @@ from amaranth.sim import Simulator
 
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.hash import hash_seed
-from ringkv.host.golden_hash import prefix_hashes
-from ringkv.hw.hash_engine import HashEngine
+from ringkv.host.golden.hash import prefix_hashes
+from ringkv.hw.store.hash_engine import HashEngine
 
 TITLE = "Hash engine"
 

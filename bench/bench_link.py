@@ -7,9 +7,9 @@ from amaranth.sim import Simulator
 from bench.run import SYNTH_HEADER, synth_result, synth_rows, table
 from ringkv.boards.synth import synth_core
 from ringkv.defs.protocol import Op
-from ringkv.host.protocol import encode_request
-from ringkv.hw.framing import FrameDecoder, FrameEncoder
-from ringkv.hw.uart import UART
+from ringkv.host.device.frames import encode_request
+from ringkv.hw.link.framing import FrameDecoder, FrameEncoder
+from ringkv.hw.link.uart import UART
 
 TITLE = "Link (UART, frame decoder/encoder)"
 

@@ -14,10 +14,10 @@ from bench.bench_storage import dma_cycles
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.mac import PERSON_RECORD
-from ringkv.host.golden_mac import mac
-from ringkv.hw.dma import DmaEngine
-from ringkv.hw.key_slots import KeyWrite
-from ringkv.hw.mac import MacUnit
+from ringkv.host.golden.mac import mac
+from ringkv.hw.seal.key_slots import KeyWrite
+from ringkv.hw.seal.mac import MacUnit
+from ringkv.hw.storage.dma import DmaEngine
 from ringkv.sim.streams import write_key
 
 TITLE = "Record MAC (keyed BLAKE2s)"
@@ -34,8 +34,8 @@ SMOKE_DMA_CONFIG = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, win
 
 
 class SealedDma(wiring.Component):
-    """:class:`~ringkv.hw.dma.DmaEngine` with the :class:`~ringkv.hw.mac.MacUnit` it drives
-    (the record MAC and its key slots): the engine's ports but ``mac``, ``key_ids`` and
+    """:class:`~ringkv.hw.storage.dma.DmaEngine` with the :class:`~ringkv.hw.seal.mac.MacUnit` it
+    drives (the record MAC and its key slots): the engine's ports but ``mac``, ``key_ids`` and
     ``key_set``, plus the slots' ``key_write``; what the sealed DMA costs on the device."""
 
     def __init__(self, config, regions):

@@ -1,15 +1,15 @@
 """The trained model on held-out text: what each attention numerics costs in bits per byte.
 
-The model is the shipped trained one (``host/weights``, ``tools/train.py``; default device
+The model is the shipped trained one (``host/model/weights``, ``tools/train.py``; default device
 shape L=4, Hq=4, Hkv=2, d=64, W=128) and the text is the corpus's held-out split, which training
-never saw (:mod:`ringkv.host.corpus`: every 20th chapter of the King James Bible). What is
+never saw (:mod:`ringkv.host.model.corpus`: every 20th chapter of the King James Bible). What is
 measured, and how:
 
 * **bits per byte** of each numerics — ``float64`` (:class:`~ringkv.host.model.Float64Backend`,
   the golden float model), ``ringkv-fx1``, ``ringkv-fx2`` and ``ringkv-fx1c`` (int8 with the
-  per-layer scales stored with the weights, :mod:`ringkv.host.calibrate`) (:class:`FixedBackend`:
-  the attention core's bit-exact golden model, q/k/v quantized as the host sends them to the
-  FPGA)
+  per-layer scales stored with the weights, :mod:`ringkv.host.model.calibrate`)
+  (:class:`FixedBackend`: the attention core's bit-exact golden model, q/k/v quantized as the host
+  sends them to the FPGA)
   — on ``SESSIONS`` sessions of ``TOKENS`` tokens, each ``[BOS]`` + the start of a held-out
   chapter (chapters spread over the split), run the way the device runs them: chunked prefill
   (chunks of ``CHUNK``) of the first ``PREFILL`` tokens, then one decode step per token
@@ -26,7 +26,7 @@ measured, and how:
   exported, the other session runs, the first is found by a query and imported), equals the
   continuation of one uninterrupted run, token for token, for each numerics.
 * **calibration** (``model.calibration_reproduced``): the fractions stored with the weights are
-  those :func:`~ringkv.host.calibrate.calibrate_fracs` chooses again from the training split;
+  those :func:`~ringkv.host.model.calibrate.calibrate_fracs` chooses again from the training split;
   and the same datapath with one fraction per layer for q, k and v together
   (``model.bpb.fx1c_shared``): what a separate fraction for v buys.
 * **the Verilator top** (``model.rtl_identical``): a slice of the evaluation — chunked prefill
@@ -34,7 +34,7 @@ measured, and how:
   cleared, a query that imports the record, ``RTL_DECODE`` more decode steps — on ``RingKVTop``
   built with Verilator (the ``make demo`` harness, the board's configuration
   :data:`~ringkv.defs.config.TRAINED_CONFIG`: default shape, ``ringkv-fx1c``)
-  through :class:`~ringkv.host.fpga_device.FpgaDevice`: every logit equal to the golden
+  through :class:`~ringkv.host.device.fpga.FpgaDevice`: every logit equal to the golden
   ``FixedBackend`` run bit for bit (no export there), so also the continuation after the import.
 
 Needs the ``train`` extra (the corpus package). Takes a few minutes: the fixed-point golden
@@ -111,11 +111,11 @@ def numerics_config(model, name):
     fractions stored with the weights."""
     import dataclasses
 
-    from ringkv.host.calibrate import calibrated_config
+    from ringkv.host.model.calibrate import calibrated_config
     if name == "ringkv-fx1c":
         if model.qkv_fracs is None:
             raise ValueError("the weights carry no calibrated fractions "
-                             "(python -m ringkv.host.calibrate --write)")
+                             "(python -m ringkv.host.model.calibrate --write)")
         return calibrated_config(model.config, model.qkv_fracs)
     return dataclasses.replace(model.config, numerics=name, qkv_fracs=())
 
@@ -137,8 +137,8 @@ def session_logits(model, tokens, backend, prefill=PREFILL, chunk=CHUNK):
 
 def eval_sessions(held_docs, n=SESSIONS, tokens=TOKENS):
     """``n`` sessions: ``[BOS]`` + the first bytes of held-out chapters spread over the split
-    (only chapters long enough; :func:`ringkv.host.calibrate.sessions`)."""
-    from ringkv.host.calibrate import sessions
+    (only chapters long enough; :func:`ringkv.host.model.calibrate.sessions`)."""
+    from ringkv.host.model.calibrate import sessions
     return sessions(held_docs, n, tokens)
 
 
@@ -146,7 +146,7 @@ def evaluate(model, sessions, numerics, prefill=PREFILL, configs=None):
     """Per numerics (``"float64"`` or a fixed-point name, its device configuration from
     ``configs`` or :func:`numerics_config`): logits of every session, the log2 probabilities of
     the true bytes, and the range recorder."""
-    from ringkv.host.model import FixedBackend, Float64Backend
+    from ringkv.host.model.transformer import FixedBackend, Float64Backend
     config = model.config
     configs = configs or {}
     out = {}
@@ -174,7 +174,7 @@ class Int8Floor:
     without the fixed-point datapath. ``(5, 5, 5)`` everywhere is ``ringkv-fx1``'s inputs."""
 
     def __init__(self, config, fracs):
-        from ringkv.host.model import Float64Backend
+        from ringkv.host.model.transformer import Float64Backend
         self.inner, self.fracs = Float64Backend(config), [tuple(t) for t in fracs]
 
     def _q(self, layer, xs):
@@ -195,7 +195,13 @@ def shared_fracs(model, train_docs, n=None, tokens=None):
     """The calibration rule with one fraction per layer for q, k and v together (the largest
     that clips at most the same share of the three pooled): the alternative to separate
     fractions. ``n`` sessions of ``tokens`` (default: the calibration's)."""
-    from ringkv.host.calibrate import CAL_SESSIONS, CAL_TOKENS, activations, choose_fracs, sessions
+    from ringkv.host.model.calibrate import (
+        CAL_SESSIONS,
+        CAL_TOKENS,
+        activations,
+        choose_fracs,
+        sessions,
+    )
     acts = activations(model, sessions(train_docs, n or CAL_SESSIONS, tokens or CAL_TOKENS))
     return choose_fracs([[np.concatenate(layer)] * 3 for layer in acts], model.config.head_dim)
 
@@ -203,7 +209,7 @@ def shared_fracs(model, train_docs, n=None, tokens=None):
 def bpb_all(model, held_docs, chunk=256):
     """float64 bits per byte over the whole held-out split (each chapter a session, chunked
     prefill in chunks of ``chunk``)."""
-    from ringkv.host.model import BOS, Float64Backend
+    from ringkv.host.model.transformer import BOS, Float64Backend
     total, n = 0.0, 0
     for d in held_docs:
         toks = [BOS] + list(d.encode())
@@ -220,8 +226,9 @@ def resume_identity(model, prompt, other, n_new=RESUME_NEW, numerics="float64"):
     """Greedy continuation of ``prompt`` in two requests with another session in between
     (export, other session, query, import) against one uninterrupted run: (identical,
     tokens with the snapshot, tokens without, scheduler paths)."""
-    from ringkv.host.model import FixedBackend, Float64Backend
-    from ringkv.host.scheduler import Scheduler, SoftwareDevice
+    from ringkv.host.device.software import SoftwareDevice
+    from ringkv.host.model.transformer import FixedBackend, Float64Backend
+    from ringkv.host.scheduler import Scheduler
     config = model.config
     if numerics != "float64":
         config = numerics_config(model, numerics)
@@ -248,9 +255,9 @@ def rtl_slice(model, tokens, workdir: Path, prefill=RTL_PREFILL, decode=RTL_DECO
     """The slice on the Verilator top built for ``config`` (default: the model's) (see the
     module docstring). Returns a dict: identical (bool), compared logits rows, the import's
     bytes, seconds."""
-    from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
-    from ringkv.host.model import FixedBackend
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
+    from ringkv.host.model.transformer import FixedBackend
     from ringkv.sim.harness import SimDevice, build_top
     config = config or model.config
     top = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
@@ -294,9 +301,9 @@ def run(smoke: bool = False):
     import dataclasses
 
     from ringkv.defs.config import DEFAULT_CONFIG, TRAINED_CONFIG
-    from ringkv.host import corpus
-    from ringkv.host.calibrate import CAL_SESSIONS, CAL_TOKENS, CLIP_SHARE, calibrate_fracs
-    from ringkv.host.model import BOS, Model, limit_blas_threads, weights_path
+    from ringkv.host.model import corpus
+    from ringkv.host.model.calibrate import CAL_SESSIONS, CAL_TOKENS, CLIP_SHARE, calibrate_fracs
+    from ringkv.host.model.transformer import BOS, Model, limit_blas_threads, weights_path
     size = SMOKE if smoke else dict(
         sessions=SESSIONS, tokens=TOKENS, prefill=PREFILL, cal_sessions=CAL_SESSIONS,
         cal_tokens=CAL_TOKENS, all_docs=None, resume_prompt=RESUME_PROMPT,
@@ -455,7 +462,8 @@ def markdown(results):
     if c:
         text += (f"\n\n`ringkv-fx1c`'s fractions (`qkv_fracs`, stored with the weights and in "
                  f"`TRAINED_CONFIG`, the board's configuration) come from "
-                 f"`ringkv.host.calibrate` on the training split ({c['params']['calibration']}; "
+                 f"`ringkv.host.model.calibrate` on the training split "
+                 f"({c['params']['calibration']}; "
                  f"{c['params']['seconds']} s): recomputed "
                  f"{fracs_text(c['params']['recomputed'])}, "
                  f"{'equal to' if c['value'] else 'DIFFERENT from'} the stored ones "

@@ -8,7 +8,7 @@ first with an empty directory, then with tenant A's records present: A's keys (t
 hashes of A's own conversations under A's seed, ``golden_mac.tenant_seed``) inserted with
 ``DIR_INSERT`` up to a number of live links (the directory holds only a record's key, so an
 export of A's would add the same entry). Every answer is checked field for field, ``cycles``
-included, against the golden model :func:`ringkv.host.golden_prefix.query_prefix` with B's
+included, against the golden model :func:`ringkv.host.golden.prefix.query_prefix` with B's
 seed (plus the sealed request's one extra argument byte): B's answer never changes (a miss:
 isolation), only its clocks do. The spread is over B's conversations: min, mean and max of
 the device's own ``cycles`` (from the request's header to the answer, exact).
@@ -32,10 +32,10 @@ from ringkv.defs.protocol import (
     Status,
     build_requests,
 )
-from ringkv.host.golden_directory import GoldenDirectory
-from ringkv.host.golden_mac import tenant_seed
-from ringkv.host.golden_prefix import prefix_keys, query_prefix
-from ringkv.host.ops import pack_tokens
+from ringkv.host.device.ops import pack_tokens
+from ringkv.host.golden.directory import GoldenDirectory
+from ringkv.host.golden.mac import tenant_seed
+from ringkv.host.golden.prefix import prefix_keys, query_prefix
 
 __all__ = ["TITLE", "run", "markdown"]
 

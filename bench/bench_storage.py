@@ -20,11 +20,11 @@ from amaranth.sim import Simulator
 from ringkv.defs.config import DEFAULT_CONFIG
 from ringkv.defs.record import RecordLayout, RecordStatus
 from ringkv.host.record import import_record
-from ringkv.hw.dma import DmaEngine, DmaOp
-from ringkv.hw.sdnative import SDNativeController
-from ringkv.hw.sdspi import SDSPIController
-from ringkv.hw.storage import SECTOR_BYTES, StorageError, StorageOp
-from ringkv.hw.token_memory import TokenMemory
+from ringkv.hw.storage.dma import DmaEngine, DmaOp
+from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
+from ringkv.hw.storage.sdnative import SDNativeController
+from ringkv.hw.storage.sdspi import SDSPIController
+from ringkv.hw.store.token_memory import TokenMemory
 from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sd4_model import SDCard4, amaranth_sd4_card
 from ringkv.sim.sdcard_model import SDCardSPI, amaranth_sd_card

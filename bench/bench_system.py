@@ -3,7 +3,7 @@ of the decode loop goes.
 
 Everything runs on the simulated device of ``make demo`` — ``RingKVTop`` built with Verilator at
 the board's configuration (default config, P=4 lanes x M=8 MACs), reached over a TCP socket by
-the host's :class:`~ringkv.host.link.Link` and :class:`~ringkv.host.fpga_device.FpgaDevice`,
+the host's :class:`~ringkv.host.device.link.Link` and :class:`~ringkv.host.device.fpga.FpgaDevice`,
 storage in an image file — with the host's numpy model and chunked prefill (chunk 64, the
 scheduler's default). What is measured, and how exactly:
 
@@ -17,8 +17,8 @@ scheduler's default). What is measured, and how exactly:
 Resume by **import** is measured directly for every N: ``write_tokens`` + ``QUERY`` (hash,
 lookup, record read with token comparison, CRC and config check, K/V into the rings). The
 records for N != ``DIRECT_N`` are written into the image by the golden record encoder
-(bit-exact with the DMA's export, tested in ``tests/test_dma.py``) with random K/V bytes and
-registered by the device's own power-on recovery, exactly as after a power cycle (its clocks
+(bit-exact with the DMA's export, tested in ``tests/hw/storage/test_dma.py``) with random K/V bytes
+and registered by the device's own power-on recovery, exactly as after a power cycle (its clocks
 from reset to ready are the ``recovery`` figure; an empty card is measured too); the import moves
 the same bytes and makes the same checks whatever the K/V values are. The ``DIRECT_N`` record is
 exported by the device itself after a real recompute, imported back, and the rings are compared
@@ -194,7 +194,7 @@ def _craft_image(path, config, tokens, sweep, sectors):
     at regions 1, 2, ... with the golden encoder; region 0 stays free."""
     from ringkv.defs.hash import hash_seed
     from ringkv.defs.record import SECTOR, RecordLayout
-    from ringkv.host.golden_hash import sequence_hash
+    from ringkv.host.golden.hash import sequence_hash
     from ringkv.host.record import encode_record
     lay = RecordLayout(config)
     rng = np.random.default_rng(3)
@@ -218,8 +218,8 @@ def _craft_full_card(path, config, regions, sectors):
     distinct tokens, so distinct keys, and distinct commit sequences); the image is sparse."""
     from ringkv.defs.hash import hash_seed
     from ringkv.defs.record import SECTOR, RecordLayout
-    from ringkv.host.golden_hash import sequence_hash
-    from ringkv.host.model import BOS
+    from ringkv.host.golden.hash import sequence_hash
+    from ringkv.host.model.transformer import BOS
     from ringkv.host.record import encode_record
     lay = RecordLayout(config)
     seed = hash_seed(config)
@@ -241,8 +241,8 @@ def _measure_recovery(workdir: Path, regions: int) -> dict:
     """The device's recovery from power-on on a top of ``regions`` regions: a full card (every
     region a valid record) and an empty one."""
     from ringkv.defs.config import DEFAULT_CONFIG
-    from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
     from ringkv.sim.harness import SimDevice, build_top
     config = DEFAULT_CONFIG
     top = {"regions": regions, "lanes": LANES, "macs": MACS}
@@ -267,9 +267,9 @@ def _measure_recovery(workdir: Path, regions: int) -> dict:
 def _measure(workdir: Path, sz: Sizes = Sizes()) -> dict:
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.defs.record import RecordLayout
-    from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
-    from ringkv.host.model import BOS, FixedBackend, Model, limit_blas_threads
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
+    from ringkv.host.model.transformer import BOS, FixedBackend, Model, limit_blas_threads
     from ringkv.sim.harness import SimDevice, build_top
 
     config = DEFAULT_CONFIG
@@ -364,7 +364,7 @@ def _measure_prefix(dev, meter, model, tokens, lay, rng, sz: Sizes = Sizes()):
     Needs ``FpgaDevice.query_prefix`` (``QUERY_PREFIX``); without it (a tree without the
     gateware's QUERY_PREFIX) nothing is measured and :func:`run` publishes no prefix time.
     """
-    from ringkv.host.scheduler import Device
+    from ringkv.host.device.interface import Device
     if type(dev).query_prefix is Device.query_prefix:
         import sys
         print("bench system: FpgaDevice has no query_prefix (QUERY_PREFIX); the prefix "
@@ -403,8 +403,9 @@ def prefix_tokens_computed(conversations=SHARED_CONVERSATIONS, shared=SHARED_N,
     the automatic checkpoints (every ``CHECKPOINT_EVERY``) are there. The first three
     conversations' generated tokens are checked against the run without reuse."""
     from ringkv.defs.config import DEFAULT_CONFIG
-    from ringkv.host.model import BOS, Float64Backend, Model, limit_blas_threads
-    from ringkv.host.scheduler import Scheduler, SoftwareDevice, plain_run
+    from ringkv.host.device.software import SoftwareDevice
+    from ringkv.host.model.transformer import BOS, Float64Backend, Model, limit_blas_threads
+    from ringkv.host.scheduler import Scheduler, plain_run
     limit_blas_threads(1)
     config = DEFAULT_CONFIG
     rng = random.Random(16)
@@ -441,7 +442,7 @@ def run(smoke: bool = False):
     sz = SMOKE if smoke else Sizes()
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.defs.record import SECTOR, RecordLayout
-    from ringkv.hw.storage import StorageOp
+    from ringkv.hw.storage.port import StorageOp
     config = DEFAULT_CONFIG
     lay = RecordLayout(config)
     board = board_params()

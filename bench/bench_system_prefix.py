@@ -5,7 +5,7 @@ loads 0.5, 0.75 and 1.0 (``prefix.query_clk_per_token``, target <= 4 at 0.75).
 in 32 buckets, P=4 lanes x M=8 MACs) in the Amaranth simulator, driven through byte frames as
 the host drives it; the clock counts are the device's own (the response's ``cycles``, from the
 request's header to its answer), exact, and each answer is checked field for field, cycles
-included, against the golden model :func:`ringkv.host.golden_prefix.query_prefix`.
+included, against the golden model :func:`ringkv.host.golden.prefix.query_prefix`.
 
 Workload per load factor (load = live links / buckets, as in the directory bench): the directory
 is cleared and filled with ``load * 32`` entries by ``DIR_INSERT``: two checkpoints of the
@@ -23,9 +23,9 @@ from bench.run import table
 from ringkv.defs.config import DEFAULT_CONFIG
 from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import DIR_RESPONSE, PREFIX_RESPONSE, REQUESTS, RESPONSES, Op, Status
-from ringkv.host.golden_directory import GoldenDirectory
-from ringkv.host.golden_prefix import QUERY_PREFIX_FIXED, prefix_keys, query_prefix
-from ringkv.host.ops import pack_tokens
+from ringkv.host.device.ops import pack_tokens
+from ringkv.host.golden.directory import GoldenDirectory
+from ringkv.host.golden.prefix import QUERY_PREFIX_FIXED, prefix_keys, query_prefix
 
 __all__ = ["TITLE", "run", "markdown"]
 

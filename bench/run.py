@@ -8,9 +8,9 @@ are exact; synthesis figures are copied from nextpnr's report.
 
 ``run(smoke=True)`` runs a group's smallest configuration: every measurement of the group on the
 smallest sizes it accepts, checked as the full run checks it, so that a broken benchmark fails
-``make test`` (``tests/test_bench.py``) in seconds rather than at the next ``make bench``. The
-smoke figures are not the published ones: ``--smoke`` prints them and renders the group's
-Markdown into ``build/bench-smoke/`` without touching ``bench/results.json``.
+``make test`` (``tests/benchmarks/test_bench.py``) in seconds rather than at the next ``make
+bench``. The smoke figures are not the published ones: ``--smoke`` prints them and renders the
+group's Markdown into ``build/bench-smoke/`` without touching ``bench/results.json``.
 """
 
 import argparse

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from amaranth.back import rtlil
 
-from ringkv.hw.attention import YOSYS_AFTER_READ
+from ringkv.hw.attention.core import YOSYS_AFTER_READ
 from ringkv.sim.toolchain import setup_environ
 
 __all__ = ["synth_core", "SynthResult", "DEVICE", "AFTER_READ"]

@@ -9,16 +9,16 @@ accuracy targets and fits the block RAM; ``docs/BENCHMARKS.md``):
   40 MHz; parameters from :func:`pll_params`, the same search as Trellis' ``ecppll``); the
   system reset is held until the PLL locks;
 * the FT231X USB UART (pins M1/L4) carries the framed protocol through
-  :class:`ringkv.hw.uart.UART` at ``baud`` (default 3 Mbaud, a fractional divisor, so the
+  :class:`ringkv.hw.link.uart.UART` at ``baud`` (default 3 Mbaud, a fractional divisor, so the
   average bit time is exact);
 * the micro-SD slot on the top's storage port, by default (``storage="sd4"``) in native mode
-  with the 4-bit bus through :class:`ringkv.hw.sdnative.SDNativeController` at SD CLK =
+  with the 4-bit bus through :class:`ringkv.hw.storage.sdnative.SDNativeController` at SD CLK =
   f_sys / 2 (20 MHz at 40 MHz; <= ``sd4_mhz``, 25 MHz: default speed), 400 kHz or less during
   initialisation. The pins are our own resource :data:`SD_NATIVE` (``sd_card_native``: CLK out,
   CMD and DAT0-3 bidirectional with the FPGA's pull-ups), because amaranth-boards 0.0.21's
   ``SDCardResources`` declares the 4-bit resource's CMD pin as output only, while the card
   answers on CMD. ``storage="spi"`` keeps SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on
-  CMD, CIPO on DAT0) through :class:`ringkv.hw.sdspi.SDSPIController` at ``sd_mhz``;
+  CMD, CIPO on DAT0) through :class:`ringkv.hw.storage.sdspi.SDSPIController` at ``sd_mhz``;
 * LEDs: 0 = PLL locked (clock alive), 1 = SD card initialised, 2 = SDHC/SDXC, 3 = heartbeat,
   4 = link activity (a byte received or sent in the last ~50 ms), 5 = link error (a UART
   framing error or overrun, or a frame-layer error: bad CRC, timeout, bad length, unknown
@@ -44,10 +44,10 @@ from amaranth.lib import io, wiring
 
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.protocol import StorageKind
-from ringkv.hw.sdnative import SDNativeController
-from ringkv.hw.sdspi import SDSPIController
+from ringkv.hw.link.uart import UART
+from ringkv.hw.storage.sdnative import SDNativeController
+from ringkv.hw.storage.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
-from ringkv.hw.uart import UART
 
 __all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "STORAGE_MODES", "SIM_LOCK_CYCLES", "CLOCKS",
            "ACTIVITY_CYCLES", "ERROR_CYCLES"]

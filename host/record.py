@@ -2,7 +2,7 @@
 
 The format is ``docs/blocks/record-format.md``; its rules of use ``docs/CONVENTIONS.md#records``.
 
-This module is the bit-exact reference of what ``hw/dma.py`` writes and checks. The format's
+This module is the bit-exact reference of what ``hw/storage/dma.py`` writes and checks. The format's
 definitions (header fields, :class:`~ringkv.defs.record.RecordLayout`, ``RecordStatus``, the
 commit sequence rule) are :mod:`ringkv.defs.record`; the byte layout is documented in
 ``docs/blocks/record-format.md``; in short (all integers little-endian, sectors
@@ -83,7 +83,7 @@ from .errors import (
     UsageError,
     run_main,
 )
-from .golden_mac import check_key, mac
+from .golden.mac import check_key, mac
 
 __all__ = [
     "Header", "RecordError", "crc32", "encode_header", "decode_header", "ring_dtype",
@@ -645,7 +645,7 @@ class HeaderInfo:
 
 
 def check_header(config, sector: bytes, region: int) -> HeaderInfo:
-    """The golden ``DmaOp.HEADER`` of ``hw/dma.py``: :func:`decode_header` of one sector."""
+    """The golden ``DmaOp.HEADER`` of ``hw/storage/dma.py``: :func:`decode_header` of one sector."""
     try:
         h = decode_header(bytes(sector), config)
     except RecordError as e:
@@ -685,7 +685,7 @@ class RecoveryPlan:
 
 
 def plan_recovery(infos: list[HeaderInfo], links: int | None = None) -> RecoveryPlan:
-    """The golden model of the device's recovery scan (``hw/cmd_recovery.py``), bit-exact.
+    """The golden model of the device's recovery scan (``hw/commands/recovery.py``), bit-exact.
 
     The hardware rule, in region order (``infos`` sorted by region), one pass, no memory but
     the directory and three registers:

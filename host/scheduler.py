@@ -48,27 +48,23 @@ session had computed before), checkpoints exported, bytes moved, and the device'
 Every generated token is the same as without any reuse (:func:`plain_run`): an import gives
 the rings bit for bit as they were exported, and a checkpoint is exported at a chunk boundary.
 
-:class:`Device` is the seam to the accelerator.
-:class:`~ringkv.host.software_device.SoftwareDevice` (module :mod:`ringkv.host.software_device`,
-also importable from here) is the whole device in software with golden models. The FPGA
-(:class:`~ringkv.host.fpga_device.FpgaDevice`: ``QUERY``/``QUERY_PREFIX``/``EXPORT`` requests of
+:class:`~ringkv.host.device.interface.Device` (module :mod:`ringkv.host.device.interface`) is the
+seam to the accelerator. :class:`~ringkv.host.device.software.SoftwareDevice` (module
+:mod:`ringkv.host.device.software`) is the whole device in software with golden models. The FPGA
+(:class:`~ringkv.host.device.fpga.FpgaDevice`: ``QUERY``/``QUERY_PREFIX``/``EXPORT`` requests of
 :mod:`ringkv.defs.protocol`) plugs in the same way.
 """
 
-import abc
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ringkv.defs.config import RingKVConfig
-from ringkv.defs.record import kv_bytes_of
-
+from .device.interface import Device
 from .errors import UsageError
-from .model import AttentionBackend, Float64Backend, Model
+from .model.transformer import Float64Backend, Model
 
-__all__ = ["Device", "QueryResult", "Holding", "Scheduler", "Session", "plain_run",
-           "snapshot_bytes", "path_summary", "event_notes", "PATHS", "CHECKPOINT_EVERY",
-           "KEEP_TURNS"]
+__all__ = ["Scheduler", "Session", "plain_run", "path_summary", "event_notes", "PATHS",
+           "CHECKPOINT_EVERY", "KEEP_TURNS"]
 
 #: The scheduler's paths, in the order :func:`path_summary` lists them.
 PATHS = ("first", "continue", "hit", "prefix", "miss")
@@ -90,111 +86,6 @@ _NOTHING_STORED = ("no record", "no stored prefix")
 #: Default of ``Scheduler(keep_turns=)``: turn snapshots a session keeps (an edit can go back
 #: this many turns and still import; further back it reuses a checkpoint or recomputes).
 KEEP_TURNS = 4
-
-
-def snapshot_bytes(config: RingKVConfig, count: int) -> int:
-    """Bytes a snapshot of ``count`` tokens moves: the tokens and the K/V rings (``EB`` bytes per
-    element: int8 for ``ringkv-fx1``, int16 for ``ringkv-fx2``)."""
-    return count * (config.token_width // 8) + kv_bytes_of(config, count)
-
-
-@dataclass(frozen=True)
-class QueryResult:
-    hit: bool
-    count: int
-    prefix_hash: int
-    reason: str = ""          # why a miss: "no record", "tokens differ", "foreign config"
-
-
-@dataclass(frozen=True)
-class Holding:
-    """One record a device holds, from the device's own directory (:meth:`Device.holdings`).
-
-    ``kind`` is ``"turn"`` (a session's turn snapshot), ``"checkpoint"`` (a prefix checkpoint)
-    or ``"kind N"`` for another stored value; ``region`` is the storage region (``None`` where
-    the device has none); ``tokens`` the record's tokens when the device gives them cheaply
-    (else ``None``); ``commit_seq`` the record's commit sequence number where known.
-    """
-    count: int
-    prefix_hash: int
-    kind: str = "turn"
-    region: int | None = None
-    tokens: tuple | None = None
-    commit_seq: int | None = None
-
-    @property
-    def key(self) -> tuple[int, int]:
-        """``(count, prefix_hash)``: the key :meth:`Device.export` returns."""
-        return (self.count, self.prefix_hash)
-
-
-class Device(abc.ABC):
-    """What the scheduler needs from the accelerator side (FPGA or software).
-
-    A device with sealed records also takes ``tenant=`` (a keyword) in :meth:`query`,
-    :meth:`query_prefix`, :meth:`import_` and :meth:`export`; the scheduler passes it only for
-    a session that has a tenant, so a device without tenants needs none of it."""
-
-    config: RingKVConfig
-    attention: AttentionBackend
-
-    @abc.abstractmethod
-    def write_tokens(self, tokens) -> None:
-        """Replace the token memory with ``tokens`` (the resident session's computed tokens)."""
-
-    @abc.abstractmethod
-    def append_tokens(self, tokens) -> None:
-        """Append computed tokens to the token memory."""
-
-    @abc.abstractmethod
-    def query(self, tokens) -> QueryResult:
-        """Hash ``tokens``, look ``(count, hash)`` up, verify the stored tokens."""
-
-    def query_prefix(self, tokens, limit: int) -> QueryResult:
-        """The longest stored prefix of ``tokens`` of at most ``limit`` tokens whose record
-        verifies. On a hit the rings hold the state after ``count`` tokens and the token memory
-        holds exactly ``tokens[:count]`` (the import is part of the query, as ``QUERY``'s is on
-        the FPGA; :meth:`import_` of the result then reports the bytes moved).
-        ``QueryResult(hit, count, prefix_hash, reason)``.
-
-        Every device implements it (:class:`SoftwareDevice` here, ``FpgaDevice`` with the
-        ``QUERY_PREFIX`` request); this default only names a device that does not."""
-        raise NotImplementedError(f"{type(self).__name__} has no longest-prefix query")
-
-    @abc.abstractmethod
-    def import_(self, result: QueryResult) -> int:
-        """Load the snapshot found by a hit into the rings (if the query did not already);
-        return the bytes moved."""
-
-    @abc.abstractmethod
-    def export(self, tokens, replaces: tuple | None = None, *,
-               checkpoint: bool = False) -> tuple[tuple, int]:
-        """Store the rings as the snapshot of ``tokens`` (the rings must hold exactly
-        ``len(tokens)`` tokens and the token memory must begin with ``tokens``); delete the
-        record ``replaces`` (a snapshot the session gives up). ``checkpoint`` marks the record's
-        kind (a prefix checkpoint rather than a turn snapshot; same format and checks). Return
-        ``(key, bytes moved)``."""
-
-    def holdings(self, *, tokens: bool = True) -> list[Holding]:
-        """What the device holds, read from its own directory (after any restart or recovery,
-        never remembered by the host): one :class:`Holding` per live record. ``tokens``: also
-        give each record's tokens where the device can."""
-        raise NotImplementedError(f"{type(self).__name__} cannot list its records")
-
-    def read_record(self, key) -> bytes:
-        """The stored record of ``key = (count, hash)`` in the card format, as it moves between
-        devices (:func:`ringkv.host.record.read_record_bytes`): header, token and K/V sectors.
-        Raises :class:`~ringkv.host.errors.StorageError` when the device does not hold it."""
-        raise NotImplementedError(f"{type(self).__name__} cannot read its records")
-
-    def write_record(self, data: bytes) -> tuple:
-        """Store a record read from another device (:meth:`read_record`) as this device's own
-        (verified first; refused with :class:`~ringkv.host.errors.StorageError` or
-        :class:`~ringkv.host.errors.ConfigError` otherwise); return its key."""
-        raise NotImplementedError(f"{type(self).__name__} cannot store a copied record")
-
-    def stats(self) -> dict:
-        return {}
 
 
 @dataclass
@@ -293,11 +184,11 @@ class Scheduler:
         """Feed ``tokens`` to session ``sid`` and generate up to ``n_new`` tokens.
 
         ``sample(logits) -> token`` picks each token (default greedy: ``argmax``, as
-        :func:`plain_run`; :class:`~ringkv.host.sampling.Sampler` samples). ``on_token(token)``
-        is called with each token as soon as it is picked; a true answer ends the generation
-        there (a stop sequence, an end of text): that token is the last one returned. An
-        exception it raises (a client gone) ends the request like any other, the session's
-        view back to before it.
+        :func:`plain_run`; :class:`~ringkv.host.model.sampling.Sampler` samples).
+        ``on_token(token)`` is called with each token as soon as it is picked; a true answer ends
+        the generation there (a stop sequence, an end of text): that token is the last one
+        returned. An exception it raises (a client gone) ends the request like any other, the
+        session's view back to before it.
 
         ``checkpoints``: positions in the session's token stream (``p`` tokens from its start)
         to store a checkpoint at, each within what this request feeds (after ``rewind``:
@@ -306,8 +197,8 @@ class Scheduler:
         stream to its first ``k`` tokens (edit-and-resend; see the module docstring).
 
         ``tenant``: whose records the session's queries, imports and exports use, on a sealed
-        device (:class:`~ringkv.host.software_device.SoftwareDevice` and
-        :class:`~ringkv.host.fpga_device.FpgaDevice` with ``sealed=True``: the tenant's key
+        device (:class:`~ringkv.host.device.software.SoftwareDevice` and
+        :class:`~ringkv.host.device.fpga.FpgaDevice` with ``sealed=True``: the tenant's key
         seals its records and seeds its prefix hash, so one tenant never finds another's). It
         is the session's from its first request on; a request for the session under another
         tenant is refused (:class:`~ringkv.host.errors.UsageError`), nothing changed.
@@ -517,12 +408,3 @@ def path_summary(events) -> list[str]:
                          f"{sum(e['recomputed'] for e in sel):>5} tokens")
     return lines
 
-
-def __getattr__(name):
-    # ``SoftwareDevice`` lives in :mod:`ringkv.host.software_device` (which imports this module
-    # for the ``Device`` seam); it is looked up here on first use so that either module can be
-    # imported first.
-    if name == "SoftwareDevice":
-        from .software_device import SoftwareDevice
-        return SoftwareDevice
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,7 +14,7 @@
 
 The payload layout of every opcode is defined once in :mod:`ringkv.defs.protocol` (the
 dispatcher takes its length rules, argument offsets and response packing from there) and
-documented in ``docs/blocks/top.md``. The dispatcher (:mod:`ringkv.hw.dispatch`) is one FSM
+documented in ``docs/blocks/top.md``. The dispatcher (:mod:`ringkv.hw.commands.dispatch`) is one FSM
 built from a command unit per family (:data:`UNITS`, ``hw/cmd_*.py``): adding an opcode touches
 its definition and its family's unit.
 """
@@ -38,25 +38,25 @@ from ringkv.defs.protocol import (
 )
 from ringkv.defs.record import RecordLayout
 
-from .attention import AttentionCore
-from .cmd_attention import AttentionUnit
-from .cmd_directory import DirectoryUnit
-from .cmd_keys import KeyUnit, MacArbiter
-from .cmd_link import LinkUnit
-from .cmd_prefix import PrefixUnit
-from .cmd_recovery import RecoveryUnit
-from .cmd_snapshot import SnapshotUnit
-from .cmd_storage import StorageUnit
-from .cmd_tokens import TokenUnit
-from .directory import CacheDirectory
-from .dispatch import Dispatcher
-from .dma import DmaEngine
-from .framing import FrameDecoder, FrameEncoder
-from .hash_engine import HashEngine
-from .key_slots import KeySlots
-from .mac import MacCore
-from .storage import StorageInfoSignature, StoragePortSignature
-from .token_memory import TokenMemory
+from .attention.core import AttentionCore
+from .commands.attention import AttentionUnit
+from .commands.directory import DirectoryUnit
+from .commands.dispatch import Dispatcher
+from .commands.keys import KeyUnit, MacArbiter
+from .commands.link import LinkUnit
+from .commands.prefix import PrefixUnit
+from .commands.recovery import RecoveryUnit
+from .commands.snapshot import SnapshotUnit
+from .commands.storage import StorageUnit
+from .commands.tokens import TokenUnit
+from .link.framing import FrameDecoder, FrameEncoder
+from .seal.key_slots import KeySlots
+from .seal.mac import MacCore
+from .storage.dma import DmaEngine
+from .storage.port import StorageInfoSignature, StoragePortSignature
+from .store.directory import CacheDirectory
+from .store.hash_engine import HashEngine
+from .store.token_memory import TokenMemory
 
 __all__ = ["RingKVTop", "UNITS"]
 
@@ -96,9 +96,9 @@ class RingKVTop(wiring.Component):
         no SD controller, a simulation's sector model), and ``sd_clock_hz`` its SD clock in
         data transfers: the build's parameters, reported by ``STORAGE_INFO``.
     sealed : bool
-        A sealed build (default: open). It holds :class:`~ringkv.hw.key_slots.KeySlots` and
-        a :class:`~ringkv.hw.mac.MacCore` (shared by the DMA and the tenant-seed derivation
-        through :class:`~ringkv.hw.cmd_keys.MacArbiter`), executes ``KEY_SET`` and
+        A sealed build (default: open). It holds :class:`~ringkv.hw.seal.key_slots.KeySlots` and
+        a :class:`~ringkv.hw.seal.mac.MacCore` (shared by the DMA and the tenant-seed derivation
+        through :class:`~ringkv.hw.commands.keys.MacArbiter`), executes ``KEY_SET`` and
         ``KEY_CLEAR``, and takes a tenant key slot in ``QUERY``, ``QUERY_PREFIX`` and
         ``EXPORT`` (:data:`~ringkv.defs.protocol.SEALED_REQUESTS`): the hash engine starts
         from that slot's seed, the DMA seals (export) or verifies (import) under its key, and
@@ -127,7 +127,7 @@ class RingKVTop(wiring.Component):
     answered ``UNKNOWN_OP``.
 
     At reset (and on ``STORAGE_REBUILD``) the device recovers its directory from the record
-    headers by itself (:mod:`ringkv.hw.cmd_recovery`): meanwhile ``QUERY`` and ``EXPORT`` (and
+    headers by itself (:mod:`ringkv.hw.commands.recovery`): meanwhile ``QUERY`` and ``EXPORT`` (and
     the ``DIR_*``, ``SECTOR_READ`` requests) answer ``NOT_READY`` with the progress, every other
     request answers as usual; ``recovering`` (not a port) is high while it scans.
 

@@ -40,7 +40,7 @@ __all__ = ["main", "run_demo"]
 
 
 def _backend(name, config):
-    from ringkv.host.model import FixedBackend, Float64Backend
+    from ringkv.host.model.transformer import FixedBackend, Float64Backend
     return FixedBackend(config) if name == "fixed" else Float64Backend(config)
 
 
@@ -50,7 +50,7 @@ def _model(args, config):
     import zipfile
 
     from ringkv.host.errors import ConfigError
-    from ringkv.host.model import Model
+    from ringkv.host.model.transformer import Model
     if args.weights:
         try:
             return Model.load(args.weights, config)
@@ -92,7 +92,7 @@ def demo_script(seed: int = 0):
     (``rewind``), a session evicted by then (recomputed) and one growing to several W."""
     import random
 
-    from ringkv.host.model import BOS, encode_text
+    from ringkv.host.model.transformer import BOS, encode_text
     rng = random.Random(seed)
 
     def text(n):
@@ -135,14 +135,9 @@ def _resolve(reqs):
 def run_demo(args) -> int:
 
     from ringkv.defs.config import DEFAULT_CONFIG
-    from ringkv.host.model import show_text
-    from ringkv.host.scheduler import (
-        Scheduler,
-        SoftwareDevice,
-        event_notes,
-        path_summary,
-        plain_run,
-    )
+    from ringkv.host.device.software import SoftwareDevice
+    from ringkv.host.model.transformer import show_text
+    from ringkv.host.scheduler import Scheduler, event_notes, path_summary, plain_run
     model = _model(args, DEFAULT_CONFIG)
     config = _device_config(DEFAULT_CONFIG, getattr(args, "numerics", None), model)
     device = SoftwareDevice(config, attention=_backend(args.backend, config),
@@ -214,14 +209,14 @@ def _device_config(base, numerics, model=None):
     per-layer scales from ``model``'s weights (``None``: fx1c when they carry them, else fx1)."""
     import dataclasses
 
-    from ringkv.host.calibrate import calibrated_config
+    from ringkv.host.model.calibrate import calibrated_config
     fracs = getattr(model, "qkv_fracs", None)
     if numerics is None:
         numerics = "ringkv-fx1c" if fracs else "ringkv-fx1"
     if numerics == "ringkv-fx1c":
         if not fracs:
             raise UsageError("ringkv-fx1c needs weights with calibrated q/k/v scales (the "
-                             "shipped trained ones, or python -m ringkv.host.calibrate FILE "
+                             "shipped trained ones, or python -m ringkv.host.model.calibrate FILE "
                              "--write)", param="numerics",
                              hint="use --numerics ringkv-fx1 with these weights")
         return calibrated_config(base, fracs)
@@ -237,7 +232,7 @@ def _numerics_name(config) -> str:
 
 def _trained_or_none(config):
     """The shipped trained model of ``config``'s shape, or ``None`` when there is none."""
-    from ringkv.host.model import Model, weights_path
+    from ringkv.host.model.transformer import Model, weights_path
     return Model.trained(config) if weights_path(config).exists() else None
 
 
@@ -258,10 +253,10 @@ def _wait_device(device, where):
 
 
 def _open_device(link_url, config, timeout):
-    """An :class:`~ringkv.host.fpga_device.FpgaDevice` at ``link_url`` whose configuration was
+    """An :class:`~ringkv.host.device.fpga.FpgaDevice` at ``link_url`` whose configuration was
     checked and whose recovery scan has ended; ``(device, recovery status)``."""
-    from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
     device = FpgaDevice(Link(link_url, timeout=timeout), config)
     try:
         device.check_config()        # refuses a device built for another configuration
@@ -273,12 +268,12 @@ def _open_device(link_url, config, timeout):
 
 def run_fsck_link(args) -> int:
     """``ringkv storage fsck --link URL``: the deep check over the link (read only)."""
-    from ringkv.host.fpga_device import DeviceNotReady
+    from ringkv.host.device.fpga import DeviceNotReady
     from ringkv.host.record import fsck_report
     base = _base_config(args.config or "default")
     config = _device_config(base, args.numerics, _trained_or_none(base))
-    from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import Link
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
     device = FpgaDevice(Link(args.link, timeout=args.timeout), config)
     with device.link:
         device.check_config()
@@ -389,10 +384,10 @@ def _chat_lines(prompt):
 
 
 def run_chat(args) -> int:
-    from ringkv.host.model import BOS, encode_text, show_text
-    from ringkv.host.sampling import Sampler, SamplingParams
+    from ringkv.host.device.software import SoftwareDevice
+    from ringkv.host.model.sampling import Sampler, SamplingParams
+    from ringkv.host.model.transformer import BOS, encode_text, show_text
     from ringkv.host.scheduler import Scheduler
-    from ringkv.host.software_device import SoftwareDevice
     if args.tokens < 1:
         raise UsageError(f"--max-tokens (--tokens) must be a positive number, not "
                          f"{args.tokens}",
@@ -741,7 +736,7 @@ def _cmd_board(args, rest):
     if not rest or rest[0] != "check":
         raise UsageError("usage: ringkv board check --link URL [--config ...] [--force]",
                          hint="'ringkv board check --help' lists the options")
-    from ringkv.host.board_check import main as check_main
+    from ringkv.host.device.board_check import main as check_main
     return check_main(rest[1:])
 
 

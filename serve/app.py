@@ -54,7 +54,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ringkv.host.errors import NotFound, RingKVError, Unauthorized, UsageError
-from ringkv.host.sampling import SamplingParams
+from ringkv.host.model.sampling import SamplingParams
 
 from .engine import Cancelled, Job
 from .template import chat_prompt, completion_prompt

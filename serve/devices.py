@@ -3,7 +3,7 @@ a failure, listed and closed.
 
 ``--device`` (repeatable):
 
-* ``software`` -- the device in software (:class:`~ringkv.host.scheduler.SoftwareDevice`,
+* ``software`` -- the device in software (:class:`~ringkv.host.device.software.SoftwareDevice`,
   the golden models), its store in memory;
 * ``software:IMAGE`` -- the same, its store kept in the image file ``IMAGE`` (a restart of the
   server, or a recovery, is a new device on the same image);
@@ -20,7 +20,7 @@ With no ``--device`` the server runs one software device on the card image
 :func:`default_image` in the user's data directory (``platformdirs``: the platform's
 convention, ``$XDG_DATA_HOME/ringkv`` on Linux).
 
-Each :class:`DeviceHandle` gives a fresh, ready :class:`~ringkv.host.scheduler.Device` from
+Each :class:`DeviceHandle` gives a fresh, ready :class:`~ringkv.host.device.interface.Device` from
 :meth:`DeviceHandle.open` (for a board: connected, its configuration checked against the
 host's, its power-on recovery waited for) and lists the records the device holds
 (:meth:`DeviceHandle.listing`: the software device's store, the board's own directory) --
@@ -38,8 +38,8 @@ import logging
 import tempfile
 from pathlib import Path
 
+from ringkv.host.device.software import SoftwareDevice
 from ringkv.host.errors import ConfigError, UsageError
-from ringkv.host.software_device import SoftwareDevice
 
 __all__ = ["DeviceHandle", "SoftwareHandle", "LinkHandle", "SimHandle", "parse_device",
            "default_image"]
@@ -152,8 +152,8 @@ class LinkHandle(DeviceHandle):
         self._link = None
 
     def open(self):
-        from ringkv.host.fpga_device import FpgaDevice
-        from ringkv.host.link import Link
+        from ringkv.host.device.fpga import FpgaDevice
+        from ringkv.host.device.link import Link
         self._close_link()
         self._link = Link(self.url, timeout=self.timeout)
         device = FpgaDevice(self._link, self.config, **self._sealed_kwargs())

@@ -41,7 +41,7 @@ record's K/V through the attention core, as much link traffic as the recompute's
 part, without the host's model). A copy that fails (the record evicted meanwhile) leaves the
 request to recompute. The index of a
 device is the set of ``(count, hash)`` keys of its records, with the prefix hash of
-:mod:`ringkv.host.golden_hash` (the device's own): it is read from the device's own listing
+:mod:`ringkv.host.golden.hash` (the device's own): it is read from the device's own listing
 at start, after every recovery, and after every request on a software device (whose listing
 costs nothing); on a board it follows the exports the worker makes and is read again from the
 board's directory whenever the device answers other than the index predicted (a record
@@ -77,8 +77,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from ringkv.host.errors import DeviceNotReady, LinkError, Overloaded, RingKVError, UsageError
-from ringkv.host.golden_hash import ROUND_CONSTANTS
-from ringkv.host.sampling import SamplingParams
+from ringkv.host.golden.hash import ROUND_CONSTANTS
+from ringkv.host.model.sampling import SamplingParams
 
 from . import worker as worker_process
 from .template import END_OF_MESSAGE, Prompt
@@ -146,7 +146,7 @@ _K0, _K1 = ROUND_CONSTANTS[0] & _M32, ROUND_CONSTANTS[1] & _M32
 
 
 def _chain(h: int, tokens) -> list:
-    """``[h_1 .. h_n]`` after ``tokens`` from state ``h``: :func:`~ringkv.host.golden_hash.
+    """``[h_1 .. h_n]`` after ``tokens`` from state ``h``: :func:`~ringkv.host.golden.hash.
     hash_step` (64 bits, 2 rounds: the device's prefix hash) with its two rounds written out,
     a few times faster in the router, which hashes the tokens of every prompt it places."""
     x, y = h & _M32, h >> 32

@@ -234,7 +234,7 @@ def tenancy(args, keys: dict, config, environ=None):
         if args.key_file:
             raise UsageError("--key-file holds record keys for --sealed", param="--key-file")
         return None, None, None
-    from ringkv.host.golden_mac import tenant_seed
+    from ringkv.host.golden.mac import tenant_seed
     from ringkv.host.keys import load_keys
     ring = load_keys(args.key_file, environ)
     if ring is None or not len(ring):
@@ -256,8 +256,8 @@ def tenancy(args, keys: dict, config, environ=None):
 
 
 def _model_and_config(args):
-    from ringkv.host.calibrate import calibrated_config
-    from ringkv.host.model import Model
+    from ringkv.host.model.calibrate import calibrated_config
+    from ringkv.host.model.transformer import Model
     base = DEMO_CONFIG if args.config == "demo" else DEFAULT_CONFIG
     try:
         if args.weights:
@@ -287,7 +287,7 @@ def _model_and_config(args):
 def build_server(args):
     """``(engine, app, model_name)`` for parsed arguments (nothing started yet)."""
     keys = api_keys(args)
-    from ringkv.host.model import FixedBackend, Float64Backend
+    from ringkv.host.model.transformer import FixedBackend, Float64Backend
 
     from .app import create_app
     from .devices import default_image, parse_device

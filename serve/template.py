@@ -1,8 +1,8 @@
 """Prompts as tokens: the chat template, completion prompts, and the text a generation shows.
 
-The model reads bytes (tokens 0..255 are UTF-8 bytes, 256 is BOS: :mod:`ringkv.host.model`)
-and is not instruction-tuned, so the chat template is plain text that a reader of the King
-James Bible's prose can follow, one paragraph per message::
+The model reads bytes (tokens 0..255 are UTF-8 bytes, 256 is BOS:
+:mod:`ringkv.host.model.transformer`) and is not instruction-tuned, so the chat template is plain
+text that a reader of the King James Bible's prose can follow, one paragraph per message::
 
     <BOS>System: {system message}\\n\\n
     User: {user message}\\n\\n
@@ -29,7 +29,7 @@ import codecs
 from dataclasses import dataclass
 
 from ringkv.host.errors import UsageError
-from ringkv.host.model import BOS, VOCAB
+from ringkv.host.model.transformer import BOS, VOCAB
 
 __all__ = ["Prompt", "chat_prompt", "completion_prompt", "TextStream", "END_OF_MESSAGE",
            "ROLE_LABELS", "GENERATION_PROMPT"]

@@ -48,7 +48,7 @@ from collections import OrderedDict
 from multiprocessing.connection import Connection
 
 from ringkv.host.errors import UsageError
-from ringkv.host.sampling import Sampler, SamplingParams
+from ringkv.host.model.sampling import Sampler, SamplingParams
 from ringkv.host.scheduler import Scheduler
 
 from .template import TextStream

@@ -1,7 +1,7 @@
 """Drive the SWA attention core in the Amaranth simulator (shared by its tests and its bench).
 
 A run is a list of operations, the same list the bit-exact model
-:func:`ringkv.host.golden_fixed.run_ops` takes:
+:func:`ringkv.host.golden.fixed.run_ops` takes:
 
 - ``("cmd", op, layer, kv_head, count, q, k, v)``: a command; for an accepted ATTEND ``q`` is
   (C, G, d) and ``k``/``v`` are (C, d) integer arrays in the core's numerics (int8 for

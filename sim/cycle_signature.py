@@ -1,7 +1,7 @@
 """Cycle signature of the top's byte link: the clock at which every response byte leaves.
 
 A change to the gateware that must keep its timing (a refactor, a split into sub-components)
-shows here first: the scenarios of ``tests/test_top.py`` run as usual, and while a
+shows here first: the scenarios of ``tests/hw/top/test_top.py`` run as usual, and while a
 :func:`recording` is active every simulation started by :func:`ringkv.sim.top_bench.run_top`
 or :class:`ringkv.sim.top_bench.SimPort` is watched by a background process that samples the
 ``rx`` and ``tx`` handshakes at each clock edge. :func:`signature` turns one simulation into

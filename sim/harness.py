@@ -2,7 +2,7 @@
 
 ``ringkv sim`` (:func:`main`) builds the top for a configuration (cached in ``build/``), starts
 it under cocotb with the storage port served from an image file, and prints
-``socket://127.0.0.1:PORT`` — the URL that :class:`ringkv.host.link.Link` (pyserial's
+``socket://127.0.0.1:PORT`` — the URL that :class:`ringkv.host.device.link.Link` (pyserial's
 ``serial_for_url``) connects to, exactly as it would open ``/dev/ttyUSB0`` for the board.
 ``--sealed`` (``sealed=True`` here) builds the sealed top (``RingKVTop(sealed=True)``: key
 slots, tenant slots, the record MAC; docs/blocks/mac.md), a build of its own.

@@ -21,23 +21,29 @@ def cores():
     """``{name: factory}`` for every core at the parameters the tests and the board use."""
     from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
     from ringkv.defs.hash import hash_seed
-    from ringkv.hw.attention import AttentionCore
-    from ringkv.hw.attention_merge import Reciprocal
-    from ringkv.hw.directory import CacheDirectory
-    from ringkv.hw.directory_alloc import FreeLinks, RegionAllocator
-    from ringkv.hw.directory_lists import BucketLists
-    from ringkv.hw.dma import DmaEngine
-    from ringkv.hw.dma_stream import WritePipeline
-    from ringkv.hw.framing import FrameDecoder, FrameEncoder
-    from ringkv.hw.hash_engine import HashEngine
-    from ringkv.hw.mac import MacCore, MacUnit
-    from ringkv.hw.record_header import HeaderEncoder, HeaderParser
-    from ringkv.hw.sdnative import SDNativeController
-    from ringkv.hw.sdphy import SDClocker, SDCmdReader, SDCmdWriter, SDDataPHY, SPIByteEngine
-    from ringkv.hw.sdspi import SDSPIController
-    from ringkv.hw.token_memory import TokenMemory
+    from ringkv.hw.attention.core import AttentionCore
+    from ringkv.hw.attention.merge import Reciprocal
+    from ringkv.hw.link.framing import FrameDecoder, FrameEncoder
+    from ringkv.hw.link.uart import UART, divisor_for
+    from ringkv.hw.seal.mac import MacCore, MacUnit
+    from ringkv.hw.storage.dma import DmaEngine
+    from ringkv.hw.storage.dma_stream import WritePipeline
+    from ringkv.hw.storage.record_header import HeaderEncoder, HeaderParser
+    from ringkv.hw.storage.sdnative import SDNativeController
+    from ringkv.hw.storage.sdphy import (
+        SDClocker,
+        SDCmdReader,
+        SDCmdWriter,
+        SDDataPHY,
+        SPIByteEngine,
+    )
+    from ringkv.hw.storage.sdspi import SDSPIController
+    from ringkv.hw.store.directory import CacheDirectory
+    from ringkv.hw.store.directory_alloc import FreeLinks, RegionAllocator
+    from ringkv.hw.store.directory_lists import BucketLists
+    from ringkv.hw.store.hash_engine import HashEngine
+    from ringkv.hw.store.token_memory import TokenMemory
     from ringkv.hw.top import RingKVTop
-    from ringkv.hw.uart import UART, divisor_for
 
     fx2 = replace(DEFAULT_CONFIG, numerics="ringkv-fx2")
     out = {

@@ -1,8 +1,8 @@
 """A small ring-memory model implementing the attention core's ring-access port, and the DMA
 test harness built around it.
 
-:class:`RingMemoryModel` serves :class:`~ringkv.hw.ring_port.RingPortSignature` (flipped) from one
-block RAM of :func:`ringkv.defs.record.ring_bytes` bytes (``EB`` bytes per element from the
+:class:`RingMemoryModel` serves :class:`~ringkv.hw.attention.ring_port.RingPortSignature` (flipped)
+from one block RAM of :func:`ringkv.defs.record.ring_bytes` bytes (``EB`` bytes per element from the
 configuration's numerics, byte address ``element * EB + byte``,
 little-endian) plus per-layer (count, head) registers, with the attention core's timing (ring
 data two clocks after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
@@ -10,8 +10,8 @@ kv_head``). A test access port ``tap`` lets a testbench load and read the rings 
 the same address space (sync read, one clock; :func:`ringkv.host.record.ring_image` gives the
 bytes of element arrays).
 
-:class:`DmaHarness` joins a :class:`~ringkv.hw.dma.DmaEngine`, the ring model and a
-:class:`~ringkv.hw.token_memory.TokenMemory`; the DMA's ``cmd``/``resp``/``storage`` and the
+:class:`DmaHarness` joins a :class:`~ringkv.hw.storage.dma.DmaEngine`, the ring model and a
+:class:`~ringkv.hw.store.token_memory.TokenMemory`; the DMA's ``cmd``/``resp``/``storage`` and the
 token memory's ``append``/``clear`` become top-level ports, so the same harness is the top of the
 Amaranth-simulator tests and of the cocotb/Verilator tests.
 """
@@ -20,13 +20,13 @@ from amaranth import Module, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
-from ringkv.hw.dma import DmaEngine
-from ringkv.hw.key_slots import KeyWrite
-from ringkv.hw.mac import MacUnit
-from ringkv.hw.ring_port import RingPortSignature
-from ringkv.hw.sdnative import SDBusSignature, SDNativeController
-from ringkv.hw.sdspi import SDSPIController, SPISignature
-from ringkv.hw.token_memory import TokenMemory
+from ringkv.hw.attention.ring_port import RingPortSignature
+from ringkv.hw.seal.key_slots import KeyWrite
+from ringkv.hw.seal.mac import MacUnit
+from ringkv.hw.storage.dma import DmaEngine
+from ringkv.hw.storage.sdnative import SDBusSignature, SDNativeController
+from ringkv.hw.storage.sdspi import SDSPIController, SPISignature
+from ringkv.hw.store.token_memory import TokenMemory
 
 __all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
 
@@ -89,14 +89,14 @@ class RingMemoryModel(wiring.Component):
 class DmaHarness(wiring.Component):
     """DMA engine + ring model + token memory, for tests and benchmarks.
 
-    With ``sd`` (a dict of :class:`~ringkv.hw.sdspi.SDSPIController` parameters) the storage
+    With ``sd`` (a dict of :class:`~ringkv.hw.storage.sdspi.SDSPIController` parameters) the storage
     port goes to an SD-SPI controller inside the harness and the SPI pins (``spi``) and
     ``sd_ready`` are the top-level ports instead of ``storage``: the board's storage path in SPI
-    mode. With ``sd4`` (a dict of :class:`~ringkv.hw.sdnative.SDNativeController` parameters)
-    the same with the native 4-bit controller, its bus on ``sdbus``.
+    mode. With ``sd4`` (a dict of :class:`~ringkv.hw.storage.sdnative.SDNativeController`
+    parameters) the same with the native 4-bit controller, its bus on ``sdbus``.
 
     With ``mac=True`` the engine's ``mac``, ``key_ids`` and ``key_set`` go to a
-    :class:`~ringkv.hw.mac.MacUnit` (the record MAC and its key slots), whose slots are written
+    :class:`~ringkv.hw.seal.mac.MacUnit` (the record MAC and its key slots), whose slots are written
     through ``key_write``: the sealed transfers. ``mac_hold`` (In 1) makes the unit refuse the
     engine's ``cmd`` while high, as while it serves another user (the tenant-seed derivation).
     Without ``mac`` they are left open (the engine's open transfers never use them).

@@ -1,5 +1,5 @@
 """A bit-level SD card model in native mode (1- and 4-bit bus), backed by an image file, to
-verify ``hw/sdnative.py``.
+verify ``hw/storage/sdnative.py``.
 
 :class:`SDCard4` is the card's protocol, one call of :meth:`SDCard4.clock` per rising edge of
 SD CLK (it takes the host's drive of CMD and DAT0-3 sampled at that edge and decides what the

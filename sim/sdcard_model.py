@@ -1,4 +1,5 @@
-"""A bit-level SD card model in SPI mode, backed by an image file, to verify ``hw/sdspi.py``.
+"""A bit-level SD card model in SPI mode, backed by an image file, to verify
+``hw/storage/sdspi.py``.
 
 :class:`SDCardSPI` is the card's protocol at byte level (full duplex: the byte the card sends
 in a slot is fixed before it sees the byte it receives). It is strict where a sloppy controller

@@ -5,7 +5,7 @@ completed sector write goes to the file at once, so stopping the simulator mid-e
 starting a new one on the same file is a power cycle. The same file can be given to the
 bit-level SD card model (``sim/sdcard_model.py``) and to ``python -m ringkv.host.record``.
 
-The storage port (``hw/storage.py``) is served from Python, at up to one byte per clock:
+The storage port (``hw/storage/port.py``) is served from Python, at up to one byte per clock:
 
 * :func:`serve_storage` -- an Amaranth-simulator testbench coroutine;
 * :class:`CocotbStorageServer` -- a cocotb coroutine for the Verilated design.
@@ -22,7 +22,7 @@ answers ``CARD`` at once (once; the storage contract's early error status).
 import os
 from pathlib import Path
 
-from ringkv.hw.storage import SECTOR_BYTES, StorageError, StorageOp
+from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
 
 from .streams import tick_until
 

@@ -1,10 +1,11 @@
 """What storage can hold after power cuts and wear: the cases every recovery must survive.
 
-The directory rebuild after a power cut (host-driven :meth:`ringkv.host.fpga_device.FpgaDevice.
+The directory rebuild after a power cut (host-driven :meth:`ringkv.host.device.fpga.FpgaDevice.
 rebuild` over :func:`ringkv.host.record.plan_rebuild`, and any device-side recovery) treats every
 byte read from the medium as untrusted. These helpers make the bytes of the cases it is tested
-on (``tests/test_record_recovery.py`` with the golden model, ``tests/test_recovery_system.py``
-on the Verilator top), so that another recovery can be run through the same cases:
+on (``tests/host/record/test_record_recovery.py`` with the golden model,
+``tests/system/test_recovery_system.py`` on the Verilator top), so that another recovery can be run
+through the same cases:
 
 * :func:`torn_header` -- an export whose power failed ``k`` bytes into its header sector (the
   header is written last): the first ``k`` bytes of the new header, the rest as the medium was;

@@ -1,4 +1,5 @@
-"""The initiator side of the storage port (``hw/storage.py``), for testing a storage controller.
+"""The initiator side of the storage port (``hw/storage/port.py``), for testing a storage
+controller.
 
 A storage controller (``SDSPIController``, ``SDNativeController``) is driven the way the DMA
 drives it: a command, the write bytes or the read bytes, then one status. These drivers do that
@@ -16,7 +17,7 @@ data phase), a read returns the bytes handed over before the status.
 
 import random
 
-from ringkv.hw.storage import StorageCommand, StorageError, StorageOp, StorageStatus
+from ringkv.hw.storage.port import StorageCommand, StorageError, StorageOp, StorageStatus
 
 from .streams import stream_put
 

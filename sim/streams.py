@@ -60,7 +60,7 @@ async def stream_get_n(ctx, stream, count, *, rng=None, stall=0.0):
 
 
 async def write_key(ctx, stream, slot, key_id, key, *, rng=None, idle=0.0):
-    """Write key slot ``slot`` through a ``KeyWrite`` stream (``hw/key_slots.py``): the key id
+    """Write key slot ``slot`` through a ``KeyWrite`` stream (``hw/seal/key_slots.py``): the key id
     (little-endian), then the key, a byte a transfer; ``key=None`` clears the slot."""
     if key is None:
         await stream_put(ctx, stream, {"slot": slot, "index": 0, "data": 0, "clear": 1},

@@ -2,7 +2,7 @@
 
 The scripted scenario runs the numpy model on the host and its attention, token memory, hash
 engine, directory, allocator, DMA and storage in the gateware — ``RingKVTop`` built with
-Verilator, reached over a TCP socket through the same :class:`~ringkv.host.link.Link` that
+Verilator, reached over a TCP socket through the same :class:`~ringkv.host.device.link.Link` that
 opens ``/dev/ttyUSB0`` on the board — and storage in an image file:
 
 1. three interleaved sessions (first requests: run and store);
@@ -45,9 +45,16 @@ from pathlib import Path
 
 from ringkv.defs.config import DEMO_CONFIG
 from ringkv.defs.record import RecordLayout
-from ringkv.host.fpga_device import FpgaDevice
-from ringkv.host.link import Link
-from ringkv.host.model import BOS, FixedBackend, Model, encode_text, show_text, weights_path
+from ringkv.host.device.fpga import FpgaDevice
+from ringkv.host.device.link import Link
+from ringkv.host.model.transformer import (
+    BOS,
+    FixedBackend,
+    Model,
+    encode_text,
+    show_text,
+    weights_path,
+)
 from ringkv.host.scheduler import Scheduler, event_notes, path_summary, plain_run
 
 __all__ = ["run_system_demo", "scenario", "short_scenario", "SCENARIO", "software_run",
@@ -127,7 +134,7 @@ def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16
     fixed-point core's model as the rings, a store of ``regions`` records): the same scheduler;
     a power cut keeps the store, a move starts a device whose store holds only the moved
     session's record. Returns the scheduler and the generated tokens per request."""
-    from ringkv.host.software_device import SoftwareDevice
+    from ringkv.host.device.software import SoftwareDevice
 
     def device():
         return SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes),

@@ -4,15 +4,15 @@ Amaranth simulator:
 
 * :class:`SimByteLink` -- the host side of the byte link inside a testbench: ``await
   link.request(ctx, op, payload)`` sends an encoded request on ``rx`` (with optional random idle
-  cycles) and returns the decoded response :class:`~ringkv.host.protocol.Frame` (``await
+  cycles) and returns the decoded response :class:`~ringkv.host.device.frames.Frame` (``await
   link.call(ctx, op, payload, status)``: its payload, the status checked); a background
   process (:meth:`SimByteLink.tx_process`) drains ``tx`` (with optional random stalls) through
   the golden response decoder;
 * :func:`run_top` -- build a simulator of the top with the storage port served from a
   :class:`~ringkv.sim.sector_model.SectorImage` and run one async scenario;
 * :class:`SimPort` -- a pyserial-like port (``write``/``read``/``in_waiting``) whose bytes
-  go through a running simulation in a background thread, so :class:`ringkv.host.link.Link` and
-  :class:`ringkv.host.fpga_device.FpgaDevice` drive the simulated gateware unchanged.
+  go through a running simulation in a background thread, so :class:`ringkv.host.device.link.Link`
+  and :class:`ringkv.host.device.fpga.FpgaDevice` drive the simulated gateware unchanged.
 
 cocotb (Verilator): :class:`CocotbByteLink` (the same ``request`` and ``call`` as cocotb
 coroutines, on the Verilog ports ``rx__*``/``tx__*``); the storage port is served by
@@ -27,7 +27,7 @@ from collections import deque
 from amaranth.sim import Simulator
 
 from ringkv.defs.protocol import Status
-from ringkv.host.protocol import Decoder, Frame, encode_request
+from ringkv.host.device.frames import Decoder, Frame, encode_request
 
 from . import cycle_signature
 from .sector_model import SectorImage, serve_storage

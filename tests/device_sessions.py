@@ -1,5 +1,5 @@
 """A conversation's worth of random attention inputs for the system tests that drive a device
-through :class:`~ringkv.host.fpga_device.FpgaDevice` (``test_recovery_system.py``,
+through :class:`~ringkv.host.device.fpga.FpgaDevice` (``test_recovery_system.py``,
 ``test_sealed_system.py``). A plain module, not a test module: test modules import it, never
 each other."""
 

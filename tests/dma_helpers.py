@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 from ringkv.host.record import ring_dtype, ring_image, rings_from_image
-from ringkv.hw.ring_port import RingPortSignature
+from ringkv.hw.attention.ring_port import RingPortSignature
 from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sector_model import PowerCut, SectorImage, serve_storage
 from ringkv.sim.streams import stream_get, stream_put, write_key

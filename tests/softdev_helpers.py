@@ -6,8 +6,8 @@ import numpy as np
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout
-from ringkv.host.model import BOS, FixedBackend
-from ringkv.host.software_device import SoftwareDevice
+from ringkv.host.device.software import SoftwareDevice
+from ringkv.host.model.transformer import BOS, FixedBackend
 
 __all__ = ["SMALL", "LAY", "SPAN", "fixed", "device", "compute", "stored", "tokens_of",
            "valid_state"]

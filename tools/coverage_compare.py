@@ -4,7 +4,7 @@ Compares coverage.py data files. ``--before`` is the data of the old suite (its 
 with ``--before-root``); ``--after`` one or more data files of the new tiers (``make test`` and
 the slow tests of ``make test-all``; checkout root ``--after-root``, default this repository,
 or ``DATA@ROOT`` for a run in another checkout of the same tree).
-Files are matched by their path inside the checkout (``hw/attention.py``). Where a file's text
+Files are matched by their path inside the checkout (``hw/attention/core.py``). Where a file's text
 differs between the two checkouts, the old line numbers are carried to the new ones with
 :mod:`difflib`; a covered line whose text was changed or deleted is listed apart (not a loss:
 it is not in the new code).

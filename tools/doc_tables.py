@@ -18,7 +18,7 @@ Usage::
     python tools/doc_tables.py            # rewrite the tables in the docs
     python tools/doc_tables.py --check    # exit 1 and name the table if a doc is out of date
 
-``tests/test_doc_tables.py`` runs the check. Standard library and ``ringkv.defs`` only.
+``tests/repo/test_doc_tables.py`` runs the check. Standard library and ``ringkv.defs`` only.
 """
 
 import argparse

@@ -1,8 +1,9 @@
-"""Train the host's Mistral-style byte model on the corpus and export it for ``host/model.py``.
+"""Train the host's Mistral-style byte model on the corpus and export it for
+``host/model/transformer.py``.
 
 ``make train`` (``python tools/train.py``) trains the model of the default device shape
 (``RingKVConfig()``: L=4, Hq=4, Hkv=2, d=64, W=128; hidden 256, SwiGLU 512) on the training
-split of :mod:`ringkv.host.corpus`; ``--shape demo`` trains the small model of the end-to-end
+split of :mod:`ringkv.host.model.corpus`; ``--shape demo`` trains the small model of the end-to-end
 demo's device (``DEMO_CONFIG``: L=2, d=16, W=32; hidden 64, SwiGLU 128).
 
 The network is :class:`ringkv.host.model.Model` written again in torch, convention for
@@ -19,12 +20,13 @@ steps, torch on ``--threads`` threads (default 2). Progress (loss, held-out loss
 printed; every ``--ckpt-every`` steps the weights are exported (so an interrupted run still
 leaves its last checkpoint) and at the end:
 
-* ``host/weights/<name>.npz``: float16 weights and float32 gains, loaded by
+* ``host/model/weights/<name>.npz``: float16 weights and float32 gains, loaded by
   :meth:`ringkv.host.model.Model.load` / :meth:`Model.trained`, with reference logits
   (``ref_tokens``, ``ref_logits``: this torch model's float64 forward of a held-out prefix
   longer than W, its last :data:`REF_ROWS` positions) that the tests reproduce with the numpy
   model, and ``qkv_fracs``, ``ringkv-fx1c``'s per-layer q/k/v scales for these weights
-  (:func:`ringkv.host.calibrate.calibrate_fracs` on the training split); compressed, under 2 MB;
+  (:func:`ringkv.host.model.calibrate.calibrate_fracs` on the training split); compressed, under 2
+  MB;
 * ``docs/train_<name>.png`` (the loss curve, matplotlib from the ``train`` extra) and
   ``docs/train_<name>.json`` (the log: every step's loss, the held-out evaluations, timings).
 
@@ -44,9 +46,9 @@ import torch
 import torch.nn.functional as F
 
 from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
-from ringkv.host import corpus
-from ringkv.host.calibrate import calibrate_fracs, write_fracs
-from ringkv.host.model import BOS, VOCAB, Model, weights_path
+from ringkv.host.model import corpus
+from ringkv.host.model.calibrate import calibrate_fracs, write_fracs
+from ringkv.host.model.transformer import BOS, VOCAB, Model, weights_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -286,7 +288,7 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--ckpt-every", type=int, default=50)
-    parser.add_argument("--out", help="weights file (default host/weights/<name>.npz)")
+    parser.add_argument("--out", help="weights file (default host/model/weights/<name>.npz)")
     parser.add_argument("--docs", default=str(ROOT / "docs"), help="where the plot/log go")
     parser.add_argument("--plot-only", action="store_true",
                         help="redraw docs/train_<name>.png from its .json log and exit")

@@ -89,9 +89,9 @@ DEMO_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, window=
 
 
 #: The per-layer ``(Fq, Fk, Fv)`` of the trained model shipped for the default shape
-#: (``host/weights/kjv-L4-Hq4-Hkv2-d64-W128.npz``, which stores them as ``qkv_fracs``), chosen by
-#: :func:`ringkv.host.calibrate.calibrate_fracs` on the training split; ``tests/test_calibrate.py``
-#: checks that the calibration still gives them.
+#: (``host/model/weights/kjv-L4-Hq4-Hkv2-d64-W128.npz``, which stores them as ``qkv_fracs``),
+#: chosen by :func:`ringkv.host.model.calibrate.calibrate_fracs` on the training split;
+#: ``tests/host/model/test_calibrate.py`` checks that the calibration still gives them.
 TRAINED_FRACS = ((4, 4, 6), (4, 4, 5), (4, 4, 5), (4, 4, 5))
 #: The device for the shipped trained model: the default shape, int8 K/V with its calibrated
 #: per-layer scales (``ringkv-fx1c``). The board build's default.

@@ -3,7 +3,7 @@
 The gateware builds each one with ``amaranth.lib.crc`` from these parameters
 (:meth:`CrcSpec.algorithm_kwargs`); the host computes them with the standard library
 (``binascii.crc_hqx`` for CRC-16/XMODEM, ``zlib.crc32`` for CRC-32/ISO-HDLC), which is fast and
-independent of the HDL library. ``tests/test_defs.py`` checks the three agree, and
+independent of the HDL library. ``tests/defs/test_defs.py`` checks the three agree, and
 :meth:`CrcSpec.compute` (a plain bitwise implementation) is the reference for that check.
 """
 

@@ -2,8 +2,8 @@
 
 Opcodes (:class:`Op`), statuses (:class:`Status`), field widths, the command and response
 fields (:func:`command_fields`, :func:`response_fields`) and the parameter rules
-(:func:`check_directory_params`) of :class:`ringkv.hw.directory.CacheDirectory`; the golden
-model :class:`ringkv.host.golden_directory.GoldenDirectory` depends on these, not on the RTL.
+(:func:`check_directory_params`) of :class:`ringkv.hw.store.directory.CacheDirectory`; the golden
+model :class:`ringkv.host.golden.directory.GoldenDirectory` depends on these, not on the RTL.
 """
 
 import enum

@@ -1,7 +1,7 @@
 """The chained prefix hash's constants and parameter rules (``docs/CONVENTIONS.md#hash``).
 
-Shared by the gateware (:class:`ringkv.hw.hash_engine.HashEngine`) and its golden model
-(:mod:`ringkv.host.golden_hash`, which also documents the round function): the round constants,
+Shared by the gateware (:class:`ringkv.hw.store.hash_engine.HashEngine`) and its golden model
+(:mod:`ringkv.host.golden.hash`, which also documents the round function): the round constants,
 the parameter checks, and :func:`hash_seed`, ``h_0``, which folds in the configuration digest
 and an optional tenant salt so that prefix hashes of different configurations never match.
 """

@@ -1,8 +1,8 @@
 """The record MAC's constants: keyed BLAKE2s (RFC 7693), its tag and key sizes, key slots.
 
-Shared by the gateware (:class:`ringkv.hw.mac.MacCore`, :class:`ringkv.hw.key_slots.KeySlots`)
-and the golden model (:mod:`ringkv.host.golden_mac`). ``docs/blocks/mac.md`` explains the
-choice; in short:
+Shared by the gateware (:class:`ringkv.hw.seal.mac.MacCore`,
+:class:`ringkv.hw.seal.key_slots.KeySlots`) and the golden model (:mod:`ringkv.host.golden.mac`).
+``docs/blocks/mac.md`` explains the choice; in short:
 
 - **Keyed BLAKE2s** (RFC 7693, keyed mode: the key, zero padded to a 64-byte block, is the
   first block). It is a standard MAC with published test vectors (RFC 7693 Appendix B and the
@@ -19,7 +19,7 @@ choice; in short:
 - **Personalisation** (``person=``, 8 bytes in the parameter block) separates the two uses of
   one tenant key, so the same core computes both: :data:`PERSON_RECORD` for record tags,
   :data:`PERSON_SEED` for deriving the tenant's 64-bit prefix-hash seed
-  (:func:`ringkv.host.golden_mac.tenant_seed`). A value computed for one use is never valid for
+  (:func:`ringkv.host.golden.mac.tenant_seed`). A value computed for one use is never valid for
   the other.
 """
 

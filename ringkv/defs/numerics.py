@@ -10,7 +10,7 @@ in the config digest and every record header). Three are defined:
 * ``ringkv-fx1c`` (int8 K/V with calibrated per-layer scales): q, k, v int8 with a power-of-two
   scale per layer and per kind, ``real = x * 2**-Fq``, ``2**-Fk``, ``2**-Fv`` for layer ``l``'s
   ``(Fq, Fk, Fv) = RingKVConfig.qkv_fracs[l]`` (chosen by a calibration pass on training data,
-  :mod:`ringkv.host.calibrate`); output int16 with real = o * 2**-(Fv + 8).
+  :mod:`ringkv.host.model.calibrate`); output int16 with real = o * 2**-(Fv + 8).
 
 Everything else (shifts, output scale, element bytes on the link, in the rings and in records)
 follows from the element width and the fraction bits: :class:`Numerics`. The core applies a
@@ -21,8 +21,8 @@ fraction (5 for the int8 formats, so the dot shift stays 0), which is ``CS`` its
 ``L``-entry table by the command's layer (:func:`layer_score_consts`). ``Fv`` never reaches the
 core: the output is a convex combination of v in v's units (with 8 more fraction bits), so the
 host quantizes v and dequantizes the output with the layer's ``Fv``. The datapath these
-constants drive is specified in :mod:`ringkv.host.golden_fixed` (the bit-exact model) and built
-in :mod:`ringkv.hw.attention`; the exp table ``EXP_TABLE`` is the ROM both use.
+constants drive is specified in :mod:`ringkv.host.golden.fixed` (the bit-exact model) and built
+in :mod:`ringkv.hw.attention.core`; the exp table ``EXP_TABLE`` is the ROM both use.
 """
 
 import math

@@ -2,9 +2,9 @@
 
 Frame constants, the opcodes (:class:`Op`), the response codes (:class:`Status`) and the payload
 layout of every request and response (:data:`REQUESTS`, :data:`RESPONSES`, :data:`LENGTH`). The
-frame decoder and the dispatcher (:mod:`ringkv.hw.framing`, :mod:`ringkv.hw.top`) take their
+frame decoder and the dispatcher (:mod:`ringkv.hw.link.framing`, :mod:`ringkv.hw.top`) take their
 constants, argument offsets and response packing from here; the host
-(:mod:`ringkv.host.protocol`, :mod:`ringkv.host.fpga_device`) packs and unpacks with the same
+(:mod:`ringkv.host.device.frames`, :mod:`ringkv.host.device.fpga`) packs and unpacks with the same
 tables, so the two sides cannot drift apart. ``docs/blocks/link.md`` documents the frames and
 holds the opcode, status and payload tables, written from these definitions by
 ``tools/doc_tables.py``.
@@ -257,8 +257,8 @@ class StorageKind(enum.Enum):
     """``kind`` of :data:`STORAGE_INFO`: what serves the device's storage port."""
 
     NONE = 0       #: no SD controller in this build (a simulation's sector model)
-    SD_SPI = 1     #: an SD card in SPI mode (``hw/sdspi.py``)
-    SD_NATIVE = 2  #: an SD card in native mode, 4-bit bus (``hw/sdnative.py``)
+    SD_SPI = 1     #: an SD card in SPI mode (``hw/storage/sdspi.py``)
+    SD_NATIVE = 2  #: an SD card in native mode, 4-bit bus (``hw/storage/sdnative.py``)
 
 
 class CardType(enum.Enum):

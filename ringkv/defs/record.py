@@ -4,8 +4,8 @@ The byte layout (``docs/blocks/record-format.md``, whose header table ``tools/do
 writes from :data:`HEADER_FIELDS`): region sector 0 is the 512-byte **header**
 (:data:`HEADER_FIELDS`, header CRC last); sectors ``1 .. 1+T`` the **tokens**; then the **KV
 area**, K then V, each area zero padded to a sector boundary (:class:`RecordLayout` gives the
-sector map of a configuration). The gateware (:mod:`ringkv.hw.dma`) writes and checks exactly
-these bytes; the golden encoder/decoder and the scan are :mod:`ringkv.host.record`.
+sector map of a configuration). The gateware (:mod:`ringkv.hw.storage.dma`) writes and checks
+exactly these bytes; the golden encoder/decoder and the scan are :mod:`ringkv.host.record`.
 
 The commit sequence number (``commit_seq``, 32 bits) orders the records of one store: each
 export takes the next number, modulo 2**32. "Newer" is serial-number arithmetic in the manner
@@ -107,7 +107,7 @@ SEQ_MOD = 1 << SEQ_BITS
 
 
 class RecordStatus(enum.Enum):
-    """Result of an export, import or verify; shared by ``hw/dma.py`` and the host.
+    """Result of an export, import or verify; shared by ``hw/storage/dma.py`` and the host.
 
     Order of precedence when several apply (gateware and golden model agree): STORAGE, BAD_REQUEST,
     EMPTY, BAD_VERSION, BAD_HEADER, FOREIGN_CONFIG, NO_KEY, NOT_THIS, TOKEN_MISMATCH,

@@ -13,7 +13,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
 from ringkv.defs.numerics import numerics_of
-from ringkv.host.golden_fixed import FixedRingCore, run_ops
+from ringkv.host.golden.fixed import FixedRingCore, run_ops
 from ringkv.sim.attention_sim import accepted_attends, random_ops, token_beats
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields

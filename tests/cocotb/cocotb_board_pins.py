@@ -1,4 +1,5 @@
-"""The ULX3S top at its pins, with cocotbext-uart as the line partner (tests/test_board_sim.py).
+"""The ULX3S top at its pins, with cocotbext-uart as the line partner
+(tests/boards/test_board_sim.py).
 
 Run by :func:`ringkv.sim.board_harness.serve_board` on the pin-level build (parameters in
 ``RINGKV_BOARD``). ``clk25`` is driven at the PLL's output frequency, the SD pins meet the
@@ -10,7 +11,7 @@ the device's exact average; the device's receiver and the sink's mid-bit samplin
 it).
 
 Responses are compared byte for byte with the frames the golden encoder builds from the
-expected payloads (:func:`ringkv.host.protocol.encode_response`).
+expected payloads (:func:`ringkv.host.device.frames.encode_response`).
 """
 
 import json
@@ -25,9 +26,9 @@ from cocotbext.uart import UartSink, UartSource
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.protocol import GATEWARE_VERSION, PROTOCOL_VERSION, RESPONSES, SYNC, Op, Status
 from ringkv.defs.record import RecordLayout, token_bytes
-from ringkv.host.golden_fixed import FixedRingCore
-from ringkv.host.ops import pack_attn, unpack_attn
-from ringkv.host.protocol import encode_request, encode_response
+from ringkv.host.device.frames import encode_request, encode_response
+from ringkv.host.device.ops import pack_attn, unpack_attn
+from ringkv.host.golden.fixed import FixedRingCore
 from ringkv.sim.cocotb_board import PINS, SD_ADAPTERS, UartLine
 from ringkv.sim.sector_model import SectorImage
 

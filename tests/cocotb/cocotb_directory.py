@@ -1,6 +1,6 @@
 """cocotb on Verilator: the cache directory against its golden model, random ops, idle/stall.
 
-Run by ``tests/test_directory_cocotb.py`` through :func:`ringkv.sim.cocotb_run.run_cocotb`.
+Run by ``tests/hw/store/test_directory_cocotb.py`` through :func:`ringkv.sim.cocotb_run.run_cocotb`.
 """
 
 import random
@@ -11,8 +11,8 @@ from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from ringkv.defs.directory import Op, Status
-from ringkv.host.golden_directory import GoldenDirectory, random_commands
-from ringkv.hw.directory import command_layout, layout_fields, response_layout
+from ringkv.host.golden.directory import GoldenDirectory, random_commands
+from ringkv.hw.store.directory import command_layout, layout_fields, response_layout
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
 

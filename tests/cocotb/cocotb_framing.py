@@ -1,8 +1,8 @@
 """cocotb on Verilator: FrameDecoder/FrameEncoder against the golden framing model.
 
-Run by ``tests/test_framing.py`` through :func:`ringkv.sim.cocotb_run.run_cocotb`. The decoder
-test is the link fuzz: thousands of random, mutated, truncated and garbage frames with random
-idle and stalls; every frame the RTL accepts must be one the golden decoder accepts (and the
+Run by ``tests/hw/link/test_framing.py`` through :func:`ringkv.sim.cocotb_run.run_cocotb`. The
+decoder test is the link fuzz: thousands of random, mutated, truncated and garbage frames with
+random idle and stalls; every frame the RTL accepts must be one the golden decoder accepts (and the
 same errors), and the decoder must end idle and still decode a valid frame.
 """
 
@@ -13,7 +13,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles
 
 from ringkv.defs.protocol import SYNC
-from ringkv.host.protocol import (
+from ringkv.host.device.frames import (
     GAP,
     Frame,
     FrameError,

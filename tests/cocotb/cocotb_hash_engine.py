@@ -6,7 +6,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from ringkv.host.golden_hash import prefix_hashes
+from ringkv.host.golden.hash import prefix_hashes
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
 

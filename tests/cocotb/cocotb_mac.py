@@ -11,7 +11,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from ringkv.defs.mac import KEY_ID_BYTES, PERSONS
-from ringkv.host.golden_mac import mac
+from ringkv.host.golden.mac import mac
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields
 

@@ -1,9 +1,9 @@
 """cocotb on Verilator: QUERY_PREFIX through the whole RingKVTop, against the golden model.
 
-Run by ``tests/test_top_cocotb.py::test_prefix_cocotb`` (the same build as the top's own
+Run by ``tests/hw/top/test_top_cocotb.py::test_prefix_cocotb`` (the same build as the top's own
 cocotb test). Backpressure: the host side withholds ``tx.ready`` half the time (the response
 stream) and idles ``rx``; the storage server stalls too. Every QUERY_PREFIX answer -- status,
-count, hash, link, region, probes and cycles -- equals :func:`ringkv.host.golden_prefix.
+count, hash, link, region, probes and cycles -- equals :func:`ringkv.host.golden.prefix.
 query_prefix` of a golden directory kept in step with the device's (``DIR_INSERT`` with the
 device's ``dir_now``, evictions included). Then the real flow: a checkpoint exported with
 ``EXPORT kind=1`` is found by QUERY_PREFIX for a longer conversation and imported by QUERY.
@@ -29,9 +29,9 @@ from ringkv.defs.protocol import (
     Status,
 )
 from ringkv.defs.record import RecordKind, RecordLayout, elem_bytes
-from ringkv.host.golden_directory import GoldenDirectory
-from ringkv.host.golden_prefix import prefix_keys, query_prefix
-from ringkv.host.ops import pack_attn, pack_tokens
+from ringkv.host.device.ops import pack_attn, pack_tokens
+from ringkv.host.golden.directory import GoldenDirectory
+from ringkv.host.golden.prefix import prefix_keys, query_prefix
 from ringkv.host.record import decode_header
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sector_model import SectorImage

@@ -6,7 +6,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from ringkv.hw.storage import StorageError, StorageOp
+from ringkv.hw.storage.port import StorageError, StorageOp
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sd4_model import CocotbSD4Card, SDCard4
 from ringkv.sim.sector_model import SectorImage

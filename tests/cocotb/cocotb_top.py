@@ -22,9 +22,9 @@ from ringkv.defs.protocol import (
     Status,
 )
 from ringkv.defs.record import RecordLayout, elem_bytes
-from ringkv.host.golden_fixed import FixedRingCore
-from ringkv.host.golden_hash import sequence_hash
-from ringkv.host.ops import pack_attn, pack_tokens, unpack_attn
+from ringkv.host.device.ops import pack_attn, pack_tokens, unpack_attn
+from ringkv.host.golden.fixed import FixedRingCore
+from ringkv.host.golden.hash import sequence_hash
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sector_model import SectorImage
 from ringkv.sim.top_bench import cocotb_start_top
@@ -87,7 +87,7 @@ async def top_end_to_end(dut):
     image.write(lba, bytes(sector))
     await link.call(Op.QUERY, REQUESTS[Op.QUERY].pack(n=10), Status.MISS)
     # bad CRC and an out-of-range layer
-    from ringkv.host.protocol import encode_request
+    from ringkv.host.device.frames import encode_request
     frame = bytearray(encode_request(Op.PING, 200, b"x"))
     frame[-1] ^= 0xFF
     await link.send(bytes(frame))

@@ -22,9 +22,9 @@ from ringkv.defs.protocol import (
     build_requests,
 )
 from ringkv.defs.record import RecordLayout
-from ringkv.host.golden_hash import sequence_hash
-from ringkv.host.golden_mac import tenant_seed
-from ringkv.host.ops import pack_attn, pack_tokens
+from ringkv.host.device.ops import pack_attn, pack_tokens
+from ringkv.host.golden.hash import sequence_hash
+from ringkv.host.golden.mac import tenant_seed
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.sector_model import SectorImage
 from ringkv.sim.top_bench import cocotb_start_top

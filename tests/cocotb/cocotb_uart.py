@@ -1,6 +1,6 @@
 """cocotb on Verilator: the UART against the golden line model, ±2 % baud, stalls and idle.
 
-Run by ``tests/test_uart.py`` through :func:`ringkv.sim.cocotb_run.run_cocotb`.
+Run by ``tests/hw/link/test_uart.py`` through :func:`ringkv.sim.cocotb_run.run_cocotb`.
 """
 
 import random
@@ -10,7 +10,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 
-from ringkv.host.golden_uart import decode_line, line_levels
+from ringkv.host.golden.uart import decode_line, line_levels
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource
 

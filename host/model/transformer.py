@@ -1,0 +1,353 @@
+"""A small Mistral-style decoder in numpy, with attention behind a pluggable backend.
+
+Architecture (per layer): ``x += Wo · attn(RoPE(Wq·n1(x)), RoPE(Wk·n1(x)), Wv·n1(x))`` then
+``x += W2 · (silu(W1·n2(x)) * W3·n2(x))`` with RMSNorm ``n1``/``n2``; GQA (query head ``h`` uses KV
+head ``h // G``), sliding-window attention of ``W`` keys (``docs/CONVENTIONS.md#window``), RoPE
+applied to q and k before k enters the cache. Byte tokenizer: tokens 0..255 are bytes, 256 is BOS.
+Weights come from a fixed seed (scaled so that activations stay O(1) through the layers; q/k/v stay
+inside the range of the fixed-point core: -4 .. 4 for ``ringkv-fx1``, -16 .. 16 for ``ringkv-fx2``)
+or from an ``.npz`` file (:meth:`Model.save` / :meth:`Model.load`).
+
+The host runs everything but attention; :class:`AttentionBackend` is the seam where the
+accelerator plugs in:
+
+* :class:`Float64Backend`: :class:`~ringkv.host.golden.ring.RingKVCache` per layer (float64).
+* :class:`FixedBackend`: the bit-exact model of the FPGA core
+  (:class:`~ringkv.host.golden.fixed.FixedRingCore`) in the configuration's numerics
+  (``ringkv-fx1``: q/k/v quantized to int8; ``ringkv-fx2``: to int16), output dequantized. A
+  link backend (the same calls as ``ATTN_DECODE`` / ``ATTN_PREFILL`` requests) implements the
+  same protocol.
+"""
+
+import copy
+import ctypes
+import glob
+import json
+import os
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
+from ringkv.defs.numerics import numerics_of
+
+from ..golden.fixed import FixedRingCore, dequantize_out, quantize
+from ..golden.ring import RingKVCache
+from ..golden.swa import swa_attention
+
+__all__ = ["AttentionBackend", "Float64Backend", "FixedBackend", "Model", "BOS", "VOCAB",
+           "encode_text", "decode_text", "show_text", "rms_norm", "rope", "limit_blas_threads",
+           "weights_path", "WEIGHTS_DIR"]
+
+BOS = 256
+VOCAB = 257
+
+#: The trained weights shipped with the package (``tools/train.py``, ``make train``).
+WEIGHTS_DIR = Path(__file__).resolve().parent / "weights"
+#: Keys of a weights file that are not weights.
+_META_KEYS = ("hidden", "ffn", "meta", "ref_tokens", "ref_logits", "qkv_fracs")
+
+
+def weights_path(config: RingKVConfig = DEFAULT_CONFIG) -> Path:
+    """Where the trained weights for ``config``'s model shape live (numerics do not matter:
+    the model is the same whatever the attention core's fixed-point format)."""
+    c = config
+    return WEIGHTS_DIR / (f"kjv-L{c.layers}-Hq{c.q_heads}-Hkv{c.kv_heads}-d{c.head_dim}"
+                          f"-W{c.window}.npz")
+
+
+def limit_blas_threads(n: int = 1) -> bool:
+    """Run numpy's bundled OpenBLAS on ``n`` threads (True if it could be set).
+
+    The model's matrices are small (a chunk × 256): BLAS threads only fight each other and the
+    simulator for the cores, making each product ~30x slower on a loaded 2-core machine.
+    """
+    pattern = os.path.join(os.path.dirname(np.__file__), "..", "numpy.libs", "*openblas*")
+    for path in glob.glob(pattern):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for name in ("scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_",
+                     "openblas_set_num_threads"):
+            if hasattr(lib, name):
+                getattr(lib, name)(int(n))
+                return True
+    return False
+
+
+limit_blas_threads()
+
+
+def encode_text(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def decode_text(tokens) -> str:
+    return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+
+
+def show_text(tokens) -> str:
+    """Generated tokens as printable text: bytes decoded as UTF-8, newlines kept, other
+    control characters, invalid bytes and BOS escaped (``\\x07``, ``\\xff``, ``<BOS>``)."""
+    out, run = [], bytearray()
+
+    def flush():
+        text = bytes(run).decode("utf-8", errors="backslashreplace")
+        out.append("".join(ch if ch.isprintable() or ch in "\n\t" else
+                           ch.encode("unicode_escape").decode("ascii") for ch in text))
+        run.clear()
+
+    for t in tokens:
+        if t < 256:
+            run.append(t)
+        else:
+            flush()
+            out.append("<BOS>")
+    flush()
+    return "".join(out)
+
+
+def rms_norm(x, gain, eps=1e-6):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * gain
+
+
+def rope(x, positions, theta=10000.0):
+    """Rotary embedding (rotate-half form) of ``x`` (C, H, D) at ``positions`` (C,)."""
+    d = x.shape[-1]
+    inv = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv[None, :]      # (C, D/2)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+class AttentionBackend(Protocol):
+    """Per-layer sliding-window attention with the ring-buffer KV cache (the accelerator).
+
+    ``decode(layer, q (Hq,d), k (Hkv,d), v (Hkv,d)) -> (Hq,d)`` writes the token's K/V first,
+    then attends. ``prefill(layer, q (C,Hq,d), k (C,Hkv,d), v (C,Hkv,d)) -> (C,Hq,d)`` is a
+    chunk. ``reset()`` empties every ring; ``snapshot()`` / ``restore(s)`` copy the whole state
+    (export/import); ``n`` is the number of tokens seen by layer 0.
+    """
+
+    n: int
+
+    def decode(self, layer: int, q, k, v): ...
+    def prefill(self, layer: int, q, k, v): ...
+    def reset(self) -> None: ...
+    def snapshot(self): ...
+    def restore(self, snapshot) -> None: ...
+
+
+class Float64Backend:
+    """Float64 rings (:class:`RingKVCache`, slot rule ``p % W`` like the hardware)."""
+
+    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG):
+        self.config = config
+        self.reset()
+
+    def reset(self):
+        c = self.config
+        self.layers = [RingKVCache(c.window, c.kv_heads, c.head_dim, rule="mod")
+                       for _ in range(c.layers)]
+
+    @property
+    def n(self) -> int:
+        return self.layers[0].n
+
+    def decode(self, layer, q, k, v):
+        return self.layers[layer].decode_step(q, k, v)
+
+    def prefill(self, layer, q, k, v):
+        return self.layers[layer].chunked_prefill(q, k, v)
+
+    def snapshot(self):
+        return copy.deepcopy(self.layers)
+
+    def restore(self, snapshot):
+        self.layers = copy.deepcopy(snapshot)
+
+
+class FixedBackend:
+    """The FPGA core's bit-exact model in ``config.numerics``: ``ringkv-fx1`` int8 q/k/v
+    (scale 2**-5), int16 output (2**-13); ``ringkv-fx2`` int16 q/k/v and output (2**-11);
+    ``ringkv-fx1c`` int8 q/k/v with layer ``l``'s scales ``config.qkv_fracs[l]``, output
+    2**-(Fv + 8)."""
+
+    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, lanes: int = 4):
+        self.config = config
+        self.numerics = numerics_of(config.numerics)
+        self.fracs = self.numerics.layer_fracs(config.layers, config.qkv_fracs)
+        self.lanes = lanes
+        self.reset()
+
+    def reset(self):
+        c = self.config
+        self.core = FixedRingCore.for_config(c, self.lanes)
+
+    @property
+    def n(self) -> int:
+        return int(self.core.count[0])
+
+    def prefill(self, layer, q, k, v):
+        c, nx = self.config, self.numerics
+        g = c.group
+        fr = self.fracs[layer]
+        qi, ki, vi = (quantize(np.asarray(x), nx, f) for x, f in zip((q, k, v), fr))
+        out = np.empty(np.shape(q))
+        for h in range(c.kv_heads):
+            o = self.core.attend(layer, h, qi[:, h * g:(h + 1) * g], ki[:, h], vi[:, h])
+            out[:, h * g:(h + 1) * g] = dequantize_out(o, nx, fr[2])
+        return out
+
+    def decode(self, layer, q, k, v):
+        return self.prefill(layer, np.asarray(q)[None], np.asarray(k)[None],
+                            np.asarray(v)[None])[0]
+
+    def snapshot(self):
+        return (self.core.rings.copy(), self.core.count.copy(), self.core.head.copy())
+
+    def restore(self, snapshot):
+        rings, count, head = snapshot
+        self.core.rings[...] = rings
+        self.core.count[...] = count
+        self.core.head[...] = head
+
+
+class Model:
+    """The decoder. ``forward(tokens, pos, backend)`` runs a chunk at positions ``pos..``."""
+
+    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, hidden: int = 256,
+                 ffn: int = 512, seed: int = 0, weights: dict | None = None):
+        if hidden <= 0 or ffn <= 0:
+            raise ValueError(f"hidden and ffn must be positive, not {hidden!r}, {ffn!r}")
+        self.config, self.hidden, self.ffn = config, hidden, ffn
+        self.w = weights if weights is not None else self._init(seed)
+        self.meta: dict = {}
+        #: per-layer ``(Fq, Fk, Fv)`` for ``ringkv-fx1c`` stored with trained weights
+        #: (:mod:`ringkv.host.model.calibrate`); ``None`` when the weights carry none
+        self.qkv_fracs: tuple | None = None
+
+    def _init(self, seed):
+        c, h, f = self.config, self.hidden, self.ffn
+        rng = np.random.default_rng(seed)
+        qd, kd = c.q_heads * c.head_dim, c.kv_heads * c.head_dim
+
+        def mat(n_in, n_out, gain=1.0):
+            return rng.standard_normal((n_in, n_out)) * gain / np.sqrt(n_in)
+
+        w = {"emb": rng.standard_normal((VOCAB, h)), "norm": np.ones(h), "out": mat(h, VOCAB, 3.0)}
+        for i in range(c.layers):
+            w[f"l{i}.n1"] = np.ones(h)
+            w[f"l{i}.n2"] = np.ones(h)
+            w[f"l{i}.wq"] = mat(h, qd, 0.8)
+            w[f"l{i}.wk"] = mat(h, kd, 0.8)
+            w[f"l{i}.wv"] = mat(h, kd, 0.8)
+            w[f"l{i}.wo"] = mat(qd, h, 0.5)
+            w[f"l{i}.w1"] = mat(h, f)
+            w[f"l{i}.w3"] = mat(h, f)
+            w[f"l{i}.w2"] = mat(f, h, 0.5)
+        return w
+
+    def save(self, path):
+        np.savez(path, hidden=self.hidden, ffn=self.ffn, **self.w)
+
+    @classmethod
+    def load(cls, path, config: RingKVConfig = DEFAULT_CONFIG) -> "Model":
+        """Weights from an ``.npz`` (:meth:`save`, or ``tools/train.py``'s export: float16
+        matrices, computed in float64 here). ``model.meta`` holds the training metadata of an
+        exported file (``{}`` otherwise)."""
+        with np.load(Path(path)) as z:
+            w = {k: np.asarray(z[k], dtype=np.float64) for k in z.files if k not in _META_KEYS}
+            model = cls(config, hidden=int(z["hidden"]), ffn=int(z["ffn"]), weights=w)
+            model.meta = json.loads(str(z["meta"])) if "meta" in z.files else {}
+            if "qkv_fracs" in z.files:
+                model.qkv_fracs = tuple(tuple(int(f) for f in t) for t in z["qkv_fracs"])
+        shapes = {"wq": (model.hidden, config.q_heads * config.head_dim),
+                  "wk": (model.hidden, config.kv_heads * config.head_dim)}
+        for name, shape in shapes.items():
+            if (w["l0." + name].shape != shape or f"l{config.layers - 1}.wq" not in w
+                    or f"l{config.layers}.wq" in w):
+                raise ValueError(f"{path}: weights of another model shape than {config}")
+        return model
+
+    @classmethod
+    def trained(cls, config: RingKVConfig = DEFAULT_CONFIG) -> "Model":
+        """The trained model shipped for ``config``'s shape (:func:`weights_path`); a clear
+        error when there is none (train one with ``tools/train.py``)."""
+        path = weights_path(config)
+        if not path.exists():
+            raise FileNotFoundError(f"no trained weights for this model shape ({path.name}); "
+                                    f"make train, or use the random model (--random)")
+        return cls.load(path, config)
+
+    def _qkv(self, i, x, positions):
+        c = self.config
+        n = rms_norm(x, self.w[f"l{i}.n1"])
+        q = (n @ self.w[f"l{i}.wq"]).reshape(-1, c.q_heads, c.head_dim)
+        k = (n @ self.w[f"l{i}.wk"]).reshape(-1, c.kv_heads, c.head_dim)
+        v = (n @ self.w[f"l{i}.wv"]).reshape(-1, c.kv_heads, c.head_dim)
+        return rope(q, positions), rope(k, positions), v
+
+    def _rest(self, i, x, o):
+        x = x + o.reshape(len(x), -1) @ self.w[f"l{i}.wo"]
+        n = rms_norm(x, self.w[f"l{i}.n2"])
+        a = n @ self.w[f"l{i}.w1"]
+        return x + ((a / (1 + np.exp(-a))) * (n @ self.w[f"l{i}.w3"])) @ self.w[f"l{i}.w2"]
+
+    def _logits(self, x):
+        return rms_norm(x, self.w["norm"]) @ self.w["out"]
+
+    def forward(self, tokens, pos: int, backend: AttentionBackend):
+        """Logits (C, VOCAB) of a chunk of tokens at positions ``pos..pos+C-1``; the backend
+        must already hold positions ``0..pos-1``. A chunk of one uses ``decode``."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        positions = np.arange(pos, pos + len(tokens))
+        x = self.w["emb"][tokens]
+        for i in range(self.config.layers):
+            q, k, v = self._qkv(i, x, positions)
+            if len(tokens) == 1:
+                o = backend.decode(i, q[0], k[0], v[0])[None]
+            else:
+                o = backend.prefill(i, q, k, v)
+            x = self._rest(i, x, o)
+        return self._logits(x)
+
+    def prefill(self, tokens, pos: int, backend, chunk: int = 64):
+        """Chunked prefill of ``tokens`` at ``pos..``; returns the last position's logits."""
+        if chunk <= 0:
+            raise ValueError(f"chunk must be positive, not {chunk!r}")
+        logits = None
+        for s in range(0, len(tokens), chunk):
+            part = tokens[s:s + chunk]
+            logits = self.forward(part, pos + s, backend)[-1]
+        return logits
+
+    def forward_full(self, tokens):
+        """Reference: all logits of ``tokens`` at positions ``0..``, attention recomputed over
+        the whole sequence with :func:`~ringkv.host.golden.swa.swa_attention` (no cache)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        positions = np.arange(len(tokens))
+        x = self.w["emb"][tokens]
+        for i in range(self.config.layers):
+            q, k, v = self._qkv(i, x, positions)
+            o = swa_attention(q, k, v, window=self.config.window, causal=True)
+            x = self._rest(i, x, o)
+        return self._logits(x)
+
+    def generate(self, tokens, pos: int, backend, n_new: int, chunk: int = 64):
+        """Greedy: prefill ``tokens`` at ``pos``, then ``n_new`` tokens. The last generated token
+        is returned but not fed (its K/V are not in the cache): the caller feeds it next turn.
+        """
+        logits = self.prefill(tokens, pos, backend, chunk)
+        pos += len(tokens)
+        out = []
+        for step in range(n_new):
+            token = int(np.argmax(logits))
+            out.append(token)
+            if step + 1 < n_new:
+                logits = self.forward([token], pos, backend)[0]
+                pos += 1
+        return out

@@ -1,0 +1,123 @@
+"""Dispatcher unit: raw storage access (SECTOR_READ) and the medium's description
+(STORAGE_INFO).
+
+A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. The top's
+storage port belongs to the DMA except while a ``SECTOR_READ`` runs: the sector is read into a
+512-byte buffer (at the storage port's pace), then sent at 2 clocks per byte. A storage error or
+a short sector answers ``STORAGE_ERROR``.
+
+``STORAGE_INFO`` answers at once (no storage command) with the build's storage parameters
+(``storage_kind``, the bus width it implies, ``sd_clock_hz``), the controller's state on the
+top's ``storage_info`` port (initialised, card type, high speed, capacity) and the storage
+port's error record: every status with an error that passes the port (the DMA's transfers,
+the recovery scan's, ``SECTOR_READ``'s) sets ``last_error`` and counts in ``errors``
+(saturating).
+"""
+
+from amaranth import Mux, Signal
+from amaranth.lib import memory
+
+from ringkv.defs.protocol import Op, StorageKind
+
+from ..protocol import Status
+from ..storage.port import SECTOR_BYTES, StorageError, StorageOp
+from .dispatch import CommandUnit
+
+__all__ = ["StorageUnit"]
+
+
+class StorageUnit(CommandUnit):
+    OPS = (Op.SECTOR_READ, Op.STORAGE_INFO)
+    BODIES = {"SECTOR": "SECTOR_READ_ISSUE"}
+
+    def signals(self, d):
+        m = d.m
+        st, ds = d.top.storage, d.dma.storage
+        self.st_top = st_top = Signal()
+        self.top_cmd_valid, self.top_rready = top_cmd_valid, top_rready = Signal(), Signal()
+        self.top_lba = Signal(32)
+        m.d.comb += [
+            st.cmd.valid.eq(Mux(st_top, top_cmd_valid, ds.cmd.valid)),
+            st.cmd.payload.eq(ds.cmd.payload),
+            ds.cmd.ready.eq(st.cmd.ready & ~st_top),
+            st.wdata.valid.eq(ds.wdata.valid & ~st_top),
+            st.wdata.payload.eq(ds.wdata.payload),
+            ds.wdata.ready.eq(st.wdata.ready & ~st_top),
+            ds.rdata.valid.eq(st.rdata.valid & ~st_top),
+            ds.rdata.payload.eq(st.rdata.payload),
+            st.rdata.ready.eq(Mux(st_top, top_rready, ds.rdata.ready)),
+            ds.status.valid.eq(st.status.valid & ~st_top),
+            ds.status.payload.eq(st.status.payload),
+            st.status.ready.eq(Mux(st_top, 1, ds.status.ready)),
+        ]
+        with m.If(st_top):
+            m.d.comb += [st.cmd.payload.op.eq(StorageOp.READ), st.cmd.payload.lba.eq(self.top_lba),
+                         st.cmd.payload.count.eq(1)]
+        m.submodules.sector = sector = memory.Memory(shape=8, depth=SECTOR_BYTES, init=[])
+        self.sec_wr = sector.write_port()
+        self.sec_rd = sector.read_port(transparent_for=())
+        self.sec_err = Signal()
+        # the storage port's error record (STORAGE_INFO)
+        self.last_error = Signal(StorageError)
+        self.errors = Signal(32)
+        error = st.status.payload.error
+        with m.If(st.status.valid & st.status.ready & (error != StorageError.OK)):
+            m.d.sync += [self.last_error.eq(error),
+                         self.errors.eq(self.errors + (self.errors != 0xFFFF_FFFF))]
+
+    def responses(self, d):
+        top = d.top
+        info = top.storage_info
+        width = {StorageKind.NONE: 0, StorageKind.SD_SPI: 1, StorageKind.SD_NATIVE: 4}
+        return {Op.STORAGE_INFO: dict(
+            kind=top.storage_kind.value, card_type=info.card_type.as_value(),
+            initialised=info.ready, bus_width=width[top.storage_kind],
+            high_speed=info.high_speed, last_error=self.last_error.as_value(),
+            errors=self.errors, sd_clock_hz=top.sd_clock_hz, sectors=info.sectors)}
+
+    def dispatch(self, d):
+        m, top = d.m, d.top
+        region_sectors = top.regions * d.layout.sectors_per_region
+        with m.Case(Op.SECTOR_READ.value):
+            lba = d.arg(Op.SECTOR_READ, "lba")
+            with m.If(lba >= region_sectors):
+                d.reject(Status.BAD_ARG)
+            with m.Else():
+                m.d.sync += [self.top_lba.eq(top.base_lba + lba), d.idx.eq(0),
+                             self.sec_err.eq(0)]
+                m.next = "SECTOR_COMMAND"
+        with m.Case(Op.STORAGE_INFO.value):
+            d.ok_fixed(Op.STORAGE_INFO)
+
+    def states(self, d):
+        m, enc, idx, st = d.m, d.enc, d.idx, d.top.storage
+        sec_wr, sec_rd = self.sec_wr, self.sec_rd
+        with m.State("SECTOR_COMMAND"):
+            m.d.comb += [self.st_top.eq(1), self.top_cmd_valid.eq(1)]
+            with m.If(st.cmd.ready):
+                m.next = "SECTOR_DATA"
+        with m.State("SECTOR_DATA"):
+            # the storage contract: count*512 bytes, then one status (early on an error)
+            m.d.comb += [self.st_top.eq(1), self.top_rready.eq(idx != SECTOR_BYTES),
+                         sec_wr.addr.eq(idx), sec_wr.data.eq(st.rdata.payload)]
+            with m.If(st.rdata.valid & (idx != SECTOR_BYTES)):
+                m.d.comb += sec_wr.en.eq(1)
+                m.d.sync += idx.eq(idx + 1)
+            with m.If(st.status.valid):
+                with m.If((st.status.payload.error != StorageError.OK)
+                          | (idx != SECTOR_BYTES)):
+                    d.respond(Status.STORAGE_ERROR)
+                with m.Else():
+                    d.respond(Status.OK, SECTOR_BYTES, "SECTOR")
+        with m.State("SECTOR_READ_ISSUE"):
+            m.d.comb += [sec_rd.addr.eq(idx), sec_rd.en.eq(1)]
+            m.next = "SECTOR_READ_SEND"
+        with m.State("SECTOR_READ_SEND"):
+            m.d.comb += [sec_rd.en.eq(0), enc.data.valid.eq(1),
+                         enc.data.payload.eq(sec_rd.data)]
+            with m.If(enc.data.ready):
+                m.d.sync += idx.eq(idx + 1)
+                with m.If(idx == SECTOR_BYTES - 1):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "SECTOR_READ_ISSUE"

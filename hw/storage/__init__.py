@@ -1,0 +1,38 @@
+"""``ringkv.hw.storage``: records on the card -- the sector storage port, the SD PHY pieces, the
+native 4-bit and SPI SD controllers, and the DMA engine that moves a record (header, tokens,
+K/V rings) between the card and the attention core's rings.
+
+It may import Amaranth, the standard library, ``ringkv.defs``, ``ringkv.hw.enums``, and of the
+other subsystems only the ports the DMA drives: the attention core's ring port
+(``ringkv.hw.attention.ring_port``), the token memory's read port
+(``ringkv.hw.store.token_memory``) and the record MAC's port (``ringkv.hw.seal.mac``)
+(``tests/repo/test_layers.py``).
+
+The storage port's names (``StoragePortSignature``, ``StorageOp``, ``StorageError``, ...) are
+re-exported here from :mod:`.port`, so ``from ringkv.hw.storage import StoragePortSignature``
+works as it did when the port was the module ``ringkv.hw.storage``.
+"""
+
+from .dma import DmaEngine, DmaOp, RecordKind, RecordStatus
+from .dma_stream import RecordCursor, RecordTap, TokenChecker, WritePipeline
+from .port import (
+    SECTOR_BYTES,
+    CardType,
+    StorageCommand,
+    StorageError,
+    StorageInfoSignature,
+    StorageOp,
+    StoragePortSignature,
+    StorageStatus,
+)
+from .record_header import HeaderEncoder, HeaderParser
+from .sdnative import SDNativeController
+from .sdphy import SDClocker, SDCmdReader, SDCmdWriter, SDDataPHY, SPIByteEngine
+from .sdspi import SDSPIController
+
+__all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
+           "StoragePortSignature", "StorageInfoSignature", "CardType",
+           "SDNativeController", "SDSPIController", "SDClocker", "SDCmdWriter", "SDCmdReader",
+           "SDDataPHY", "SPIByteEngine", "DmaEngine", "DmaOp", "RecordStatus", "RecordKind",
+           "RecordCursor", "RecordTap", "WritePipeline", "TokenChecker", "HeaderEncoder",
+           "HeaderParser"]
