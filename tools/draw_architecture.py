@@ -148,29 +148,34 @@ BOXES: tuple[Box, ...] = (
 
 #: The request's path, step by step: the legend of the numbers on the arrows.
 STEPS: dict[int, str] = {
-    1: "A request arrives: a chat completion at `ringkv.serve` (or a line typed into "
-       "`ringkv chat`); the answer goes back the same way.",
-    2: "`ringkv.host.scheduler` turns it into the session's tokens and picks the device that "
-       "holds the longest stored prefix of them.",
-    3: "`ringkv.host.device` writes the tokens to the device's token memory and sends `QUERY n` "
-       "(the session's own snapshot) or `QUERY_PREFIX` (the longest stored prefix).",
+    1: "A request arrives: a chat completion at `ringkv.serve`, whose router sends it to the "
+       "device holding its longest stored prefix (or a line typed into `ringkv chat`, "
+       "`ringkv.cli`); the generated tokens go back the same way.",
+    2: "That device's `ringkv.host.scheduler` picks the path: continue the conversation "
+       "resident in the rings, or look for a stored snapshot or prefix of its tokens.",
+    3: "`ringkv.host.device` writes the tokens into the device's token memory and sends "
+       "`QUERY n` (the session's own snapshot) or `QUERY_PREFIX` (the longest stored prefix, "
+       "then `QUERY` of that).",
     4: "The frames cross the byte link: the board's USB UART, or a TCP socket into the "
        "Verilator simulation (`ringkv.sim`), with the same driver code.",
-    5: "`ringkv.hw.link` checks each frame's CRC; `ringkv.hw.commands` dispatches the request "
-       "to the unit of its opcode family.",
+    5: "`ringkv.hw.link` checks each frame's CRC (a bad frame has no effect); "
+       "`ringkv.hw.commands` hands the request to the unit of its opcode family.",
     6: "`ringkv.hw.store` hashes the tokens (one per clock) and looks `(count, hash)` up in "
-       "the cache directory.",
-    7: "On a hit `ringkv.hw.storage`'s DMA reads the record from the SD card: header, tokens "
-       "(compared with token memory), K/V, CRC on the fly (and the MAC, `ringkv.hw.seal`, in "
-       "sealed builds).",
-    8: "Import: the K/V stream into `ringkv.hw.attention`'s rings; only if every check passes "
-       "is the answer `HIT`, else `MISS` with empty rings.",
-    9: "On a miss, or for the tokens after an imported prefix, `ringkv.host.model` recomputes: "
-       "chunked prefill, then decode.",
-    10: "Per layer the host sends q/k/v in `ATTN_PREFILL` / `ATTN_DECODE` frames; the "
-        "attention core writes K/V into the rings, attends the window and returns the outputs.",
-    11: "Export: `EXPORT n` inserts `(n, hash)` into the directory, which gives it a region, "
-        "and the DMA writes the record from the rings to the card, header last.",
+       "the cache directory (`QUERY_PREFIX`: every prefix length, the longest stored wins).",
+    7: "On a directory hit, `ringkv.hw.storage`'s DMA reads the record from the SD card: "
+       "header, tokens (compared with token memory), K/V, the payload CRC checked on the fly "
+       "(and in sealed builds the record MAC, `ringkv.hw.seal`).",
+    8: "Import: the K/V stream into `ringkv.hw.attention`'s rings; the answer is `HIT` only if "
+       "every check passed, else `MISS`, and the rings are left empty.",
+    9: "On a miss, and for the tokens after an imported prefix, `ringkv.host.model` computes: "
+       "chunked prefill (exporting checkpoints on the way), then decode.",
+    10: "For every layer the host sends q/k/v in `ATTN_PREFILL` / `ATTN_DECODE` frames; the "
+        "attention core writes K/V into the layer's rings first, then attends the window on "
+        "its split-KV lanes and returns the outputs.",
+    11: "After inference `EXPORT n` inserts `(n, hash)` into the directory, which takes a "
+        "storage region from its allocator (evicting the least recently used snapshot when "
+        "full), and the DMA writes the record from token memory and the rings to the card, "
+        "header last: a power cut leaves the previous snapshot valid.",
 }
 
 _PAIR = 0.32  # how far apart the import and export arrows run
@@ -335,8 +340,11 @@ def render_png(path: Path, dpi: int = 100) -> None:
 
 
 def legend_markdown() -> str:
-    """The numbered legend of :data:`STEPS`, as Markdown."""
-    return "\n".join(f"{number}. {text}" for number, text in sorted(STEPS.items()))
+    """The numbered legend of :data:`STEPS`, as Markdown wrapped at 100 columns."""
+    return "\n".join(textwrap.fill(f"{number}. {text}", 100, break_on_hyphens=False,
+                                   break_long_words=False,
+                                   subsequent_indent=" " * (len(str(number)) + 2))
+                     for number, text in sorted(STEPS.items()))
 
 
 def main(argv=None) -> int:
