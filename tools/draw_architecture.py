@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Box", "Arrow", "BOXES", "ARROWS", "STEPS", "SVG", "draw", "render_svg",
-           "legend_markdown", "main"]
+           "render_png", "legend_markdown", "main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SVG = Path("docs/architecture.svg")
