@@ -10,7 +10,7 @@ JOBS   ?= 2
 XDIST  := -n $(JOBS) --maxschedchunk 1
 
 .PHONY: all demo demo-board gatesim test test-all test-slow durations formal bench bitstream lint clean \
-	distclean venv train coverage coverage-test coverage-slow coverage-compare
+	distclean venv train coverage coverage-test coverage-slow coverage-compare docs-picture
 
 all: test
 
@@ -109,6 +109,11 @@ train: $(TRAIN_STAMP)
 MIN_SLACK ?= 0
 bitstream: $(STAMP)
 	$(VENV)/bin/ringkv build --board $(BOARD) --min-slack-pct $(MIN_SLACK)
+
+## make docs-picture: draw docs/architecture.svg (tools/draw_architecture.py; matplotlib from the
+## `dev` extra); tests/repo/test_architecture_picture.py checks that the committed file is up to date
+docs-picture: $(STAMP)
+	$(PY) tools/draw_architecture.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
