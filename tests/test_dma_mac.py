@@ -27,12 +27,12 @@ from ringkv.defs.record import (
     RecordLayout,
     RecordStatus,
     kv_bytes_of,
+    put_field,
 )
 from ringkv.host.record import (
     crc32,
     encode_record,
     import_record,
-    put_field,
     scan_image,
 )
 from ringkv.hw.dma import DmaOp

@@ -11,12 +11,11 @@ from cocotb.triggers import RisingEdge, Timer
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.mac import KEY_ID_BYTES, KEY_SLOTS
-from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, ring_elements
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, put_field, ring_elements
 from ringkv.host.record import (
     crc32,
     encode_record,
     import_record,
-    put_field,
     ring_dtype,
     ring_image,
     rings_from_image,
