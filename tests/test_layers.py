@@ -108,8 +108,26 @@ def violations(path: Path, source: str | None = None) -> list[str]:
 
 
 def package_files():
+    """Every module of every package folder, its subpackages' included (``host/record/``): a
+    folder below a package folder counts when it and every folder between are packages
+    (``__init__.py``), so a data folder (``host/weights/``) is left out, and a package folder
+    of its own (``ringkv/defs/`` below ``ringkv/``) is walked once, as itself."""
     for folder in FOLDERS:
-        yield from sorted((ROOT / folder).glob("*.py"))
+        root = ROOT / folder
+        for path in sorted(root.rglob("*.py")):
+            below = path.parent.relative_to(root).parts
+            dirs = [root.joinpath(*below[:n]) for n in range(1, len(below) + 1)]
+            if all((d / "__init__.py").is_file()
+                   and d.relative_to(ROOT).as_posix() not in FOLDERS for d in dirs):
+                yield path
+
+
+def test_package_files_walks_subpackages_once():
+    files = [path.relative_to(ROOT).as_posix() for path in package_files()]
+    assert len(files) == len(set(files))
+    assert {"host/record/__init__.py", "host/record/codec.py", "host/record/__main__.py",
+            "ringkv/defs/record.py", "host/errors.py"} <= set(files)
+    assert not any(f.startswith("host/weights/") for f in files)
 
 
 def test_every_module_follows_the_layering_rule():
@@ -129,7 +147,7 @@ def test_every_package_states_what_it_is_and_may_import():
     ("hw/top.py", "from ..host import ops\n", "ringkv.host.ops"),
     ("hw/dma.py", "def f():\n    import numpy\n", "standard library"),
     ("host/link.py", "from ringkv.hw.protocol import Op\n", "ringkv.hw.protocol"),
-    ("host/record.py", "from amaranth.lib import crc\n", "numpy"),
+    ("host/record/codec.py", "from amaranth.lib import crc\n", "numpy"),
     ("ringkv/defs/record.py", "import numpy as np\n", "standard library"),
     ("ringkv/defs/record.py", "from ..hw import enums\n", "ringkv.hw.enums"),
     ("boards/ulx3s.py", "from ringkv.sim.harness import build_top\n", "ringkv.sim.harness"),
