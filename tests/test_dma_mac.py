@@ -1,6 +1,6 @@
 """Sealed transfers: the DMA engine driving the record MAC (``DmaEngine`` + ``MacUnit``'s
 ``MacCore`` and ``KeySlots``) in the Amaranth simulator, against the golden sealed record
-(``host/record.py``'s ``encode_record`` / ``import_record`` with keys; ``hashlib.blake2s`` is
+(``host/record/codec.py``'s ``encode_record`` / ``import_record`` with keys; ``hashlib.blake2s`` is
 the MAC's reference), with random idle and stalls on every storage stream."""
 
 import random

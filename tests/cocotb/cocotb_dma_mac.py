@@ -1,5 +1,5 @@
 """cocotb on Verilator: the DMA harness with the record MAC (``DmaHarness(..., mac=True)``):
-sealed exports and imports against the golden sealed record (``host/record.py`` with keys,
+sealed exports and imports against the golden sealed record (``host/record/codec.py`` with keys,
 ``hashlib`` as the MAC's reference), with random idle and backpressure on every stream."""
 
 import random
