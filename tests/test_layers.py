@@ -9,7 +9,8 @@
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
       └── host/    defs + numpy + pyserial: the host knows the device only through the protocol
-            │
+            │    └── host/record/  defs + numpy + host.errors, host.keys, host.golden_mac:
+            │                      the record format never sees a device, the link or a model
     ringkv.defs   the standard library only: configuration, protocol, record format,
                   numerics, hash and directory definitions shared by both sides
 
@@ -33,6 +34,9 @@ RULES = {
     "ringkv.defs": ({"ringkv.defs"}, set()),
     "ringkv.hw": ({"ringkv.defs", "ringkv.hw"}, {"amaranth"}),
     "ringkv.host": ({"ringkv.defs", "ringkv.host"}, {"numpy", "serial"}),
+    # the record format, scans and card images (host/record/__init__.py says so)
+    "ringkv.host.record": ({"ringkv.defs", "ringkv.host.record", "ringkv.host.errors",
+                            "ringkv.host.keys", "ringkv.host.golden_mac"}, {"numpy"}),
     "ringkv.sim": ({"ringkv.defs", "ringkv.hw", "ringkv.host", "ringkv.sim"}, None),
     "ringkv.boards": ({"ringkv.defs", "ringkv.hw", "ringkv.boards", "ringkv.sim.toolchain",
                        "ringkv.sim.verilog", "ringkv.host.errors"}, None),
@@ -155,6 +159,8 @@ def test_every_package_states_what_it_is_and_may_import():
     ("serve/engine.py", "from ringkv.hw.top import RingKVTop\n", "ringkv.hw.top"),
     ("serve/app.py", "import aiohttp\n", "starlette"),
     ("host/scheduler.py", "from ringkv.serve.engine import Engine\n", "ringkv.serve"),
+    ("host/record/scan.py", "from ..scheduler import Scheduler\n", "ringkv.host.scheduler"),
+    ("host/record/image.py", "import serial\n", "numpy"),
 ])
 def test_the_check_catches_a_violation(path, source, needle):
     found = violations(ROOT / path, source)
@@ -169,9 +175,54 @@ def test_the_check_catches_a_violation(path, source, needle):
     ("ringkv/cli.py", "from ringkv.sim.harness import build_top\n"),
     ("sim/board_harness.py", "from ringkv.boards.ulx3s import ULX3STop\n"),
     ("serve/devices.py", "from ringkv.sim.harness import SimDevice\nimport platformdirs\n"),
+    ("host/record/image.py", "import numpy as np\nfrom ringkv.defs.config import RingKVConfig\n"
+                             "from ..errors import UsageError\nfrom ..keys import read_key_file\n"
+                             "from ..golden_mac import mac\nfrom .scan import scan_region\n"),
 ])
 def test_the_check_allows_what_the_rule_allows(path, source):
     assert violations(ROOT / path, source) == []
+
+
+#: the modules of host/record/, each importing only those before it (and never the package's
+#: ``__init__``, which imports them all): no import cycle
+RECORD_ORDER = ("codec", "scan", "listing", "image")
+
+
+def record_siblings(path: Path, source: str | None = None) -> list[str]:
+    """The imports of a ``host/record`` module that break :data:`RECORD_ORDER`."""
+    module = module_name(path)
+    rank = RECORD_ORDER.index(module.rsplit(".", 1)[1])
+    source = path.read_text() if source is None else source
+    found = []
+    for line, target in imports_of(source, module, False):
+        if not _allowed(target, {"ringkv.host.record"}):
+            continue
+        name = (target.split(".") + [""])[3]          # "" for the package itself
+        if name not in RECORD_ORDER[:rank]:
+            found.append(f"{path.relative_to(ROOT)}:{line} imports {target}: "
+                         f"{module} may import only {list(RECORD_ORDER[:rank])} of the package")
+    return found
+
+
+def test_record_modules_import_in_order():
+    paths = sorted((ROOT / "host" / "record").glob("*.py"))
+    assert {p.stem for p in paths} == {*RECORD_ORDER, "__init__", "__main__"}
+    found = [v for p in paths if p.stem in RECORD_ORDER for v in record_siblings(p)]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path, source, bad", [
+    ("host/record/scan.py", "from .codec import crc32\n", False),
+    ("host/record/image.py", "from .listing import fsck_report\nfrom .scan import scan_region\n",
+     False),
+    ("host/record/codec.py", "def f():\n    from .scan import scan_region\n", True),
+    ("host/record/scan.py", "from . import crc32\n", True),
+    ("host/record/listing.py", "from ringkv.host.record import plan_rebuild\n", True),
+    ("host/record/scan.py", "from .image import main\n", True),
+    ("host/record/image.py", "import ringkv.host.record\n", True),
+])
+def test_the_record_order_check_catches_one(path, source, bad):
+    assert bool(record_siblings(ROOT / path, source)) is bad
 
 
 #: the test folders: a test module (``test_*.py``) imports shared code from a plain helper
