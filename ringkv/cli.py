@@ -663,7 +663,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fsck_help() -> str:
-    from ringkv.host.record import FSCK_HELP
+    from ringkv.host.record.image import FSCK_HELP
     return "fsck " + FSCK_HELP
 
 

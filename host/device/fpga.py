@@ -284,7 +284,7 @@ class FpgaDevice(Device):
     def check_config(self) -> None:
         """Compare the device's ``CONFIG_DIGEST`` with the host's configuration; raise
         :class:`ConfigMismatch` naming the differing fields."""
-        from ..record import _decode_fields
+        from ..record.codec import decode_fields
         r = RESPONSES[Op.CONFIG_DIGEST].unpack(self._call(Op.CONFIG_DIGEST))
         if r["digest"] == self.config.digest():
             return
@@ -293,7 +293,7 @@ class FpgaDevice(Device):
         # the device reports the fields of 80..116, not a per-layer numerics' fractions: the
         # host's are assumed, so a difference in them shows as a digest-only difference
         put_field(buf, "qkv_fracs", encode_fracs(self.config))
-        fields = _decode_fields(buf).config_fields
+        fields = decode_fields(buf).config_fields
         try:
             theirs = RingKVConfig(**fields)
         except (TypeError, ValueError) as e:

@@ -1,6 +1,6 @@
 """The DMA engine: snapshot export (rings + tokens -> storage) and import (storage -> rings).
 
-The record layout is ``host/record.py``'s (``docs/blocks/record-format.md``); this
+The record layout is ``host/record/codec.py``'s (``docs/blocks/record-format.md``); this
 engine is bit-exact with its golden ``encode_record`` / ``import_record``.
 
 **Export** (``op = EXPORT``, region ``r``): reads the metadata of every ring (all
@@ -304,7 +304,7 @@ class DmaEngine(wiring.Component):
         check_keys = importing | ((op == DmaOp.VERIFY) & req_sealed)
         key_fail = check_keys & Mux(hd.key_id == 0, importing & req_sealed,
                                     ~(req_sealed & slot_set & (hd.key_id == slot_id)))
-        # an open record carries a zero tag (host/record.py's check_mac)
+        # an open record carries a zero tag (host/record/codec.py's check_mac)
         tag_bad = check_keys & (hd.key_id == 0) & (hd.mac_tag != 0)
 
         ml = Signal(range(max(LH, 2)))    # ring index of a metadata access

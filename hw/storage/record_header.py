@@ -4,7 +4,7 @@ fields and the checks of the bytes that are constant for a configuration).
 The header's layout is ``ringkv.defs.record``'s (:data:`~ringkv.defs.record.HEADER_FIELDS`,
 ``docs/blocks/record-format.md``); its constant bytes come from
 :func:`~ringkv.defs.record.header_template` of the configuration, so gateware and golden model
-(``host/record.py``'s ``encode_header`` / ``decode_header``) cannot drift apart. Both pieces
+(``host/record/codec.py``'s ``encode_header`` / ``decode_header``) cannot drift apart. Both pieces
 work one byte per clock at any byte position, in any order: the DMA engine walks the sector from
 byte 0 to 511, and a consumer that wants the variable fields (a MAC over the header) may step
 an encoder over just their offsets.

@@ -1,5 +1,5 @@
 """cocotb on Verilator: the DMA harness with the record MAC (``DmaHarness(..., mac=True)``):
-sealed exports and imports against the golden sealed record (``host/record.py`` with keys,
+sealed exports and imports against the golden sealed record (``host/record/codec.py`` with keys,
 ``hashlib`` as the MAC's reference), with random idle and backpressure on every stream."""
 
 import random
@@ -11,12 +11,11 @@ from cocotb.triggers import RisingEdge, Timer
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.mac import KEY_ID_BYTES, KEY_SLOTS
-from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, ring_elements
+from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, put_field, ring_elements
 from ringkv.host.record import (
     crc32,
     encode_record,
     import_record,
-    put_field,
     ring_dtype,
     ring_image,
     rings_from_image,

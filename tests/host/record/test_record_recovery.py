@@ -1,6 +1,6 @@
 """Recovery after power cuts takes nothing from a record that fails its checks.
 
-Golden level (the scan and rebuild of ``host/record.py`` with the golden directory standing in
+Golden level (the scan and rebuild of ``host/record/scan.py`` with the golden directory standing in
 for the device): a power cut at every byte of the header sector on an erased (0xFF) and on a
 zeroed card, then rebuild, a new export and queries of the old and new snapshots; a valid
 record at the end of the sequence; two records of one key on both sides of the wrap; regions

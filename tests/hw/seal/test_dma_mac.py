@@ -1,6 +1,6 @@
 """Sealed transfers: the DMA engine driving the record MAC (``DmaEngine`` + ``MacUnit``'s
 ``MacCore`` and ``KeySlots``) in the Amaranth simulator, against the golden sealed record
-(``host/record.py``'s ``encode_record`` / ``import_record`` with keys; ``hashlib.blake2s`` is
+(``host/record/codec.py``'s ``encode_record`` / ``import_record`` with keys; ``hashlib.blake2s`` is
 the MAC's reference), with random idle and stalls on every storage stream."""
 
 import random
@@ -27,12 +27,12 @@ from ringkv.defs.record import (
     RecordLayout,
     RecordStatus,
     kv_bytes_of,
+    put_field,
 )
 from ringkv.host.record import (
     crc32,
     encode_record,
     import_record,
-    put_field,
     scan_image,
 )
 from ringkv.hw.storage.dma import DmaOp

@@ -1,4 +1,4 @@
-"""DMA engine in the Amaranth simulator against the golden record model (host/record.py)."""
+"""DMA engine in the Amaranth simulator against the golden record model (host/record/codec.py)."""
 
 import functools
 import random

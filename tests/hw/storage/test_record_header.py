@@ -1,5 +1,5 @@
 """The header encoder and parser (hw/storage/record_header.py) against the golden header
-(host/record.py's ``encode_header``), on random and boundary fields, bytes in random order."""
+(host/record/codec.py's ``encode_header``), on random and boundary fields, bytes in random order."""
 
 import random
 
