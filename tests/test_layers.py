@@ -2,7 +2,7 @@
 
 ::
 
-    ringkv (CLI)  ── may use everything
+    ringkv.cli    ── may use everything (ringkv/cli/: one module per command)
       │
       ├── serve/   defs, host, sim + its web stack (the OpenAI-compatible server)
       ├── sim/     defs, hw, host (simulation harness, device models, test helpers)
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: folder -> package name (pyproject.toml's package-dir mapping)
 FOLDERS = {"ringkv/defs": "ringkv.defs", "hw": "ringkv.hw", "host": "ringkv.host",
            "sim": "ringkv.sim", "boards": "ringkv.boards", "serve": "ringkv.serve",
-           "ringkv": "ringkv"}
+           "ringkv/cli": "ringkv.cli", "ringkv": "ringkv"}
 #: layer -> (project packages it may import, third-party top-level modules it may import)
 RULES = {
     "ringkv.defs": ({"ringkv.defs"}, set()),
@@ -40,6 +40,8 @@ RULES = {
     # and its web stack; never the gateware (it knows a device through the host's driver)
     "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
                      {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy"}),
+    # the command line (ringkv/cli/: one module per command) may use everything
+    "ringkv.cli": (None, None),
     "ringkv": (None, None),
 }
 #: module -> project packages it may import besides its layer's: the pin-level harness of the
@@ -117,6 +119,15 @@ def test_every_module_follows_the_layering_rule():
     assert not found, "layering violations:\n" + "\n".join(found)
 
 
+def test_the_command_line_package_is_checked():
+    """``ringkv/cli/`` is a package of its own: its modules are checked too (package_files
+    globs each folder, not its subfolders)."""
+    files = set(package_files())
+    assert {ROOT / "ringkv/cli/__init__.py", ROOT / "ringkv/cli/entry.py",
+            ROOT / "ringkv/cli/chat.py"} <= files
+    assert layer_of(module_name(ROOT / "ringkv/cli/chat.py")) == "ringkv.cli"
+
+
 def test_every_package_states_what_it_is_and_may_import():
     for folder in FOLDERS:
         doc = ast.get_docstring(ast.parse((ROOT / folder / "__init__.py").read_text())) or ""
@@ -148,7 +159,8 @@ def test_the_check_catches_a_violation(path, source, needle):
                   "from .dma import DmaEngine\n"),
     ("host/link.py", "import serial\nimport numpy as np\nfrom .protocol import Decoder\n"),
     ("boards/build.py", "from ..sim.toolchain import setup_environ\n"),
-    ("ringkv/cli.py", "from ringkv.sim.harness import build_top\n"),
+    ("ringkv/cli/sim.py", "from ringkv.sim.harness import build_top\n"),
+    ("ringkv/cli/build.py", "from ringkv.boards.build import main\nimport numpy\n"),
     ("sim/board_harness.py", "from ringkv.boards.ulx3s import ULX3STop\n"),
     ("serve/devices.py", "from ringkv.sim.harness import SimDevice\nimport platformdirs\n"),
 ])
