@@ -64,7 +64,7 @@ def files(tmp_path_factory):
     f = {"demo": _demo_image(tmp / "demo.img"), "empty": tmp / "empty.img",
          "text": tmp / "notes.txt", "random": tmp / "random.img", "trunc": tmp / "trunc.img",
          "hostile": tmp / "hostile.img", "dir": tmp / "a-directory",
-         "missing": tmp / "no-such.img"}
+         "missing": tmp / "no-such.img", "nodir": tmp / "no-such-folder"}
     f["empty"].write_bytes(b"")
     f["text"].write_text("RingKV notes\n" * 100)
     f["random"].write_bytes(np.random.default_rng(1).bytes(64 * SECTOR))
@@ -151,6 +151,43 @@ def test_misuse(args, code, message, files, tmp_path):
     assert_clean_failure(r, code, tmp_path, message=message)
     assert {k: _digest(p) for k, p in files.items()} == before, "a file was changed"
     assert not files["missing"].exists()
+
+
+# -- refused before anything is built, started or written ---------------------------------------
+
+BEFORE_ANYTHING = [
+    # (id, args, exit status, part of the message); {build}: the build folder of the test
+    # (RINGKV_BUILD, and --build-dir below it), which must not come into being
+    ("build clock zero", ["build", "--sys-mhz", "0", "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--sys-mhz must be positive, not 0"),
+    ("build clock negative", ["build", "--sys-mhz", "-40", "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--sys-mhz must be positive"),
+    ("build regions not a power of two", ["build", "--regions", "3", "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--regions must be a power of two"),
+    ("build constraint below the clock", ["build", "--sys-mhz", "40", "--constrain-mhz", "30",
+                                          "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--constrain-mhz 30 is below the system clock"),
+]
+
+
+@pytest.mark.parametrize("args,code,message", [c[1:] for c in BEFORE_ANYTHING],
+                         ids=[c[0] for c in BEFORE_ANYTHING])
+def test_refused_before_anything(args, code, message, files, tmp_path):
+    """Bad options end the command before it builds, starts or writes anything: the error
+    (and a hint) alone on standard error, nothing on standard output, no build folder, no
+    temporary file, no file changed. (Unchecked, each of these elaborated or verilated first,
+    or failed with a traceback; the timeout keeps such a run short.)"""
+    build = tmp_path / "build"
+    args = [a.format(build=build, **files) for a in args]
+    before = {k: _digest(p) for k, p in files.items()}
+    r = ringkv(args, tmp_path, env={"RINGKV_BUILD": str(build)}, timeout=120)
+    assert_clean_failure(r, code, tmp_path, message=message)
+    assert r.stdout == "" and all(x.startswith(("ringkv: ", "  hint: "))
+                                  for x in r.stderr.splitlines() if x.strip()), r.stderr
+    assert not build.exists(), "a build was started"
+    assert list((tmp_path / "tmp").iterdir()) == [], "a temporary file was left"
+    assert {k: _digest(p) for k, p in files.items()} == before, "a file was changed"
+    assert not files["nodir"].exists()
 
 
 def test_storage_tells_the_truth(files, tmp_path):
