@@ -186,6 +186,15 @@ BEFORE_ANYTHING = [
     ("sim board image in a missing folder", ["sim", "--board", "ulx3s-85f", "--config", "demo",
                                              "--image", "{nodir}/card.img"],
      ExitCode.USAGE, "no folder"),
+    ("demo seed negative", ["demo", "--seed", "-1"], ExitCode.USAGE, "--seed"),
+    ("demo software seed negative", ["demo", "--software", "--random", "--seed", "-1"],
+     ExitCode.USAGE, "--seed"),
+    ("chat random seed negative", ["chat", "--random", "--random-seed", "-1"], ExitCode.USAGE,
+     "--random-seed"),
+    ("demo weights missing", ["demo", "--weights", "{missing}"], ExitCode.USAGE,
+     "cannot read the weights"),
+    ("demo weights a directory", ["demo", "--weights", "{dir}"], ExitCode.USAGE,
+     "cannot read the weights"),
 ]
 
 

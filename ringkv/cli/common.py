@@ -11,9 +11,9 @@ import sys
 
 from ringkv.host.errors import UsageError
 
-__all__ = ["NUMERICS_CHOICES", "global_options", "model_args", "positive", "no_rest",
-           "backend", "load_model", "model_name", "base_config", "device_config",
-           "numerics_name", "trained_or_none", "wait_device", "open_device"]
+__all__ = ["NUMERICS_CHOICES", "global_options", "model_args", "positive", "non_negative",
+           "no_rest", "backend", "check_weights", "load_model", "model_name", "base_config",
+           "device_config", "numerics_name", "trained_or_none", "wait_device", "open_device"]
 
 
 def global_options(parser, *, default):
@@ -38,7 +38,7 @@ def model_args(p, sampling=False):
     p.add_argument("--random", action="store_true",
                    help="the untrained model with random weights of --seed instead")
     if sampling:
-        p.add_argument("--random-seed", dest="weights_seed", type=int, default=0,
+        p.add_argument("--random-seed", dest="weights_seed", type=non_negative, default=0,
                        help="seed of --random's weights")
         p.add_argument("--temperature", type=float, default=0.0,
                        help="sampling temperature, 0..2 (default 0: greedy)")
@@ -49,7 +49,7 @@ def model_args(p, sampling=False):
         p.add_argument("--stop", action="append", default=None,
                        help="stop sequence (repeatable, at most 4)")
     else:
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--seed", type=non_negative, default=0)
     p.add_argument("--chunk", type=positive, default=64, help="prefill chunk")
     p.add_argument("--capacity", type=positive, default=2,
                    help="records (turn snapshots and checkpoints) the store holds")
@@ -67,6 +67,17 @@ def positive(text: str) -> int:
     return value
 
 
+def non_negative(text: str) -> int:
+    """argparse ``type``: a number of 0 or more (a seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def no_rest(rest, cmd):
     """Refuse the arguments argparse left over (``rest``) for ``cmd``, which parses all its own."""
     if rest:
@@ -77,6 +88,18 @@ def no_rest(rest, cmd):
 def backend(name, config):
     from ringkv.host.model import FixedBackend, Float64Backend
     return FixedBackend(config) if name == "fixed" else Float64Backend(config)
+
+
+def check_weights(args) -> None:
+    """Refuse a ``--weights`` file that cannot be read, before anything is built or started
+    (:func:`load_model` reads it later; the simulated demo not at all)."""
+    if args.weights:
+        try:
+            with open(args.weights, "rb"):
+                pass
+        except OSError as e:
+            raise UsageError(f"cannot read the weights {args.weights}: {e.strerror or e}",
+                             param="weights") from None
 
 
 def load_model(args, config):

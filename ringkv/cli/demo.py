@@ -12,6 +12,7 @@ from ringkv.host.errors import UsageError
 from .common import (
     NUMERICS_CHOICES,
     backend,
+    check_weights,
     device_config,
     load_model,
     model_args,
@@ -44,6 +45,7 @@ def add_parser(sub, common):
 def run(args, rest) -> int:
     """``ringkv demo``: the software device's scenario, or the simulated devices'."""
     no_rest(rest, "demo")
+    check_weights(args)
     if args.software:
         return run_demo(args)
     if args.image:
