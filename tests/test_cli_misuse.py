@@ -218,6 +218,27 @@ def test_refused_before_anything(args, code, message, files, tmp_path):
     assert not files["nodir"].exists()
 
 
+def test_storage_options_anywhere(files, tmp_path):
+    """``storage``'s options go before, between or after its positionals, as argparse users
+    expect: each order lists the same."""
+    image = str(files["demo"])
+    outs = []
+    for args in (["storage", "ls", "--config", "demo", image],
+                 ["storage", "--config", "demo", "ls", image],
+                 ["storage", "ls", image, "--config", "demo"],
+                 ["storage", "ls", "--all", "--config", "demo", image]):
+        r = ringkv(args, tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+        assert " live " in r.stdout and " superseded " in r.stdout, r.stdout
+        outs.append([x for x in r.stdout.splitlines() if not x.startswith("scanned in ")])
+    assert outs[0] == outs[1] == outs[2] != outs[3]        # --all: the empty regions too
+    assert "configuration as given (--config)" in outs[0][0], outs[0]
+    r = ringkv(["storage", "fsck", "--regions", "2", image], tmp_path)
+    assert r.returncode == 0 and "clean" in r.stdout, r.stdout + r.stderr
+    r = ringkv(["storage", "ls", "--config", "demo", image, "extra"], tmp_path)
+    assert_clean_failure(r, ExitCode.USAGE, tmp_path, message="unrecognized arguments: extra")
+
+
 def test_storage_tells_the_truth(files, tmp_path):
     """The demo's image: clean (a superseded record is normal); a hostile header: repairable,
     and fsck changes nothing without --repair; with it, the header is erased and fsck is

@@ -1,29 +1,41 @@
 """``ringkv storage ls|fsck``: list or check the records of a card image
 (:func:`ringkv.host.record.main`, its configuration read from the records themselves), or
 ``storage fsck --link URL``: the deep check of a device over its link (read only).
+
+The command parses its own arguments (:func:`storage_parser`) with argparse's
+``parse_intermixed_args``, so that options go anywhere, before or after ``IMAGE`` (``storage ls
+--config demo IMAGE``: a plain subparser would take ``ls`` and an empty ``IMAGE`` together
+before the option, then refuse ``IMAGE``).
 """
 
 import argparse
 
-from ringkv.host.errors import UsageError
+from ringkv.host.errors import ArgumentParser, UsageError
 
 from .common import (
     NUMERICS_CHOICES,
     base_config,
     device_config,
-    no_rest,
+    global_options,
     trained_or_none,
     wait_device,
 )
 
-__all__ = ["add_parser", "run", "run_fsck_link"]
+__all__ = ["add_parser", "storage_parser", "run", "run_fsck_link"]
 
 
 def add_parser(sub, common):
-    """``ringkv storage``'s options on the subparsers ``sub`` (``common``: the global
-    options)."""
-    p = sub.add_parser(
-        "storage", parents=[common], help="list (ls) or check (fsck) a card image",
+    """``ringkv storage`` on the subparsers ``sub``: it parses its own options
+    (:func:`storage_parser`)."""
+    sub.add_parser("storage", help="list (ls) or check (fsck) a card image", add_help=False)
+
+
+def storage_parser() -> argparse.ArgumentParser:
+    """``ringkv storage``'s parser (the global options after the command too)."""
+    common = ArgumentParser(add_help=False)
+    global_options(common, default=argparse.SUPPRESS)
+    p = ArgumentParser(
+        prog="ringkv storage", parents=[common],
         description="List or check the records of a card image (its configuration read from "
                     "the records themselves), or check a device over its link.",
         epilog="ls lists every region: status, count, prefix hash, commit sequence, age, kind "
@@ -58,6 +70,7 @@ def add_parser(sub, common):
                         "file (one 'key_id hex' line per key; mode 0600 or stricter). Keys are "
                         "never taken from the command line")
     p.add_argument("--timeout", type=float, default=60.0, help="--link: seconds per request")
+    return p
 
 
 def _fsck_help() -> str:
@@ -67,8 +80,9 @@ def _fsck_help() -> str:
 
 def run(args, rest) -> int:
     """``ringkv storage``: the options checked together, then the image's listing or check
-    (:func:`ringkv.host.record.main`), or the check of a device (:func:`run_fsck_link`)."""
-    no_rest(rest, "storage")
+    (:func:`ringkv.host.record.main`), or the check of a device (:func:`run_fsck_link`).
+    ``rest``: the command's arguments (``args``, the top-level options, is not used)."""
+    args = storage_parser().parse_intermixed_args(rest)
     if args.link:
         if args.action != "fsck":
             raise UsageError("--link goes with fsck", param="link")
