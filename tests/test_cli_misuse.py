@@ -239,6 +239,17 @@ def test_storage_options_anywhere(files, tmp_path):
     assert_clean_failure(r, ExitCode.USAGE, tmp_path, message="unrecognized arguments: extra")
 
 
+def test_board_help(tmp_path):
+    """``ringkv board --help`` prints its help (the ``check`` action) and exits 0, as
+    ``board check --help`` does."""
+    for args in (["board", "--help"], ["board", "-h"]):
+        r = ringkv(args, tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+        assert r.stdout.startswith("usage: ringkv board") and "check" in r.stdout, r.stdout
+    r = ringkv(["board", "check", "--help"], tmp_path)
+    assert r.returncode == 0 and "--link" in r.stdout, r.stdout + r.stderr
+
+
 def test_storage_tells_the_truth(files, tmp_path):
     """The demo's image: clean (a superseded record is normal); a hostile header: repairable,
     and fsck changes nothing without --repair; with it, the header is erased and fsck is
