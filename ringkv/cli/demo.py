@@ -113,7 +113,8 @@ def _resolve(reqs):
 
 
 def run_demo(args) -> int:
-
+    """``demo --software``: the scenario on the software device, every generated token checked
+    against a plain run with no reuse (exit status 1 on a mismatch)."""
     from ringkv.defs.config import DEFAULT_CONFIG
     from ringkv.host.model import show_text
     from ringkv.host.scheduler import (

@@ -28,7 +28,7 @@ __all__ = ["main", "build_parser", "setup_logging", "COMMANDS", "EXIT_CODES"]
 DESCRIPTION = "``ringkv`` command line: demo, chat, serve, sim, bench, build, board, storage."
 
 #: ``command -> module`` (its ``add_parser`` and ``run``), in the order ``ringkv --help`` lists
-#: them. sim, serve, bench, build and board parse their own options (``rest``).
+#: them. sim, serve, bench, build, board and storage parse their own options (``rest``).
 COMMANDS = {"demo": demo, "chat": chat, "sim": sim, "serve": serve, "bench": bench,
             "build": build, "board": board, "storage": storage}
 
