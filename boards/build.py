@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from ringkv.host.errors import ArgumentParser, RingKVError, run_main
+from ringkv.host.errors import ArgumentParser, RingKVError, UsageError, run_main
 from ringkv.sim.toolchain import setup_environ
 
 from .synth import AFTER_READ
@@ -289,6 +289,29 @@ def verdict(figures: dict, min_slack_pct: float = 0.0) -> tuple[bool, str]:
     return True, f"timing met: {text}"
 
 
+def _check_options(args) -> None:
+    """Refuse a system clock, region count or constraint that :func:`build` would fail on,
+    before anything is elaborated or written."""
+    from ringkv.defs.checks import check_pow2
+
+    from .ulx3s import pll_params
+    if not args.sys_mhz > 0:
+        raise UsageError(f"--sys-mhz must be positive, not {args.sys_mhz:g}", param="sys_mhz")
+    try:
+        real_mhz = pll_params(CLK_IN_MHZ, args.sys_mhz)["f_out_mhz"]
+    except ValueError as e:
+        raise UsageError(f"--sys-mhz {args.sys_mhz:g}: {e}", param="sys_mhz") from None
+    try:
+        check_pow2("--regions", args.regions, low=2, high=1 << 15)      # RingKVTop's bounds
+    except ValueError as e:
+        raise UsageError(str(e), param="regions") from None
+    if args.constrain_mhz is not None and args.constrain_mhz < real_mhz:
+        raise UsageError(f"--constrain-mhz {args.constrain_mhz:g} is below the system clock "
+                         f"({real_mhz:g} MHz)", param="constrain_mhz",
+                         hint="give --constrain-mhz at or above --sys-mhz (equal: no "
+                              "over-constraint)")
+
+
 def main(argv=None):
     parser = ArgumentParser(prog="ringkv build", description=__doc__.splitlines()[0])
     parser.add_argument("--board", default="ulx3s-85f", choices=sorted(BOARDS))
@@ -313,6 +336,7 @@ def main(argv=None):
     parser.add_argument("--heartbeat", type=float, default=60.0,
                         help="seconds between progress lines within a long phase")
     args = parser.parse_args(argv)
+    _check_options(args)
     try:
         result = build(args.board, sys_mhz=args.sys_mhz, regions=args.regions, seed=args.seed,
                        storage=args.storage, heartbeat_s=args.heartbeat,

@@ -41,7 +41,7 @@ from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig, named_config
 from ringkv.host.errors import ArgumentParser, RingKVError, UsageError, run_main
 
 from .cocotb_run import BUILD_ROOT
-from .harness import SimDevice, check_image, check_port, progress, sources_digest
+from .harness import SimDevice, check_cut_after, check_image, check_port, progress, sources_digest
 from .toolchain import setup_environ
 
 __all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GATE_PAD_MODEL",
@@ -536,8 +536,10 @@ def main(argv=None, *, gate: bool = False):
             raise ValueError("--top and --card are JSON objects")
         regions = top.get("regions", inspect.signature(ULX3STop).parameters["regions"].default)
         sectors = regions * RecordLayout(config).sectors_per_region
+        board_top(config, **top)        # ULX3STop's own parameter checks, before any build
     except (ValueError, TypeError) as e:
         raise UsageError(f"bad --config, --top or --card: {e}", param="config") from None
+    check_cut_after(args.cut_after)
     check_port(args.port)
     what = check_image(args.image, config, sectors, create=args.create)
     image = Path(args.image).resolve()

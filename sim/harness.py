@@ -43,7 +43,8 @@ from .toolchain import setup_environ
 from .verilog import write_verilog
 
 __all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME", "DEMO_TOP", "build_key",
-           "check_image", "check_port", "progress", "sources_digest", "top_parameters"]
+           "check_image", "check_port", "check_cut_after", "progress", "sources_digest",
+           "top_parameters"]
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +215,13 @@ def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: 
         raise RingKVError(f"the simulator stopped: {e}") from None
 
 
+def check_cut_after(cut_after: int | None) -> None:
+    """Refuse a negative ``--cut-after`` (0: the power fails at the first byte written)."""
+    if cut_after is not None and cut_after < 0:
+        raise UsageError(f"--cut-after must be 0 or more bytes, not {cut_after}",
+                         param="cut_after")
+
+
 def check_port(port: int, host: str = "127.0.0.1") -> None:
     """Raise :class:`~ringkv.host.errors.LinkError` when ``host:port`` cannot be listened on
     (in use, not allowed), before anything is built; port 0 (any free port) always can."""
@@ -251,18 +259,21 @@ def check_image(path, config: RingKVConfig, sectors: int, *, create: bool = Fals
     Usable: a missing file (created), an empty or blank one (all 0x00 or 0xFF), a card image
     of ``config`` -- every region header sector of its layout erased or a record header
     (intact, torn or corrupt: the device's recovery frees those), no intact header of another
-    configuration. Refused, untouched: a directory or unreadable file (:class:`UsageError`),
+    configuration. Refused, untouched: a directory, an unreadable file or one in a folder that
+    does not exist (:class:`UsageError`),
     a file that is not a RingKV card image (:class:`NotACardImage`: text, random bytes, not a
     whole number of sectors, larger than the device's storage), a card image of another
     configuration (:class:`ConfigError`). ``create``: the file will be replaced by a new blank
-    image, whatever it holds (only a directory is refused). Returns what the image is, in
-    words.
+    image, whatever it holds (only a directory or a missing folder is refused). Returns what
+    the image is, in words.
     """
     from ringkv.defs.record import RecordLayout
     from ringkv.host.record import read_image_file, survey_image
     path = Path(path)
     if path.is_dir():
         raise UsageError(f"--image {path} is a directory", param="image")
+    if not path.parent.is_dir():
+        raise UsageError(f"--image {path}: there is no folder {path.parent}", param="image")
     if create:
         return "new blank image (--create)"
     if not path.exists():
@@ -447,7 +458,12 @@ def main(argv=None):
                          hint="give --sealed alone (or --top with \"sealed\": true)",
                          param="sealed")
     top = top_parameters(top, args.sealed)
+    try:
+        _top(config, top)               # RingKVTop's own parameter checks, before any build
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad --top: {e}", param="top") from None
     sealed = top.pop("sealed", False)
+    check_cut_after(args.cut_after)
     check_port(args.port)
     what = check_image(args.image, config, sectors, create=args.create)
     image = Path(args.image).resolve()

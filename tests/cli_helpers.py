@@ -36,10 +36,13 @@ def cli_env(tmp: Path) -> dict:
             "RINGKV_TEST_TAG": str(tmp), "PYTHONWARNINGS": "default"}
 
 
-def ringkv(args, tmp: Path, *, stdin: str = "", timeout: float = 300.0):
+def ringkv(args, tmp: Path, *, stdin: str = "", timeout: float = 300.0, env: dict | None = None):
+    """``ringkv ARGS`` in ``tmp`` (its state and temporary folders there); ``env``: more
+    environment variables."""
     (tmp / "tmp").mkdir(exist_ok=True)
     return subprocess.run([sys.executable, "-m", "ringkv", *args], input=stdin, text=True,
-                          capture_output=True, cwd=tmp, env=cli_env(tmp), timeout=timeout)
+                          capture_output=True, cwd=tmp, env={**cli_env(tmp), **(env or {})},
+                          timeout=timeout)
 
 
 def assert_clean_failure(r, code: int, tmp: Path, *, message: str | None = None):

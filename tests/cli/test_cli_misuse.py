@@ -64,7 +64,7 @@ def files(tmp_path_factory):
     f = {"demo": _demo_image(tmp / "demo.img"), "empty": tmp / "empty.img",
          "text": tmp / "notes.txt", "random": tmp / "random.img", "trunc": tmp / "trunc.img",
          "hostile": tmp / "hostile.img", "dir": tmp / "a-directory",
-         "missing": tmp / "no-such.img"}
+         "missing": tmp / "no-such.img", "nodir": tmp / "no-such-folder"}
     f["empty"].write_bytes(b"")
     f["text"].write_text("RingKV notes\n" * 100)
     f["random"].write_bytes(np.random.default_rng(1).bytes(64 * SECTOR))
@@ -151,6 +151,103 @@ def test_misuse(args, code, message, files, tmp_path):
     assert_clean_failure(r, code, tmp_path, message=message)
     assert {k: _digest(p) for k, p in files.items()} == before, "a file was changed"
     assert not files["missing"].exists()
+
+
+# -- refused before anything is built, started or written ---------------------------------------
+
+BEFORE_ANYTHING = [
+    # (id, args, exit status, part of the message); {build}: the build folder of the test
+    # (RINGKV_BUILD, and --build-dir below it), which must not come into being
+    ("build clock zero", ["build", "--sys-mhz", "0", "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--sys-mhz must be positive, not 0"),
+    ("build clock negative", ["build", "--sys-mhz", "-40", "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--sys-mhz must be positive"),
+    ("build regions not a power of two", ["build", "--regions", "3", "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--regions must be a power of two"),
+    ("build constraint below the clock", ["build", "--sys-mhz", "40", "--constrain-mhz", "30",
+                                          "--build-dir", "{build}/b"],
+     ExitCode.USAGE, "--constrain-mhz 30 is below the system clock"),
+    ("sim top unknown key", ["sim", "--config", "demo", "--top", '{{"regoins": 2}}', "--image",
+                             "{missing}"], ExitCode.USAGE, "regoins"),
+    ("sim top bad value", ["sim", "--config", "demo", "--top", '{{"regions": 3}}', "--image",
+                           "{missing}"], ExitCode.USAGE, "regions must be a power of two"),
+    ("sim board top unknown key", ["sim", "--board", "ulx3s-85f", "--config", "demo", "--top",
+                                   '{{"regoins": 2}}', "--image", "{missing}"],
+     ExitCode.USAGE, "regoins"),
+    ("sim cut-after negative", ["sim", "--config", "demo", "--cut-after", "-1", "--image",
+                                "{missing}"], ExitCode.USAGE, "--cut-after"),
+    ("sim board cut-after negative", ["sim", "--board", "ulx3s-85f", "--config", "demo",
+                                      "--cut-after", "-1", "--image", "{missing}"],
+     ExitCode.USAGE, "--cut-after"),
+    ("sim image in a missing folder", ["sim", "--config", "demo", "--image",
+                                       "{nodir}/card.img"], ExitCode.USAGE, "no folder"),
+    ("sim create in a missing folder", ["sim", "--config", "demo", "--create", "--image",
+                                        "{nodir}/card.img"], ExitCode.USAGE, "no folder"),
+    ("sim board image in a missing folder", ["sim", "--board", "ulx3s-85f", "--config", "demo",
+                                             "--image", "{nodir}/card.img"],
+     ExitCode.USAGE, "no folder"),
+    ("demo seed negative", ["demo", "--seed", "-1"], ExitCode.USAGE, "--seed"),
+    ("demo software seed negative", ["demo", "--software", "--random", "--seed", "-1"],
+     ExitCode.USAGE, "--seed"),
+    ("chat random seed negative", ["chat", "--random", "--random-seed", "-1"], ExitCode.USAGE,
+     "--random-seed"),
+    ("demo weights missing", ["demo", "--weights", "{missing}"], ExitCode.USAGE,
+     "cannot read the weights"),
+    ("demo weights a directory", ["demo", "--weights", "{dir}"], ExitCode.USAGE,
+     "cannot read the weights"),
+]
+
+
+@pytest.mark.parametrize("args,code,message", [c[1:] for c in BEFORE_ANYTHING],
+                         ids=[c[0] for c in BEFORE_ANYTHING])
+def test_refused_before_anything(args, code, message, files, tmp_path):
+    """Bad options end the command before it builds, starts or writes anything: the error
+    (and a hint) alone on standard error, nothing on standard output, no build folder, no
+    temporary file, no file changed. (Unchecked, each of these elaborated or verilated first,
+    or failed with a traceback; the timeout keeps such a run short.)"""
+    build = tmp_path / "build"
+    args = [a.format(build=build, **files) for a in args]
+    before = {k: _digest(p) for k, p in files.items()}
+    r = ringkv(args, tmp_path, env={"RINGKV_BUILD": str(build)}, timeout=120)
+    assert_clean_failure(r, code, tmp_path, message=message)
+    assert r.stdout == "" and all(x.startswith(("ringkv: ", "  hint: "))
+                                  for x in r.stderr.splitlines() if x.strip()), r.stderr
+    assert not build.exists(), "a build was started"
+    assert list((tmp_path / "tmp").iterdir()) == [], "a temporary file was left"
+    assert {k: _digest(p) for k, p in files.items()} == before, "a file was changed"
+    assert not files["nodir"].exists()
+
+
+def test_storage_options_anywhere(files, tmp_path):
+    """``storage``'s options go before, between or after its positionals, as argparse users
+    expect: each order lists the same."""
+    image = str(files["demo"])
+    outs = []
+    for args in (["storage", "ls", "--config", "demo", image],
+                 ["storage", "--config", "demo", "ls", image],
+                 ["storage", "ls", image, "--config", "demo"],
+                 ["storage", "ls", "--all", "--config", "demo", image]):
+        r = ringkv(args, tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+        assert " live " in r.stdout and " superseded " in r.stdout, r.stdout
+        outs.append([x for x in r.stdout.splitlines() if not x.startswith("scanned in ")])
+    assert outs[0] == outs[1] == outs[2] != outs[3]        # --all: the empty regions too
+    assert "configuration as given (--config)" in outs[0][0], outs[0]
+    r = ringkv(["storage", "fsck", "--regions", "2", image], tmp_path)
+    assert r.returncode == 0 and "clean" in r.stdout, r.stdout + r.stderr
+    r = ringkv(["storage", "ls", "--config", "demo", image, "extra"], tmp_path)
+    assert_clean_failure(r, ExitCode.USAGE, tmp_path, message="unrecognized arguments: extra")
+
+
+def test_board_help(tmp_path):
+    """``ringkv board --help`` prints its help (the ``check`` action) and exits 0, as
+    ``board check --help`` does."""
+    for args in (["board", "--help"], ["board", "-h"]):
+        r = ringkv(args, tmp_path)
+        assert r.returncode == 0 and r.stderr == "", r.stdout + r.stderr
+        assert r.stdout.startswith("usage: ringkv board") and "check" in r.stdout, r.stdout
+    r = ringkv(["board", "check", "--help"], tmp_path)
+    assert r.returncode == 0 and "--link" in r.stdout, r.stdout + r.stderr
 
 
 def test_storage_tells_the_truth(files, tmp_path):
