@@ -56,26 +56,24 @@ def model_args(p, sampling=False):
     p.add_argument("--image", help="persist the software store to this file")
 
 
-def positive(text: str) -> int:
-    """argparse ``type``: a number of 1 or more."""
+def _int_at_least(text: str, minimum: int, words: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive number, not {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be {words}, not {value}")
     return value
+
+
+def positive(text: str) -> int:
+    """argparse ``type``: a number of 1 or more."""
+    return _int_at_least(text, 1, "a positive number")
 
 
 def non_negative(text: str) -> int:
     """argparse ``type``: a number of 0 or more (a seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
-    return value
+    return _int_at_least(text, 0, "0 or more")
 
 
 def no_rest(rest, cmd):
