@@ -90,7 +90,7 @@ def backend(name, config):
 
 def check_weights(args) -> None:
     """Refuse a ``--weights`` file that cannot be read, before anything is built or started
-    (:func:`load_model` reads it later; the simulated demo not at all)."""
+    (:func:`load_model` reads it later; the simulated demo refuses the option)."""
     if args.weights:
         try:
             with open(args.weights, "rb"):

@@ -52,11 +52,31 @@ def run(args, rest) -> int:
         raise UsageError("--image goes with --software (the simulated devices keep their "
                          "images in the work directory)", param="image",
                          hint="use --workdir DIR to keep them")
+    _software_only(args)
     from ringkv.defs.config import DEMO_CONFIG
     from ringkv.sim.system_demo import run_system_demo
     model = None if args.random else trained_or_none(DEMO_CONFIG)
     return run_system_demo(workdir=args.workdir, board=args.board,
                            config=device_config(DEMO_CONFIG, args.numerics, model))
+
+
+#: The options only ``demo --software`` reads, with their defaults: the simulated demo runs the
+#: shipped trained model (or ``--random``'s) through the devices' own fixed-point cores with its
+#: own store, so a value given for one of these would be silently ignored there. (``--backend``
+#: is float64 by then unless given: the entry module fills it in, ``--image`` being refused.)
+SOFTWARE_ONLY = {"weights": None, "backend": "float64", "seed": 0, "chunk": 64, "capacity": 6}
+
+
+def _software_only(args) -> None:
+    given = [name for name, default in SOFTWARE_ONLY.items()
+             if getattr(args, name, default) != default]
+    if given:
+        options = ", ".join(f"--{name}" for name in given)
+        raise UsageError(f"{options} {'goes' if len(given) == 1 else 'go'} with --software: the "
+                         "simulated demo runs the shipped trained model (or --random's) on the "
+                         "devices' own cores and store", param=given[0],
+                         hint="add --software to run the scenario on the software device "
+                              "with these options")
 
 
 #: The system prompt the demo's assistant conversations share (the caller marks its end as a

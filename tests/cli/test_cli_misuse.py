@@ -195,6 +195,16 @@ BEFORE_ANYTHING = [
      "cannot read the weights"),
     ("demo weights a directory", ["demo", "--weights", "{dir}"], ExitCode.USAGE,
      "cannot read the weights"),
+    # the simulated demo reads none of the software demo's model and store options: one given
+    # is refused rather than silently ignored
+    ("demo weights without software", ["demo", "--weights", "{text}"], ExitCode.USAGE,
+     "--weights goes with --software"),
+    ("demo chunk and capacity without software", ["demo", "--chunk", "8", "--capacity", "3"],
+     ExitCode.USAGE, "--chunk, --capacity go with --software"),
+    ("demo seed without software", ["demo", "--seed", "3"], ExitCode.USAGE,
+     "--seed goes with --software"),
+    ("demo backend without software", ["demo", "--backend", "fixed"], ExitCode.USAGE,
+     "--backend goes with --software"),
 ]
 
 
