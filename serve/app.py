@@ -54,20 +54,22 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ringkv.host.errors import NotFound, RingKVError, Unauthorized, UsageError
-from ringkv.host.model.sampling import SamplingParams
+from ringkv.host.model.vocab import text_offsets, tokenizer_config
 
 from .engine import Cancelled, Job
-from .template import chat_prompt, completion_prompt
+from .request import CHAT_MAX_TOKENS, COMPLETION_MAX_TOKENS, choice_params, parse
+from .response import LegacyOffsets, chat_entry, chat_logprobs, legacy_logprobs
+from .tokenize import detokenize_body, tokenize_body
 
 __all__ = ["create_app", "error_body", "ApiKeyGate", "CHAT_MAX_TOKENS",
            "COMPLETION_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
 
-#: ``max_tokens`` when a request gives none (the OpenAI API's 16 for completions; a chat reply
-#: stops at the end of its message, this bounds one that does not)
-COMPLETION_MAX_TOKENS = 16
-CHAT_MAX_TOKENS = 256
+
+def _devices(names) -> str:
+    """The ``X-RingKV-Device`` header: the devices that served the choices, in order."""
+    return ",".join(dict.fromkeys(names))
 
 
 def error_body(message, *, type_="invalid_request_error", param=None, code=None) -> dict:
@@ -92,7 +94,11 @@ class ApiKeyGate:
     #: the ``endpoint`` label of a refused request (any other path: ``other``, so that a
     #: client cannot grow the metric's label set)
     ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
-                 "/v1/models": "models"}
+                 "/v1/models": "models", "/tokenize": "tokenize", "/detokenize": "detokenize",
+                 "/tokenizer_info": "tokenizer_info"}
+    #: guarded paths besides ``/v1``: the tokenizer's (vLLM leaves them open; here they run
+    #: on the server's CPU for anyone, so they are the key holders')
+    TOKENIZER = ("/tokenize", "/detokenize", "/tokenizer_info")
 
     def __init__(self, app, keys, metrics=None):
         self.app = app
@@ -106,7 +112,8 @@ class ApiKeyGate:
         """None for a request that may pass (``scope["ringkv.tenant"]`` set for ``/v1``), else
         the refusal."""
         if scope["type"] != "http" or not (scope["path"] == "/v1"
-                                           or scope["path"].startswith("/v1/")):
+                                           or scope["path"].startswith("/v1/")
+                                           or scope["path"] in self.TOKENIZER):
             return None
         given = None
         for name, value in scope["headers"]:
@@ -169,63 +176,6 @@ class _Api:
             raise NotFound(f"The model `{model}` does not exist; this server serves "
                            f"`{self.model_name}` (GET /v1/models)", param="model")
 
-    def _params(self, body, prompt_len: int, chat: bool) -> SamplingParams:
-        if body.get("n", 1) not in (1, None):
-            raise UsageError("n must be 1 (one choice per request)", param="n")
-        for name in ("logprobs", "echo", "suffix", "top_logprobs", "tools", "functions"):
-            if body.get(name) not in (None, False) and not (name == "logprobs"
-                                                            and body[name] == 0):
-                raise UsageError(f"{name} is not supported by this server", param=name)
-        limit = self.max_context - prompt_len + 1
-        where = "messages" if chat else "prompt"
-        if limit < 1:
-            raise UsageError(f"This model's maximum context length is {self.max_context} "
-                             f"tokens (the device's token memory); the {where} has "
-                             f"{prompt_len}", param=where)
-        key = "max_tokens"
-        if chat and body.get("max_completion_tokens") is not None:
-            key = "max_completion_tokens"
-        max_tokens = body.get(key)
-        if max_tokens is None:
-            max_tokens = min(CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS, limit)
-        params = {}
-        for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0),
-                              ("seed", None), ("stop", ())):
-            value = body.get(name)
-            params[name] = default if value is None else value
-        try:
-            out = SamplingParams(max_tokens=max_tokens, **params)
-        except UsageError as e:
-            if e.param == "max_tokens":
-                e.param = key
-            raise
-        if out.max_tokens > limit:
-            raise UsageError(f"This model's maximum context length is {self.max_context} "
-                             f"tokens; the {where} has {prompt_len} and {key} asks for "
-                             f"{out.max_tokens} more (at most {limit})", param=key)
-        return out
-
-    def _stream_flags(self, body):
-        stream = body.get("stream", False)
-        if stream not in (True, False, None):
-            raise UsageError(f"stream must be a boolean, not {stream!r}", param="stream")
-        options = body.get("stream_options")
-        if options is not None:
-            if not stream:
-                raise UsageError("stream_options is only allowed with stream: true",
-                                 param="stream_options")
-            if not isinstance(options, dict):
-                raise UsageError("stream_options must be an object", param="stream_options")
-        usage = bool((options or {}).get("include_usage", False))
-        return bool(stream), usage
-
-    def _session(self, body):
-        sid = body.get("session_id")
-        if sid is not None and (not isinstance(sid, str) or not sid or len(sid) > 256):
-            raise UsageError("session_id must be a non-empty string (at most 256 characters)",
-                             param="session_id")
-        return sid
-
     # -- the generation endpoints ---------------------------------------------------------------
     async def completions(self, request: Request):
         return await self._generate(request, chat=False)
@@ -241,114 +191,180 @@ class _Api:
             # client sends its body is not)
             t0 = time.perf_counter()
             self._check_model(body)
-            prompt = chat_prompt(body.get("messages")) if chat else \
-                completion_prompt(body.get("prompt"))
-            params = self._params(body, len(prompt.tokens), chat)
-            stream, include_usage = self._stream_flags(body)
-            session = self._session(body)
+            req = parse(body, chat, self.max_context)
         except RingKVError as e:
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
-
-        def sink(kind, value):
-            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
-
         tenant = request.scope.get("ringkv.tenant")
-        job = Job(prompt, params, sink, chat=chat, session=session, received=t0,
-                  tenant=self.tenant if tenant is None else tenant)
+        tenant = self.tenant if tenant is None else tenant
+
+        def sink_of(index):
+            def sink(kind, value):
+                loop.call_soon_threadsafe(events.put_nowait, (index, kind, value))
+            return sink
+
+        jobs = []
+        # one job per choice, indexed as vLLM's: prompt i's sample j is choice i * n + j
+        for prompt in req.prompts:
+            for j in range(req.n):
+                jobs.append(Job(prompt, choice_params(req.params, j), sink_of(len(jobs)),
+                                chat=chat, session=req.session, received=t0, tenant=tenant,
+                                logprobs=req.logprobs,
+                                prompt_logprobs=req.logprobs if req.echo else None))
+        workers = []
         try:
-            worker = self.engine.submit(job)
+            for job in jobs:
+                workers.append(self.engine.submit(job))
         except RingKVError as e:
+            for job in jobs:
+                job.cancelled.set()
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_name,
                 "system_fingerprint": self.fingerprint}
-        if stream:
+        if req.stream:
             return StreamingResponse(
-                self._sse(job, events, head, chat, include_usage, endpoint, t0),
+                self._sse(req, jobs, events, head, endpoint, t0),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                         "X-RingKV-Device": worker.name})
+                         "X-RingKV-Device": _devices(w.name for w in workers)})
+        results, infos = [None] * len(jobs), [[] for _ in jobs]
         try:
-            while True:
-                kind, value = await events.get()
-                if kind == "done":
-                    break
-                if kind == "error":
+            waiting = len(jobs)
+            while waiting:
+                index, kind, value = await events.get()
+                if kind == "token":
+                    if value[1] is not None:
+                        infos[index].append(value[1])
+                elif kind == "done":
+                    results[index] = value
+                    waiting -= 1
+                elif kind == "error":
                     raise value
         except RingKVError as e:
+            for job in jobs:
+                job.cancelled.set()
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
         except BaseException:
-            job.cancelled.set()
+            for job in jobs:
+                job.cancelled.set()
             raise
-        result = value
-        self._finish(endpoint, result, t0)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": result.finish_reason}
-        else:
-            choice = {"index": 0, "text": result.text, "logprobs": None,
-                      "finish_reason": result.finish_reason}
+        self._finish(endpoint, results, t0)
+        choices = [self._choice(req, index, result, infos[index])
+                   for index, result in enumerate(results)]
         body = dict(head, object="chat.completion" if chat else "text_completion",
-                    choices=[choice], usage=self._usage(result))
-        return JSONResponse(body, headers={"X-RingKV-Device": result.device})
+                    choices=choices, usage=self._usage(req, results))
+        return JSONResponse(body, headers={"X-RingKV-Device": _devices(
+            r.device for r in results)})
 
-    def _usage(self, result) -> dict:
-        return {"prompt_tokens": result.prompt_tokens,
-                "completion_tokens": len(result.tokens),
-                "total_tokens": result.prompt_tokens + len(result.tokens),
-                "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    def _choice(self, req, index: int, result, infos) -> dict:
+        """Choice ``index`` of a whole answer."""
+        if req.chat:
+            return {"index": index,
+                    "message": {"role": "assistant", "content": result.text},
+                    "logprobs": None if req.logprobs is None else chat_logprobs(infos),
+                    "finish_reason": result.finish_reason}
+        echo = req.texts[index // req.n] if req.echo else ""
+        logprobs = None
+        if req.logprobs is not None:
+            tokens, start = list(result.tokens), len(echo)
+            offsets = text_offsets(tokens, start)
+            if req.echo:
+                prompt = list(req.prompts[index // req.n].tokens)
+                offsets = text_offsets(prompt) + offsets
+                tokens, infos = prompt + tokens, list(result.prompt_logprobs) + list(infos)
+            logprobs = legacy_logprobs(tokens, infos, offsets=offsets, token_ids=req.token_ids)
+        return {"index": index, "text": echo + result.text, "logprobs": logprobs,
+                "finish_reason": result.finish_reason}
 
-    def _finish(self, endpoint, result, t0):
+    def _usage(self, req, results) -> dict:
+        """The request's usage: each prompt's tokens once (as vLLM counts them, whatever
+        ``n``), every choice's generated tokens; a prompt's cached tokens are those that none
+        of its samples computed (the least over them)."""
+        prompt = cached = 0
+        for i in range(len(req.prompts)):
+            mine = results[i * req.n:(i + 1) * req.n]
+            prompt += mine[0].prompt_tokens
+            cached += min(r.cached_tokens for r in mine)
+        completion = sum(len(r.tokens) for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _finish(self, endpoint, results, t0):
         m = self.metrics
         total = time.perf_counter() - t0
         m.requests.labels(endpoint, "200").inc()
-        m.prompt_tokens.inc(result.prompt_tokens)
-        m.generation_tokens.inc(len(result.tokens))
         m.duration.observe(total)
-        m.overhead.observe(max(0.0, total - result.scheduler_s - result.queue_s))
-        if log.isEnabledFor(logging.DEBUG) and result.times.get("started") is not None:
-            t = dict(result.times, finished=t0 + total)
-            steps = ("received", "routed", "picked", "got", "started", "ended", "answered",
-                     "finished")
-            log.debug("%s: %s", result.device, ", ".join(
-                f"{a}->{b} {(t[b] - t[a]) * 1e3:.2f} ms" for a, b in zip(steps, steps[1:])))
+        for result in results:
+            m.prompt_tokens.inc(result.prompt_tokens)
+            m.generation_tokens.inc(len(result.tokens))
+            m.overhead.observe(max(0.0, total - result.scheduler_s - result.queue_s))
+            if log.isEnabledFor(logging.DEBUG) and result.times.get("started") is not None:
+                t = dict(result.times, finished=t0 + total)
+                steps = ("received", "routed", "picked", "got", "started", "ended", "answered",
+                         "finished")
+                log.debug("%s: %s", result.device, ", ".join(
+                    f"{a}->{b} {(t[b] - t[a]) * 1e3:.2f} ms" for a, b in zip(steps, steps[1:])))
 
-    async def _sse(self, job, events, head, chat, include_usage, endpoint, t0):
-        def chunk(delta_or_text, finish=None):
+    async def _sse(self, req, jobs, events, head, endpoint, t0):
+        chat = req.chat
+        counts = [0] * len(jobs)            # tokens generated so far, per choice
+        offsets = [LegacyOffsets(len(req.texts[i // req.n]) if req.echo else 0)
+                   for i in range(len(jobs))]
+        results = [None] * len(jobs)
+        usage_field = req.include_usage
+
+        def chunk(index, delta_or_text, finish=None, logprobs=None):
             if chat:
-                choice = {"index": 0, "delta": delta_or_text, "logprobs": None,
+                choice = {"index": index, "delta": delta_or_text, "logprobs": logprobs,
                           "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta_or_text, "logprobs": None,
+                choice = {"index": index, "text": delta_or_text, "logprobs": logprobs,
                           "finish_reason": finish}
             obj = dict(head, choices=[choice])
-            if include_usage:
+            if req.continuous_usage:        # vLLM's: this choice's usage so far
+                p = req.prompts[index // req.n]
+                obj["usage"] = {"prompt_tokens": len(p.tokens),
+                                "completion_tokens": counts[index],
+                                "total_tokens": len(p.tokens) + counts[index]}
+            elif usage_field:
                 obj["usage"] = None
             return f"data: {_dumps(obj)}\n\n"
 
+        def token_logprobs(index, info):
+            if info is None:
+                return None
+            if chat:
+                return {"content": [chat_entry(info)]}
+            return legacy_logprobs([info.token], [info], token_ids=req.token_ids,
+                                   offsets=[offsets[index].next(info.token)])
+
         done = False
         try:
-            if chat:
-                yield chunk({"role": "assistant", "content": ""})
-            while True:
-                kind, value = await events.get()
-                if kind == "token":
-                    if value:
-                        yield chunk({"content": value} if chat else value)
+            for index in range(len(jobs)):
+                if chat:
+                    yield chunk(index, {"role": "assistant", "content": ""})
+                elif req.echo and req.texts[index // req.n]:
+                    yield chunk(index, req.texts[index // req.n])
+            waiting = len(jobs)
+            while waiting:
+                index, kind, value = await events.get()
+                if kind in ("token", "tail"):
+                    text, info = value if kind == "token" else (value, None)
+                    counts[index] += kind == "token"
+                    if text or info is not None:
+                        yield chunk(index, {"content": text} if chat else text,
+                                    logprobs=token_logprobs(index, info))
                 elif kind == "done":
-                    result = value
-                    yield chunk({} if chat else "", result.finish_reason)
-                    if include_usage:
-                        last = dict(head, choices=[], usage=self._usage(result))
-                        yield f"data: {_dumps(last)}\n\n"
-                    self._finish(endpoint, result, t0)
-                    break
+                    results[index] = value
+                    waiting -= 1
+                    yield chunk(index, {} if chat else "", value.finish_reason)
                 else:
                     exc = value
                     if isinstance(exc, Cancelled):
@@ -362,11 +378,44 @@ class _Api:
                                       code=getattr(exc, "api_code", None))
                     yield f"data: {_dumps(body)}\n\n"
                     break
+            if not waiting:
+                if usage_field:
+                    last = dict(head, choices=[], usage=self._usage(req, results))
+                    yield f"data: {_dumps(last)}\n\n"
+                self._finish(endpoint, results, t0)
             yield "data: [DONE]\n\n"
-            done = True
+            done = not waiting
         finally:
             if not done:
-                job.cancelled.set()        # the client went away: stop generating
+                for job in jobs:            # the client went away, or one choice failed
+                    job.cancelled.set()
+
+    # -- the tokenizer ---------------------------------------------------------------------------
+    async def tokenize(self, request: Request):
+        try:
+            body = await self._body(request)
+            self._check_model(body)
+            out = tokenize_body(body, self.max_context)
+        except RingKVError as e:
+            self.metrics.requests.labels("tokenize", str(e.http_status)).inc()
+            return _error_response(e)
+        self.metrics.requests.labels("tokenize", "200").inc()
+        return JSONResponse(out)
+
+    async def detokenize(self, request: Request):
+        try:
+            body = await self._body(request)
+            self._check_model(body)
+            out = detokenize_body(body)
+        except RingKVError as e:
+            self.metrics.requests.labels("detokenize", str(e.http_status)).inc()
+            return _error_response(e)
+        self.metrics.requests.labels("detokenize", "200").inc()
+        return JSONResponse(out)
+
+    async def tokenizer_info(self, request: Request):
+        self.metrics.requests.labels("tokenizer_info", "200").inc()
+        return JSONResponse(dict(tokenizer_config(), model_max_length=self.max_context))
 
     # -- the rest -------------------------------------------------------------------------------
     async def models(self, request: Request):
@@ -421,6 +470,9 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
     routes = [Route("/v1/completions", api.completions, methods=["POST"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/v1/models", api.models, methods=["GET"]),
+              Route("/tokenize", api.tokenize, methods=["POST"]),
+              Route("/detokenize", api.detokenize, methods=["POST"]),
+              Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.metrics_text, methods=["GET"])]
     middleware = [Middleware(ApiKeyGate, keys=api_keys, metrics=engine.metrics)] \

@@ -113,19 +113,26 @@ class JobResult:
     #: in every process): received, routed, picked (by the device's thread), got (by the
     #: device's process), started and ended (the scheduler), answered (the result back)
     times: dict = field(default_factory=dict)
+    #: with ``Job.prompt_logprobs``: each prompt token's TokenLogprob (``None`` first)
+    prompt_logprobs: list | None = None
 
 
 @dataclass
 class Job:
     """One request on its way through the engine. ``sink(kind, value)`` receives ``("token",
-    text)`` per generated token, then ``("done", JobResult)`` or ``("error", exception)``; it is
-    called from the worker's thread."""
+    (text, info))`` per generated token (``info``: its TokenLogprob with ``logprobs``, else
+    ``None``), a last ``("tail", text)`` with the text held back (no token), then ``("done",
+    JobResult)`` or ``("error", exception)``; it is called from the worker's thread.
+    ``logprobs``: the top tokens to give with each generated one (None: no logprobs);
+    ``prompt_logprobs``: the same for every prompt token (``echo``; nothing is reused)."""
     prompt: Prompt
     params: SamplingParams
     sink: object
     chat: bool = False
     session: str | None = None
     tenant: int | None = None    # a sealed server's tenant (the key id the request's API key names)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
     received: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     emitted: int = 0
@@ -138,7 +145,9 @@ class Job:
 
     @property
     def stops(self) -> tuple:
-        return self.params.stop + ((END_OF_MESSAGE,) if self.chat else ())
+        # ignore_eos: the end of a chat message is the chat's end of text
+        eom = self.chat and not self.params.ignore_eos
+        return self.params.stop + ((END_OF_MESSAGE,) if eom else ())
 
 
 _M32 = (1 << 32) - 1
@@ -406,7 +415,8 @@ class Worker:
         spec = {"seq": seq, "tokens": list(job.prompt.tokens),
                 "checkpoints": list(job.prompt.checkpoints), "params": job.params,
                 "stops": job.stops, "session": job.session, "predicted": job.predicted,
-                "move": record, "tenant": job.tenant}
+                "move": record, "tenant": job.tenant, "logprobs": job.logprobs,
+                "prompt_logprobs": job.prompt_logprobs}
         last, cancelling, answered = None, False, False
         try:
             self._send(("serve", spec))
@@ -420,10 +430,12 @@ class Worker:
                         metrics.inter_token.observe(now - last)
                     last = now
                     job.emitted += 1
-                    job.sink("token", msg[0])
+                    job.sink("token", (msg[0], msg[1]))
                     if job.cancelled.is_set() and not cancelling:
                         self._send(("cancel", seq))
                         cancelling = True
+                elif kind == "tail":          # text held back, no token
+                    job.sink("tail", msg[0])
                 elif kind == "export":
                     key, replaced = msg
                     with self.lock:

@@ -17,7 +17,9 @@ time, each answered:
 * ``("open",)``: open the device (a simulator started, a link connected, a board's recovery
   waited for), a new scheduler on it -> ``("opened", keys, info)``: the device's own listing
   and ``{"pid", "sim_pid"}``;
-* ``("serve", spec)``: one request -> ``("token", text)`` per generated token,
+* ``("serve", spec)``: one request -> ``("token", text, info)`` per generated token
+  (``info``: its :class:`~ringkv.host.model.logprobs.TokenLogprob` when the spec asks for
+  ``logprobs``, else ``None``), ``("tail", text)`` for the text held back at the end,
   ``("export", key, replaced)`` per record exported, ``("moved", key)`` for a record copied in
   first, then ``("done", result)`` and ``("end", keys)`` (the device's listing when the
   server's index must be read again, else ``None``); or ``("cancelled",)``,
@@ -241,15 +243,18 @@ class DeviceServer:
         seq, session, tenant = spec["seq"], spec["session"], spec.get("tenant")
         by_tenant = {} if tenant is None else {"tenant": tenant}
         tokens = list(spec["tokens"])
-        text = TextStream(spec["stops"])
-        sampler = Sampler(spec["params"])
+        params = spec["params"]
+        text = TextStream(spec["stops"], min_tokens=params.min_tokens,
+                          ignore_eos=params.ignore_eos)
+        sampler = Sampler(params)
+        logprobs, prompt_logprobs = spec.get("logprobs"), spec.get("prompt_logprobs")
 
-        def on_token(token):
+        def on_token(token, info=None):
             self._cancels()
             if self.cancel == seq:
                 raise Cancelled()
             piece, stopped = text.push(token)
-            self.send(("token", piece))
+            self.send(("token", piece, info))
             return stopped
 
         t0 = time.perf_counter()
@@ -259,14 +264,18 @@ class DeviceServer:
                 self.scheduler.resident = None
                 new = tuple(self.device._device.write_record(spec["move"], **by_tenant))
                 self.send(("moved", new))
-            sid, feed, rewind, base = self._place(tokens, session, tenant)
+            if prompt_logprobs is None:
+                sid, feed, rewind, base = self._place(tokens, session, tenant)
+            else:       # every prompt token computed: a session of its own, nothing reused
+                sid, feed, rewind, base = next(self._sids), tokens, None, 0
             if session is not None:
                 self.pinned[sid] = None
                 self.pinned.move_to_end(sid)
             marks = [p for p in spec["checkpoints"] if base < p <= len(tokens)]
-            out = self.scheduler.request(sid, feed, spec["params"].max_tokens,
+            out = self.scheduler.request(sid, feed, params.max_tokens,
                                          checkpoints=marks, rewind=rewind, sample=sampler,
-                                         on_token=on_token, tenant=tenant)
+                                         on_token=on_token, tenant=tenant, logprobs=logprobs,
+                                         prompt_logprobs=prompt_logprobs)
         except Cancelled:
             log.info("%s: request cancelled by its client", self.handle.name)
             self._forget_sessions(None)
@@ -282,7 +291,7 @@ class DeviceServer:
         elapsed = time.perf_counter() - t0
         tail = text.finish()
         if tail:
-            self.send(("token", tail))
+            self.send(("tail", tail))
         event = self.scheduler.events[-1]
         resident = base if event["path"] == "continue" else 0
         self.send(("done", {
@@ -291,6 +300,7 @@ class DeviceServer:
             "cached_tokens": min(len(tokens), event["reused"] + resident),
             "reused": event["reused"], "resident": resident, "prefilled": event["prefilled"],
             "recomputed": event["recomputed"], "path": event["path"],
+            "prompt_logprobs": event.get("prompt_logprobs"),
             "scheduler_s": elapsed, "got": self.got, "started": t0, "ended": t0 + elapsed}))
         # the answer first, the index after: a software device's listing costs nothing; a
         # board's is read again when it answered other than the index predicted (a record
