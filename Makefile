@@ -10,7 +10,7 @@ JOBS   ?= 2
 XDIST  := -n $(JOBS) --maxschedchunk 1
 
 .PHONY: all demo demo-board gatesim test test-all test-slow durations formal bench bitstream lint clean \
-	distclean venv train coverage coverage-test coverage-slow coverage-compare docs-picture
+	distclean venv train coverage coverage-test coverage-slow coverage-compare docs-picture eval
 
 all: test
 
@@ -103,6 +103,21 @@ bench: $(CORPUS_STAMP)
 train: $(TRAIN_STAMP)
 	$(PY) tools/train.py --shape default
 	$(PY) tools/train.py --shape demo
+
+## make eval: lm-evaluation-harness (`local-completions`) against `ringkv serve`: a
+## multiple-choice task (loglikelihood) and a generation task from tests/data/lm_eval, offline,
+## with the shipped tokenizer and with the server's (tests/eval). lm-eval pulls torch: it lives
+## in a venv of its own (build/venv-eval, tests/eval/requirements.txt), never in .venv, and no
+## other target needs it
+EVAL_VENV  := build/venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.ringkv-eval-installed
+$(EVAL_STAMP): tests/eval/requirements.txt
+	test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q -r tests/eval/requirements.txt
+	touch $(EVAL_STAMP)
+
+eval: $(STAMP) $(EVAL_STAMP)
+	RINGKV_EVAL_VENV=$(EVAL_VENV) $(PY) -m pytest tests/eval -q -s
 
 ## make bitstream BOARD=ulx3s-85f [MIN_SLACK=10]: fails when timing (or that margin, in % of
 ## the clock period) is not met

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import openai
 import pytest
-from test_serve import http, running
+from serve_helpers import http, running
 
 from ringkv.host.model.logprobs import prompt_logprobs
 from ringkv.host.model.transformer import FixedBackend
