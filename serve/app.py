@@ -1,38 +1,51 @@
 """The HTTP API: the OpenAI API's completions and chat completions, streamed or not, as vLLM's
-and llama.cpp's servers implement them; ``/v1/models``, ``/health``, ``/metrics``.
+and llama.cpp's servers implement them; vLLM's tokenizer routes; ``/v1/models``, ``/health``,
+``/metrics``.
 
 Starlette (the ASGI toolkit FastAPI and vLLM's OpenAI server are built on; small, typed,
 maintained, with streaming responses) served by uvicorn. The request bodies are checked here
 by hand against the API's shapes, each bad field a 400 naming it (``param``), so that the
 error bodies are the API's own and no schema library is needed.
 
-* ``POST /v1/completions``: ``prompt`` (a string, or token ids), ``max_tokens`` (default 16,
-  as the OpenAI API's), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``,
-  ``stream_options.include_usage``; ``n`` must be 1; ``logprobs``, ``echo`` and
-  ``suffix`` are refused.
+* ``POST /v1/completions``: ``prompt`` (a string, token ids, or a list of either: a choice
+  each), ``max_tokens`` (default 16, as the OpenAI API's; 0 with ``echo``), ``temperature``,
+  ``top_p``, ``top_k``, ``seed``, ``stop``, ``min_tokens``, ``ignore_eos``, ``n``,
+  ``logprobs`` (0..20, the legacy shape), ``echo``, ``stream``, ``stream_options``
+  (``include_usage``, ``continuous_usage_stats``).
 * ``POST /v1/chat/completions``: ``messages`` through the chat template
   (:mod:`ringkv.serve.template`), ``max_tokens`` or ``max_completion_tokens`` (default
-  :data:`CHAT_MAX_TOKENS`, within the token memory), the same sampling fields.
+  :data:`~ringkv.serve.request.CHAT_MAX_TOKENS`, within the token memory), the same sampling
+  fields, ``n``, ``logprobs`` and ``top_logprobs`` (the ``content`` shape).
+* Every other field of the OpenAI API or vLLM's server is accepted at its neutral value only,
+  or refused: a 400 naming it (:mod:`ringkv.serve.request`); the ``logprobs`` shapes are
+  :mod:`ringkv.serve.response`'s.
+* Several choices (``n``, a list of prompts): a :class:`~ringkv.serve.engine.Job` each, through
+  the router like any request; choice ``i * n + j`` is prompt ``i``'s sample ``j`` (seeded
+  ``seed + j``); a stream interleaves their chunks, each naming its ``index``.
+* ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``: vLLM's tokenizer routes
+  over the byte vocabulary (:mod:`ringkv.serve.tokenize`).
 * Both accept ``session_id`` (a string, an extension: ``extra_body`` in the ``openai``
   client) to pin a conversation (:mod:`ringkv.serve.engine`).
 * Streaming: server-sent events ``data: {json}`` (``text_completion`` /
-  ``chat.completion.chunk`` objects; a chat stream begins with the ``role`` delta and ends
-  with an empty delta carrying ``finish_reason``), then with ``include_usage`` a last chunk
-  with ``"choices": []`` and the ``usage``, then ``data: [DONE]``. An error after the stream
-  began is one ``data: {"error": {...}}`` event before ``[DONE]`` (what vLLM sends; the
-  ``openai`` client raises it as an ``APIError``).
-* ``usage``: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
-  ``prompt_tokens_details.cached_tokens``: the prompt tokens this request did not compute:
-  imported from the device's store, or still in its rings from the conversation's previous
-  turn.
-* The response header ``X-RingKV-Device`` names the device that served the request (for a
-  stream: the one it was sent to first).
-* API keys (``ringkv serve --api-key``): with keys given, every route under ``/v1`` needs
-  ``Authorization: Bearer KEY`` with one of them (what the ``openai`` client sends from its
-  ``api_key``), else 401 ``invalid_api_key`` with ``WWW-Authenticate: Bearer``; ``/health``
-  and ``/metrics`` stay open (for load balancers and Prometheus), as vLLM's do. The check is
-  an ASGI middleware ahead of the routes, so that no route can forget it, and it compares in
-  constant time (``hmac.compare_digest``) against every key.
+  ``chat.completion.chunk`` objects; a chat stream begins with the ``role`` delta of each
+  choice and ends each with an empty delta carrying ``finish_reason``), then with
+  ``include_usage`` a last chunk with ``"choices": []`` and the ``usage`` (with
+  ``continuous_usage_stats`` every chunk carries its choice's usage so far), then ``data:
+  [DONE]``. An error after the stream began is one ``data: {"error": {...}}`` event before
+  ``[DONE]`` (what vLLM sends; the ``openai`` client raises it as an ``APIError``).
+* ``usage``: ``prompt_tokens`` (each prompt once, whatever ``n``), ``completion_tokens``,
+  ``total_tokens`` and ``prompt_tokens_details.cached_tokens``: the prompt tokens this request
+  did not compute: imported from the device's store, or still in its rings from the
+  conversation's previous turn.
+* The response header ``X-RingKV-Device`` names the devices that served the request's choices
+  (for a stream: those they were sent to first).
+* API keys (``ringkv serve --api-key``): with keys given, every route under ``/v1`` and the
+  tokenizer's routes (which vLLM leaves open) need ``Authorization: Bearer KEY`` with one of
+  them (what the ``openai`` client sends from its ``api_key``), else 401 ``invalid_api_key``
+  with ``WWW-Authenticate: Bearer``; ``/health`` and ``/metrics`` stay open (for load
+  balancers and Prometheus), as vLLM's do. The check is an ASGI middleware ahead of the
+  routes, so that no route can forget it, and it compares in constant time
+  (``hmac.compare_digest``) against every key.
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
   :class:`~ringkv.host.errors.RingKVError` (400 bad request, 401 no or another API key, 404
   unknown model, 429 every device's queue full, 503 no device ready or the device failed);

@@ -124,9 +124,10 @@ def test_lm_eval_local_completions_with_the_shipped_tokenizer(server, tmp_path):
 
 def test_lm_eval_finds_the_servers_tokenizer_by_itself(server, tmp_path):
     """lm-eval's default (``tokenizer_backend`` auto): it probes ``/tokenizer_info`` and
-    ``/tokenize``, then tokenizes through the server; the same numbers as with the files."""
+    ``/tokenize``, then tokenizes through the server; the same numbers as with the files.
+    Here with ``batch_size`` 4: each request a list of 4 prompts."""
     base, engine, name = server
-    results, _, log = _lm_eval(base, name, tmp_path)
+    results, _, log = _lm_eval(base, name, tmp_path, ",batch_size=4")
     assert "remote tokenizer" in log
     first = _RUNS.get("files") or _lm_eval(
         base, name, tmp_path / "files",

@@ -266,3 +266,35 @@ def test_neutral_values_are_accepted(srv):
         "add_generation_prompt": True, "parallel_tool_calls": False})
     assert r.status_code == 200, r.text
     assert json.loads(r.text)["choices"][0]["logprobs"] is None
+
+
+def test_the_api_key_guards_the_tokenizer_routes_too():
+    """With keys, ``/tokenize``, ``/detokenize`` and ``/tokenizer_info`` need one, as ``/v1``
+    does (the ASGI gate alone: no server to start); ``/health`` stays open."""
+    import asyncio
+
+    from ringkv.serve.app import ApiKeyGate
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    gate = ApiKeyGate(app, ["sk-1"])
+
+    def status(path, key=None):
+        sent = []
+        headers = [(b"authorization", b"Bearer " + key.encode())] if key else []
+        scope = {"type": "http", "path": path, "method": "GET", "headers": headers}
+
+        async def receive():
+            return {"type": "http.request", "body": b""}
+
+        async def send(msg):
+            sent.append(msg)
+        asyncio.run(gate(scope, receive, send))
+        return sent[0]["status"]
+
+    for path in ("/tokenize", "/detokenize", "/tokenizer_info", "/v1/completions"):
+        assert status(path) == 401 and status(path, "sk-2") == 401
+        assert status(path, "sk-1") == 200
+    assert status("/health") == 200 and status("/tokenizer_info_x") == 200
