@@ -100,6 +100,23 @@ def test_scheduler_gives_each_tokens_logprob_the_same_whatever_was_reused():
         b.request("q", [65], 1, prompt_logprobs=0)
 
 
+def test_a_tokens_logprob_is_the_same_from_the_resident_rings_as_recomputed():
+    """The hot tier: a session continued in the rings it left (path ``continue``) gives each
+    generated token the logprob a new session computing the whole stream gives."""
+    model = Model(DEMO_CONFIG, hidden=64, ffn=128, seed=3)
+    first, rest = [BOS] + list(b"And God said,"), list(b" Let there be light")
+    sampler = Sampler(SamplingParams(temperature=0))
+    a, hot = _sched(model), []
+    out1 = a.request("s", first, 3, sample=sampler)
+    a.request("s", rest, 5, logprobs=4, sample=sampler,
+              on_token=lambda t, i: hot.append(i) and False)
+    assert a.events[-1]["path"] == "continue"
+    cold = []
+    _sched(model).request("t", first + out1 + rest, 5, logprobs=4, sample=sampler,
+                          on_token=lambda t, i: cold.append(i) and False)
+    assert hot == cold
+
+
 def test_min_tokens_masks_bos_and_ignore_eos_keeps_going():
     z = np.zeros(257)
     z[BOS] = 50.0
