@@ -54,12 +54,12 @@ def server():
         thread.join(30)
 
 
-def _lm_eval(base, name, out: Path, extra: str = ""):
+def _lm_eval(base, name, out: Path, extra: str = "", batch_size: int = 1):
     model_args = (f"model={name},base_url={base}/v1/completions,max_length=1024,"
                   f"num_concurrent=1{extra}")
     cmd = [str(LM_EVAL), "--model", "local-completions", "--model_args", model_args,
            "--tasks", "ringkv_kjv_choice,ringkv_kjv_generate", "--include_path", str(TASKS),
-           "--output_path", str(out), "--log_samples"]
+           "--output_path", str(out), "--log_samples", "--batch_size", str(batch_size)]
     env = dict(os.environ, **OFFLINE, HF_HOME=str(out / "hf-home"))
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
@@ -127,7 +127,7 @@ def test_lm_eval_finds_the_servers_tokenizer_by_itself(server, tmp_path):
     ``/tokenize``, then tokenizes through the server; the same numbers as with the files.
     Here with ``batch_size`` 4: each request a list of 4 prompts."""
     base, engine, name = server
-    results, _, log = _lm_eval(base, name, tmp_path, ",batch_size=4")
+    results, _, log = _lm_eval(base, name, tmp_path, batch_size=4)
     assert "remote tokenizer" in log
     first = _RUNS.get("files") or _lm_eval(
         base, name, tmp_path / "files",

@@ -100,6 +100,26 @@ def test_chat_logprobs_and_top_logprobs(srv):
     assert err.value.body["param"] == "top_logprobs"
 
 
+def test_streamed_logprobs_are_the_whole_answers(srv):
+    """A stream's chunks carry each token's logprobs (one token a chunk): together they are
+    the whole answer's, in both shapes."""
+    msgs = [{"role": "user", "content": "Who begat Isaac?"}]
+    kw = dict(model=srv.name, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+              top_logprobs=2)
+    whole = srv.client.chat.completions.create(**kw).choices[0].logprobs.content
+    parts = [e for ch in srv.client.chat.completions.create(stream=True, **kw)
+             for c in ch.choices if c.logprobs for e in c.logprobs.content]
+    assert [e.model_dump() for e in parts] == [e.model_dump() for e in whole]
+    kw = dict(model=srv.name, prompt="And Isaac", max_tokens=6, temperature=0, logprobs=2)
+    whole = srv.client.completions.create(**kw).choices[0].logprobs
+    chunks = [c.logprobs for ch in srv.client.completions.create(stream=True, **kw)
+              for c in ch.choices if c.logprobs]
+    assert [t for c in chunks for t in c.tokens] == whole.tokens
+    assert [t for c in chunks for t in c.token_logprobs] == whole.token_logprobs
+    assert [t for c in chunks for t in c.top_logprobs] == whole.top_logprobs
+    assert [t for c in chunks for t in c.text_offset] == whole.text_offset
+
+
 def test_a_tokens_logprob_is_the_same_from_the_store_as_computed(srv):
     """The same conversation twice: the second is resumed from the device's store (cached
     tokens), and every generated token's logprob is equal, not close (the fixed backend)."""
