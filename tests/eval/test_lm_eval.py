@@ -9,7 +9,7 @@ set, so any download would fail the run.
 
 lm-eval pulls torch, so it lives in a venv of its own, ``build/venv-eval`` (``make eval``
 makes it and runs this module; ``RINGKV_EVAL_VENV`` names another); without it these tests
-skip.
+skip. Slow tier (minutes), so not in ``make test``.
 """
 
 import glob
@@ -31,8 +31,11 @@ VENV = Path(os.environ.get("RINGKV_EVAL_VENV", ROOT / "build" / "venv-eval"))
 LM_EVAL = VENV / "bin" / "lm_eval"
 TASKS = ROOT / "tests" / "data" / "lm_eval"
 
-pytestmark = pytest.mark.skipif(not LM_EVAL.exists(),
-                                reason=f"no lm-eval venv at {VENV} (make eval makes it)")
+#: slow: three lm-eval runs take minutes (most of it lm-eval's start), too long for make test
+#: on a machine that has the venv; make eval and make test-slow run them
+pytestmark = [pytest.mark.skipif(not LM_EVAL.exists(),
+                                 reason=f"no lm-eval venv at {VENV} (make eval makes it)"),
+              pytest.mark.slow]
 
 #: test -> lm-eval's results (the default-tokenizer test compares with the files' run)
 _RUNS: dict = {}
