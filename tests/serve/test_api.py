@@ -258,6 +258,8 @@ def test_continuous_usage_stats_and_a_streamed_echo(srv):
     ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"x": 1}},
      "stream_options.x"),
     ("/v1/completions", {"prompt": ["a"] * 65, "n": 2}, "n"),
+    ("/v1/completions", {"prompt": "x", "n": 17}, "n"),        # more than --max-queue holds
+    ("/v1/completions", {"prompt": ["x"] * 17}, "prompt"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
