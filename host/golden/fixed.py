@@ -83,7 +83,8 @@ __all__ = [
     "NUMERICS", "QKV_FRAC", "OUT_FRAC",
     "quantize", "dequantize_out", "exp2_fx", "lane_state", "weight_term", "reciprocal_fx",
     "acc_shift", "beta_shift_amount", "beta_fx", "round_output", "merge_lanes",
-    "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
+    "attend_fx", "attend_rows", "ring_views", "attend_float", "lane_segments", "FixedRingCore",
+    "run_ops", "nrmse",
 ]
 
 # the default numerics' constants (ringkv-fx1)
@@ -217,6 +218,93 @@ def attend_fx(q, k_ring, v_ring, valid, lanes, cs, numerics=None):
         states.append(lane_state(q, k_ring[lo:hi], v_ring[lo:hi], cs, numerics)
                       if hi > lo else None)
     return merge_lanes(states, len(q), k_ring.shape[1], numerics)
+
+
+def _bitlength_array(x):
+    """``int(v).bit_length()`` of every element of a non-negative int64 array (exact below
+    2**53: ``frexp`` of the exactly converted value)."""
+    return np.frexp(np.asarray(x, dtype=np.float64))[1].astype(np.int64)
+
+
+def attend_rows(k, v, valid, q, cs, lanes, numerics=None):
+    """:func:`attend_fx` on many independent rows at once, integer for integer.
+
+    Row ``i`` is one query group ``q[i]`` (G, d) attending its own ring view ``k[i]``,
+    ``v[i]`` (W, d) over the slots ``0 .. valid[i] - 1`` split in ``lanes``; ``cs`` is the
+    score constant (a scalar, or one per row). Returns the int16 outputs (N, G, d), equal to
+    ``attend_fx(q[i], k[i], v[i], valid[i], lanes, cs[i])`` for every row (tested bit for bit).
+
+    This is the same datapath vectorized over rows (the tokens of a chunk, the KV heads, the
+    conversations of a batch), so that a batch of decode steps costs a few array operations
+    instead of a Python loop per lane and per query head. Every product is computed exactly:
+    the dot products and ``p @ v`` go through float64 matrix products, exact because every
+    operand and partial sum is an integer below 2**53 (``|dot| <= d * 2**(2 EW - 2)``,
+    ``p * v <= 2**15 * 2**(EW - 1)`` summed over at most ``W`` slots); the merge runs on int64
+    (every intermediate below 2**40).
+    """
+    nx = numerics_of(numerics)
+    k = np.asarray(k)
+    n_rows, window, d = k.shape
+    seg = window // lanes
+    q = np.asarray(q, dtype=np.float64)
+    g = q.shape[1]
+    valid = np.asarray(valid, dtype=np.int64).reshape(n_rows)
+    cs = np.broadcast_to(np.asarray(cs, dtype=np.int64), (n_rows,))
+    # scores (N, G, W): exact integers from a float64 product
+    dot = np.matmul(q, np.asarray(k, dtype=np.float64).transpose(0, 2, 1)).astype(np.int64)
+    s = ((dot >> nx.dot_shift) * cs[:, None, None]) >> CS_SHIFT
+    s = s.reshape(n_rows, g, lanes, seg)
+    slot = np.arange(window, dtype=np.int64).reshape(lanes, seg)
+    mask = slot[None] < valid[:, None, None]                        # (N, L, S)
+    live = mask[:, :, 0]                                            # (N, L): lane not empty
+    low = np.iinfo(np.int64).min
+    m_lane = np.where(mask[:, None], s, low).max(axis=3)            # (N, G, L)
+    y = np.where(mask[:, None], m_lane[..., None] - s, 0)
+    p = np.where(mask[:, None], exp2_fx(y), 0)                      # (N, G, L, S)
+    l_lane = p.sum(axis=3)                                          # (N, G, L)
+    # p @ v per lane: (N, L, G, S) @ (N, L, S, d) -> (N, L, G, d), exact in float64
+    vv = np.asarray(v, dtype=np.float64).reshape(n_rows, lanes, seg, d)
+    acc = np.matmul(p.transpose(0, 2, 1, 3).astype(np.float64), vv).astype(np.int64)
+    acc = acc.transpose(0, 2, 1, 3)                                 # (N, G, L, d)
+    # the merge (merge_lanes), lanes as an axis; an empty lane takes no part
+    livel = live[:, None, :]                                        # (N, 1, L)
+    m = np.where(livel, m_lane, low).max(axis=2)                    # (N, G)
+    alpha = np.where(livel, exp2_fx(np.where(livel, m[..., None] - m_lane, 0)), 0)
+    total = ((l_lane * alpha) >> P_FRAC).sum(axis=2)                # (N, G)
+    any_live = live.any(axis=1)[:, None]                            # (N, 1)
+    total = np.where(any_live, total, 1)
+    e = _bitlength_array(total)
+    recip = (np.int64(1) << (e + 16)) // total
+    sh = np.maximum(_bitlength_array(l_lane) - nx.acc_shift_bits, 0)    # (N, G, L)
+    amt = np.maximum(e[..., None] + nx.beta_shift - sh, 0)
+    beta = np.minimum((alpha * recip[..., None]) >> amt, BETA_MAX)
+    beta = np.where(livel, beta, 0)
+    summed = ((acc >> sh[..., None]) * beta[..., None]).sum(axis=2)     # (N, G, d)
+    out = np.clip((summed + (1 << 16)) >> 17, -32768, 32767)
+    return np.where(any_live[..., None], out, 0)
+
+
+def ring_views(ring, count, head, new, window):
+    """The ring as each of a chunk's tokens sees it, after writing that token.
+
+    ``ring`` (..., W, d): the slots before the chunk; ``new`` (..., C, d): the chunk's K (or V)
+    words; ``count``/``head``: the ring's metadata before it. Token ``t`` goes to slot
+    ``(head + 1 + t) % W``. Returns ``(views (..., C, W, d), valid (C,), final (..., W, d),
+    count, head)``: ``views[..., t, s]`` is what slot ``s`` holds once token ``t`` is written
+    (the latest chunk token written there, else the old slot), ``valid[t] = min(count + t + 1,
+    W)`` (the slots token ``t`` attends, as :meth:`FixedRingCore.attend`), ``final`` the ring
+    after the chunk, and the metadata after it (the count wraps at 32 bits)."""
+    c = new.shape[-2]
+    t = np.arange(c, dtype=np.int64)[:, None]
+    s = np.arange(window, dtype=np.int64)[None, :]
+    first = (s - int(head) - 1) % window                  # the first chunk token on slot s
+    latest = first + ((t - first) // window) * window     # the latest at or before t
+    index = np.where(t >= first, window + latest, s)      # (C, W) into [ring | new]
+    both = np.concatenate([ring, new], axis=-2)
+    views = both[..., index, :]
+    valid = np.minimum(int(count) + t[:, 0] + 1, window)
+    return (views, valid, views[..., c - 1, :, :], (int(count) + c) & 0xFFFFFFFF,
+            (int(head) + c) % window)
 
 
 class FixedRingCore:
