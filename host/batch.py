@@ -35,6 +35,7 @@ not. An exception from the device ends every running request (each rolled back a
 """
 
 import logging
+import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -81,6 +82,7 @@ class Request:
     last: tuple | None = None
     saved: tuple | None = None
     cancelled: bool = False
+    started: float = 0.0              # when it left the queue (time.perf_counter)
 
     @property
     def done(self) -> bool:
@@ -310,7 +312,7 @@ class BatchScheduler(Scheduler):
         if new:
             self.sessions[r.sid] = s
         r.saved = (list(s.tokens), list(s.pending), s.dirty, s.key, list(s.turns))
-        r.ctx, r.event = ctx, event
+        r.ctx, r.event, r.started = ctx, event, time.perf_counter()
         self.where[r.sid] = ctx
         self.running.append(r)
         r.state = "running"

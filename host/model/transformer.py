@@ -32,7 +32,14 @@ import numpy as np
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.numerics import numerics_of
 
-from ..golden.fixed import FixedRingCore, attend_rows, dequantize_out, quantize, ring_views
+from ..golden.fixed import (
+    FixedRingCore,
+    attend_indexed,
+    attend_rows,
+    dequantize_out,
+    quantize,
+    ring_sources,
+)
 from ..golden.ring import RingKVCache
 from ..golden.swa import swa_attention
 
@@ -231,43 +238,40 @@ class FixedBackend:
         return int(self.core.count[0])
 
     def _rows(self, layer, q, k, v):
-        """Write a chunk's K/V into the rings of ``layer`` and return what its queries attend:
-        ``(k views, v views, valid, q rows, finish)`` for :func:`attend_rows` (one row per
-        KV head and token, head-major) and ``finish(outputs) -> (C, Hq, d)`` the dequantized
+        """Write a chunk's K/V into the rings of ``layer`` and return what its queries attend,
+        one ring per KV head: ``(sources k, sources v, index, valid, q, finish)`` for
+        :func:`attend_indexed` (sources ``(Hkv, W + C, d)``: the ring before the chunk, then
+        the chunk) and ``finish(outputs (Hkv, C, G, d)) -> (C, Hq, d)``, the dequantized
         output."""
         c, nx, core = self.config, self.numerics, self.core
-        g, w = c.group, c.window
+        g, w, hk = c.group, c.window, c.kv_heads
         fr = self.fracs[layer]
         qi, ki, vi = (quantize(np.asarray(x), nx, f) for x, f in zip((q, k, v), fr))
         n = len(ki)
-        kvs, vvs, valids, qs = [], [], [], []
-        for h in range(c.kv_heads):
-            ring = layer * c.kv_heads + h
-            count, head = core.count[ring], core.head[ring]
-            kview, valid, kfinal, core.count[ring], core.head[ring] = ring_views(
-                core.rings[layer, h, 0], count, head, ki[:, h], w)
-            vview, _, vfinal, _, _ = ring_views(core.rings[layer, h, 1], count, head,
-                                                vi[:, h], w)
-            core.rings[layer, h, 0], core.rings[layer, h, 1] = kfinal, vfinal
-            kvs.append(kview)
-            vvs.append(vview)
-            valids.append(valid)
-            qs.append(qi[:, h * g:(h + 1) * g])
+        ksrc = np.concatenate([core.rings[layer, :, 0], ki.transpose(1, 0, 2)], axis=1)
+        vsrc = np.concatenate([core.rings[layer, :, 1], vi.transpose(1, 0, 2)], axis=1)
+        index = np.empty((hk, n, w), dtype=np.int64)
+        valid = np.empty((hk, n), dtype=np.int64)
+        for h in range(hk):
+            ring = layer * hk + h
+            index[h], valid[h], core.count[ring], core.head[ring] = ring_sources(
+                core.count[ring], core.head[ring], n, w)
+            core.rings[layer, h, 0] = ksrc[h, index[h, -1]]
+            core.rings[layer, h, 1] = vsrc[h, index[h, -1]]
+        qs = qi.reshape(n, hk, g, c.head_dim).transpose(1, 0, 2, 3)
 
         def finish(o):
-            o = o.reshape(c.kv_heads, n, g, c.head_dim).transpose(1, 0, 2, 3)
-            return dequantize_out(o.reshape(n, c.q_heads, c.head_dim), nx, fr[2])
-        return (np.concatenate(kvs), np.concatenate(vvs), np.concatenate(valids),
-                np.concatenate(qs), finish)
+            return dequantize_out(o.transpose(1, 0, 2, 3).reshape(n, c.q_heads, c.head_dim),
+                                  nx, fr[2])
+        return ksrc, vsrc, index, valid, qs, finish
 
     def prefill(self, layer, q, k, v):
         """A chunk (C tokens) of ``layer``: each token's K/V written, then its queries attend
         the ring (:meth:`FixedRingCore.attend`'s result, integer for integer, computed for the
-        whole chunk and every KV head at once by :func:`ring_views` and
-        :func:`attend_rows`)."""
-        kv, vv, valid, qs, finish = self._rows(layer, q, k, v)
-        return finish(attend_rows(kv, vv, valid, qs, self.core.cs_layers[layer], self.lanes,
-                                  self.numerics))
+        whole chunk and every KV head at once by :func:`attend_indexed`)."""
+        ksrc, vsrc, index, valid, qs, finish = self._rows(layer, q, k, v)
+        return finish(attend_indexed(ksrc, vsrc, index, valid, qs,
+                                     self.core.cs_layers[layer], self.lanes, self.numerics))
 
     @staticmethod
     def _decode_pooled(layer, items):
@@ -324,14 +328,30 @@ class FixedBackend:
             key = (b.lanes, b.numerics.name, int(b.core.cs_layers[layer]), b.config.window,
                    b.config.head_dim, b.config.group)
             groups.setdefault(key, []).append(i)
-        for (lanes, numerics, cs, *_shape), members in groups.items():
-            sizes = [len(plans[i][2]) for i in members]
-            o = attend_rows(np.concatenate([plans[i][0] for i in members]),
-                            np.concatenate([plans[i][1] for i in members]),
-                            np.concatenate([plans[i][2] for i in members]),
-                            np.concatenate([plans[i][3] for i in members]), cs, lanes, numerics)
-            for i, part in zip(members, np.split(o, np.cumsum(sizes)[:-1])):
-                outs[i] = plans[i][4](part)
+        for (lanes, numerics, cs, window, dim, group), members in groups.items():
+            # one product for all: sources and queries padded to the longest chunk (a padded
+            # query attends slot 0 of its ring and is dropped)
+            n_src = max(plans[i][0].shape[1] for i in members)
+            n_q = max(plans[i][2].shape[1] for i in members)
+            rings = sum(plans[i][0].shape[0] for i in members)
+            ksrc = np.zeros((rings, n_src, dim), dtype=np.int64)
+            vsrc = np.zeros((rings, n_src, dim), dtype=np.int64)
+            index = np.broadcast_to(np.arange(window), (rings, n_q, window)).copy()
+            valid = np.ones((rings, n_q), dtype=np.int64)
+            qs = np.zeros((rings, n_q, group, dim), dtype=np.int64)
+            at = 0
+            for i in members:
+                ks, vs, ix, va, qq, _ = plans[i]
+                h, s_, t = ks.shape[0], ks.shape[1], ix.shape[1]
+                ksrc[at:at + h, :s_], vsrc[at:at + h, :s_] = ks, vs
+                index[at:at + h, :t], valid[at:at + h, :t], qs[at:at + h, :t] = ix, va, qq
+                at += h
+            o = attend_indexed(ksrc, vsrc, index, valid, qs, cs, lanes, numerics)
+            at = 0
+            for i in members:
+                h, t = plans[i][0].shape[0], plans[i][2].shape[1]
+                outs[i] = plans[i][5](o[at:at + h, :t])
+                at += h
         return outs
 
     def decode(self, layer, q, k, v):
