@@ -108,6 +108,7 @@ class Metrics:
     def add_device(self, name: str):
         """Show a device's series from the start (zeros), before its first request."""
         for m in (self.device_hits, self.device_hot_hits, self.device_resident,
-                  self.device_misses, self.device_prefix_hits, self.device_exports, self.device_recoveries, self.device_queue,
-                  self.device_up, self.device_records):
+                  self.device_misses, self.device_prefix_hits, self.device_exports,
+                  self.device_recoveries, self.device_queue, self.device_up,
+                  self.device_records):
             m.labels(name)

@@ -56,9 +56,9 @@ import time
 from collections import OrderedDict
 from multiprocessing.connection import Connection
 
+from ringkv.host.batch import BatchScheduler
 from ringkv.host.errors import UsageError
 from ringkv.host.model.sampling import Sampler, SamplingParams
-from ringkv.host.batch import BatchScheduler
 
 from .template import TextStream
 

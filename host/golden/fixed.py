@@ -83,8 +83,8 @@ __all__ = [
     "NUMERICS", "QKV_FRAC", "OUT_FRAC",
     "quantize", "dequantize_out", "exp2_fx", "lane_state", "weight_term", "reciprocal_fx",
     "acc_shift", "beta_shift_amount", "beta_fx", "round_output", "merge_lanes",
-    "attend_fx", "attend_indexed", "attend_rows", "ring_sources", "ring_views", "attend_float", "lane_segments", "FixedRingCore",
-    "run_ops", "nrmse",
+    "attend_fx", "attend_indexed", "attend_rows", "ring_sources", "ring_views", "attend_float",
+    "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
 # the default numerics' constants (ringkv-fx1)

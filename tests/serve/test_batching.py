@@ -6,13 +6,12 @@ import concurrent.futures as cf
 import time
 
 import httpx
+from test_serve import SYSTEM, running
 
 from ringkv.defs.config import DEMO_CONFIG
 from ringkv.host.model.transformer import FixedBackend, RingPool
 from ringkv.host.scheduler import plain_run
 from ringkv.serve.template import chat_prompt
-
-from test_serve import SYSTEM, running
 
 http = httpx.Client(timeout=120)
 
@@ -112,7 +111,7 @@ def test_a_client_that_leaves_frees_its_place_and_the_others_go_on():
             leaving = pool.submit(long_stream)
             staying = [pool.submit(_conversation, srv, q, 2) for q in QUESTIONS[:4]]
             assert leaving.result() == "left"
-            for fut, q in zip(staying, QUESTIONS[:4]):
+            for fut in staying:
                 for msgs, reply, _ in fut.result():
                     assert reply == _answer(srv.engine, msgs, 10)
         deadline = time.monotonic() + 30
