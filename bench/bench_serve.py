@@ -49,8 +49,9 @@ one client sending requests one at a time (target: under 2 ms).
 
 Wall-clock figures on a shared machine: the 1-minute load average at the start and at the end
 of each configuration is recorded with its results. ``RINGKV_BENCH_SERVE_REQUESTS`` (default
-320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32), ``RINGKV_BENCH_SERVE_CONFIG`` (``default``: the
-board's shape; ``demo``: the small one), ``RINGKV_BENCH_SERVE_TURNS`` (``3-6``) and
+320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32), ``RINGKV_BENCH_SERVE_CONFIG`` (``demo``: the
+small shape with its trained model, the load every recorded figure used; ``default``: the
+board's shape), ``RINGKV_BENCH_SERVE_TURNS`` (``3-6``) and
 ``RINGKV_BENCH_SERVE_LONG_TURNS`` (``8-12``; ``0``: not measured).
 """
 
@@ -74,7 +75,7 @@ __all__ = ["TITLE", "run", "markdown", "sequential_overhead", "set_priority", "p
 TITLE = "Server: ringkv serve under load (software devices)"
 REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_REQUESTS", "320"))
 CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_CLIENTS", "32"))
-SHAPE = os.environ.get("RINGKV_BENCH_SERVE_CONFIG", "default")
+SHAPE = os.environ.get("RINGKV_BENCH_SERVE_CONFIG", "demo")
 SYSTEMS = 8
 CAPACITY = 48
 MAX_TOKENS = 32
