@@ -6,7 +6,7 @@ import concurrent.futures as cf
 import time
 
 import httpx
-from test_serve import SYSTEM, running
+from serve_helpers import SYSTEM, running
 
 from ringkv.defs.config import DEMO_CONFIG
 from ringkv.host.model.transformer import FixedBackend, RingPool

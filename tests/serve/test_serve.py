@@ -2,7 +2,6 @@
 clients nobody here wrote: the official ``openai`` package and plain HTTP (httpx), streaming
 and not, on software devices with the trained demo-shape model (real text)."""
 
-import contextlib
 import json
 import socket
 import time
@@ -10,42 +9,13 @@ import time
 import httpx
 import openai
 import pytest
+from serve_helpers import SYSTEM, http, running
 
 from ringkv.host.errors import UsageError
 from ringkv.host.model.transformer import FixedBackend
 from ringkv.host.scheduler import plain_run
-from ringkv.serve.main import api_keys, build_parser, build_server, serve_in_thread
+from ringkv.serve.main import api_keys, build_parser, build_server
 from ringkv.serve.template import chat_prompt
-
-SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
-
-#: plain HTTP with a timeout for a loaded machine (httpx's default is 5 s)
-http = httpx.Client(timeout=120)
-
-
-class Running:
-    def __init__(self, base, engine, name):
-        self.base, self.engine, self.name = base, engine, name
-        self.client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
-                                    timeout=120)
-
-    def metric(self, line_start: str) -> float:
-        text = http.get(self.base + "/metrics").text
-        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                   if x.startswith(line_start))
-
-
-@contextlib.contextmanager
-def running(*argv):
-    args = build_parser().parse_args(["--config", "demo", *argv])
-    engine, app, name = build_server(args)
-    server, thread, base = serve_in_thread(app)
-    assert engine.wait_ready(60)
-    try:
-        yield Running(base, engine, name)
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")
