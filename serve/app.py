@@ -445,7 +445,12 @@ class _Api:
     async def health(self, request: Request):
         devices = [{"name": w.name, "kind": w.handle.kind, "sealed": w.handle.sealed,
                     "state": w.state, "queue_depth": w.load, "records": len(w.index),
-                    "recoveries": w.recoveries} for w in self.engine.workers]
+                    "recoveries": w.recoveries,
+                    # continuous batching: how many requests it runs at once (1: one at a
+                    # time, as a board holding one conversation), how many it holds resident
+                    "batching": w.batch > 1, "max_batch": w.batch,
+                    "resident_limit": w.info.get("resident", 1),
+                    "resident": len(w.hot)} for w in self.engine.workers]
         ok = any(d["state"] == "ready" for d in devices)
         return JSONResponse({"status": "ok" if ok else "unavailable", "devices": devices},
                             status_code=200 if ok else 503)

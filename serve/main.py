@@ -31,7 +31,7 @@ from ringkv.host.errors import (
 )
 
 __all__ = ["main", "build_parser", "build_server", "listen", "serve_in_thread", "api_keys",
-           "tenancy", "NUMERICS_CHOICES", "API_KEY_ENV"]
+           "tenancy", "NUMERICS_CHOICES", "API_KEY_ENV", "HOT_BYTES"]
 
 NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
 
@@ -58,6 +58,27 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+#: ``--hot-bytes`` by default: 64 MiB, 512 conversations at the default shape
+HOT_BYTES = 64 << 20
+
+_UNITS = {"": 1, "K": 1 << 10, "KI": 1 << 10, "M": 1 << 20, "MI": 1 << 20, "G": 1 << 30,
+          "GI": 1 << 30}
+
+
+def _bytes(text: str) -> int:
+    """A size in bytes: ``65536``, ``64K``, ``64M``, ``1G`` (binary units; ``MiB``, ``MB``
+    read the same)."""
+    t = text.strip().upper().removesuffix("B")
+    digits = t.rstrip("KMGI")
+    unit = t[len(digits):]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size in bytes (e.g. 64M): {text!r}")
+    value = int(digits) * _UNITS[unit]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, not {text!r}")
     return value
 
 
@@ -126,8 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=_count(1), default=256,
                    help="records a software device holds (least recently used evicted)")
     p.add_argument("--chunk", type=_count(1), default=64, help="prefill chunk (tokens)")
-    p.add_argument("--max-queue", type=_count(1), default=16,
-                   help="requests queued or running per device; beyond on every device: 429")
+    p.add_argument("--hot-bytes", type=_bytes, default=HOT_BYTES, metavar="SIZE",
+                   help="a software device's hot tier: the conversations whose rings it holds "
+                        "at once, in bytes (K, M, G: binary units; default 64M: 512 "
+                        "conversations of the default shape, 128 KiB each). The card image "
+                        "stays the persistence point")
+    p.add_argument("--max-batch", type=_count(1), default=None, metavar="N",
+                   help="requests a device runs at once (continuous batching; default: as "
+                        "many as its hot tier holds; 1: one request at a time)")
+    p.add_argument("--step-tokens", type=_count(1), default=512, metavar="N",
+                   help="tokens one batched step may compute: a decode token per running "
+                        "request and prefill chunks (default 512)")
+    p.add_argument("--max-queue", type=_count(0), default=16,
+                   help="requests waiting per device beyond those it runs at once "
+                        "(--max-batch); beyond that on every device: 429")
     p.add_argument("--placement", choices=["prefix", "least-loaded", "round-robin"],
                    default="prefix", help="how the router picks a device")
     p.add_argument("--max-imbalance", type=_count(0), default=4,
@@ -308,7 +341,8 @@ def build_server(args):
         from ringkv.sim.harness import DEMO_TOP
         top = dict(DEMO_TOP)
     handles = [parse_device(s, config, capacity=args.capacity, attention_factory=backend,
-                            timeout=args.timeout, top_kwargs=top, keys=ring) for s in specs]
+                            timeout=args.timeout, top_kwargs=top, keys=ring,
+                            hot_bytes=args.hot_bytes) for s in specs]
     for i, h in enumerate(handles):
         if h.spec in repeated:
             h.name = f"{h.spec}-{i}"
@@ -318,7 +352,8 @@ def build_server(args):
     engine = Engine(model, config, handles, metrics, chunk=args.chunk,
                     max_queue=args.max_queue, placement=args.placement,
                     max_imbalance=args.max_imbalance,
-                    move_min_tokens=args.move_min_tokens, seeds=seeds)
+                    move_min_tokens=args.move_min_tokens, seeds=seeds,
+                    step_tokens=args.step_tokens, max_batch=args.max_batch)
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
     app = create_app(engine, model_name=name, api_keys=keys, tenant=tenant,
                      fingerprint="ringkv-" + config.digest().hex()[:12])

@@ -11,7 +11,10 @@ by where their state came from: ``ringkv_tokens_reused_total`` (imported from a 
 store), ``ringkv_tokens_resident_total`` (still in the rings from the conversation's previous
 turn), ``ringkv_tokens_prefilled_total`` (computed) and, of those,
 ``ringkv_tokens_recomputed_total`` (computed before by the same conversation). Per device
-(label ``device``): ``ringkv_device_hits_total`` (requests that imported a record),
+(label ``device``): ``ringkv_device_hits_total`` (requests that imported a record from the
+store), ``ringkv_device_hot_hits_total`` (that continued a conversation resident in the hot
+tier: nothing imported), ``ringkv_device_resident_conversations`` (the hot tier's idle
+conversations),
 ``ringkv_device_misses_total`` (that found none), ``ringkv_device_prefix_hits_total`` (that
 imported a longest stored prefix), ``ringkv_device_requests_total{path}``,
 ``ringkv_device_exports_total``, ``ringkv_device_recoveries_total``,
@@ -71,6 +74,13 @@ class Metrics:
         d = ["device"]
         self.device_hits = Counter("ringkv_device_hits", "requests that imported a record", d,
                                    registry=r)
+        self.device_hot_hits = Counter(
+            "ringkv_device_hot_hits", "requests that continued a conversation resident in the "
+            "device's hot tier (no import)", d, registry=r)
+        self.device_resident = Gauge(
+            "ringkv_device_resident_conversations",
+            "conversations resident in the device's hot tier (idle, their turn exported)", d,
+            registry=r)
         self.device_misses = Counter("ringkv_device_misses",
                                      "requests that found no record to import", d, registry=r)
         self.device_prefix_hits = Counter("ringkv_device_prefix_hits",
@@ -97,7 +107,8 @@ class Metrics:
 
     def add_device(self, name: str):
         """Show a device's series from the start (zeros), before its first request."""
-        for m in (self.device_hits, self.device_misses, self.device_prefix_hits,
-                  self.device_exports, self.device_recoveries, self.device_queue,
-                  self.device_up, self.device_records):
+        for m in (self.device_hits, self.device_hot_hits, self.device_resident,
+                  self.device_misses, self.device_prefix_hits, self.device_exports,
+                  self.device_recoveries, self.device_queue, self.device_up,
+                  self.device_records):
             m.labels(name)

@@ -1,5 +1,5 @@
-"""``ringkv serve`` started for real in tests (uvicorn on a free port, in a thread) and the
-clients that speak to it: the official ``openai`` package and plain HTTP (httpx)."""
+"""Shared helpers of the server's tests: ``ringkv serve`` started for real in a thread of the
+test process (uvicorn on a free port), with the official ``openai`` client and plain HTTP."""
 
 import contextlib
 
@@ -8,7 +8,9 @@ import openai
 
 from ringkv.serve.main import build_parser, build_server, serve_in_thread
 
-__all__ = ["http", "Running", "running"]
+__all__ = ["SYSTEM", "http", "Running", "running"]
+
+SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
 
 #: plain HTTP with a timeout for a loaded machine (httpx's default is 5 s)
 http = httpx.Client(timeout=120)

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from serve_helpers import http, running
+from serve_helpers import SYSTEM, http, running
 
 from ringkv.host.errors import UsageError
 from ringkv.host.model.transformer import FixedBackend
@@ -17,7 +17,6 @@ from ringkv.host.scheduler import plain_run
 from ringkv.serve.main import api_keys, build_parser, build_server
 from ringkv.serve.template import chat_prompt
 
-SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
 
 @pytest.fixture(scope="module")
 def srv():
@@ -219,7 +218,7 @@ def test_a_pinned_session_continues_and_forks_at_an_edit(srv):
 
 
 def test_overload_is_429_and_a_client_that_leaves_frees_the_device():
-    with running("--device", "software", "--max-queue", "1") as srv:
+    with running("--device", "software", "--max-batch", "1", "--max-queue", "0") as srv:
         with http.stream("POST", srv.base + "/v1/completions", json={
                 "prompt": "And", "max_tokens": 1000, "temperature": 0.7,
                 "stream": True}) as r:
@@ -340,7 +339,8 @@ def test_a_conversation_moves_with_its_record_when_its_device_is_full(tmp_path, 
     sealed devices copy the tenant's sealed record the same way."""
     extra = ["--sealed", "--key-file", _private(tmp_path / "k", "5 " + "5a" * 32 + "\n")] \
         if sealed else []
-    with running("--device", "software", "--device", "software", "--max-queue", "1",
+    with running("--device", "software", "--device", "software", "--max-batch", "1",
+                     "--max-queue", "0",
                  *extra) as srv:
         msgs = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": "Who went up to the mountain of God?"}]
@@ -592,6 +592,9 @@ def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
         cases = [(["--port", "99999"], 2, "--port: must be 0..65535"),
                  (["--capacity", "0"], 2, "--capacity: must be at least 1"),
                  (["--timeout", "-1"], 2, "--timeout: must be positive"),
+                 (["--hot-bytes", "lots"], 2, "--hot-bytes: not a size in bytes (e.g. 64M)"),
+                 (["--max-batch", "0"], 2, "--max-batch: must be at least 1"),
+                 (["--step-tokens", "0"], 2, "--step-tokens: must be at least 1"),
                  (["--host", "no.such.host.invalid"], 2, "--host"),
                  (["--api-key-file", str(tmp_path / "no-keys")], 2,
                   "--api-key-file " + str(tmp_path / "no-keys") + ": not found"),
