@@ -117,6 +117,49 @@ def test_a_tokens_logprob_is_the_same_from_the_resident_rings_as_recomputed():
     assert hot == cold
 
 
+def test_batched_requests_give_the_logprobs_of_a_request_alone():
+    """The batching scheduler: requests running together (one with ``logprobs``, one with
+    ``prompt_logprobs``, one plain, another with both) give the logprobs each gives alone on
+    the one-at-a-time scheduler, bit for bit."""
+    from ringkv.host.batch import BatchScheduler
+    from ringkv.host.model.transformer import RingPool
+    model = Model(DEMO_CONFIG, hidden=64, ffn=128, seed=3)
+    prompts = [[BOS] + list(t) for t in (b"And God said, Let there be light", b"In the",
+                                         b"The LORD is my shepherd; I shall not want.",
+                                         b"Blessed are the meek")]
+    opts = [dict(logprobs=2), dict(prompt_logprobs=3), {}, dict(logprobs=0, prompt_logprobs=1)]
+
+    def run(sched, batched):
+        got = [[] for _ in prompts]
+
+        def hook(i):
+            return lambda t, info=None: got[i].append((t, info)) and False
+        kws = [dict(sample=Sampler(SamplingParams(temperature=0)), on_token=hook(i), **o)
+               for i, o in enumerate(opts)]
+        if batched:
+            reqs = [sched.submit(f"s{i}", p, 5, **kw) for i, (p, kw) in
+                    enumerate(zip(prompts, kws))]
+            while sched.busy:
+                sched.step()
+            echo = [r.event.get("prompt_logprobs") for r in reqs]
+            assert sched.max_batch >= 4
+        else:
+            echo = []
+            for i, (p, kw) in enumerate(zip(prompts, kws)):
+                sched.request(f"s{i}", p, 5, **kw)
+                echo.append(sched.events[-1].get("prompt_logprobs"))
+        return got, echo
+
+    dev = SoftwareDevice(DEMO_CONFIG, attention=FixedBackend(DEMO_CONFIG),
+                         hot_bytes=4 * RingPool.slot_bytes(DEMO_CONFIG))
+    batched = run(BatchScheduler(model, dev, chunk=16), True)
+    alone = run(_sched(model), False)
+    assert batched == alone
+    got, echo = batched
+    assert [e is None for e in echo] == [True, False, True, False]
+    assert all(info is None for _, info in got[1]) and len(got[0][0][1].top) == 2
+
+
 def test_min_tokens_masks_bos_and_ignore_eos_keeps_going():
     z = np.zeros(257)
     z[BOS] = 50.0
