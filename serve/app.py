@@ -205,11 +205,11 @@ class _Api:
             t0 = time.perf_counter()
             self._check_model(body)
             req = parse(body, chat, self.max_context)
-            capacity = self.engine.max_queue * len(self.engine.workers)
+            capacity = sum(w.batch + self.engine.max_queue for w in self.engine.workers)
             if req.choices > capacity:
                 raise UsageError(f"this request has {req.choices} choices (prompts × n), each "
-                                 f"a request in the devices' queues, which hold {capacity} at "
-                                 f"most (--max-queue × devices)",
+                                 f"a request on a device, which run and queue {capacity} at "
+                                 f"most (each device's batch and --max-queue)",
                                  param="n" if req.n > 1 else "prompt")
         except RingKVError as e:
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()

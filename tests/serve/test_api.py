@@ -258,8 +258,6 @@ def test_continuous_usage_stats_and_a_streamed_echo(srv):
     ("/v1/completions", {"prompt": "x", "stream": True, "stream_options": {"x": 1}},
      "stream_options.x"),
     ("/v1/completions", {"prompt": ["a"] * 65, "n": 2}, "n"),
-    ("/v1/completions", {"prompt": "x", "n": 17}, "n"),        # more than --max-queue holds
-    ("/v1/completions", {"prompt": ["x"] * 17}, "prompt"),
     ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]},
      "tools"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
@@ -274,6 +272,23 @@ def test_what_is_not_served_is_refused_naming_the_field(srv, path, body, param):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and err["type"] == "invalid_request_error"
+
+
+def test_more_choices_than_the_devices_hold_is_a_400(srv, monkeypatch):
+    """A request whose choices could never all be on the devices at once (each device's batch
+    plus --max-queue: a board's batch is 1; here the software device's made so) is a 400, not a
+    429 it could never get past; the most that fit is served."""
+    w = srv.engine.workers[0]
+    monkeypatch.setattr(w, "batch", 1)
+    monkeypatch.setattr(srv.engine, "max_queue", 2)
+    for body, param in (({"prompt": "x", "n": 4}, "n"), ({"prompt": ["x", "y", "z", "w"]},
+                                                          "prompt")):
+        r = http.post(srv.base + "/v1/completions", json={"max_tokens": 1, **body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+    r = http.post(srv.base + "/v1/completions", json={"prompt": "x", "max_tokens": 1, "n": 3})
+    assert r.status_code == 200 and len(r.json()["choices"]) == 3
+    r = http.post(srv.base + "/v1/completions", json={"prompt": "x", "n": 129})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
 
 
 def test_neutral_values_are_accepted(srv):
