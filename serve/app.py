@@ -286,7 +286,8 @@ class _Api:
         if req.chat:
             return {"index": index,
                     "message": {"role": "assistant", "content": result.text},
-                    "logprobs": None if req.logprobs is None else chat_logprobs(infos),
+                    "logprobs": None if req.logprobs is None else chat_logprobs(
+                        infos, req.token_ids),
                     "finish_reason": result.finish_reason}
         echo = req.texts[index // req.n] if req.echo else ""
         logprobs = None
@@ -360,7 +361,7 @@ class _Api:
             if info is None:
                 return None
             if chat:
-                return {"content": [chat_entry(info)]}
+                return {"content": [chat_entry(info, req.token_ids)]}
             return legacy_logprobs([info.token], [info], token_ids=req.token_ids,
                                    offsets=[offsets[index].next(info.token)])
 

@@ -15,7 +15,7 @@ Served fields (besides ``model``, ``prompt``/``messages``, the sampling fields o
   ``max_tokens`` 0 with ``echo`` (the prompt's logprobs only), ``add_special_tokens``
   (false: a string prompt without the BOS in front), ``return_tokens_as_token_ids``;
 * chat: ``n``, ``logprobs`` (boolean), ``top_logprobs`` (0..20, with ``logprobs``),
-  ``max_completion_tokens``;
+  ``max_completion_tokens``, ``return_tokens_as_token_ids``;
 * both: ``ignore_eos``, ``min_tokens``, ``stop`` (up to
   :data:`~ringkv.host.model.sampling.MAX_STOP`), ``stop_token_ids`` (only BOS, the one that
   already stops), ``stream_options`` (``include_usage``, ``continuous_usage_stats``), ``user``
@@ -113,7 +113,8 @@ _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop
 _SERVED = {
     False: _COMMON | {"prompt", "best_of", "logprobs", "echo", "add_special_tokens",
                       "return_tokens_as_token_ids"},
-    True: _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"},
+    True: _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs",
+                     "return_tokens_as_token_ids"},
 }
 _STREAM_OPTIONS = {"include_usage", "continuous_usage_stats"}
 
@@ -201,6 +202,8 @@ def parse(body: dict, chat: bool, max_context: int) -> GenerateRequest:
     bad field is a :class:`UsageError` naming it (``param``). ``max_context``: the token
     memory (prompt plus generated tokens)."""
     _check_fields(body, chat)
+    if not isinstance(body.get("user", ""), str):
+        raise UsageError("user must be a string", param="user")
     if chat:
         prompts = (chat_prompt(body.get("messages")),)
         texts = ("",)

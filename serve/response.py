@@ -70,13 +70,13 @@ def _bytes(token: int):
     return list(token_bytes(token)) if token < 256 else None
 
 
-def chat_entry(info: TokenLogprob) -> dict:
+def chat_entry(info: TokenLogprob, token_ids: bool = False) -> dict:
     """One token of the chat shape."""
-    return {"token": token_str(info.token), "logprob": _lp(info.logprob),
+    return {"token": _name(info.token, token_ids), "logprob": _lp(info.logprob),
             "bytes": _bytes(info.token),
-            "top_logprobs": [{"token": token_str(t), "logprob": _lp(lp), "bytes": _bytes(t)}
-                             for t, lp in info.top]}
+            "top_logprobs": [{"token": _name(t, token_ids), "logprob": _lp(lp),
+                              "bytes": _bytes(t)} for t, lp in info.top]}
 
 
-def chat_logprobs(infos) -> dict:
-    return {"content": [chat_entry(i) for i in infos]}
+def chat_logprobs(infos, token_ids: bool = False) -> dict:
+    return {"content": [chat_entry(i, token_ids) for i in infos]}

@@ -95,6 +95,12 @@ def test_chat_logprobs_and_top_logprobs(srv):
     assert [e.logprob for e in plain.choices[0].logprobs.content] == \
         [e.logprob for e in content]
     assert all(e.top_logprobs == [] for e in plain.choices[0].logprobs.content)
+    ids = srv.client.chat.completions.create(model=srv.name, messages=msgs, max_tokens=2,
+                                             temperature=0, logprobs=True, top_logprobs=1,
+                                             extra_body={"return_tokens_as_token_ids": True})
+    first = ids.choices[0].logprobs.content[0]
+    assert first.token == f"token_id:{first.bytes[0]}" and first.top_logprobs[0].token == \
+        first.token
     with pytest.raises(openai.BadRequestError) as err:
         srv.client.chat.completions.create(model=srv.name, messages=msgs, top_logprobs=2)
     assert err.value.body["param"] == "top_logprobs"
@@ -264,6 +270,7 @@ def test_continuous_usage_stats_and_a_streamed_echo(srv):
     ("/v1/chat/completions", {"echo": True}, "echo"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/chat/completions", {"suffix": "x"}, "suffix"),
+    ("/v1/chat/completions", {"user": 5}, "user"),
 ])
 def test_what_is_not_served_is_refused_naming_the_field(srv, path, body, param):
     if path.endswith("chat/completions"):
