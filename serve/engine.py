@@ -544,6 +544,15 @@ class Worker:
                 self._release(job)
                 job.sink("error", Cancelled() if kind == "cancelled" else msg[2])
             self._finished(seq)
+        elif kind == "refused":
+            _, seq, exc = msg
+            job = self.jobs.get(seq)
+            if job is not None:
+                self._release(job)
+                job.sink("error", DeviceNotReady(
+                    f"device {self.name} could not start the request ({type(exc).__name__}: "
+                    f"{exc})", hint="see the server's log"))
+            self._finished(seq)
         elif kind == "failed":
             self._lost(self._generation, msg[1])
         else:                               # the answer to a command
