@@ -441,8 +441,6 @@ class Worker:
         metrics = self.engine.metrics
         # the copy of a moving conversation's record is the devices' time, not the queue's
         job.picked = time.perf_counter()
-        job.queue_s = job.picked - job.routed - job.copy_s
-        metrics.queue_wait.observe(job.queue_s)
         seq = next(self._seq)
         spec = {"seq": seq, "tokens": list(job.prompt.tokens),
                 "checkpoints": list(job.prompt.checkpoints), "params": job.params,
@@ -520,6 +518,10 @@ class Worker:
                      "got": fields.pop("got", None), "started": fields.pop("started", None),
                      "ended": fields.pop("ended", None), "answered": time.perf_counter()}
             fields["scheduler_s"] += job.copy_s
+            # the device's queue: the server's (routed -> picked) and, on a batching device,
+            # the wait for the step it arrived during (picked -> got, with the socket's hop)
+            job.queue_s = max(0.0, (times["got"] or job.picked) - job.routed - job.copy_s)
+            metrics.queue_wait.observe(job.queue_s)
             result = JobResult(**fields, device=self.name, queue_s=job.queue_s, times=times)
             self._account(result)
             self._release(job)
