@@ -294,11 +294,12 @@ def _overhead(base) -> tuple[float, int]:
 
 
 #: the steps of a request in the server's debug log (``serve/app.py``); a request's overhead
-#: is all of them but ``routed->picked`` (the device's queue) and ``started->ended`` (the
-#: scheduler)
+#: is all of them but the device's queue (``routed->picked``, and ``picked->got``: a batching
+#: device reads a request between two steps) and the scheduler (``got->started`` (waiting for
+#: a place in the batch), ``started->ended``)
 STEPS = ("received->routed", "routed->picked", "picked->got", "got->started",
          "started->ended", "ended->answered", "answered->finished")
-OVERHEAD_STEPS = tuple(s for s in STEPS if s not in ("routed->picked", "started->ended"))
+OVERHEAD_STEPS = ("received->routed", "ended->answered", "answered->finished")
 
 
 def _steps(log) -> list[dict]:

@@ -447,11 +447,8 @@ class Worker:
 
     def _dispatch(self, job: Job, record):
         """Send ``job`` to the device's process; its messages come back to :meth:`_read`."""
-        metrics = self.engine.metrics
         # the copy of a moving conversation's record is the devices' time, not the queue's
         job.picked = time.perf_counter()
-        job.queue_s = job.picked - job.routed - job.copy_s
-        metrics.queue_wait.observe(job.queue_s)
         seq = next(self._seq)
         spec = {"seq": seq, "tokens": list(job.prompt.tokens),
                 "checkpoints": list(job.prompt.checkpoints), "params": job.params,
@@ -535,6 +532,10 @@ class Worker:
                      "got": fields.pop("got", None), "started": fields.pop("started", None),
                      "ended": fields.pop("ended", None), "answered": time.perf_counter()}
             fields["scheduler_s"] += job.copy_s
+            # the device's queue: the server's (routed -> picked) and, on a batching device,
+            # the wait for the step it arrived during (picked -> got, with the socket's hop)
+            job.queue_s = max(0.0, (times["got"] or job.picked) - job.routed - job.copy_s)
+            metrics.queue_wait.observe(job.queue_s)
             result = JobResult(**fields, device=self.name, queue_s=job.queue_s, times=times)
             self._account(result)
             self._release(job)
@@ -558,6 +559,15 @@ class Worker:
                     log.info("%s: request cancelled by its client", self.name)
                 self._release(job)
                 job.sink("error", Cancelled() if kind == "cancelled" else msg[2])
+            self._finished(seq)
+        elif kind == "refused":
+            _, seq, exc = msg
+            job = self.jobs.get(seq)
+            if job is not None:
+                self._release(job)
+                job.sink("error", DeviceNotReady(
+                    f"device {self.name} could not start the request ({type(exc).__name__}: "
+                    f"{exc})", hint="see the server's log"))
             self._finished(seq)
         elif kind == "failed":
             self._lost(self._generation, msg[1])

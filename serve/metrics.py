@@ -59,7 +59,8 @@ class Metrics:
                                   "(parsing, routing, queueing excluded, streaming)",
                                   buckets=_OVERHEAD, registry=r)
         self.queue_wait = Histogram("ringkv_queue_wait_seconds",
-                                    "from routing to a device's worker taking the request",
+                                    "from routing to the device's process reading the "
+                                    "request (a batching device reads between two steps)",
                                     buckets=_LATENCY, registry=r)
         self.tokens_reused = Counter("ringkv_tokens_reused",
                                      "prompt tokens imported from a device's store", registry=r)

@@ -31,7 +31,8 @@ bound); then:
   exported, ``("moved", seq, key)`` for a record copied in first, then ``("done", seq,
   result)`` and ``("end", seq, keys, hot)`` (the device's listing when the server's index must
   be read again, else ``None``; the keys of the conversations resident in the hot tier); or
-  ``("cancelled", seq)``, ``("usage", seq, error)`` (a bad request: the device is fine);
+  ``("cancelled", seq)``, ``("usage", seq, error)`` (a bad request: the device is fine),
+  ``("refused", seq, error)`` (the request could not start: a fault of this server, logged);
 * ``("cancel", seq)`` (not answered): the client of request ``seq`` went away, end it at the
   next step;
 * ``("listing",)``, ``("read_record", key)``, ``("disconnect",)`` (let go of a failed link,
@@ -60,7 +61,7 @@ from collections import OrderedDict
 from multiprocessing.connection import Connection
 
 from ringkv.host.batch import BatchScheduler
-from ringkv.host.errors import UsageError
+from ringkv.host.errors import RingKVError, UsageError
 from ringkv.host.model.sampling import Sampler, SamplingParams
 
 from .template import TextStream
@@ -168,11 +169,15 @@ class DeviceServer:
                 if op == "cancel":
                     self._cancel(*args)
                     continue
-                try:
-                    if op == "serve":
+                if op == "serve":
+                    try:
                         self._serve(args[0], got)
-                    else:
-                        getattr(self, "_op_" + op)(*args)
+                    except Exception as e:      # noqa: BLE001 - that request's end, not a reply
+                        log.exception("%s: request not started", self.handle.name)
+                        self.send(("refused", args[0]["seq"], portable(e)))
+                    continue
+                try:
+                    getattr(self, "_op_" + op)(*args)
                 except Exception as e:          # noqa: BLE001 - the server decides
                     self.send(("error", portable(e)))
         finally:
@@ -283,8 +288,14 @@ class DeviceServer:
             # conversations stays resident (the software device writes only its store)
             if self.device.resident_limit == 1:
                 self.scheduler.resident = None
-            new = tuple(self.device._device.write_record(spec["move"], **by_tenant))
-            self.send(("moved", seq, new))
+            try:
+                new = tuple(self.device._device.write_record(spec["move"], **by_tenant))
+            except (RingKVError, ValueError) as e:
+                # the copy only saves prefill: without it the request recomputes
+                log.warning("%s: copied record refused (%s); the request recomputes",
+                            self.handle.name, e)
+            else:
+                self.send(("moved", seq, new))
         if prompt_logprobs is None:
             sid, feed, rewind, base = self._place(tokens, session, tenant)
         else:       # every prompt token computed: a session of its own, nothing reused
