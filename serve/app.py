@@ -53,9 +53,11 @@ error bodies are the API's own and no schema library is needed.
 """
 
 import asyncio
+import collections
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
 
@@ -160,6 +162,53 @@ class ApiKeyGate:
         await response(scope, receive, send)
 
 
+class Inbox:
+    """A request's events from the devices' threads to the event loop: ``put`` from any
+    thread, ``await get()`` / ``await get_burst()`` in the loop. One wake-up of the loop per
+    burst, not per event: a token put while a wake-up is pending rides with it, so a loop
+    that falls behind (32 streams, a token each per step) takes the backlog in one go."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._items: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._pending = False
+        self._ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._pending:
+                return
+            self._pending = True
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._pending = False
+        self._ready.set()
+
+    async def get_burst(self) -> list:
+        """Every event there is, waiting for the first."""
+        while True:
+            with self._lock:
+                if self._items:
+                    out = list(self._items)
+                    self._items.clear()
+                    return out
+                self._ready.clear()
+            await self._ready.wait()
+
+    async def get(self):
+        """The next event."""
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                self._ready.clear()
+            await self._ready.wait()
+
+
 def _dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
@@ -214,14 +263,13 @@ class _Api:
         except RingKVError as e:
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
+        events = Inbox(asyncio.get_running_loop())
         tenant = request.scope.get("ringkv.tenant")
         tenant = self.tenant if tenant is None else tenant
 
         def sink_of(index):
             def sink(kind, value):
-                loop.call_soon_threadsafe(events.put_nowait, (index, kind, value))
+                events.put((index, kind, value))
             return sink
 
         jobs = []
@@ -372,31 +420,40 @@ class _Api:
                     yield chunk(index, {"role": "assistant", "content": ""})
                 elif req.echo and req.texts[index // req.n]:
                     yield chunk(index, req.texts[index // req.n])
-            waiting = len(jobs)
-            while waiting:
-                index, kind, value = await events.get()
-                if kind in ("token", "tail"):
-                    text, info = value if kind == "token" else (value, None)
-                    counts[index] += kind == "token"
-                    if text or info is not None:
-                        yield chunk(index, {"content": text} if chat else text,
-                                    logprobs=token_logprobs(index, info))
-                elif kind == "done":
-                    results[index] = value
-                    waiting -= 1
-                    yield chunk(index, {} if chat else "", value.finish_reason)
-                else:
-                    exc = value
-                    if isinstance(exc, Cancelled):
+            waiting, ended = len(jobs), False
+            while waiting and not ended:
+                # every event that arrived meanwhile, written in one piece (one write to the
+                # socket for the tokens of several steps or choices, when the loop is behind)
+                out = []
+                for index, kind, value in await events.get_burst():
+                    if kind in ("token", "tail"):
+                        text, info = value if kind == "token" else (value, None)
+                        counts[index] += kind == "token"
+                        if text or info is not None:
+                            out.append(chunk(index, {"content": text} if chat else text,
+                                             logprobs=token_logprobs(index, info)))
+                    elif kind == "done":
+                        results[index] = value
+                        waiting -= 1
+                        out.append(chunk(index, {} if chat else "", value.finish_reason))
+                    else:
+                        exc, ended = value, True
+                        if isinstance(exc, Cancelled):
+                            break
+                        status = getattr(exc, "http_status", 500)
+                        self.metrics.requests.labels(endpoint, str(status)).inc()
+                        body = error_body(exc.one_line() if isinstance(exc, RingKVError)
+                                          else "internal error", type_=getattr(
+                                              exc, "api_type", "server_error"),
+                                          param=getattr(exc, "param", None),
+                                          code=getattr(exc, "api_code", None))
+                        out.append(f"data: {_dumps(body)}\n\n")
                         break
-                    status = getattr(exc, "http_status", 500)
-                    self.metrics.requests.labels(endpoint, str(status)).inc()
-                    body = error_body(exc.one_line() if isinstance(exc, RingKVError)
-                                      else "internal error", type_=getattr(
-                                          exc, "api_type", "server_error"),
-                                      param=getattr(exc, "param", None),
-                                      code=getattr(exc, "api_code", None))
-                    yield f"data: {_dumps(body)}\n\n"
+                    if not waiting:
+                        break
+                if out:
+                    yield "".join(out)
+                if ended and isinstance(exc, Cancelled):
                     break
             if not waiting:
                 if usage_field:
