@@ -1,0 +1,80 @@
+"""Golden models of the SDRAM controller's pieces (``ringkv.hw.sdram``), independent of the
+gateware: what the ports read back (:class:`SdramGolden`), how a command splits into bursts
+(:func:`split_command`), the power-up sequence (:func:`init_commands`) and the refresh interval
+(:func:`refresh_interval`). The chip's rules themselves are checked by the pin-level model,
+``ringkv.sim.sdram_model``.
+"""
+
+import math
+
+from ringkv.defs.sdram import Cmd, SdramChip, SdramTiming
+
+__all__ = ["SdramGolden", "split_command", "init_commands", "refresh_interval",
+           "sequential_bound"]
+
+
+class SdramGolden:
+    """The memory as the ports see it: bytes written so far (``None``: never written, the chip
+    returns whatever it holds)."""
+
+    def __init__(self):
+        self.bytes: dict[int, int] = {}
+
+    def write(self, addr: int, words, masks=None):
+        for i, word in enumerate(words):
+            mask = 0 if masks is None else masks[i]
+            for byte in (0, 1):
+                if not mask >> byte & 1:
+                    self.bytes[2 * (addr + i) + byte] = word >> 8 * byte & 0xFF
+
+    def read(self, addr: int, n: int) -> list[tuple[int | None, int | None]]:
+        """Per word ``(low byte, high byte)``, each ``None`` if never written."""
+        return [(self.bytes.get(2 * (addr + i)), self.bytes.get(2 * (addr + i) + 1))
+                for i in range(n)]
+
+    def matches(self, addr: int, got) -> bool:
+        for (lo, hi), word in zip(self.read(addr, len(got)), got, strict=True):
+            if (lo is not None and word & 0xFF != lo) or (hi is not None and word >> 8 != hi):
+                return False
+        return True
+
+
+def split_command(chip: SdramChip, bl: int, addr: int, count: int) -> list[tuple[int, int, int]]:
+    """The bursts ``(bank, row, col)`` of a port command: ``count`` bursts of ``bl`` words from
+    word ``addr`` (its low bits ignored), the address ``row | bank | col`` from the top."""
+    out = []
+    addr &= ~(bl - 1)
+    for k in range(count):
+        word = (addr + k * bl) % chip.words
+        col = word % chip.cols
+        bank = word // chip.cols % chip.banks
+        row = word // (chip.cols * chip.banks)
+        out.append((bank, row, col))
+    return out
+
+
+def init_commands(t: SdramTiming, mode: int, refreshes: int) -> list[tuple[int, Cmd, int]]:
+    """``(clock, command, A)`` of the power-up sequence from reset, and the clock at which the
+    bus is the controller's, as ``(clock, None, 0)`` last."""
+    out = [(t.power_up, Cmd.PRECHARGE, 1 << 10)]
+    clock = t.power_up + t.rp
+    for _ in range(refreshes):
+        out.append((clock, Cmd.REFRESH, 0))
+        clock += t.rfc
+    out.append((clock, Cmd.MODE, mode))
+    out.append((clock + t.mrd, None, 0))
+    return out
+
+
+def refresh_interval(chip: SdramChip, tck_ns: float) -> int:
+    """Clocks between the refresher's refreshes: 7/8 of the datasheet's average interval
+    (64 ms / 8192 rows), so that late refreshes still make the period."""
+    return math.floor(chip.refresh_ns / chip.refreshes * 7 / 8 / tck_ns)
+
+
+def sequential_bound(chip: SdramChip, t: SdramTiming, interval: int) -> float:
+    """The best a controller can do on one long sequential stream in one direction: every
+    clock carries a word except the refreshes (PRECHARGE ALL, ``tRP``, REFRESH, ``tRFC``, and
+    opening the row again, ``tRCD``) once per ``interval``."""
+    lost = t.rp + t.rfc + t.rcd + 1
+    return 1 - lost / interval
