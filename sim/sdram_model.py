@@ -141,6 +141,7 @@ class SdramModel:
         self.burst_end = -(10 ** 9)    # first clock after the current READ/WRITE burst
         self.dqm_history = collections.deque([3, 3], maxlen=2)
         self.reported_refresh = False
+        self.data_clocks: list[int] = []   # every clock a word crossed DQ (read or write)
 
     # -- bookkeeping ---------------------------------------------------------------------------
     def _violate(self, rule: str, message: str):
@@ -322,6 +323,7 @@ class SdramModel:
                 if mask >> byte & 1:
                     value = value & ~(0xFF << 8 * byte) | (self.garbage() & 0xFF) << 8 * byte
             out = value
+            self.data_clocks.append(n)
         target = self.write_words.pop(n, None)
         if pins.dq_oe and (word is not None or tail):
             self._violate("bus", "the controller drives DQ while the SDRAM does")
@@ -329,6 +331,7 @@ class SdramModel:
             if not pins.dq_oe and pins.dqm != 3:
                 self._violate("bus", "write data not driven")
             elif pins.dq_oe:
+                self.data_clocks.append(n)
                 old = self.memory.get(target)
                 if old is None:
                     old = self.garbage()

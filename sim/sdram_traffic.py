@@ -53,7 +53,7 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
         model = SdramModel(ctrl.chip, ctrl.tck_ns, seed=seed)
     res = TrafficResult(reads=[[] for _ in scripts], model=model)
     rng = random.Random(seed)
-    done = {"ports": 0, "stop": False}
+    done = {"benches": 0}
     bl = ctrl.bl
     clock = {"n": 0}
 
@@ -86,12 +86,14 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
                 count = (op[2] if op[0] == "r" else len(op[2])) // bl
                 await stream_put(ctx, port.cmd, {"addr": op[1], "write": op[0] == "w",
                                                  "count": count}, rng=prng, idle=idle)
+            done["benches"] += 1
 
         async def wdata(ctx):
             for op in writes:
                 for word, mask in zip(op[2], op[3]):
                     await stream_put(ctx, port.w, {"data": word, "mask": mask}, rng=prng,
                                      idle=idle)
+            done["benches"] += 1
 
         async def rdata(ctx):
             for op in reads:
@@ -99,7 +101,7 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
                 for _ in range(op[2]):
                     got.append(await stream_get(ctx, port.r, rng=prng, stall=stall))
                 res.reads[p].append((op[1], got))
-            done["ports"] += 1
+            done["benches"] += 1
 
         return commands, wdata, rdata
 
@@ -117,7 +119,7 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
     async def idle_tail(ctx):
         # the model keeps checking (refresh, tRAS max) for ``tail`` clocks after the traffic
         await tick_until(ctx, ctrl.ready)
-        while done["ports"] < len(scripts):
+        while done["benches"] < 3 * len(scripts):
             await ctx.tick()
         for _ in range(tail):
             await ctx.tick()

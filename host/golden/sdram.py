@@ -10,7 +10,7 @@ import math
 from ringkv.defs.sdram import Cmd, SdramChip, SdramTiming
 
 __all__ = ["SdramGolden", "split_command", "init_commands", "refresh_interval",
-           "sequential_bound"]
+           "refresh_ceiling"]
 
 
 class SdramGolden:
@@ -72,9 +72,8 @@ def refresh_interval(chip: SdramChip, tck_ns: float) -> int:
     return math.floor(chip.refresh_ns / chip.refreshes * 7 / 8 / tck_ns)
 
 
-def sequential_bound(chip: SdramChip, t: SdramTiming, interval: int) -> float:
-    """The best a controller can do on one long sequential stream in one direction: every
-    clock carries a word except the refreshes (PRECHARGE ALL, ``tRP``, REFRESH, ``tRFC``, and
-    opening the row again, ``tRCD``) once per ``interval``."""
-    lost = t.rp + t.rfc + t.rcd + 1
-    return 1 - lost / interval
+def refresh_ceiling(t: SdramTiming, interval: int) -> float:
+    """The most a controller of this refresh policy can move on one long stream in one
+    direction: every clock a word but the ``tRP + tRFC`` clocks of each refresh (PRECHARGE ALL
+    to the end of ``tRFC``) once per ``interval``."""
+    return 1 - (t.rp + t.rfc) / interval
