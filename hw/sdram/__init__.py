@@ -2,9 +2,9 @@
 sequence, the refresher, one bank machine per bank with its open row, the command multiplexer
 and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``).
 
-It may import Amaranth, the standard library and ``ringkv.defs`` only: it knows none of the
-other subsystems (``tests/repo/test_layers.py``). Inside the package, modules import each other,
-never these re-exports.
+It may import Amaranth, the standard library, ``ringkv.defs`` and the shared shapes of
+``ringkv.hw.enums``: it knows none of the other subsystems (``tests/repo/test_layers.py``).
+Inside the package, modules import each other, never these re-exports.
 """
 
 from .arbiter import PortArbiter, UserPortSignature
