@@ -88,9 +88,10 @@ class SdramController(wiring.Component):
 
     Latency, throughput, backpressure
     ---------------------------------
-    A read of an open row returns its first word ``cl + 5`` clocks after the command's
-    transfer (arbiter 1, bank queue 1, multiplexer register 1, PHY 1 out and 1 in, ``cl``); a
-    row miss adds PRECHARGE, ``tRP``, ACTIVE, ``tRCD``. The data bus carries one word a clock:
+    A read of an open row has its first word on ``r`` ``cl + 6`` clocks after the command's
+    transfer (arbiter 1, bank queue 1, command register 1, PHY output 1, ``cl`` to the PHY's
+    input register, read FIFO 2), measured; a closed bank adds ``tRCD``, another open row
+    PRECHARGE and ``tRP`` too. The data bus carries one word a clock:
     bursts follow each other without a gap while they hit open rows or rows the bank machines
     opened ahead, and the only gaps are ``CL + BL - BL`` clocks between a READ and a following
     WRITE, refreshes, and row misses on one bank (``docs/blocks/sdram.md`` has the measured

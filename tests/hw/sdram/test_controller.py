@@ -11,6 +11,7 @@ few refreshes instead of 8192 in 64 ms); the rules are the same.
 import random
 
 import pytest
+from amaranth.sim import Simulator
 from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,8 +20,9 @@ from ringkv.defs.sdram import CHIPS, DEFAULT_CHIP, mode_register
 from ringkv.host.golden.sdram import SdramGolden, init_commands, refresh_interval
 from ringkv.hw.sdram.controller import BUGS, SdramController, refresh_interval_clocks
 from ringkv.hw.sdram.init import INIT_BUGS
-from ringkv.sim.sdram_model import SdramModel
+from ringkv.sim.sdram_model import SdramModel, amaranth_sdram
 from ringkv.sim.sdram_traffic import run_traffic
+from ringkv.sim.streams import tick_until
 
 
 def small(name="MT48LC16M16A2-7E", **changes):
@@ -245,3 +247,37 @@ def test_broken_variants_traffic_passes_on_the_correct_controller():
 
 def test_default_chip_is_the_ulx3s_micron_part():
     assert DEFAULT_CHIP.name == "MT48LC16M16A2-6A" and DEFAULT_CHIP.words * 2 == 32 << 20
+
+
+@pytest.mark.parametrize("cl", [2, 3])
+def test_read_latency(cl):
+    """First word on ``r`` ``CL + 6`` clocks after the command's transfer on an open row, and
+    ``tRCD`` more on a closed bank (the docstring's and docs/blocks/sdram.md's figures)."""
+    chip = small("MT48LC16M16A2-6A")
+    ctrl = SdramController(chip, tck_ns=10.0, cl=cl, bl=8)
+    model = SdramModel(chip, 10.0)
+    out = {}
+
+    async def bench(ctx):
+        await tick_until(ctx, ctrl.ready)
+        await ctx.tick().repeat(100)      # past the first refresh: every bank closed
+        port = ctrl.port[0]
+        for addr, key in ((0, "closed"), (8, "open")):
+            ctx.set(port.cmd.valid, 1)
+            ctx.set(port.cmd.payload, {"addr": addr, "write": 0, "count": 1})
+            await tick_until(ctx, port.cmd.ready)
+            ctx.set(port.cmd.valid, 0)
+            ctx.set(port.r.ready, 1)
+            clocks = 1
+            while not (await ctx.tick().sample(port.r.valid))[2]:
+                clocks += 1
+            out[key] = clocks
+            await ctx.tick().repeat(20)
+
+    sim = Simulator(ctrl)
+    sim.add_clock(1e-8)
+    sim.add_testbench(amaranth_sdram(model, ctrl.pins), background=True)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out == {"open": cl + 6, "closed": cl + 6 + chip.timing(10.0).rcd}
+    assert model.violations == []
