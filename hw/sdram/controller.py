@@ -70,6 +70,10 @@ class SdramController(wiring.Component):
         Bursts each bank machine holds (the look-ahead).
     fifo_depth : int
         Words of each port's write and read FIFO (a power of two, at least ``2 * bl``).
+    pads : optional
+        The board's SDRAM resource (``platform.request("sdram", 0, dir="-")``): the PHY then
+        uses the I/O cells' registers and drives the SDRAM clock from the ``sdram`` domain (the
+        PLL output 90 degrees behind ``sync``); see :class:`~.phy.SdramPhy`.
 
     Ports
     -----
@@ -105,7 +109,7 @@ class SdramController(wiring.Component):
     def __init__(self, chip: SdramChip = DEFAULT_CHIP, *, tck_ns: float = 20.0, cl: int = 3,
                  bl: int = 8, ports: int = 1, count_bits: int = 12, queue_depth: int = 4,
                  fifo_depth: int | None = None, init_refreshes: int | None = None,
-                 _bug=None):
+                 pads=None, _bug=None):
         check_type("Chip", chip, SdramChip)
         check_cas_latency(cl)
         check_burst_length(bl)
@@ -125,6 +129,7 @@ class SdramController(wiring.Component):
         self._chip, self._timing, self._tck_ns, self._cl, self._bl = chip, timing, tck_ns, cl, bl
         self._ports, self._count_bits, self._queue_depth = ports, count_bits, queue_depth
         self._fifo_depth, self._init_refreshes, self._bug = fifo_depth, init_refreshes, _bug
+        self._pads = pads
         self._addr_bits = (chip.words - 1).bit_length()
         super().__init__({
             "port": In(UserPortSignature(self._addr_bits, count_bits)).array(ports),
@@ -172,7 +177,7 @@ class SdramController(wiring.Component):
                                              layout=layout, bank_bits=bank_bits,
                                              addr_bits=addr_bits,
                                              _bug=bug if bug in MUX_BUGS else None)
-        m.submodules.phy = phy = SdramPhy(chip)
+        m.submodules.phy = phy = SdramPhy(chip, pads=self._pads)
         wiring.connect(m, wiring.flipped(self.pins), phy.pins)
         m.submodules.order = order = fifo.SyncFIFO(width=max(bank_bits, 1),
                                                    depth=nb * self._queue_depth)
