@@ -1,8 +1,8 @@
 """Golden models of the SDRAM controller's pieces (``ringkv.hw.sdram``), independent of the
 gateware: what the ports read back (:class:`SdramGolden`), how a command splits into bursts
-(:func:`split_command`), the power-up sequence (:func:`init_commands`) and the refresh interval
-(:func:`refresh_interval`). The chip's rules themselves are checked by the pin-level model,
-``ringkv.sim.sdram_model``.
+(:func:`split_command`), the power-up sequence (:func:`init_commands`), the refresh interval
+(:func:`refresh_interval`) and a bank machine's decisions (:class:`BankGolden`). The chip's rules
+themselves are checked by the pin-level model, ``ringkv.sim.sdram_model``.
 """
 
 import math
@@ -10,7 +10,7 @@ import math
 from ringkv.defs.sdram import Cmd, SdramChip, SdramTiming
 
 __all__ = ["SdramGolden", "split_command", "init_commands", "refresh_interval",
-           "refresh_ceiling"]
+           "refresh_ceiling", "BankGolden"]
 
 
 class SdramGolden:
@@ -77,3 +77,58 @@ def refresh_ceiling(t: SdramTiming, interval: int) -> float:
     direction: every clock a word but the ``tRP + tRFC`` clocks of each refresh (PRECHARGE ALL
     to the end of ``tRFC``) once per ``interval``."""
     return 1 - (t.rp + t.rfc) / interval
+
+
+class BankGolden:
+    """The bank machine's decisions, clock by clock (``ringkv.hw.sdram.bank.BankMachine``).
+
+    ``outputs()`` is what the machine says in the current clock (from its state alone);
+    ``clock(push, issued)`` advances one clock: ``push`` a burst ``(row, col, write, port)``
+    offered to its queue (or ``None``; returns whether it was taken), ``issued`` the command on
+    the bus ``(Cmd, ba, a)``. Each counter holds the clocks until its command is allowed: a
+    command at clock ``c`` that needs ``k`` clocks before the next makes it allowed at
+    ``c + k``, and a later requirement never shortens an earlier one.
+    """
+
+    def __init__(self, index: int, t: SdramTiming, *, bl: int, depth: int = 4):
+        self.index, self.t, self.bl, self.depth = index, t, bl, depth
+        self.queue: list[tuple] = []
+        self.open, self.row = False, 0
+        self.to_act = self.to_col = self.to_pre = 0
+
+    def outputs(self) -> dict:
+        head = self.queue[0] if self.queue else None
+        hit = head is not None and self.open and self.row == head[0]
+        return {"want_act": head is not None and not self.open and self.to_act == 0,
+                "want_pre": head is not None and self.open and not hit and self.to_pre == 0,
+                "col_ready": hit and self.to_col == 0, "idle": head is None,
+                "pre_ok": self.to_pre == 0, "open": self.open, "head": head,
+                "row": self.row}
+
+    def clock(self, push, issued) -> bool:
+        cmd, ba, a = issued
+        t, bl, mine = self.t, self.bl, ba == self.index
+        nxt = {k: max(getattr(self, k) - 1, 0) for k in ("to_act", "to_col", "to_pre")}
+
+        def need(name, k):
+            nxt[name] = max(nxt[name], k - 1)
+
+        if cmd is Cmd.ACTIVE and mine:
+            self.open, self.row = True, a
+            need("to_col", t.rcd)
+            need("to_pre", t.ras)
+            need("to_act", t.rc)
+        elif cmd is Cmd.READ and mine:
+            need("to_pre", bl)
+        elif cmd is Cmd.WRITE and mine:
+            need("to_pre", bl - 1 + t.wr)
+        elif cmd is Cmd.PRECHARGE and (mine or a >> 10 & 1):
+            self.open = False
+            need("to_act", t.rp)
+        taken = push is not None and len(self.queue) < self.depth
+        if cmd in (Cmd.READ, Cmd.WRITE) and mine:
+            self.queue.pop(0)
+        if taken:
+            self.queue.append(push)
+        self.to_act, self.to_col, self.to_pre = nxt["to_act"], nxt["to_col"], nxt["to_pre"]
+        return taken

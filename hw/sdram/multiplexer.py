@@ -1,7 +1,7 @@
 """The command multiplexer: which command goes on the bus in each clock.
 
-Golden model: the order of :func:`ringkv.host.golden.sdram.schedule` (the whole controller's
-command sequence for a list of bursts).
+No golden model of its own: what it issues is checked against every rule of the chip by the
+pin-level model (``ringkv.sim.sdram_model``) and its order by the data the ports read back.
 """
 
 from amaranth import *
