@@ -169,6 +169,8 @@ def test_random_traffic_against_golden(config, ports, seed, idle, stall):
     assert bad == 0 and result.model.violations == []
 
 
+@pytest.mark.slow       # 9 s; make test has the sequential bench smoke (tests/benchmarks), which
+                        # checks every word against the golden model too
 def test_sequential_read_after_write_one_port():
     """One long sequential write then read across two rows (two banks), no backpressure: the
     data comes back exactly."""
