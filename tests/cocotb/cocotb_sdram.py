@@ -14,11 +14,14 @@ from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields
 from ringkv.sim.sdram_model import CocotbSdram, SdramModel
 
 P = cocotb_params()
-CMD = [("addr", 24), ("write", 1), ("count", 12)]
 WDATA = [("data", 16), ("mask", 2)]
 
 
-async def port_traffic(dut, p, rng, ops, golden, bl, failures):
+def command_fields(chip):
+    return [("addr", (chip.words - 1).bit_length()), ("write", 1), ("count", 12)]
+
+
+async def port_traffic(dut, p, rng, ops, golden, bl, failures, fields):
     cmd = StreamSource(dut, f"port__{p}__cmd", dut.clk, idle=0.3, rng=rng)
     w = StreamSource(dut, f"port__{p}__w", dut.clk, idle=0.3, rng=rng)
     r = StreamSink(dut, f"port__{p}__r", dut.clk, stall=0.3, rng=rng)
@@ -41,13 +44,13 @@ async def port_traffic(dut, p, rng, ops, golden, bl, failures):
     tasks = [cocotb.start_soon(wdata()), cocotb.start_soon(rdata())]
     for op in ops:
         n = len(op[2]) if op[0] == "w" else op[2]
-        await cmd.send(pack_fields(CMD, {"addr": op[1], "write": op[0] == "w",
+        await cmd.send(pack_fields(fields, {"addr": op[1], "write": op[0] == "w",
                                          "count": n // bl}))
     for task in tasks:
         await task
 
 
-@cocotb.test(timeout_time=200, timeout_unit="ms")
+@cocotb.test(timeout_time=2, timeout_unit="ms")
 async def random_traffic(dut):
     chip = CHIPS[P["chip"]].scaled(power_up_ns=P["power_up_ns"])
     bl, tck = P["bl"], P["tck_ns"]
@@ -73,7 +76,8 @@ async def random_traffic(dut):
             else:
                 ops.append(("r", addr, n))
         tasks.append(cocotb.start_soon(port_traffic(dut, p, random.Random(rng.random()), ops,
-                                                    SdramGolden(), bl, failures)))
+                                                    SdramGolden(), bl, failures,
+                                                    command_fields(chip))))
     for task in tasks:
         await task
     assert failures == [], failures

@@ -33,5 +33,5 @@ def test_sdram_cocotb_smoke():
 def test_sdram_cocotb_other_chips(chip, cl, bl, tck):
     params = dict(PARAMS, chip=chip, cl=cl, bl=bl, tck_ns=tck)
     run_cocotb(build(params), toplevel="sdram_controller", test_module="cocotb_sdram",
-               params={**params, "seed": 7, "ops": 200},
+               params={**params, "seed": 7, "ops": 120},
                build_name=f"sdram_controller_{chip}_{cl}_{bl}")
