@@ -127,9 +127,10 @@ BOXES: tuple[Box, ...] = (
     Box("defs", ("ringkv.defs",), "imported by both sides: configuration, protocol, record "
         "format, numerics, hash", "shared", _COL_X[2], 4.21, _RIGHT - _COL_X[2], 0.7),
     # FPGA
-    _cell("boards", ("ringkv.boards",), "ULX3S-85F board top: PLL 25 to 40 MHz, UART and SD "
-          "pins, LEDs; bitstream build with yosys and nextpnr; pin-level simulation", "fpga",
-          0, _F1, h=_F2 + _ROW_H - _F1),
+    _cell("boards", ("ringkv.boards",), "ULX3S-85F top: PLL, UART, SD pins, LEDs; "
+          "bitstream build; pin-level simulation", "fpga", 0, _F1),
+    _cell("sdram", ("ringkv.hw.sdram",), "SDR SDRAM controller: bank machines, refresher, "
+          "burst ports (not yet in the top)", "fpga", 0, _F2),
     _cell("link", ("ringkv.hw.link",), "UART, CRC-16 frame decoder and encoder", "fpga", 1, _F1),
     _cell("commands", ("ringkv.hw.commands",),
           "dispatcher, a unit per opcode family, recovery", "fpga", 2, _F1),
