@@ -293,13 +293,15 @@ def _overhead(base) -> tuple[float, int]:
     return (total / count if count else float("nan")), int(count)
 
 
-#: the steps of a request in the server's debug log (``serve/app.py``); a request's overhead
-#: is all of them but the device's queue (``routed->picked``, and ``picked->got``: a batching
-#: device reads a request between two steps) and the scheduler (``got->started`` (waiting for
-#: a place in the batch), ``started->ended``)
+#: the steps of a request in the server's debug log (``serve/app.py``); one request at a time
+#: (:func:`sequential_overhead`) a request's overhead is all of them but ``routed->picked``
+#: (the device's queue) and ``started->ended`` (the scheduler): with nothing else running,
+#: ``picked->got`` is the hop to the device's process and ``got->started`` its setup. (Under
+#: load a batching device reads a request between two steps: ``ringkv_queue_wait_seconds``
+#: then counts ``picked->got`` as the device's queue, ``serve/engine.py``.)
 STEPS = ("received->routed", "routed->picked", "picked->got", "got->started",
          "started->ended", "ended->answered", "answered->finished")
-OVERHEAD_STEPS = ("received->routed", "ended->answered", "answered->finished")
+OVERHEAD_STEPS = tuple(s for s in STEPS if s not in ("routed->picked", "started->ended"))
 
 
 def _steps(log) -> list[dict]:
