@@ -46,6 +46,11 @@ error bodies are the API's own and no schema library is needed.
   balancers and Prometheus), as vLLM's do. The check is an ASGI middleware ahead of the
   routes, so that no route can forget it, and it compares in constant time
   (``hmac.compare_digest``) against every key.
+* Many instances (``--valkey``, :mod:`ringkv.serve.cluster`): a request of one prompt whose
+  prefix another live instance holds much more of (``Engine.remote``) is forwarded there as
+  it came and its answer streamed through (``X-RingKV-Instance`` names that instance); one
+  that arrives forwarded (``X-RingKV-Forwarded``) is never forwarded again; an instance that
+  does not answer, or answers 429/503, leaves the request to be served here.
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
   :class:`~ringkv.host.errors.RingKVError` (400 bad request, 401 no or another API key, 404
   unknown model, 429 every device's queue full, 503 no device ready or the device failed);
@@ -60,6 +65,7 @@ import time
 import uuid
 
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -78,6 +84,10 @@ __all__ = ["create_app", "error_body", "ApiKeyGate", "CHAT_MAX_TOKENS",
            "COMPLETION_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
+
+#: the header of a request one instance forwards to another (``--valkey``): its value is the
+#: sender's epoch, and a forwarded request is served where it arrives, never forwarded again
+FORWARDED = "x-ringkv-forwarded"
 
 
 def _devices(names) -> str:
@@ -171,6 +181,7 @@ class _Api:
         self.metrics = engine.metrics
         self.created = int(time.time())
         self.max_context = engine.config.max_tokens
+        self._http = None                   # the client of forwarded requests (--valkey)
 
     # -- request checks ------------------------------------------------------------------------
     async def _body(self, request: Request) -> dict:
@@ -218,6 +229,13 @@ class _Api:
         events: asyncio.Queue = asyncio.Queue()
         tenant = request.scope.get("ringkv.tenant")
         tenant = self.tenant if tenant is None else tenant
+        if self.engine.cluster is not None and len(req.prompts) == 1 \
+                and FORWARDED not in request.headers:
+            peer, _count = self.engine.remote(req.prompts[0], tenant)
+            if peer is not None:
+                forwarded = await self._forward(request, peer)
+                if forwarded is not None:
+                    return forwarded
 
         def sink_of(index):
             def sink(kind, value):
@@ -410,6 +428,41 @@ class _Api:
                 for job in jobs:            # the client went away, or one choice failed
                     job.cancelled.set()
 
+    # -- many instances (--valkey) ------------------------------------------------------------
+    async def _forward(self, request: Request, peer):
+        """The request sent as it came to ``peer``, the instance holding its prefix, and its
+        answer passed through as it streams (status, body, the headers a client reads); None
+        when the peer cannot be reached or has no room (429, 503): the request is then served
+        here (the one retry), and the peer is not used again before its next heartbeat."""
+        import httpx
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        headers = {"content-type": "application/json",
+                   FORWARDED: self.engine.cluster.epoch}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        outgoing = self._http.build_request("POST", peer.url + request.url.path,
+                                            content=await request.body(), headers=headers)
+        try:
+            response = await self._http.send(outgoing, stream=True)
+        except httpx.HTTPError as e:
+            log.warning("cluster: instance %s unreachable (%s); serving here", peer.url,
+                        type(e).__name__)
+            self.engine.cluster.forget(peer)
+            self.metrics.cluster_forwards.labels("unreachable").inc()
+            return None
+        if response.status_code in (429, 503):
+            await response.aclose()
+            self.metrics.cluster_forwards.labels("busy").inc()
+            return None
+        self.metrics.cluster_forwards.labels("forwarded").inc()
+        passed = {k: v for k, v in response.headers.items()
+                  if k.lower() in ("content-type", "cache-control", "x-ringkv-device",
+                                   "retry-after", "www-authenticate", "x-accel-buffering")}
+        passed["X-RingKV-Instance"] = peer.url
+        return StreamingResponse(response.aiter_raw(), status_code=response.status_code,
+                                 headers=passed, background=BackgroundTask(response.aclose))
+
     # -- the tokenizer ---------------------------------------------------------------------------
     async def tokenize(self, request: Request):
         try:
@@ -491,6 +544,8 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
         finally:
             if manage_engine:
                 await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+            if api._http is not None:
+                await api._http.aclose()
 
     routes = [Route("/v1/completions", api.completions, methods=["POST"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),

@@ -353,8 +353,10 @@ class Worker:
     def _set_index(self, keys):
         keys = {tuple(k) for k in keys}
         with self.lock:
-            self.index = keys
+            changed, self.index = keys != self.index, keys
         self.engine.metrics.device_records.labels(self.name).set(len(keys))
+        if changed:
+            self.engine.index_changed()
 
     def _bring_up(self, first: bool):
         delay = 0.5
@@ -514,11 +516,13 @@ class Worker:
                 if replaced is not None and replaced != key:
                     self.index.discard(replaced)
             metrics.device_exports.labels(self.name).inc()
+            self.engine.index_changed()
         elif kind == "moved":
             _, seq, key = msg
             job = self.jobs.get(seq)
             with self.lock:
                 self.index.add(key)
+            self.engine.index_changed()
             if job is not None and job.move is not None:
                 metrics.device_moves.labels(job.move[0].name, self.name).inc()
             log.info("%s: copied record of %d tokens", self.name, key[0])
@@ -702,6 +706,8 @@ class Engine:
         seeds = {None: hash_seed(config)} if seeds is None else dict(seeds)
         self.hashers = {t: PrefixHasher(seed) for t, seed in seeds.items()}
         self.pins: dict = {}                # (tenant, session id) -> worker
+        #: ``--valkey``: this instance's membership of the cluster (serve/cluster.py)
+        self.cluster = None
         self._turn = itertools.count()
         self._model_blob = None
         self._blob_lock = threading.Lock()
@@ -719,10 +725,44 @@ class Engine:
     def start(self):
         for w in self.workers:
             w.start()
+        if self.cluster is not None:
+            self.cluster.start()
+
+    def index_changed(self):
+        """A device's index changed: the cluster publishes it at once (not at its next
+        round)."""
+        if self.cluster is not None:
+            self.cluster.changed.set()
+
+    def remote(self, prompt, tenant):
+        """``(peer, count)``: another instance (``--valkey``) holding at least
+        ``move_min_tokens`` more of ``prompt`` than any device here and with room for a
+        request, else ``(None, 0)`` (cheap: a lookup in the cluster's copy of the index)."""
+        cluster = self.cluster
+        tokens = prompt.tokens
+        limit = len(tokens) - 1
+        if cluster is None or not cluster.up or limit < 1 or not self.move_min_tokens:
+            return None, 0
+        t0 = time.perf_counter()
+        hashes = self.hashers[tenant].hashes(tokens, limit, prompt.checkpoints)
+        count, peer = cluster.longest(hashes)
+        here = 0
+        if count >= self.move_min_tokens:
+            for w in self.ready():
+                with w.lock:
+                    keys = list(w.index | w.hot)
+                here = max([here] + [c for c, h in keys if c <= limit and hashes[c - 1] == h])
+        self.metrics.cluster_lookup.observe(time.perf_counter() - t0)
+        if peer is None or count - here < self.move_min_tokens or peer.room < 1:
+            return None, 0
+        return peer, count
 
     def stop(self, timeout: float = 30.0):
         """Stop the workers: each ends its request, then its device's process (which closes
-        its device: a simulator started there is stopped)."""
+        its device: a simulator started there is stopped); first this instance's entries in
+        the cluster are deleted, so that the others stop routing here."""
+        if self.cluster is not None:
+            self.cluster.stop()
         for w in self.workers:
             w.stop()
         deadline = time.monotonic() + timeout

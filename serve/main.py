@@ -189,6 +189,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-file", metavar="FILE",
                    help="the record keys of --sealed ('KEY_ID HEX' a line, owner-only; "
                         "default: RINGKV_KEYS)")
+    p.add_argument("--valkey", metavar="URL",
+                   help="share one exact index with the other instances on this Valkey (or "
+                        "Redis) server (valkey://HOST:PORT, redis://HOST:PORT): a request whose "
+                        "prefix another instance holds is forwarded there")
+    p.add_argument("--advertise-url", metavar="URL",
+                   help="this instance's base URL as the other instances reach it (default: "
+                        "http://HOST:PORT of --host and --port)")
+    p.add_argument("--cluster-interval", type=_seconds, default=1.0, metavar="S",
+                   help="seconds between two heartbeats (and readings of the others' entries)")
+    p.add_argument("--cluster-ttl", type=_seconds, default=3.0, metavar="S",
+                   help="a heartbeat's time-to-live: an instance that stops beating is no "
+                        "longer routed to after this plus --cluster-interval")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="link timeout (s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
@@ -354,6 +366,11 @@ def build_server(args):
                     max_imbalance=args.max_imbalance,
                     move_min_tokens=args.move_min_tokens, seeds=seeds,
                     step_tokens=args.step_tokens, max_batch=args.max_batch)
+    if args.valkey:
+        from .cluster import Cluster, identity
+        engine.cluster = Cluster(engine, args.valkey, args.advertise_url,
+                                 identity(config, model), interval=args.cluster_interval,
+                                 ttl=args.cluster_ttl)
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
     app = create_app(engine, model_name=name, api_keys=keys, tenant=tenant,
                      fingerprint="ringkv-" + config.digest().hex()[:12])
@@ -416,6 +433,11 @@ def main(argv=None) -> int:
     elif not _loopback(args.host):
         log.warning("no API key (--api-key, --api-key-file or %s): anyone who reaches "
                     "%s:%d can use the server", API_KEY_ENV, args.host, port)
+    if engine.cluster is not None:
+        if engine.cluster.advertise is None:
+            engine.cluster.advertise = f"http://{args.host}:{port}"
+        log.info("cluster: sharing the index on %s as %s", args.valkey,
+                 engine.cluster.advertise)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port,
                                            log_level=args.log_level,
                                            access_log=args.log_level == "debug"))
