@@ -335,6 +335,20 @@ class Worker:
         with self.device_lock:
             return self._call("listing")[0]
 
+    def record_tokens(self, timeout: float = 30.0) -> dict:
+        """``{(count, hash): tokens}`` of the records the device holds, from its directory
+        (``{}`` when the device is not ready or busy past ``timeout``)."""
+        if self.state != "ready" or not self.device_lock.acquire(timeout=timeout):
+            return {}
+        try:
+            return {tuple(k): (None if t is None else tuple(t))
+                    for k, t in self._call("tokens")[0]}
+        except Exception as e:              # noqa: BLE001 - the events wait for the next one
+            log.info("%s: the records' tokens not read (%s)", self.name, e)
+            return {}
+        finally:
+            self.device_lock.release()
+
     def _open(self):
         """Open the device in its process (started if needed) and read the index from the
         device's own listing."""
@@ -708,6 +722,8 @@ class Engine:
         self.pins: dict = {}                # (tenant, session id) -> worker
         #: ``--valkey``: this instance's membership of the cluster (serve/cluster.py)
         self.cluster = None
+        #: ``--kv-events``: the KV events publisher (serve/events.py)
+        self.events = None
         self._turn = itertools.count()
         self._model_blob = None
         self._blob_lock = threading.Lock()
@@ -727,12 +743,15 @@ class Engine:
             w.start()
         if self.cluster is not None:
             self.cluster.start()
+        if self.events is not None:
+            self.events.start()
 
     def index_changed(self):
-        """A device's index changed: the cluster publishes it at once (not at its next
-        round)."""
+        """A device's index changed: the cluster and the KV events publish it at once."""
         if self.cluster is not None:
             self.cluster.changed.set()
+        if self.events is not None:
+            self.events.changed.set()
 
     def remote(self, prompt, tenant):
         """``(peer, count)``: another instance (``--valkey``) holding at least
@@ -763,6 +782,8 @@ class Engine:
         the cluster are deleted, so that the others stop routing here."""
         if self.cluster is not None:
             self.cluster.stop()
+        if self.events is not None:
+            self.events.stop()
         for w in self.workers:
             w.stop()
         deadline = time.monotonic() + timeout

@@ -201,6 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster-ttl", type=_seconds, default=3.0, metavar="S",
                    help="a heartbeat's time-to-live: an instance that stops beating is no "
                         "longer routed to after this plus --cluster-interval")
+    p.add_argument("--kv-events", metavar="ENDPOINT",
+                   help="publish the records the devices hold as vLLM's KV events (msgpack "
+                        "batches over a ZMQ PUB socket, e.g. tcp://*:5557) for KV-aware routers")
+    p.add_argument("--kv-events-replay", metavar="ENDPOINT",
+                   help="the replay socket (ZMQ ROUTER, e.g. tcp://*:5558): batches again from "
+                        "a sequence number")
+    p.add_argument("--kv-events-block-size", type=_count(1), default=16, metavar="N",
+                   help="tokens per block in the events (default 16, vLLM's)")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="link timeout (s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
@@ -371,6 +380,14 @@ def build_server(args):
         engine.cluster = Cluster(engine, args.valkey, args.advertise_url,
                                  identity(config, model), interval=args.cluster_interval,
                                  ttl=args.cluster_ttl)
+    if args.kv_events:
+        from .events import KVEvents
+        engine.events = KVEvents(engine, args.kv_events, args.kv_events_replay,
+                                 block_size=args.kv_events_block_size,
+                                 topic=args.kv_events_topic)
+    elif args.kv_events_replay:
+        raise UsageError("--kv-events-replay replays --kv-events: give both",
+                         param="--kv-events-replay")
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
     app = create_app(engine, model_name=name, api_keys=keys, tenant=tenant,
                      fingerprint="ringkv-" + config.digest().hex()[:12])

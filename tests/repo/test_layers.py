@@ -77,7 +77,9 @@ RULES = {
     "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
                      {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy",
                       # --valkey: the shared index's client, the forwarding HTTP client
-                      "valkey", "httpx"}),
+                      "valkey", "httpx",
+                      # --kv-events: vLLM's wire (ZMQ, msgpack through msgspec)
+                      "zmq", "msgspec"}),
     # the command line (ringkv/cli/: one module per command) may use everything
     "ringkv.cli": (None, None),
     "ringkv": (None, None),
