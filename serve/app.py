@@ -229,13 +229,18 @@ class _Api:
         events: asyncio.Queue = asyncio.Queue()
         tenant = request.scope.get("ringkv.tenant")
         tenant = self.tenant if tenant is None else tenant
+        copied = None                       # (record, its tokens) from another instance
         if self.engine.cluster is not None and len(req.prompts) == 1 \
                 and FORWARDED not in request.headers:
-            peer, _count = self.engine.remote(req.prompts[0], tenant)
-            if peer is not None:
+            peer, count = self.engine.remote(req.prompts[0], tenant)
+            how = self.engine.cluster.move
+            if peer is not None and (how == "forward" or how == "auto" and peer.room > 0):
                 forwarded = await self._forward(request, peer)
                 if forwarded is not None:
                     return forwarded
+            elif peer is not None:
+                record = await self._copy(request, peer, req.prompts[0], count, tenant)
+                copied = (record, count) if record is not None else None
 
         def sink_of(index):
             def sink(kind, value):
@@ -250,6 +255,8 @@ class _Api:
                                 chat=chat, session=req.session, received=t0, tenant=tenant,
                                 logprobs=req.logprobs,
                                 prompt_logprobs=req.logprobs if req.echo else None))
+                if copied is not None and not req.echo:
+                    jobs[-1].record, jobs[-1].remote = copied
         workers = []
         try:
             for job in jobs:
@@ -463,6 +470,60 @@ class _Api:
         return StreamingResponse(response.aiter_raw(), status_code=response.status_code,
                                  headers=passed, background=BackgroundTask(response.aclose))
 
+    async def _copy(self, request: Request, peer, prompt, count: int, tenant):
+        """The record of ``prompt``'s first ``count`` tokens that ``peer`` holds, read from
+        it (``GET /v1/ringkv/record``), or None (evicted there meanwhile, unreachable): the
+        request then computes here what it does not hold."""
+        import httpx
+        hashes = self.engine.hashers[tenant].hashes(prompt.tokens, count, prompt.checkpoints)
+        key = (count, hashes[count - 1])
+        device = peer.keys.get(key)
+        if device is None:
+            return None
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        headers = {FORWARDED: self.engine.cluster.epoch}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        try:
+            response = await self._http.get(
+                peer.url + "/v1/ringkv/record", headers=headers, timeout=30.0,
+                params={"device": device, "count": count, "hash": f"{key[1]:016x}"})
+        except httpx.HTTPError as e:
+            log.warning("cluster: instance %s unreachable (%s); computing here", peer.url,
+                        type(e).__name__)
+            self.engine.cluster.forget(peer)
+            self.metrics.cluster_copies.labels("unreachable").inc()
+            return None
+        if response.status_code != 200:
+            self.metrics.cluster_copies.labels("missing").inc()
+            return None
+        return response.content
+
+    async def record(self, request: Request):
+        """``GET /v1/ringkv/record?device=NAME&count=N&hash=HEX``: a record this instance's
+        device holds, in the card format (self-describing; sealed ones verified by the device
+        that stores them), for another instance of the cluster. A sealed record only to its
+        own tenant (the request's API key's)."""
+        from ringkv.host.record.codec import decode_fields
+        q = request.query_params
+        try:
+            name, key = q["device"], (int(q["count"]), int(q["hash"], 16))
+        except (KeyError, ValueError):
+            return _error_response(UsageError("device, count and hash (hex) are needed"))
+        worker = next((w for w in self.engine.workers if w.name == name), None)
+        data = None
+        if worker is not None:
+            data = await asyncio.get_running_loop().run_in_executor(
+                None, worker.read_record, key)
+        tenant = request.scope.get("ringkv.tenant")
+        tenant = self.tenant if tenant is None else tenant
+        if data is not None and decode_fields(data[:512]).key_id != (tenant or 0):
+            data = None                     # another tenant's: as if it were not here
+        if data is None:
+            return _error_response(NotFound(f"no record {key} on device {name!r}"))
+        return Response(data, media_type="application/octet-stream")
+
     # -- the tokenizer ---------------------------------------------------------------------------
     async def tokenize(self, request: Request):
         try:
@@ -550,6 +611,7 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
     routes = [Route("/v1/completions", api.completions, methods=["POST"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/v1/models", api.models, methods=["GET"]),
+              Route("/v1/ringkv/record", api.record, methods=["GET"]),
               Route("/tokenize", api.tokenize, methods=["POST"]),
               Route("/detokenize", api.detokenize, methods=["POST"]),
               Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),

@@ -87,12 +87,15 @@ class Cluster:
     server, ``advertise`` the instance's own base URL as the others reach it."""
 
     def __init__(self, engine, url: str, advertise: str, ident: str, *,
-                 interval: float = 1.0, ttl: float = 3.0, client=None):
+                 interval: float = 1.0, ttl: float = 3.0, move: str = "auto", client=None):
         if not ttl > interval > 0:
             raise UsageError(f"the heartbeat's time-to-live ({ttl} s) must be longer than its "
                              f"interval ({interval} s)", param="--cluster-ttl")
         self.engine, self.url, self.advertise, self.ident = engine, url, advertise, ident
         self.interval, self.ttl = interval, ttl
+        #: how a request reaches another instance's record: ``forward`` the request there,
+        #: ``copy`` the record here, ``auto``: forward while that instance has room, else copy
+        self.move = move
         #: this start's epoch: 64 random bits and the start time (ms)
         self.epoch = f"{secrets.randbits(64):016x}-{int(time.time() * 1000):x}"
         self.started = time.time()

@@ -141,6 +141,9 @@ class Job:
     predicted: int = 0           # the stored prefix the router expected on its device
     routed: float = 0.0          # when the router queued it
     move: tuple | None = None    # (worker, key): copy that device's record here first
+    #: a record copied from another instance (``--valkey``), written to the device first
+    record: bytes | None = None
+    remote: int = 0              # the prefix it holds (tokens)
     copy_s: float = 0.0          # time reading that record out of its device
     counted_by: object = None    # the worker whose load counts it (Worker._release)
     picked: float = 0.0          # when its device's thread sent it to the device
@@ -335,6 +338,22 @@ class Worker:
         with self.device_lock:
             return self._call("listing")[0]
 
+    def read_record(self, key, timeout: float = 30.0) -> bytes | None:
+        """The record ``key`` in the card format, read out of the device between two of its
+        steps; None when the device is not ready, busy past ``timeout`` or without it."""
+        if self.state != "ready" or not self.device_lock.acquire(timeout=timeout):
+            return None
+        try:
+            if self.state != "ready":
+                return None
+            return self._call("read_record", key)[0]
+        except Exception as e:              # noqa: BLE001 - the asker recomputes
+            msg = e.one_line() if isinstance(e, RingKVError) else f"{type(e).__name__}: {e}"
+            log.info("%s: record %s not read (%s)", self.name, key, msg)
+            return None
+        finally:
+            self.device_lock.release()
+
     def record_tokens(self, timeout: float = 30.0) -> dict:
         """``{(count, hash): tokens}`` of the records the device holds, from its directory
         (``{}`` when the device is not ready or busy past ``timeout``)."""
@@ -417,7 +436,7 @@ class Worker:
                     self.engine.resubmit(job)
                     continue
                 fetch = time.perf_counter()
-                record = self._fetch_move(job)
+                record = job.record if job.record is not None else self._fetch_move(job)
                 job.copy_s = time.perf_counter() - fetch
                 try:
                     self._dispatch(job, record)
@@ -539,6 +558,8 @@ class Worker:
             self.engine.index_changed()
             if job is not None and job.move is not None:
                 metrics.device_moves.labels(job.move[0].name, self.name).inc()
+            elif job is not None and job.record is not None:
+                metrics.cluster_copies.labels("copied").inc()
             log.info("%s: copied record of %d tokens", self.name, key[0])
         elif kind == "done":
             _, seq, fields = msg
@@ -755,8 +776,9 @@ class Engine:
 
     def remote(self, prompt, tenant):
         """``(peer, count)``: another instance (``--valkey``) holding at least
-        ``move_min_tokens`` more of ``prompt`` than any device here and with room for a
-        request, else ``(None, 0)`` (cheap: a lookup in the cluster's copy of the index)."""
+        ``move_min_tokens`` more of ``prompt`` than any device here (``peer.keys`` names the
+        record and its device), else ``(None, 0)`` (cheap: a lookup in the cluster's copy of
+        the index)."""
         cluster = self.cluster
         tokens = prompt.tokens
         limit = len(tokens) - 1
@@ -772,7 +794,7 @@ class Engine:
                     keys = list(w.index | w.hot)
                 here = max([here] + [c for c, h in keys if c <= limit and hashes[c - 1] == h])
         self.metrics.cluster_lookup.observe(time.perf_counter() - t0)
-        if peer is None or count - here < self.move_min_tokens or peer.room < 1:
+        if peer is None or count - here < self.move_min_tokens:
             return None, 0
         return peer, count
 
@@ -836,6 +858,9 @@ class Engine:
             return choice
         # the load a device has beyond what it runs at once (a batching device takes many)
         least = min(open_, key=lambda w: (w.load / w.batch, len(w.index), w.number))
+        if job.record is not None:          # copied from another instance: the least loaded
+            job.predicted = job.remote
+            return least
         if self.placement == "least-loaded":
             job.predicted = self._matches(job, [least])[least][0]
             return least

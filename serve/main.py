@@ -198,6 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "http://HOST:PORT of --host and --port)")
     p.add_argument("--cluster-interval", type=_seconds, default=1.0, metavar="S",
                    help="seconds between two heartbeats (and readings of the others' entries)")
+    p.add_argument("--cluster-move", choices=["auto", "forward", "copy"], default="auto",
+                   help="a request whose prefix another instance holds: forwarded there, or "
+                        "that instance's record copied here (auto: forward while it has room "
+                        "for the request, else copy)")
     p.add_argument("--cluster-ttl", type=_seconds, default=3.0, metavar="S",
                    help="a heartbeat's time-to-live: an instance that stops beating is no "
                         "longer routed to after this plus --cluster-interval")
@@ -379,7 +383,7 @@ def build_server(args):
         from .cluster import Cluster, identity
         engine.cluster = Cluster(engine, args.valkey, args.advertise_url,
                                  identity(config, model), interval=args.cluster_interval,
-                                 ttl=args.cluster_ttl)
+                                 ttl=args.cluster_ttl, move=args.cluster_move)
     if args.kv_events:
         from .events import KVEvents
         engine.events = KVEvents(engine, args.kv_events, args.kv_events_replay,

@@ -121,6 +121,11 @@ class Metrics:
             "ringkv_cluster_lookup_seconds", "a request's lookup of its longest prefix on the "
             "other instances", buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1),
             registry=r)
+        self.cluster_copies = Counter("ringkv_cluster_copies", "records copied from the "
+                                      "instance holding a request's prefix, by outcome "
+                                      "(copied; missing there: evicted meanwhile; "
+                                      "unreachable; refused by the device here)", ["outcome"],
+                                      registry=r)
         self.cluster_forwards = Counter("ringkv_cluster_forwards", "requests sent to the "
                                         "instance holding their prefix, by outcome (served "
                                         "there, or failed and served here)", ["outcome"],

@@ -192,6 +192,74 @@ def test_valkey_down_every_instance_serves_and_republishes_when_it_returns():
         store.stop()
 
 
+def test_a_record_copied_from_the_holder_gives_the_same_answer(store):
+    """``--cluster-move copy``: B copies A's record of the conversation (``GET
+    /v1/ringkv/record``, the card format, verified by B's device) and serves the second turn
+    itself, resuming from it: the same answer as A's, the prefix cached; B's device holds the
+    record afterwards."""
+    with _instance(store) as a, _instance(store, "--cluster-move", "copy") as b:
+        first = _chat(a.client, a.name, MESSAGES).parse()
+        turn2 = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
+                            {"role": "user", "content": "And the earth?"}]
+        _wait(lambda: _sees(b, a), what="B to see A")
+        held = _held(a)
+        raw = _chat(b.client, b.name, turn2)
+        there = raw.parse()
+        assert "x-ringkv-instance" not in raw.headers
+        assert b.metric('ringkv_cluster_copies_total{outcome="copied"}') == 1
+        assert there.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
+        assert _held(b) & held
+        here = _chat(a.client, a.name, turn2).parse()
+        assert there.choices[0].message.content == here.choices[0].message.content
+        # the record route: another device name, or a record not held, is a 404
+        r = http.get(a.base + "/v1/ringkv/record",
+                     params={"device": "nowhere", "count": 1, "hash": "0"})
+        assert r.status_code == 404
+
+
+def _freeze(r):
+    """Stop ``r``'s cluster thread without deregistering: its copy of the others' entries is
+    kept as it is (a request that races with a change elsewhere)."""
+    c = r.engine.cluster
+    c._stop.set()
+    c.changed.set()
+    c._thread.join(10)
+    assert c.up
+
+
+@pytest.mark.parametrize("move", ["copy", "forward"])
+def test_a_request_racing_with_an_eviction_is_recomputed(store, move):
+    """B still believes A holds a conversation whose record A has evicted: the copy finds no
+    record (404) and B computes the prompt; the forwarded request is served by A from what A
+    holds now (its store, or the conversation's rings still resident in its hot tier). Either
+    way the answer is the one computed afresh, never from other state."""
+    with _instance(store, "--capacity", "2") as a, \
+            _instance(store, "--cluster-move", move) as b:
+        first = _chat(a.client, a.name, MESSAGES).parse()
+        turn2 = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
+                            {"role": "user", "content": "And the earth?"}]
+        _wait(lambda: _sees(b, a), what="B to see A")
+        _freeze(b)
+        before = _held(a)
+        for text in ("Who begat Isaac?", "Who was Enoch?", "Who built the ark?"):
+            _chat(a.client, a.name, [{"role": "user", "content": text}]).parse()
+        assert before - _held(a)             # evicted on A (capacity 2)
+        raw = _chat(b.client, b.name, turn2)
+        there = raw.parse()
+        if move == "copy":
+            assert b.metric('ringkv_cluster_copies_total{outcome="missing"}') == 1
+            assert there.usage.prompt_tokens_details.cached_tokens == 0
+        else:
+            # A serves what it holds now: the conversation's store record is gone, its rings
+            # may still be resident in A's hot tier (the same conversation's own state)
+            assert raw.headers["x-ringkv-instance"] == a.base
+        # the reference: computed afresh on an instance that never saw the conversation
+        with _instance(store) as c:
+            _freeze(c)
+            fresh = _chat(c.client, c.name, turn2).parse()
+        assert there.choices[0].message.content == fresh.choices[0].message.content
+
+
 def _private(path, text):
     path.write_text(text)
     path.chmod(0o600)
@@ -217,6 +285,15 @@ def test_tenants_never_find_each_others_records_on_another_instance(store, tmp_p
         mine = _chat(client(b, "sk-a"), b.name, MESSAGES)
         assert mine.headers["x-ringkv-instance"] == a.base
         assert mine.parse().usage.prompt_tokens_details.cached_tokens > 0
+        # the record route gives a sealed record to its own tenant only
+        count, h = max(_held(a))
+        params = {"device": a.engine.workers[0].name, "count": count, "hash": f"{h:016x}"}
+        own = http.get(a.base + "/v1/ringkv/record", params=params,
+                       headers={"Authorization": "Bearer sk-a"})
+        assert own.status_code == 200 and len(own.content) > 512
+        assert http.get(a.base + "/v1/ringkv/record", params=params,
+                        headers={"Authorization": "Bearer sk-b"}).status_code == 404
+        assert http.get(a.base + "/v1/ringkv/record", params=params).status_code == 401
 
 
 def test_the_identity_names_the_weights_and_the_configuration():
