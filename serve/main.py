@@ -4,13 +4,18 @@
 
     ringkv serve [--host 127.0.0.1] [--port 8000] [--device SPEC ...] [--config default|demo]
                  [--api-key KEY ...] [--api-key-file FILE]     (or RINGKV_API_KEY=KEY[,KEY])
+                 [--valkey URL [--advertise-url URL]]          (several instances, one index)
+                 [--kv-events tcp://*:5557 [--kv-events-replay tcp://*:5558]]
 
 The model is the trained one shipped for the configuration's shape (``--weights FILE`` for
 another, ``--random`` for the untrained one); devices as :mod:`ringkv.serve.devices` describes.
-With API keys, ``/v1`` needs one of them (:class:`ringkv.serve.app.ApiKeyGate`); they are read
-and checked before any device starts. uvicorn serves the application in this process; Ctrl-C
-or SIGTERM stops it cleanly (uvicorn's own signal handling: open requests end, the workers
-stop, simulators started here are stopped) and the command exits with status 130.
+With ``--valkey`` the instance shares one index with the others
+(:mod:`ringkv.serve.cluster`); with ``--kv-events`` it publishes its devices' records as
+vLLM's KV events (:mod:`ringkv.serve.events`). With API keys, ``/v1`` needs one of them
+(:class:`ringkv.serve.app.ApiKeyGate`); they are read and checked before any device starts.
+uvicorn serves the application in this process; Ctrl-C or SIGTERM stops it cleanly (uvicorn's
+own signal handling: open requests end, the workers stop, simulators started here are
+stopped) and the command exits with status 130.
 """
 
 import argparse
