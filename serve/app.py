@@ -65,7 +65,6 @@ import time
 import uuid
 
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -467,8 +466,16 @@ class _Api:
                   if k.lower() in ("content-type", "cache-control", "x-ringkv-device",
                                    "retry-after", "www-authenticate", "x-accel-buffering")}
         passed["X-RingKV-Instance"] = peer.url
-        return StreamingResponse(response.aiter_raw(), status_code=response.status_code,
-                                 headers=passed, background=BackgroundTask(response.aclose))
+
+        async def relay():
+            # closed however the stream ends: a client that goes away closes the connection
+            # to the holder too, which then cancels the request (as it would its own client's)
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
+        return StreamingResponse(relay(), status_code=response.status_code, headers=passed)
 
     async def _copy(self, request: Request, peer, prompt, count: int, tenant):
         """The record of ``prompt``'s first ``count`` tokens that ``peer`` holds, read from

@@ -308,3 +308,20 @@ def test_the_identity_names_the_weights_and_the_configuration():
     assert identity(DEMO_CONFIG, m1) != identity(DEMO_CONFIG, m2)
     other = dataclasses.replace(DEMO_CONFIG, numerics="ringkv-fx2")
     assert identity(other, m1) != identity(DEMO_CONFIG, m1)
+
+
+def test_cluster_and_event_options_are_checked_before_any_device_starts():
+    """A heartbeat that outlives its time-to-live, a replay socket without events: one line,
+    before anything starts."""
+    from ringkv.host.errors import UsageError
+    from ringkv.serve.main import build_parser, build_server
+
+    def build(*argv):
+        return build_server(build_parser().parse_args(["--config", "demo", "--device",
+                                                       "software", *argv]))
+    with pytest.raises(UsageError, match=r"time-to-live \(1.0 s\) must be longer than its "
+                                         r"interval \(2.0 s\)"):
+        build("--valkey", "valkey://127.0.0.1:1", "--cluster-interval", "2",
+              "--cluster-ttl", "1")
+    with pytest.raises(UsageError, match="--kv-events-replay replays --kv-events"):
+        build("--kv-events-replay", "tcp://127.0.0.1:1")
