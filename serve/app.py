@@ -484,7 +484,7 @@ class _Api:
         import httpx
         hashes = self.engine.hashers[tenant].hashes(prompt.tokens, count, prompt.checkpoints)
         key = (count, hashes[count - 1])
-        device = peer.keys.get(key)
+        device = peer.keys.get((self.engine.cluster.label(tenant), *key))
         if device is None:
             return None
         if self._http is None:

@@ -6,16 +6,21 @@ they hold, in a Valkey (or Redis) server (``ringkv serve --valkey URL``).
 two deployments whose records are not interchangeable never see each other's. Tenants are in
 the records' keys themselves: a sealed server's prefix hash is seeded by the tenant's record
 key (``tenant_seed``), so a tenant's lookup computes hashes that no other tenant's record
-has, and a copied record is verified under the receiving tenant's key. Per instance start:
+has, and a copied record is verified under the receiving tenant's key; besides, each
+record's entry names its tenant and a lookup reads only its own tenant's. Per instance
+start:
 
 * ``epochs``: a set of the epochs of the instances registered (an epoch: 64 random bits and
   the start time, new at every start);
 * ``live:{epoch}``: the instance's heartbeat, a JSON object ``{"url", "load", "room",
   "started"}`` (its advertised URL, requests queued and running, how many more it takes)
   written every ``interval`` seconds with a time-to-live of ``ttl`` seconds;
-* ``held:{epoch}``: a set of ``"{count}:{hash:016x}:{device}"``, one member per record its
-  devices hold, read from the devices' own directories as the local index is (at start,
-  after every recovery, after every request on a software device, at every export);
+* ``held:{epoch}``: a set of ``"{tenant}:{count}:{hash:016x}:{device}"``, one member per
+  record its devices hold, read from the devices' own directories as the local index is (at
+  start, after every recovery, after every request on a software device, at every export);
+  ``tenant`` is the record key id whose seed the record's prefix hash chains from (``open``
+  on an open server), found from the record's tokens (a record whose tokens the device does
+  not give is not published: it is found by no lookup);
   ``ver:{epoch}``: a counter bumped at every change of it. Both expire ``10 * ttl`` after
   the last heartbeat.
 
@@ -79,7 +84,7 @@ class Peer:
     load: int = 0
     room: int = 0
     version: int = -1
-    keys: dict = field(default_factory=dict)     # (count, hash) -> device name
+    keys: dict = field(default_factory=dict)     # (tenant, count, hash) -> device name
 
 
 class Cluster:
@@ -105,6 +110,7 @@ class Cluster:
         self._client = client
         self._published: set | None = None      # what Valkey holds of ours (None: unknown)
         self._version = 0
+        self._tenants: dict = {}                # (device, key) -> its tenant's label, or None
         self.changed = threading.Event()        # the local index changed: publish soon
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="ringkv-cluster", daemon=True)
@@ -166,15 +172,45 @@ class Cluster:
         m.cluster_peers.set(0)
 
     # -- one round -----------------------------------------------------------------------------
+    @staticmethod
+    def label(tenant) -> str:
+        return "open" if tenant is None else str(tenant)
+
+    def _tenant_of(self, key, tokens):
+        """The label of the tenant whose seed ``key``'s hash chains from over ``tokens``."""
+        from .engine import _chain
+        count, h = key
+        if tokens is None or len(tokens) != count:
+            return None
+        for tenant, hasher in self.engine.hashers.items():
+            if _chain(hasher.seed, tokens)[-1] == h:
+                return self.label(tenant)
+        return None
+
     def holdings(self) -> set:
-        """This instance's records, as published: ``"{count}:{hash:016x}:{device}"``."""
-        out = set()
+        """This instance's records, as published: ``"{tenant}:{count}:{hash:016x}:{device}"``
+        (each new record's tenant found from its tokens, read from its device's directory)."""
+        out, known = set(), {}
         for w in self.engine.workers:
             if w.state != "ready":
                 continue
             with w.lock:
                 keys = list(w.index)
-            out.update(f"{c}:{h:016x}:{w.name}" for c, h in keys)
+            new = [k for k in keys if (w.name, k) not in self._tenants]
+            if new:
+                # briefly: a busy device's new records wait for the next round, the heartbeat
+                # does not
+                held = w.record_tokens(timeout=self.interval / 4)
+                for k in new:
+                    if k in held:
+                        self._tenants[(w.name, k)] = self._tenant_of(k, held[k])
+            for c, h in keys:
+                label = self._tenants.get((w.name, (c, h)))
+                known[(w.name, (c, h))] = label
+                if label is not None:
+                    out.add(f"{label}:{c}:{h:016x}:{w.name}")
+        for gone in set(self._tenants) - set(known):
+            del self._tenants[gone]
         return out
 
     def _heartbeat(self) -> str:
@@ -239,8 +275,8 @@ class Cluster:
                 members = c.smembers(f"{p}held:{x}")
                 keys = {}
                 for m in members:
-                    count, h, device = m.split(":", 2)
-                    keys[(int(count), int(h, 16))] = device
+                    tenant, count, h, device = m.split(":", 3)
+                    keys[(tenant, int(count), int(h, 16))] = device
                 peer.keys, peer.version = keys, version
             peers[x] = peer
         if dead:
@@ -255,16 +291,16 @@ class Cluster:
         self.engine.metrics.cluster_peers.set(len(peers))
 
     # -- lookups -------------------------------------------------------------------------------
-    def longest(self, hashes) -> tuple:
-        """``(count, peer)``: the longest prefix of a request (its prefix hashes ``h_1 ..
-        h_n``) that another live instance holds, ``(0, None)`` for none."""
+    def longest(self, hashes, tenant=None) -> tuple:
+        """``(count, peer)``: the longest prefix of a request of ``tenant`` (its prefix hashes
+        ``h_1 .. h_n``) that another live instance holds, ``(0, None)`` for none."""
         with self.lock:
             peers = list(self.peers.values())
         best, holder = 0, None
-        n = len(hashes)
+        n, label = len(hashes), self.label(tenant)
         for peer in peers:
-            for c, h in peer.keys:
-                if best < c <= n and hashes[c - 1] == h:
+            for t, c, h in peer.keys:
+                if t == label and best < c <= n and hashes[c - 1] == h:
                     best, holder = c, peer
         return best, holder
 

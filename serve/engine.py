@@ -786,7 +786,7 @@ class Engine:
             return None, 0
         t0 = time.perf_counter()
         hashes = self.hashers[tenant].hashes(tokens, limit, prompt.checkpoints)
-        count, peer = cluster.longest(hashes)
+        count, peer = cluster.longest(hashes, tenant)
         here = 0
         if count >= self.move_min_tokens:
             for w in self.ready():

@@ -51,7 +51,8 @@ def _held(r) -> set:
 def _sees(r, other) -> bool:
     """``r``'s copy of the cluster has ``other``'s epoch with every record ``other`` holds."""
     peer = r.engine.cluster.peers.get(other.engine.cluster.epoch)
-    return peer is not None and set(peer.keys) >= _held(other) and bool(_held(other))
+    return peer is not None and {k[1:] for k in peer.keys} >= _held(other) \
+        and bool(_held(other))
 
 
 MESSAGES = [{"role": "system", "content": SYSTEM},
@@ -84,8 +85,8 @@ def test_two_instances_share_one_index_and_forward_to_the_holder(store):
         assert beat["url"] == a.base and 0 < v.pttl(f"ringkv:{ident}:live:"
                                                     f"{a.engine.cluster.epoch}") <= 1000
         members = v.smembers(f"ringkv:{ident}:held:{a.engine.cluster.epoch}")
-        assert {(int(c), int(h, 16)) for c, h, _ in (m.split(":") for m in members)} \
-            == _held(a)
+        assert {(int(c), int(h, 16)) for t, c, h, _ in (m.split(":") for m in members)
+                if t == "open"} == _held(a)
         # the reference: the second turn on A itself
         here = _chat(a.client, a.name, turn2).parse()
         # sent to B: forwarded to A, which holds the conversation
@@ -285,6 +286,10 @@ def test_tenants_never_find_each_others_records_on_another_instance(store, tmp_p
         mine = _chat(client(b, "sk-a"), b.name, MESSAGES)
         assert mine.headers["x-ringkv-instance"] == a.base
         assert mine.parse().usage.prompt_tokens_details.cached_tokens > 0
+        # the entries name their tenant: all of A's are tenant 1's
+        members = store.client().smembers(f"ringkv:{a.engine.cluster.ident}:held:"
+                                          f"{a.engine.cluster.epoch}")
+        assert members and {m.split(":")[0] for m in members} == {"1"}
         # the record route gives a sealed record to its own tenant only
         count, h = max(_held(a))
         params = {"device": a.engine.workers[0].name, "count": count, "hash": f"{h:016x}"}
