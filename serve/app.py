@@ -50,7 +50,9 @@ error bodies are the API's own and no schema library is needed.
   prefix another live instance holds much more of (``Engine.remote``) is forwarded there as
   it came and its answer streamed through (``X-RingKV-Instance`` names that instance); one
   that arrives forwarded (``X-RingKV-Forwarded``) is never forwarded again; an instance that
-  does not answer, or answers 429/503, leaves the request to be served here.
+  does not answer, or answers 429/503, leaves the request to be served here. When that
+  instance is full (or ``--cluster-move copy``) its record is copied here instead (``GET
+  /v1/ringkv/record``: the card format, a sealed record only to its own tenant).
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
   :class:`~ringkv.host.errors.RingKVError` (400 bad request, 401 no or another API key, 404
   unknown model, 429 every device's queue full, 503 no device ready or the device failed);

@@ -124,7 +124,7 @@ class Metrics:
         self.cluster_copies = Counter("ringkv_cluster_copies", "records copied from the "
                                       "instance holding a request's prefix, by outcome "
                                       "(copied; missing there: evicted meanwhile; "
-                                      "unreachable; refused by the device here)", ["outcome"],
+                                      "unreachable)", ["outcome"],
                                       registry=r)
         self.cluster_forwards = Counter("ringkv_cluster_forwards", "requests sent to the "
                                         "instance holding their prefix, by outcome (served "
