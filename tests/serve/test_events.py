@@ -147,3 +147,33 @@ def test_kv_events_follow_the_records_in_vllms_format(tmp_path):
         for t in tokens:
             state = hash_step(state, t)
         assert state == h
+
+
+def test_a_restart_clears_all_then_publishes_the_images_records_again(tmp_path):
+    """An instance restarted on its card image: its first batch (sequence 0) is a clear-all,
+    then the blocks of the records the image holds, read from its directory."""
+    image = str(tmp_path / "card.img")
+    stored = set()
+    for start in range(2):
+        rep = f"tcp://127.0.0.1:{free_port()}"
+        with running("--device", f"software:{image}", "--kv-events",
+                     f"tcp://127.0.0.1:{free_port()}", "--kv-events-replay", rep) as r:
+            assert r.engine.events.bound.wait(10)
+            if start == 0:
+                r.client.completions.create(model=r.name, prompt="In the beginning God " * 4,
+                                            max_tokens=4, temperature=0)
+            deadline = time.monotonic() + 20
+            while True:
+                history = _replay(rep, 0)
+                blocks = {h for _, b in history for e in b.events
+                          if isinstance(e, BlockStored) for h in e.block_hashes}
+                if (start == 0 and blocks) or (start == 1 and blocks >= stored) \
+                        or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        assert history[0][0] == 0 and isinstance(history[0][1].events[0], AllBlocksCleared)
+        if start == 0:
+            stored = blocks
+            assert stored
+        else:
+            assert blocks == stored
