@@ -155,6 +155,9 @@ class Cluster:
             except Exception as e:                 # noqa: BLE001 - any failure: degraded
                 self._down(e)
             self.engine.metrics.cluster_round.observe(time.perf_counter() - t0)
+            # changes that come together (a request's exports, many requests' ends) are one
+            # round: at most ten a second, at least one an interval (the heartbeat)
+            self._stop.wait(min(0.1, self.interval / 2))
             self.changed.wait(self.interval)
             self.changed.clear()
 
