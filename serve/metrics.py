@@ -105,6 +105,31 @@ class Metrics:
         self.device_records = Gauge("ringkv_device_records",
                                     "records the server's index says the device holds", d,
                                     registry=r)
+        # --valkey (serve/cluster.py): the shared index of several instances
+        self.cluster_up = Gauge("ringkv_cluster_up", "1 while the shared index (Valkey) "
+                                "answers; 0: degraded, serving from this instance's devices "
+                                "only (also 0 without --valkey)", registry=r)
+        self.cluster_errors = Counter("ringkv_cluster_errors", "rounds of publishing and "
+                                      "reading the shared index that failed (Valkey down)",
+                                      registry=r)
+        self.cluster_peers = Gauge("ringkv_cluster_peers", "other instances with a live "
+                                   "heartbeat", registry=r)
+        self.cluster_round = Histogram("ringkv_cluster_round_seconds", "one round of "
+                                       "heartbeat, publishing and reading the others",
+                                       registry=r)
+        self.cluster_lookup = Histogram(
+            "ringkv_cluster_lookup_seconds", "a request's lookup of its longest prefix on the "
+            "other instances", buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1),
+            registry=r)
+        self.cluster_copies = Counter("ringkv_cluster_copies", "records copied from the "
+                                      "instance holding a request's prefix, by outcome "
+                                      "(copied; missing there: evicted meanwhile; "
+                                      "unreachable)", ["outcome"],
+                                      registry=r)
+        self.cluster_forwards = Counter("ringkv_cluster_forwards", "requests sent to the "
+                                        "instance holding their prefix, by outcome (served "
+                                        "there, or failed and served here)", ["outcome"],
+                                        registry=r)
 
     def add_device(self, name: str):
         """Show a device's series from the start (zeros), before its first request."""

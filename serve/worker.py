@@ -35,8 +35,10 @@ bound); then:
   ``("refused", seq, error)`` (the request could not start: a fault of this server, logged);
 * ``("cancel", seq)`` (not answered): the client of request ``seq`` went away, end it at the
   next step;
-* ``("listing",)``, ``("read_record", key)``, ``("disconnect",)`` (let go of a failed link,
-  keep the simulator and its card) -> ``("listing", keys)``, ``("record", data)``, ``("ok",)``,
+* ``("listing",)``, ``("tokens",)``, ``("read_record", key)``, ``("disconnect",)`` (let go
+  of a failed link, keep the simulator and its card) -> ``("listing", keys)``, ``("tokens",
+  [(key, tokens)])`` (the records' tokens, from the device's directory), ``("record", data)``,
+  ``("ok",)``,
   answered between two steps;
 * ``("stop",)`` or the socket closed (the server gone): close the device (a simulator started
   here is stopped) and end.
@@ -200,6 +202,13 @@ class DeviceServer:
 
     def _op_listing(self):
         self.send(("listing", self._listing()))
+
+    def _op_tokens(self):
+        try:
+            held = self.device._device.holdings(tokens=True)
+        except NotImplementedError:
+            held = []
+        self.send(("tokens", [(h.key, h.tokens) for h in held]))
 
     def _op_read_record(self, key):
         self.send(("record", self.device._device.read_record(key)))

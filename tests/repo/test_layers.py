@@ -77,7 +77,11 @@ RULES = {
     # the server: the host's scheduler and devices, the simulator harness for `--device sim`,
     # and its web stack; never the gateware (it knows a device through the host's driver)
     "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
-                     {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy"}),
+                     {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy",
+                      # --valkey: the shared index's client, the forwarding HTTP client
+                      "valkey", "httpx",
+                      # --kv-events: vLLM's wire (ZMQ, msgpack through msgspec)
+                      "zmq", "msgspec"}),
     # the command line (ringkv/cli/: one module per command) may use everything
     "ringkv.cli": (None, None),
     "ringkv": (None, None),
