@@ -51,7 +51,7 @@ from .errors import UsageError
 from .model.logprobs import prompt_logprobs as _prompt_logprobs
 from .model.logprobs import token_logprob
 from .model.transformer import Model
-from .scheduler import _NOTHING_STORED, CHECKPOINT_EVERY, KEEP_TURNS, Scheduler, Session
+from .scheduler import CHECKPOINT_EVERY, KEEP_TURNS, Scheduler, Session
 
 __all__ = ["BatchScheduler", "Request", "STEP_TOKENS"]
 
@@ -349,38 +349,8 @@ class BatchScheduler(Scheduler):
         if not fresh:
             event["path"] = "continue"
         else:
-            tenant = self._tenant(s)
-            found = False
-            if s.tokens:
-                result = dev.query(s.tokens, **tenant)
-                if result.hit:
-                    event["imported_bytes"] = dev.import_(result, **tenant)
-                    event["path"], event["reused"] = "hit", len(s.tokens)
-                    found = True
-                else:
-                    event["reason"] = result.reason
-            if not found:
-                everything = s.tokens + s.pending + tokens
-                limit = len(everything) - (1 if r.n_new > 0 else 0)
-                reuse = self.prefix_reuse and r.prompt_logprobs is None
-                result = (dev.query_prefix(everything, limit, **tenant)
-                          if reuse and limit > 0 else None)
-                if result is not None and result.hit:
-                    event["imported_bytes"] = dev.import_(result, **tenant)
-                    event["path"], event["reused"] = "prefix", result.count
-                    event["reason"] = ""
-                    s.tokens, s.pending = everything[:result.count], []
-                    tokens = everything[result.count:]
-                else:
-                    dev.attention.reset()
-                    dev.write_tokens([])
-                    event["path"] = "miss" if had else "first"
-                    if result is not None and result.reason not in _NOTHING_STORED:
-                        event["reason"] = result.reason
-                    elif not event["reason"] and had:
-                        event["reason"] = "no record"
-                    s.tokens, s.pending, tokens = [], [], everything
-            event["recomputed"] = max(0, had - len(s.tokens))
+            tokens = self._resume(s, tokens, r.n_new, had, event,
+                                  reuse=r.prompt_logprobs is None)
         r.inputs = s.pending + tokens
         r.rows = [] if r.prompt_logprobs is not None else None
         r.pos = len(s.tokens)

@@ -259,7 +259,7 @@ class Scheduler:
 
     def _request(self, sid, s, tokens, n_new, marks, rewind, sample=None, on_token=None,
                  logprobs=None, prompt_logprobs=None):
-        dev, attn = self.device, self.device.attention
+        dev = self.device
         event = {"session": sid, "path": None, "rewind": rewind, "exported": None,
                  "imported_bytes": 0, "exported_bytes": 0, "reused": 0, "prefilled": 0,
                  "recomputed": 0, "checkpoints": [], "deleted": [], "reason": ""}
@@ -282,37 +282,8 @@ class Scheduler:
             event["path"] = "continue"
         else:
             self._release_resident(event)
-            found = False
-            if s.tokens:
-                result = dev.query(s.tokens, **self._tenant(s))
-                if result.hit:
-                    event["imported_bytes"] = dev.import_(result, **self._tenant(s))
-                    event["path"], event["reused"] = "hit", len(s.tokens)
-                    found = True
-                else:
-                    event["reason"] = result.reason
-            if not found:
-                everything = s.tokens + s.pending + tokens
-                limit = len(everything) - (1 if n_new > 0 else 0)
-                reuse = self.prefix_reuse and prompt_logprobs is None
-                result = (dev.query_prefix(everything, limit, **self._tenant(s))
-                          if reuse and limit > 0 else None)
-                if result is not None and result.hit:
-                    event["imported_bytes"] = dev.import_(result, **self._tenant(s))
-                    event["path"], event["reused"] = "prefix", result.count
-                    event["reason"] = ""
-                    s.tokens, s.pending = everything[:result.count], []
-                    tokens = everything[result.count:]
-                else:
-                    attn.reset()
-                    dev.write_tokens([])
-                    event["path"] = "miss" if had else "first"
-                    if result is not None and result.reason not in _NOTHING_STORED:
-                        event["reason"] = result.reason
-                    elif not event["reason"] and had:
-                        event["reason"] = "no record"
-                    s.tokens, s.pending, tokens = [], [], everything
-            event["recomputed"] = max(0, had - len(s.tokens))
+            tokens = self._resume(s, tokens, n_new, had, event,
+                                  reuse=prompt_logprobs is None)
         self.resident = sid
         rows = [] if prompt_logprobs is not None else None
         out, last = self._run(s, s.pending + tokens, n_new, marks, event, sample, on_token,
@@ -331,6 +302,43 @@ class Scheduler:
         event.update(after=len(s.tokens), generated=len(out), device=dev.stats())
         self.events.append(event)
         return out
+
+    def _resume(self, s, tokens, n_new, had, event, *, reuse=True):
+        """Fill the device's rings for session ``s``, whose rings are not resident: its own
+        snapshot (path ``hit``), else the longest stored prefix of all it feeds (``prefix``;
+        not when ``reuse`` is false or ``prefix_reuse`` is off), else nothing (``first``,
+        ``miss``: the rings cleared). ``had``: the tokens the session had computed. Returns
+        the tokens still to feed (``s.tokens`` and ``s.pending`` updated, ``event`` filled)."""
+        dev, tenant = self.device, self._tenant(s)
+        if s.tokens:
+            result = dev.query(s.tokens, **tenant)
+            if result.hit:
+                event["imported_bytes"] = dev.import_(result, **tenant)
+                event["path"], event["reused"] = "hit", len(s.tokens)
+                event["recomputed"] = max(0, had - len(s.tokens))
+                return tokens
+            event["reason"] = result.reason
+        everything = s.tokens + s.pending + tokens
+        limit = len(everything) - (1 if n_new > 0 else 0)
+        result = (dev.query_prefix(everything, limit, **tenant)
+                  if reuse and self.prefix_reuse and limit > 0 else None)
+        if result is not None and result.hit:
+            event["imported_bytes"] = dev.import_(result, **tenant)
+            event["path"], event["reused"] = "prefix", result.count
+            event["reason"] = ""
+            s.tokens, s.pending = everything[:result.count], []
+            tokens = everything[result.count:]
+        else:
+            dev.attention.reset()
+            dev.write_tokens([])
+            event["path"] = "miss" if had else "first"
+            if result is not None and result.reason not in _NOTHING_STORED:
+                event["reason"] = result.reason
+            elif not event["reason"] and had:
+                event["reason"] = "no record"
+            s.tokens, s.pending, tokens = [], [], everything
+        event["recomputed"] = max(0, had - len(s.tokens))
+        return tokens
 
     def _run(self, s, inputs, n_new, marks, event, sample=None, on_token=None, logprobs=None,
              rows=None):
