@@ -10,7 +10,7 @@ JOBS   ?= 2
 XDIST  := -n $(JOBS) --maxschedchunk 1
 
 .PHONY: all demo demo-board gatesim test test-all test-slow durations formal bench bitstream lint clean \
-	distclean venv train peer coverage coverage-test coverage-slow coverage-compare docs-picture
+	distclean venv train peer guidellm coverage coverage-test coverage-slow coverage-compare docs-picture
 
 all: test
 
@@ -126,6 +126,16 @@ peer: $(PEER_STAMP) $(LLAMA_CPP)/src/CMakeLists.txt
 		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
 		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON > /dev/null
 	nice -n 10 cmake --build $(LLAMA_CPP)/cmake -j $(JOBS) --target llama-simple llama-server
+
+## make guidellm: guidellm (vLLM's load generator; it pulls torch and transformers, about 6 GB)
+## in a virtual environment of its own, build/venv-guidellm, for the `guidellm` benchmark; never
+## in the default install, `make test` or `make demo`
+GUIDELLM_VERSION ?= 0.8.1
+GUIDELLM_VENV := build/venv-guidellm
+guidellm: $(GUIDELLM_VENV)/bin/guidellm
+$(GUIDELLM_VENV)/bin/guidellm:
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install -q guidellm==$(GUIDELLM_VERSION)
 
 train: $(TRAIN_STAMP)
 	$(PY) tools/train.py --shape default
