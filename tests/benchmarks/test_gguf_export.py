@@ -2,7 +2,7 @@
 ``granite_swa`` graph runs it (numpy, float64): adjacent-pair RoPE on the permuted q/k rows,
 GGUF's (out, in) matrices, attention sinks, the logit scale, the sliding window of
 ``n_swa`` keys on every layer, equals :meth:`Model.forward_full` past the window. Needs only the
-``gguf`` package (the ``peer`` extra); skipped without it."""
+``gguf`` package (the ``dev`` and ``peer`` extras), not llama.cpp; skipped without it."""
 
 import numpy as np
 import pytest
