@@ -41,12 +41,12 @@ OUTPUT_TOKENS = 32
 #: our chat template (``serve/template.py``) in Jinja for llama-server's chat route; its BOS
 #: is the server's own, put in front by ``add_bos_token``
 CHAT_TEMPLATE = (
-    "{%- for m in messages -%}"
-    "{%- if m['role'] in ('system', 'developer') -%}System: "
-    "{%- elif m['role'] == 'user' -%}User: {%- else -%}Assistant: {%- endif -%}"
-    "{{ m['content'] }}\n\n"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}Assistant: {%- endif -%}")
+    "{% for m in messages %}"
+    "{% if m['role'] in ['system', 'developer'] %}{{ 'System: ' }}"
+    "{% elif m['role'] == 'user' %}{{ 'User: ' }}{% else %}{{ 'Assistant: ' }}{% endif %}"
+    "{{ m['content'] }}{{ '\n\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}")
 
 _TOKENIZER = '''
 import json, sys
@@ -125,6 +125,21 @@ def _guidellm(target, model, tokenizer, streams, seconds, requests=None) -> list
     return levels
 
 
+def _check_template(base):
+    """llama-server's chat route reads our template's tokens (the BOS its own)."""
+    import httpx
+
+    from ringkv.serve.template import chat_prompt
+    messages = [{"role": "system", "content": "Speak of Moses."},
+                {"role": "user", "content": "Who was he?"},
+                {"role": "assistant", "content": "A man of God."},
+                {"role": "user", "content": "And then?"}]
+    text = httpx.post(base + "/apply-template", json={"messages": messages}).json()["prompt"]
+    got = httpx.post(base + "/tokenize", json={"content": text, "add_special": True}).json()
+    if got["tokens"] != list(chat_prompt(messages).tokens):
+        raise RuntimeError(f"llama-server's chat template reads otherwise: {text!r}")
+
+
 def run(smoke: bool = False):
     """The figures; ``smoke``: 1 and 2 streams, 4 requests each, ringkv serve only."""
     import bench.bench_serve as serve
@@ -155,6 +170,7 @@ def run(smoke: bool = False):
                 with peer.llama_server(peer._gguf(serve.SHAPE), peer.SLOTS, config.max_tokens,
                                        extra=("--jinja", "--chat-template-file",
                                               template.name, "--alias", "ringkv-kjv")) as base:
+                    _check_template(base)
                     levels = _guidellm(base, "ringkv-kjv", tokenizer, streams, SECONDS,
                                        requests)
         end = os.getloadavg()[0]
