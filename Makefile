@@ -10,7 +10,7 @@ JOBS   ?= 2
 XDIST  := -n $(JOBS) --maxschedchunk 1
 
 .PHONY: all demo demo-board gatesim valkey test test-all test-slow durations formal bench bitstream lint clean \
-	distclean venv train coverage coverage-test coverage-slow coverage-compare docs-picture eval
+	distclean venv train peer guidellm coverage coverage-test coverage-slow coverage-compare docs-picture eval
 
 all: test
 
@@ -105,6 +105,43 @@ $(CORPUS_STAMP): $(STAMP)
 ## make bench: bench/results.json and docs/BENCHMARKS.md
 bench: $(CORPUS_STAMP)
 	$(PY) -m bench.run $(if $(ONLY),--only $(ONLY))
+
+## make peer: the `peer` benchmark's llama.cpp, built from source into build/llama.cpp (CPU
+## only; needs the system's C++ compiler and cmake): llama-server and llama-simple, from the
+## llama.cpp that the llama-cpp-python sdist on PyPI vendors (LLAMA_CPP_PYTHON: commit 0c1e5709),
+## and the `peer` extra (the gguf package). Never part of `make test`, `make demo` or `make bench`
+## (`make bench` runs the group when it is built).
+LLAMA_CPP_PYTHON ?= 0.3.36
+LLAMA_CPP := build/llama.cpp
+PEER_STAMP := $(VENV)/.ringkv-peer-installed
+$(PEER_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[peer]"
+	touch $(PEER_STAMP)
+
+$(LLAMA_CPP)/src/CMakeLists.txt: | $(STAMP)
+	mkdir -p $(LLAMA_CPP)/download $(LLAMA_CPP)/src
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP)/download \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar xzf $(LLAMA_CPP)/download/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_CPP)/src \
+		--strip-components=3 llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+	rm -f $(LLAMA_CPP)/src/.git
+
+peer: $(PEER_STAMP) $(LLAMA_CPP)/src/CMakeLists.txt
+	cmake -S $(LLAMA_CPP)/src -B $(LLAMA_CPP)/cmake -DCMAKE_BUILD_TYPE=Release \
+		-DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON > /dev/null
+	nice -n 10 cmake --build $(LLAMA_CPP)/cmake -j $(JOBS) --target llama-simple llama-server
+
+## make guidellm: guidellm (vLLM's load generator; it pulls torch and transformers, about 6 GB)
+## in a virtual environment of its own, build/venv-guidellm, for the `guidellm` benchmark; never
+## in the default install, `make test` or `make demo`
+GUIDELLM_VERSION ?= 0.8.1
+GUIDELLM_VENV := build/venv-guidellm
+guidellm: $(GUIDELLM_VENV)/bin/guidellm
+$(GUIDELLM_VENV)/bin/guidellm:
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install -q guidellm==$(GUIDELLM_VERSION)
 
 train: $(TRAIN_STAMP)
 	$(PY) tools/train.py --shape default

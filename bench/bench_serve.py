@@ -238,10 +238,14 @@ async def _chat(client, base, messages, seed, max_tokens=None, temperature=0.8):
     return "".join(parts), (ttft if ttft is not None else time.perf_counter() - t0), usage
 
 
-async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens=None):
+async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens=None,
+                send=None, max_len=None):
     """The load (module docstring): ``(records, wall s)``, a record ``(ttft s, usage,
     (client, its request number), reply)`` per request. ``base``: a server's URL, or a list
-    of several (instances of one cluster): each request then goes to one of them at random."""
+    of several (instances of one cluster): each request then goes to one of them at random.
+    ``send``: how a request goes out (:func:`_chat`'s arguments and result; another server's
+    API in ``bench_peer``); ``max_len``: the token memory when the server's ``/v1/models`` does
+    not tell it."""
     import httpx
 
     from ringkv.serve.template import chat_prompt
@@ -249,7 +253,9 @@ async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens
     records = []
     max_tokens = max_tokens or MAX_TOKENS
     bases = [base] if isinstance(base, str) else list(base)
-    max_len = httpx.get(bases[0] + "/v1/models").json()["data"][0]["max_model_len"]
+    send = send or _chat
+    if max_len is None:
+        max_len = httpx.get(bases[0] + "/v1/models").json()["data"][0]["max_model_len"]
 
     async def client_task(c):
         rng = random.Random(seed * 1000 + c)
@@ -265,8 +271,8 @@ async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens
                         break
                     budget[0] -= 1
                     to = bases[0] if len(bases) == 1 else pick.choice(bases)
-                    reply, ttft, usage = await _chat(client, to, messages,
-                                                     rng.randrange(1 << 31), max_tokens)
+                    reply, ttft, usage = await send(client, to, messages,
+                                                    rng.randrange(1 << 31), max_tokens)
                     records.append((ttft, usage, (c, sent), reply))
                     sent += 1
                     roll = rng.random()

@@ -23,8 +23,18 @@ def test_groups_found():
         <= set(groups())
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.slow)
-                                   if g in HEAVY | SLOW_GROUPS else g for g in groups()])
+def _marks(group):
+    if group in HEAVY | SLOW_GROUPS:
+        return [pytest.mark.slow]
+    if group in ("peer", "guidellm"):
+        # llama.cpp's server (`make peer`) and guidellm's own environment (`make guidellm`),
+        # built only on request: never part of `make test`
+        missing = load(group).missing()
+        return [pytest.mark.slow, pytest.mark.skipif(missing is not None, reason=str(missing))]
+    return []
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=_marks(g)) for g in groups()])
 def test_bench_group_smoke(group):
     results = run_group(group, smoke=True)
     assert results, f"bench group {group} returned no results"
