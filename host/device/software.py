@@ -104,10 +104,13 @@ _MISS_REASONS = {
     RecordStatus.NO_KEY: "no key",
     RecordStatus.BAD_MAC: "bad tag",
 }
-#: Failures after which a record stays in the directory (as the gateware's QUERY keeps it): a
-#: hash collision (another session's tokens may still hit it), a storage fault, or a record
-#: under a key this request does not hold (another tenant's, or a key to be set again: LRU ages
-#: it out).
+#: Failures after which a record stays in the directory (as the gateware's QUERY keeps it,
+#: ``hw/commands/snapshot.py``): a hash collision (another session's tokens may still hit it),
+#: a storage fault, or a record refused with ``NO_KEY`` (the requester lacks its key, but the
+#: tenant that holds the key may still use it, and one tenant's request must never free
+#: another tenant's record; LRU ages it out like any record). Every other failure can never
+#: verify and frees the record (``BAD_MAC`` too: the key id selects the key, so a bad tag is a
+#: forgery or a corruption).
 _KEEP = (RecordStatus.TOKEN_MISMATCH, RecordStatus.STORAGE, RecordStatus.NO_KEY)
 
 #: Flushes a file's data to the medium (``fdatasync`` where the system has it, else ``fsync``).
@@ -662,8 +665,9 @@ class SoftwareDevice(Device):
         counts them; a probe is not a use); of the stored keys, the longest whose record
         verifies wins and is imported at once. A record of other tokens (a hash collision)
         is skipped for the next shorter one, and so is a record that fails its checks (it is
-        deleted, as the device's ``QUERY`` deletes it); a record of a foreign configuration
-        makes the query a miss."""
+        deleted, as the device's ``QUERY`` deletes it, unless :data:`_KEEP` keeps it: a
+        collision, a storage fault, ``NO_KEY``); a record of a foreign configuration makes the
+        query a miss."""
         if not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative number of tokens, not {limit!r}")
         tokens = [int(t) for t in tokens]
