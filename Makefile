@@ -132,6 +132,7 @@ peer: $(PEER_STAMP) $(LLAMA_CPP)/src/CMakeLists.txt
 		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
 		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON > /dev/null
 	nice -n 10 cmake --build $(LLAMA_CPP)/cmake -j $(JOBS) --target llama-simple llama-server
+	$(PY) -m pytest tests/benchmarks/test_peer_greedy.py -q
 
 ## make guidellm: guidellm (vLLM's load generator; it pulls torch and transformers, about 6 GB)
 ## in a virtual environment of its own, build/venv-guidellm, for the `guidellm` benchmark; never

@@ -30,7 +30,11 @@ def _marks(group):
         # llama.cpp's server (`make peer`) and guidellm's own environment (`make guidellm`),
         # built only on request: never part of `make test`
         missing = load(group).missing()
-        return [pytest.mark.slow, pytest.mark.skipif(missing is not None, reason=str(missing))]
+        return [pytest.mark.slow,
+                pytest.mark.skipif(missing is not None,
+                                   reason=f"{missing}: built only on request, never by make "
+                                          f"test (the issue keeps llama.cpp and guidellm's "
+                                          f"torch out of it)")]
     return []
 
 

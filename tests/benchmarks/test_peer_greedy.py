@@ -6,7 +6,14 @@ import pytest
 
 from bench.bench_peer import PROMPTS, _greedy, missing
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
+#: llama.cpp is built from source only on request (`make peer`, which then runs this test), as
+#: the issue asks: never by `make test` or `make demo`, so without the build there is nothing to
+#: compare against
+_WHY = missing()
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(_WHY is not None,
+                                 reason=f"{_WHY}: llama.cpp is built only by make peer, which "
+                                        f"runs this test")]
 
 
 def test_greedy_tokens_equal_within_the_window():

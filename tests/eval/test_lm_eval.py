@@ -34,7 +34,9 @@ TASKS = ROOT / "tests" / "data" / "lm_eval"
 #: slow: three lm-eval runs take minutes (most of it lm-eval's start), too long for make test
 #: on a machine that has the venv; make eval and make test-slow run them
 pytestmark = [pytest.mark.skipif(not LM_EVAL.exists(),
-                                 reason=f"no lm-eval venv at {VENV} (make eval makes it)"),
+                                 reason=f"no lm-eval venv at {VENV}: lm-eval pulls torch, "
+                                        f"kept out of make test's install; make eval makes "
+                                        f"the venv and runs these tests"),
               pytest.mark.slow]
 
 #: test -> lm-eval's results (the default-tokenizer test compares with the files' run)
