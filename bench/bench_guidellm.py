@@ -4,9 +4,9 @@
 guidellm pulls torch and transformers (about 6 GB): it lives in a virtual environment of its
 own, ``build/venv-guidellm`` (``make guidellm``), never in the default install, ``make test`` or
 ``make demo``'s setup; without it this group has nothing to run. It runs offline: its synthetic
-prompts are counted with a Hugging Face tokenizer written here for our vocabulary
-(``build/guidellm/tokenizer``: byte-level, 256 byte tokens and ``<BOS>``, no merges; the same
-token counts as the model's byte tokenizer).
+prompts are counted with the Hugging Face tokenizer files shipped with the model (``ringkv
+tokenizer``: byte-level, 256 byte tokens and ``<BOS>``, no merges; checked in guidellm's venv:
+``AutoTokenizer`` encodes and decodes as the model's byte tokenizer).
 
 The profile: ``concurrent`` at ``STREAMS`` streams (guidellm's ``sweep`` first measures the
 synchronous and the maximum rate, then ten rates between, each for its duration: longer than
@@ -48,34 +48,6 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ 'Assistant: ' }}{% endif %}")
 
-_TOKENIZER = '''
-import json, sys
-from pathlib import Path
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-out = Path(sys.argv[1])
-out.mkdir(parents=True, exist_ok=True)
-keep = set(range(33, 127)) | set(range(161, 173)) | set(range(174, 256))
-b2u, extra = {}, 0
-for b in range(256):
-    if b in keep:
-        b2u[b] = chr(b)
-    else:
-        b2u[b] = chr(256 + extra)
-        extra += 1
-vocab = {b2u[b]: b for b in range(256)}
-vocab["<BOS>"] = 256
-tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-tok.decoder = decoders.ByteLevel()
-tok.add_special_tokens(["<BOS>"])
-tok.save(str(out / "tokenizer.json"))
-(out / "tokenizer_config.json").write_text(json.dumps({
-    "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<BOS>",
-    "model_max_length": 1024}))
-text = "In the beginning God created the heaven and the earth. \\u00e9\\n\\n"
-assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids == list(text.encode())
-'''
-
 
 def missing() -> str | None:
     if not GUIDELLM.exists():
@@ -84,9 +56,11 @@ def missing() -> str | None:
 
 
 def _tokenizer() -> Path:
-    out = ROOT / "build" / "guidellm" / "tokenizer"
-    subprocess.run([str(VENV / "bin" / "python"), "-c", _TOKENIZER, str(out)], check=True)
-    return out
+    """The byte vocabulary's Hugging Face tokenizer files shipped with the model (``ringkv
+    tokenizer``; ``AutoTokenizer`` in guidellm's venv reads them exactly as the server
+    tokenizes)."""
+    from ringkv.host.model.vocab import TOKENIZER_DIR
+    return Path(TOKENIZER_DIR)
 
 
 def _guidellm(target, model, tokenizer, streams, seconds, requests=None) -> list[dict]:

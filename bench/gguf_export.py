@@ -49,6 +49,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ringkv.host.model.vocab import byte_chars
+
 __all__ = ["ARCH", "BOS_TEXT", "export", "rope_permutation", "byte_tokens", "SINK"]
 
 ARCH = "granite_swa"
@@ -60,24 +62,10 @@ SINK = -1e30
 CONTEXT_LENGTH = 1 << 16
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's map from bytes to printable characters (the text of byte-level BPE tokens)."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
 def byte_tokens() -> list[str]:
-    """The 257 token texts: bytes 0..255 in GPT-2's byte-to-unicode map, then ``<BOS>``."""
-    m = _bytes_to_unicode()
-    return [m[b] for b in range(256)] + [BOS_TEXT]
+    """The 257 token texts: bytes 0..255 as the shipped tokenizer writes them (GPT-2's
+    byte-to-unicode map, :func:`ringkv.host.model.vocab.byte_chars`), then ``<BOS>``."""
+    return byte_chars() + [BOS_TEXT]
 
 
 def rope_permutation(head_dim: int) -> np.ndarray:
