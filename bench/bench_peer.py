@@ -48,12 +48,12 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from bench.bench_serve import _stop_server
 from bench.run import table
 
 __all__ = ["TITLE", "run", "markdown", "llama_server", "server_binary", "missing",
@@ -129,7 +129,7 @@ def llama_server(model: Path, slots: int, slot_tokens: int, threads: int = THREA
     with contextlib.ExitStack() as stack:
         out = stack.enter_context(open(log, "w")) if log else subprocess.DEVNULL
         proc = subprocess.Popen(argv, start_new_session=True, stdout=out, stderr=out)
-        stack.callback(_stop, proc)
+        stack.callback(_stop_server, proc)
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
@@ -142,16 +142,6 @@ def llama_server(model: Path, slots: int, slot_tokens: int, threads: int = THREA
                 raise RuntimeError("llama-server did not start within 120 s")
             time.sleep(0.1)
         yield base
-
-
-def _stop(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def _prompt_text(messages) -> str:
