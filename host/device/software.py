@@ -231,7 +231,7 @@ def _integer_rings(attention, config) -> bool:
 def _rings_bytes(config, attention) -> int:
     """Bytes of one context's rings as ``attention`` keeps them."""
     pool = getattr(attention, "pool", None)
-    if pool is not None or type(attention).__name__ == "FixedBackend":
+    if pool is not None or isinstance(attention, FixedBackend):
         return RingPool.slot_bytes(config)
     c = config
     return 8 * c.layers * c.kv_heads * 2 * c.window * c.head_dim        # float64 rings

@@ -83,7 +83,7 @@ __all__ = [
     "NUMERICS", "QKV_FRAC", "OUT_FRAC",
     "quantize", "dequantize_out", "exp2_fx", "lane_state", "weight_term", "reciprocal_fx",
     "acc_shift", "beta_shift_amount", "beta_fx", "round_output", "merge_lanes",
-    "attend_fx", "attend_indexed", "attend_rows", "ring_sources", "ring_views", "attend_float",
+    "attend_fx", "attend_indexed", "attend_rows", "ring_sources", "attend_float",
     "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
@@ -334,14 +334,6 @@ def ring_sources(count, head, chunk, window):
     index = np.where(t >= first, window + latest, s)
     valid = np.minimum(int(count) + t[:, 0] + 1, window)
     return index, valid, (int(count) + chunk) & 0xFFFFFFFF, (int(head) + chunk) % window
-
-
-def ring_views(ring, count, head, new, window):
-    """The ring as each of a chunk's tokens sees it (:func:`ring_sources` applied):
-    ``(views (..., C, W, d), valid (C,), final (..., W, d), count, head)``."""
-    index, valid, count, head = ring_sources(count, head, new.shape[-2], window)
-    views = np.concatenate([ring, new], axis=-2)[..., index, :]
-    return views, valid, views[..., -1, :, :], count, head
 
 class FixedRingCore:
     """The whole core, bit-exact: rings, metadata, commands and the ring access port.

@@ -1,4 +1,4 @@
-"""The vectorized core datapath (``attend_rows``, ``ring_views``) against the scalar golden
+"""The vectorized core datapath (``attend_rows``, ``ring_sources``) against the scalar golden
 model (``attend_fx``, ``FixedRingCore.attend``), integer for integer."""
 
 import numpy as np
@@ -7,7 +7,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ringkv.defs.numerics import numerics_of, score_const
-from ringkv.host.golden.fixed import FixedRingCore, attend_fx, attend_rows, ring_views
+from ringkv.host.golden.fixed import FixedRingCore, attend_fx, attend_rows, ring_sources
+
+
+def ring_views(ring, count, head, new, window):
+    """The ring as each of a chunk's tokens sees it, through :func:`ring_sources`: ``(views
+    (C, W, d), valid, final ring, count, head)``."""
+    index, valid, count, head = ring_sources(count, head, len(new), window)
+    views = np.concatenate([ring, new])[index]
+    return views, valid, views[-1], count, head
+
 
 SHAPES = [(128, 4, 2, 64), (8, 2, 4, 16), (32, 1, 1, 8), (16, 16, 2, 4), (16, 4, 3, 8)]
 
