@@ -206,7 +206,7 @@ def run(smoke: bool = False):
 def _level(q) -> str:
     """A level as guidellm names it: streams, or the strategy and its rate."""
     if q.get("profile", "concurrent") == "concurrent":
-        return f"{q['streams']} streams"
+        return f"{q['streams']} stream{'s' if q['streams'] != 1 else ''}"
     if q.get("rate") is not None:
         return f"{q['strategy']} {q['rate']:.2f} req/s"
     return q.get("strategy", "?")
