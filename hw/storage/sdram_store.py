@@ -54,8 +54,9 @@ SECTOR_WORDS = SECTOR_BYTES // 2
 #: deliberately broken variants (private knob ``_bug``), each caught by
 #: ``tests/hw/storage/test_sdram_store.py``: ``address`` (sector ``lba`` at ``lba + 1``),
 #: ``byte_order`` (the high byte of a word first, both ways), ``range`` (one sector past the
-#: end is taken)
-BUGS = ("address", "byte_order", "range")
+#: end is taken), ``eager`` (every burst asked for at once: read bursts without room in the
+#: read FIFO, write bursts before their data, so a stalled initiator holds back the refresh)
+BUGS = ("address", "byte_order", "range", "eager")
 
 
 class _State(enum.Enum, shape=2):
@@ -207,6 +208,8 @@ class SdramSectorStore(wiring.Component):
         with m.If(byte_out):
             m.d.sync += bytes_left.eq(bytes_left - 1)
 
+        if bug == "eager":
+            room_bursts = Const(max_count)
         with m.If(state == _State.READ):
             with m.If(~sd_valid & (bursts_left != 0) & (room_bursts != 0)):
                 ask(smallest(bursts_left, room_bursts, Const(max_count)))
@@ -240,11 +243,18 @@ class SdramSectorStore(wiring.Component):
         m.d.sync += ready_bursts.eq(ready_bursts + burst_done
                                     - Mux(sd_taken & sd_write, sd_count, 0))
         with m.If(state == _State.WRITE):
-            with m.If(~sd_valid & (ready_bursts != 0)):
-                ask(smallest(ready_bursts, Const(max_count)))
-                m.d.sync += sd_write.eq(1)
-            with m.If((bursts_left == 0) | (sd_taken & (bursts_left == sd_count))):
-                m.d.sync += state.eq(_State.STATUS)
+            if bug == "eager":
+                with m.If(~sd_valid & (bursts_left != 0)):
+                    ask(smallest(bursts_left, Const(max_count)))
+                    m.d.sync += sd_write.eq(1)
+                with m.If(~sd_valid & (bursts_left == 0) & (bytes_left == 0) & ~w_full):
+                    m.d.sync += state.eq(_State.STATUS)
+            else:
+                with m.If(~sd_valid & (ready_bursts != 0)):
+                    ask(smallest(ready_bursts, Const(max_count)))
+                    m.d.sync += sd_write.eq(1)
+                with m.If((bursts_left == 0) | (sd_taken & (bursts_left == sd_count))):
+                    m.d.sync += state.eq(_State.STATUS)
         with m.Else():
             m.d.sync += sd_write.eq(0)
 
