@@ -21,7 +21,7 @@ from amaranth.sim import Simulator
 from ringkv.host.golden.sdram import sector_words, split_command
 from ringkv.hw.sdram.controller import SdramController
 from ringkv.hw.sdram.phy import SdramPinsSignature
-from ringkv.hw.storage.port import StoragePortSignature
+from ringkv.hw.storage.port import StorageOp, StoragePortSignature
 from ringkv.hw.storage.sdram_store import SdramSectorStore
 
 from .sdram_model import SdramModel, amaranth_sdram
@@ -78,6 +78,7 @@ class StoreRun:
     results: list = field(default_factory=list)   # per operation (StorageError, bytes read or
     #                                             the number of bytes a write took)
     clocks: list = field(default_factory=list)    # per operation: command offered to status
+    first_byte: list = field(default_factory=list)  # per read with data: command to 1st byte
     model: SdramModel | None = None
 
 
@@ -89,7 +90,8 @@ def run_store(top: SdramStoreTop, script, *, model: SdramModel | None = None, se
     ``cmd``/``wdata``, of a withheld ``rdata.ready`` and of a withheld ``status.ready``
     (``sim/storage_host.py``).
     ``clocks[i]``: from the clock operation ``i`` starts (its command offered, with no idle
-    drawn) to the status's transfer."""
+    drawn) to the status's transfer; ``first_byte``: for each read that moved data, the
+    clocks from its command's transfer to its first byte's."""
     chip = top.ctrl.chip
     model = SdramModel(chip, top.ctrl.tck_ns, seed=seed) if model is None else model
     run = StoreRun(model=model)
@@ -100,8 +102,16 @@ def run_store(top: SdramStoreTop, script, *, model: SdramModel | None = None, se
     sim.add_testbench(amaranth_sdram(model, top.pins), background=True)
 
     async def counter(ctx):
-        async for _ in ctx.tick():
+        port, taken = top.storage, None
+        async for _, _, c_valid, c_ready, c_op, r_valid, r_ready in ctx.tick().sample(
+                port.cmd.valid, port.cmd.ready, port.cmd.payload.op, port.rdata.valid,
+                port.rdata.ready):
             clock["n"] += 1
+            if taken is not None and r_valid and r_ready:
+                run.first_byte.append(clock["n"] - taken)
+                taken = None
+            if c_valid and c_ready and c_op == StorageOp.READ:
+                taken = clock["n"]
 
     async def limit(ctx):
         for _ in range(max_cycles):

@@ -21,13 +21,17 @@ words; the SDRAM cells themselves hold them ``tWR`` after the WRITE burst, a few
 Throughput: one byte per clock on ``rdata``/``wdata``, the port's peak, half of what the
 SDRAM's 16-bit bus moves. Reads keep bursts in flight ahead: the store asks for a burst as soon
 as the controller's read FIFO (``fifo_depth`` words) has room for it beyond every word already
-asked for, so the FIFO holds up to ``fifo_depth / 2`` clocks of bytes in reserve over a refresh
+asked for, so the FIFO holds up to ``2 * fifo_depth`` clocks of bytes in reserve over a refresh
 or a row change. Writes pair two bytes into a word (``mask`` 0) and ask for a burst once its
 ``bl`` words are in the write FIFO. Exact clocks: ``docs/blocks/sdram_store.md``.
 
 Latency: the status of a ``RANGE`` command is valid the clock after the command's transfer; a
-read's first byte ``CL + 8`` clocks or more after it (``CL + 6`` of the controller from an open
-row, plus the command register and the byte register here; a closed row adds ``tRCD``).
+read's first byte is handed over ``CL + 9`` clocks after it from an open row (the store's state
+and command registers, the controller's ``CL + 6``, the byte register), 2 clocks more from a
+closed bank at 60 MHz (``tRCD``), 4 more after a row miss (measured,
+``tests/hw/storage/test_sdram_store.py``). A write of ``count`` sectors takes
+``count * 512 + 5`` clocks from its command to its status, a read ``count * 512`` plus its
+first byte's latency plus 1, with no byte waiting inside the transfer.
 
 Backpressure: ``rdata.ready`` and ``wdata.valid`` may drop at any clock, for any time. Because
 a read burst is asked for only when the read FIFO has room for it and a write burst only when
