@@ -157,9 +157,9 @@ def transfer_clocks(controller: dict, counts=(1, 8, 256), *, lba: int = 0, seed:
         script += [("w", lba, data), ("r", lba, count)]
     run = run_store(top, script, seed=seed)
     out = {}
-    for op, (error, got), clocks in zip(script, run.results, run.clocks, strict=True):
-        assert error == error.OK, f"{op[0]} {op[1]}: {error}"
-        if op[0] == "r":
-            assert got == script[script.index(op) - 1][2], f"read {op[2]} sectors differs"
-        out[(op[0], op[2] if op[0] == "r" else len(op[2]) // 512)] = clocks
+    for k, count in enumerate(counts):
+        (w_error, _), (r_error, got) = run.results[2 * k:2 * k + 2]
+        assert w_error == r_error == w_error.OK, f"{count} sectors: {w_error}, {r_error}"
+        assert got == script[2 * k][2], f"the read of {count} sectors differs"
+        out[("w", count)], out[("r", count)] = run.clocks[2 * k:2 * k + 2]
     return out
