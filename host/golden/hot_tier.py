@@ -170,7 +170,7 @@ class GoldenHotTier:
 
 
 def random_commands(rng, golden: GoldenHotTier, n: int, *, region_pool: int | None = None,
-                    now_start: int = 0):
+                    now_start: int = 0, clears: bool = True):
     """``n`` random commands with their expected responses, stepping ``golden``.
 
     The mix follows the hot tier's use (an ALLOC, then mostly its COMMIT, sometimes its ABORT or
@@ -178,7 +178,8 @@ def random_commands(rng, golden: GoldenHotTier, n: int, *, region_pool: int | No
     regions) and adds every error: out-of-range regions and slots, COMMIT/ABORT of a slot
     reserved for another region or not reserved, unknown opcodes; CLEARs now and then. With
     ``region_pool`` the regions are drawn from that many (more than ``slots`` forces
-    eviction). Returns ``(commands, responses)``.
+    eviction); ``clears=False`` leaves CLEAR out (a sweep of ``regions`` clocks: large shapes).
+    Returns ``(commands, responses)``.
     """
     g = golden
     pool = rng.sample(range(g.regions), min(g.regions, region_pool or g.regions))
@@ -189,7 +190,7 @@ def random_commands(rng, golden: GoldenHotTier, n: int, *, region_pool: int | No
         if k % 64 == 0:
             # phases: writes settled at once, or left in flight until every slot is reserved
             settle = rng.choice([0.05, 0.3, 0.45])
-        now = (now + rng.randrange(4)) & g.stamp_mask
+        now = (now + rng.choice((0, 0, 1, 2, 3))) & g.stamp_mask    # equal stamps: LRU ties
         mapped = sorted(g.region_map)
         roll = rng.random()
         region = rng.choice(mapped) if mapped and rng.random() < 0.4 else rng.choice(pool)
@@ -218,7 +219,7 @@ def random_commands(rng, golden: GoldenHotTier, n: int, *, region_pool: int | No
                    "slot": rng.randrange(g.slots + 1), "now": now}
         elif rest < 0.93:
             cmd = {"op": Op.COUNT}
-        elif rest < 0.98:
+        elif rest < 0.98 or not clears:
             cmd = {"op": rng.randrange(Op.COUNT.value + 1, 16), "region": region}
         else:
             cmd = {"op": Op.CLEAR}
