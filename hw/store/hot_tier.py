@@ -89,12 +89,15 @@ class HotTier(wiring.Component):
     """
 
     def __init__(self, *, regions=4096, slots=256, stamp_width=32, formal=False, _bug=None,
-                 _checks=CHECKS):
+                 _checks=CHECKS, _full=False):
         check_hot_tier_params(regions, slots, stamp_width)
         if _bug is not None and _bug not in BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
+        if _full and not (formal and slots <= regions):
+            raise ValueError("_full needs formal=True and slots <= regions")
         self._regions, self._slots, self._stamp_width = regions, slots, stamp_width
         self._formal = bool(formal)
+        self._full = bool(_full)
         self._bug = _bug
         self._checks = tuple(_checks)
         self._cmd_layout = command_layout(stamp_width)
@@ -124,11 +127,19 @@ class HotTier(wiring.Component):
 
         # In formal mode the tables start out as the reset sweep leaves them (the sweep itself
         # is still checked: CLEAR runs it), so that the bounded depth is spent on commands.
-        region_map = Table(m, "region_map", map_layout, nr, formal)
-        rows = Table(m, "slot_rows", row_layout, ns, formal)
+        # With ``_full`` they start as ALLOC + COMMIT of regions 0..slots-1 at now = 0 leave
+        # them (slot s valid for region s, the FIFO empty): a reachable state, from which a
+        # shallow check reaches evictions.
+        full = self._full
+        region_map = Table(m, "region_map", map_layout, nr, formal,
+                           init=[map_layout.const({"valid": 1, "slot": r}).as_value().value
+                                 for r in range(ns)] + [0] * (nr - ns) if full else None)
+        rows = Table(m, "slot_rows", row_layout, ns, formal,
+                     init=[row_layout.const({"state": SlotState.VALID, "region": s})
+                           .as_value().value for s in range(ns)] if full else None)
         fifo = Table(m, "free_slots", sb, ns, formal, init=range(ns))
         fifo_rd = Signal(range(ns))
-        fifo_level = Signal(range(ns + 1), init=ns if formal else 0)
+        fifo_level = Signal(range(ns + 1), init=ns if formal and not full else 0)
         fifo_sum = Signal(range(2 * ns))
         fifo_wr = Signal(range(ns))
         m.d.comb += [fifo.raddr.eq(fifo_rd), fifo_sum.eq(fifo_rd + fifo_level),

@@ -99,12 +99,13 @@ def _status(responses):
     (dict(_bug="nope"), ValueError,
      "Unknown bug 'nope'; known: ('lru_tie', 'commit_unchecked', 'drop_leak', "
      "'stale_victim')"),
+    (dict(_full=True), ValueError, "_full needs formal=True and slots <= regions"),
 ])
 def test_parameter_errors(kwargs, exc, message):
     with pytest.raises(exc) as info:
         HotTier(**kwargs)
     assert str(info.value) == message
-    if "_bug" not in kwargs:
+    if not any(name.startswith("_") for name in kwargs):
         with pytest.raises(exc) as info:
             GoldenHotTier(**kwargs)
         assert str(info.value) == message
