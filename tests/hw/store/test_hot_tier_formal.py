@@ -90,7 +90,7 @@ def test_formal_broken_variant_fails(bug):
 
 @requires_yowasp
 @requires_yices
-@pytest.mark.slow     # 3 minutes on 2 busy cores; the fast tier starts the eviction from full
+@pytest.mark.slow     # 6 minutes on 2 busy cores; the fast tier starts the eviction from full
 def test_formal_invariants_hold_from_empty_through_eviction():
     """Two slots from the empty state, 21 clocks: ALLOC and COMMIT of both, then an ALLOC
     that evicts, all within the depth."""
