@@ -4,8 +4,6 @@ and the broken variants that the tests must catch."""
 import random
 
 import pytest
-from amaranth.lib import data
-from amaranth.sim import Simulator
 from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,8 +11,7 @@ from hypothesis import strategies as st
 from ringkv.defs.hot_tier import Op, SlotState, Status
 from ringkv.host.golden.hot_tier import GoldenHotTier, random_commands
 from ringkv.hw.store.hot_tier import BUGS, HotTier, layout_fields
-from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
-from ringkv.sim.streams import stream_get, stream_put, tick_until
+from ringkv.sim.streams import run_commands
 
 SMALL = dict(regions=16, slots=5, stamp_width=8)
 
@@ -22,34 +19,8 @@ SMALL = dict(regions=16, slots=5, stamp_width=8)
 def rtl_hot_tier(params, commands, *, seed=0, idle=0.0, stall=0.0, bug=None):
     """Run ``commands`` through the gateware; return ``(responses, clocks)``: the response
     dicts, and for each command the clocks from its transfer to ``o.valid``."""
-    dut = HotTier(**params, _bug=bug)
-    cmd_fields, resp_fields = layout_fields(dut.cmd_layout), layout_fields(dut.resp_layout)
-    rng = random.Random(seed)
-    responses, clocks = [], []
-
-    async def bench(ctx):
-        # Wait out the reset sweep so that clock counts measure the commands alone.
-        await tick_until(ctx, dut.i.ready)
-        for cmd in commands:
-            word = pack_fields(cmd_fields, _ints(cmd))
-            await stream_put(ctx, dut.i, data.Const(dut.cmd_layout, word), rng=rng, idle=idle)
-            waited = 1
-            while not ctx.get(dut.o.valid):
-                await ctx.tick()
-                waited += 1
-            payload = await stream_get(ctx, dut.o, rng=rng, stall=stall)
-            clocks.append(waited)
-            responses.append(unpack_fields(resp_fields, payload.as_value().value))
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
-    return responses, clocks
-
-
-def _ints(cmd):
-    return {k: int(v.value) if isinstance(v, Op) else int(v) for k, v in cmd.items()}
+    return run_commands(HotTier(**params, _bug=bug), commands, seed=seed, idle=idle,
+                        stall=stall)
 
 
 def golden_run(params, commands, golden=None):

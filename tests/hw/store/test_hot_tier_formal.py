@@ -20,18 +20,15 @@ region, and every reserved/valid slot's region points back to it.
 """
 
 import pytest
-from amaranth.hdl import Elaboratable, Module, Signal
-from amaranth.lib import data
-from amaranth.sim import Simulator
+from amaranth.hdl import Signal
 from conftest import requires_yices, requires_yowasp
 
 from ringkv.defs.hot_tier import Op
 from ringkv.host.golden.hot_tier import GoldenHotTier
-from ringkv.hw.store.hot_tier import HotTier, layout_fields
+from ringkv.hw.store.hot_tier import HotTier
 from ringkv.sim.cocotb_run import BUILD_ROOT
-from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
-from ringkv.sim.formal import bmc
-from ringkv.sim.streams import stream_get, stream_put
+from ringkv.sim.formal import CommandHarness, bmc
+from ringkv.sim.streams import run_commands
 
 #: Three slots: not a power of two, so the free FIFO's pointers wrap at 3.
 FORMAL = dict(regions=4, slots=3, stamp_width=2)
@@ -42,30 +39,18 @@ BROKEN = {"commit_unchecked": ("pool", 5, False), "drop_leak": ("pool", 8, False
           "stale_victim": ("maps", 10, True)}
 
 
-class HotTierHarness(Elaboratable):
-    def __init__(self, **params):
-        self.dut = HotTier(formal=True, **params)
-        self.inputs = {
-            "op": Signal(4), "region": Signal(range(2 * params["regions"])),
-            "slot": Signal(range(2 * params["slots"])), "now": Signal(params["stamp_width"]),
-        }
-        self.valid = Signal()
-        self.ready = Signal()
-
-    def ports(self):
-        return [*self.inputs.values(), self.valid, self.ready]
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.dut = dut = self.dut
-        m.d.comb += [dut.i.valid.eq(self.valid), dut.o.ready.eq(self.ready)]
-        m.d.comb += [getattr(dut.i.payload, name).eq(sig) for name, sig in self.inputs.items()]
-        return m
+def hot_tier_harness(**params):
+    """The hot tier under free inputs, its command fields one bit wider than their ranges."""
+    dut = HotTier(formal=True, **params)
+    return CommandHarness(dut, {
+        "op": Signal(4), "region": Signal(range(2 * params["regions"])),
+        "slot": Signal(range(2 * params["slots"])), "now": Signal(params["stamp_width"]),
+    })
 
 
 def run_sby(name, depth, *, params=FORMAL, **kwargs) -> str:
     """One bounded check (``_bug``/``_checks`` in ``kwargs``): ``"PASS"`` or ``"FAIL"``."""
-    harness = HotTierHarness(**params, **kwargs)
+    harness = hot_tier_harness(**params, **kwargs)
     return bmc(harness, BUILD_ROOT / "formal" / f"hot_tier_{name}", depth, skip=True)
 
 
@@ -110,21 +95,6 @@ def test_full_start_is_reachable():
              + [{"op": Op.LOOKUP, "region": r, "now": 1} for r in range(params["regions"])]
              + [{"op": Op.ALLOC, "region": params["regions"] - 1, "now": 2}, {"op": Op.COUNT}])
     expected = [g.command(c) for c in probe]
-    dut = HotTier(formal=True, _full=True, **params)
-    cmd_fields, resp_fields = layout_fields(dut.cmd_layout), layout_fields(dut.resp_layout)
-    got = []
-
-    async def bench(ctx):
-        for cmd in probe:
-            word = {k: int(v.value) if isinstance(v, Op) else v for k, v in cmd.items()}
-            await stream_put(ctx, dut.i, data.Const(dut.cmd_layout,
-                                                    pack_fields(cmd_fields, word)))
-            payload = await stream_get(ctx, dut.o)
-            got.append(unpack_fields(resp_fields, payload.as_value().value))
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    got, _ = run_commands(HotTier(formal=True, _full=True, **params), probe)
     assert got == expected
     assert expected[-2]["evicted"] == 1
