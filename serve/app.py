@@ -707,6 +707,11 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
     async def lifespan(app):
         if manage_engine:
             engine.start()
+        # the first streamed answer would import anyio's asyncio backend (starlette's task
+        # group around a streaming response): some 40 ms in that request; taken here instead
+        import anyio
+        async with anyio.create_task_group():
+            pass
         try:
             yield
         finally:
