@@ -91,9 +91,18 @@ def _guidellm(target, model, tokenizer, profile: dict, overrides: list[dict], se
         scenario.write_text(json.dumps({"spec": spec, "benchmarks": overrides}))
         report = Path(tmp) / "report.json"
         env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        done = subprocess.run([str(GUIDELLM), "run", "-c", str(scenario), "--output",
-                               f"kind=json,path={report}", "--disable-console"],
-                              env=env, cwd=tmp, capture_output=True, text=True)
+        # a guidellm that stops making progress is an error, not a bench that never ends (seen
+        # once: its scheduler's processes idle, no connection open, the server idle)
+        levels = profile.get("sweep_size", len(overrides))
+        limit = levels * (seconds if requests is None else 60) * 3 + 300
+        try:
+            done = subprocess.run([str(GUIDELLM), "run", "-c", str(scenario), "--output",
+                                   f"kind=json,path={report}", "--disable-console"],
+                                  env=env, cwd=tmp, capture_output=True, text=True,
+                                  timeout=limit)
+        except subprocess.TimeoutExpired as e:
+            raise RuntimeError(f"guidellm did not finish within {limit} s "
+                               f"({levels} levels of {seconds} s)") from e
         if done.returncode:
             raise RuntimeError(f"guidellm exited with {done.returncode}: "
                                f"{(done.stderr or done.stdout)[-2000:]}")
