@@ -80,6 +80,8 @@ RULES = {
     # and its web stack; never the gateware (it knows a device through the host's driver)
     "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
                      {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy",
+                      # starlette's own async layer (its task group imported at start)
+                      "anyio",
                       # --valkey: the shared index's client, the forwarding HTTP client
                       "valkey", "httpx",
                       # --kv-events: vLLM's wire (ZMQ, msgpack through msgspec)
