@@ -26,8 +26,10 @@ thread) and our chat template as its Jinja template (so that the chat route read
 tokens).
 """
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -95,17 +97,25 @@ def _guidellm(target, model, tokenizer, profile: dict, overrides: list[dict], se
         # once: its scheduler's processes idle, no connection open, the server idle)
         levels = profile.get("sweep_size", len(overrides))
         limit = levels * (seconds if requests is None else 60) * 3 + 300
+        # its own session: on a timeout (or Ctrl-C) the whole group goes, guidellm's worker
+        # processes with it
+        proc = subprocess.Popen([str(GUIDELLM), "run", "-c", str(scenario), "--output",
+                                 f"kind=json,path={report}", "--disable-console"],
+                                env=env, cwd=tmp, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:
-            done = subprocess.run([str(GUIDELLM), "run", "-c", str(scenario), "--output",
-                                   f"kind=json,path={report}", "--disable-console"],
-                                  env=env, cwd=tmp, capture_output=True, text=True,
-                                  timeout=limit)
+            stdout, stderr = proc.communicate(timeout=limit)
         except subprocess.TimeoutExpired as e:
             raise RuntimeError(f"guidellm did not finish within {limit} s "
                                f"({levels} levels of {seconds} s)") from e
-        if done.returncode:
-            raise RuntimeError(f"guidellm exited with {done.returncode}: "
-                               f"{(done.stderr or done.stdout)[-2000:]}")
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        if proc.returncode:
+            raise RuntimeError(f"guidellm exited with {proc.returncode}: "
+                               f"{(stderr or stdout)[-2000:]}")
         data = json.loads(report.read_text())
     levels = []
     for b in data["benchmarks"]:
