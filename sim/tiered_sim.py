@@ -1,0 +1,303 @@
+"""The tiered storage in the Amaranth simulator: the harness of ``tests/hw/storage/test_tiered.py``
+and of the figures in ``docs/blocks/tiered_storage.md``.
+
+:func:`run_tiered` drives a :class:`~ringkv.hw.storage.tiered.TieredStorage`'s ``storage`` port
+with a script of reads and writes (``("r", lba, count)``, ``("w", lba, data)``), serves its
+``card`` and ``sdram`` ports from two :class:`~ringkv.sim.sector_model.SectorImage`\\ s with
+:func:`serve_sectors` (random idle and stalls, errors on demand), and watches every stream: per
+operation it returns the status, the bytes, which backend got a command (with its payload), and
+the block's own clocks (``setup``: the command's transfer on ``storage`` to the backend's
+``cmd.valid``; ``tail``: the later backend status of a write to both tiers to the initiator's
+``status.valid``), for comparison with :class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
+
+A power cut is the end of a run (``cut_at``: the simulation stops at that clock, wherever it
+is); the next run on the same card image, with a new block and the SDRAM image overwritten
+with noise (:func:`lose_sdram`), is the power coming back.
+"""
+
+import random
+from dataclasses import dataclass, field
+
+from amaranth.sim import Simulator
+
+from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
+from ringkv.hw.storage.tiered import TieredStorage
+
+from .sector_model import SectorImage
+from .storage_host import storage_read, storage_write
+from .streams import tick_until
+
+__all__ = ["serve_sectors", "run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
+           "random_script"]
+
+
+async def serve_sectors(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
+                        fail=None, log=None):
+    """Serve storage port ``port`` (an initiator's member) from ``image`` forever, at up to
+    one byte per clock: ``idle``/``stall`` the chances of a bubble before a byte or status it
+    sends and of a withheld ``ready`` on what it takes. ``fail(op, lba, count)`` (optional) is
+    asked at each command: ``None``, or the number of data bytes after which the transfer
+    ends early with ``CARD`` (a write's sector in progress is not stored, earlier ones are;
+    ``0``: no data phase at all). ``log`` receives ``(op, lba, count)`` per command."""
+
+    def chance(p):
+        return rng is not None and p > 0 and rng.random() < p
+
+    async def status(error):
+        while chance(idle):
+            await ctx.tick()
+        ctx.set(port.status.valid, 1)
+        ctx.set(port.status.payload, {"error": error})
+        await tick_until(ctx, port.status.ready)
+        ctx.set(port.status.valid, 0)
+
+    while True:
+        while chance(stall):
+            await ctx.tick()
+        ctx.set(port.cmd.ready, 1)
+        (cmd,) = await tick_until(ctx, port.cmd.valid, port.cmd.payload)
+        ctx.set(port.cmd.ready, 0)
+        op, lba, count = StorageOp(cmd.op), cmd.lba, cmd.count
+        if log is not None:
+            log.append((op, lba, count))
+        if not image.in_range(lba, count):
+            await status(StorageError.RANGE)
+            continue
+        budget = fail(op, lba, count) if fail is not None else None
+        moved = 0
+        if op == StorageOp.READ:
+            for byte in image.read(lba, count):
+                if budget is not None and moved == budget:
+                    break
+                while chance(idle):
+                    await ctx.tick()
+                ctx.set(port.rdata.valid, 1)
+                ctx.set(port.rdata.payload, byte)
+                await tick_until(ctx, port.rdata.ready)
+                ctx.set(port.rdata.valid, 0)
+                moved += 1
+        else:
+            for s in range(count):
+                sector = bytearray()
+                while len(sector) < SECTOR_BYTES and (budget is None or moved < budget):
+                    while chance(stall):
+                        ctx.set(port.wdata.ready, 0)
+                        await ctx.tick()
+                    ctx.set(port.wdata.ready, 1)
+                    (byte,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
+                    ctx.set(port.wdata.ready, 0)
+                    sector.append(byte)
+                    moved += 1
+                if len(sector) < SECTOR_BYTES:
+                    break
+                image.write(lba + s, bytes(sector))
+        await status(StorageError.CARD if budget is not None and moved == budget
+                     and moved < count * SECTOR_BYTES else StorageError.OK)
+
+
+@dataclass
+class Observed:
+    """One operation as seen on the block's ports."""
+    status: StorageError | None = None
+    data: bytes = b""                  # a read's bytes
+    card: tuple | None = None          # (op, lba, count) of the card's command, if any
+    sdram: tuple | None = None         # ... of the SDRAM's
+    setup: int | None = None           # clocks: storage cmd transfer -> first backend cmd.valid
+    tail: int | None = None            # write to both: later backend status -> status.valid
+    card_status: StorageError | None = None
+    sdram_status: StorageError | None = None
+    expect: bytes | None = None        # a read: the card's bytes when it ended (None: beyond)
+
+
+@dataclass
+class TieredRun:
+    ops: list = field(default_factory=list)    # Observed per operation started
+    cut: bool = False                          # the run ended by a power cut
+    clocks: int = 0
+
+
+def lose_sdram(image: SectorImage, rng):
+    """The SDRAM after a power cut: noise."""
+    for lba in range(image.sectors):
+        image.write(lba, rng.randbytes(SECTOR_BYTES))
+
+
+def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, seed=0,
+               idle=0.0, stall=0.0, hold=0.0, card_fail=None, sdram_fail=None, cut_at=None,
+               max_cycles=5_000_000, bug=None) -> TieredRun:
+    """Run ``script`` on a fresh ``TieredStorage(**params)`` (``bug``: a broken variant) whose
+    backends are ``card`` and ``sdram``. ``idle``/``stall``/``hold``: the chances of an idle
+    clock or a withheld ready on every stream, the storage port's (:mod:`ringkv.sim.storage_host`)
+    and the backends' (:func:`serve_sectors`). ``card_fail``/``sdram_fail``: the backends'
+    ``fail``. ``cut_at``: stop (a power cut) at that clock after the hot tier's reset sweep."""
+    dut = TieredStorage(**params, _bug=bug)
+    run = TieredRun()
+    rng = random.Random(seed)
+    clock = {"n": 0}
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(_server(dut.card, card, random.Random(rng.random()), idle, stall,
+                              card_fail), background=True)
+    sim.add_testbench(_server(dut.sdram, sdram, random.Random(rng.random()), idle, stall,
+                              sdram_fail), background=True)
+    cur = {"op": None, "t0": None, "last_status": None, "done": 0}
+
+    async def monitor(ctx):
+        st, cp, sp = dut.storage, dut.card, dut.sdram
+        sigs = (st.cmd.valid, st.cmd.ready, cp.cmd.valid, cp.cmd.ready, cp.cmd.payload,
+                sp.cmd.valid, sp.cmd.ready, sp.cmd.payload, cp.status.valid, cp.status.ready,
+                cp.status.payload, sp.status.valid, sp.status.ready, sp.status.payload,
+                st.status.valid)
+        prev_c = prev_s = prev_st = 0
+        async for _, _, *v in ctx.tick().sample(*sigs):
+            (c_valid, c_ready, cc_valid, cc_ready, cc_p, sc_valid, sc_ready, sc_p, cs_valid,
+             cs_ready, cs_p, ss_valid, ss_ready, ss_p, st_valid) = v
+            clock["n"] += 1
+            n = clock["n"]
+            o = cur["op"]
+            if c_valid and c_ready:
+                cur["t0"] = n
+            if o is not None:
+                if cc_valid and not prev_c:
+                    o.card = (StorageOp(cc_p.op), cc_p.lba, cc_p.count)
+                    o.setup = n - cur["t0"] if o.setup is None else o.setup
+                if sc_valid and not prev_s:
+                    o.sdram = (StorageOp(sc_p.op), sc_p.lba, sc_p.count)
+                    o.setup = n - cur["t0"] if o.setup is None else o.setup
+                if cs_valid and cs_ready:
+                    o.card_status = StorageError(cs_p.error)
+                    cur["last_status"] = n
+                if ss_valid and ss_ready:
+                    o.sdram_status = StorageError(ss_p.error)
+                    cur["last_status"] = n
+                if st_valid and not prev_st and o.card and o.sdram:
+                    o.tail = n - cur["last_status"]
+            prev_c, prev_s, prev_st = cc_valid, sc_valid, st_valid
+
+    async def bench(ctx):
+        # the hot tier's reset sweep
+        await ctx.tick().repeat(max(params["regions"], params.get("slots", 256)) + 2)
+        clock["start"] = clock["n"]
+        for op in script:
+            o = Observed()
+            cur["op"] = o
+            run.ops.append(o)
+            if op[0] == "r":
+                o.status, o.data = await storage_read(ctx, dut.storage, op[1], op[2], rng=rng,
+                                                      stall=stall, hold=hold)
+                if card.in_range(op[1], op[2]):
+                    o.expect = card.read(op[1], op[2])
+            else:
+                o.status, _ = await storage_write(ctx, dut.storage, op[1], op[2], rng=rng,
+                                                  idle=idle, hold=hold)
+            await ctx.tick()
+            cur["op"] = None
+
+    async def cutter(ctx):
+        await ctx.tick().repeat(max(params["regions"], params.get("slots", 256)) + 2 + cut_at)
+        run.cut = True
+
+    async def limit(ctx):
+        for _ in range(max_cycles):
+            await ctx.tick()
+        raise TimeoutError(f"the script not done after {max_cycles} clocks")
+
+    sim.add_process(monitor)
+    sim.add_testbench(limit, background=True)
+    sim.add_testbench(cutter if cut_at is not None else bench)
+    if cut_at is not None:
+        sim.add_testbench(bench, background=True)
+    sim.run()
+    run.clocks = clock["n"]
+    return run
+
+
+def _server(port, image, rng, idle, stall, fail):
+    async def serve(ctx):
+        await serve_sectors(ctx, port, image, rng=rng, idle=idle, stall=stall, fail=fail)
+    return serve
+
+
+def check_run(golden, script, run: TieredRun) -> list[str]:
+    """Every difference between ``run`` and the golden model ``golden`` (stepped here, from the
+    state it is in), and every read that returned other bytes than the card held: an empty list
+    for a correct run. An operation cut short by a power cut is left out."""
+    from ringkv.host.golden.tiered import READ, WRITE
+
+    found = []
+    for k, (op, o) in enumerate(zip(script, run.ops)):
+        if o.status is None:              # cut short by the power cut
+            break
+        count = op[2] if op[0] == "r" else len(op[2]) // SECTOR_BYTES
+        kind = READ if op[0] == "r" else WRITE
+        route = golden.command(kind, op[1], count)
+        where = f"op {k} {op[0]} lba {op[1]} count {count}"
+        want_card = (StorageOp(kind), op[1], count) if route.tier != "sdram" else None
+        want_sd = ((StorageOp(kind), route.sdram_lba, count) if route.tier != "card"
+                   else None)
+        if (o.card, o.sdram) != (want_card, want_sd):
+            found.append(f"{where}: card {o.card} sdram {o.sdram}, golden {route.tier} "
+                         f"{want_card} {want_sd}")
+        if o.setup != route.setup:
+            found.append(f"{where}: setup {o.setup} clocks, golden {route.setup}")
+        want_status = o.card_status if route.tier != "sdram" else o.sdram_status
+        if route.tier == "both":
+            want_status, tail = golden.finish(o.card_status.value, o.sdram_status.value)
+            if o.tail != tail:
+                found.append(f"{where}: tail {o.tail} clocks, golden {tail}")
+        if o.status != StorageError(want_status):
+            found.append(f"{where}: status {o.status}, golden {StorageError(want_status)}")
+        if kind == READ and o.status == StorageError.OK and o.data != o.expect:
+            found.append(f"{where}: read returned other bytes than the card holds "
+                         f"(from {route.tier})")
+    return found
+
+
+def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
+    """``n`` random operations in the tiered storage's use: the DMA's exports into a region
+    (tokens, K/V, header last; sometimes cut short or with another write between), its
+    imports (header, tokens, K/V of the last export's shape), and raw reads and writes of any
+    sector: single sectors, over two regions, outside the record area, ``count == 0``, past
+    the card's end. ``data(n_sectors)`` gives the bytes of a write (default random)."""
+    spr, base, regions = params["sectors_per_region"], params.get("base_lba", 0), params["regions"]
+    data = data or (lambda n: rng.randbytes(n * SECTOR_BYTES))
+    # a region's record: tokens from sector 1, K/V from ``kv`` (a fixed sector, as the DMA's)
+    kv = max(2, spr // 2)
+    shapes = {}
+    script = []
+
+    def region_lba(r):
+        return base + r * spr
+
+    while len(script) < n:
+        roll = rng.random()
+        r = rng.choice([0, regions - 1, rng.randrange(regions)])
+        if roll < 0.35:
+            t = rng.randint(1, kv - 1)
+            k = rng.randint(1, spr - kv)
+            steps = [("w", region_lba(r) + 1, data(t)), ("w", region_lba(r) + kv, data(k)),
+                     ("w", region_lba(r), data(1))]
+            if rng.random() < 0.15:
+                steps = steps[:rng.randint(1, 2)]
+            if rng.random() < 0.15:
+                other = rng.randrange(card_sectors)
+                steps.insert(rng.randint(0, len(steps) - 1), ("w", other, data(1)))
+            script += steps
+            shapes[r] = (t, k)
+        elif roll < 0.65 and shapes:
+            r = rng.choice(sorted(shapes))
+            t, k = shapes[r]
+            script += [("r", region_lba(r), 1), ("r", region_lba(r) + 1, t),
+                       ("r", region_lba(r) + kv, k)]
+        elif roll < 0.80:
+            lba = rng.randrange(card_sectors + 2)
+            script.append(("r", lba, rng.choice([0, 1, 1, 2, spr])))
+        elif roll < 0.90:
+            lba = rng.randrange(card_sectors)
+            script.append(("w", lba, data(1)))
+        elif roll < 0.95:
+            lba = region_lba(r) + spr - 1
+            script.append(("w", lba, data(2)))             # over two regions (or the end)
+        else:
+            script.append(("w", rng.randrange(card_sectors), b""))     # count 0
+    return script
