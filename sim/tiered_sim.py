@@ -236,8 +236,9 @@ def check_run(golden, script, run: TieredRun) -> list[str]:
         want_sd = ((StorageOp(kind), route.sdram_lba, count) if route.tier != "card"
                    else None)
         if (o.card, o.sdram) != (want_card, want_sd):
-            found.append(f"{where}: card {o.card} sdram {o.sdram}, golden {route.tier} "
-                         f"{want_card} {want_sd}")
+            # the golden model cannot follow a run that went elsewhere: stop here
+            return found + [f"{where}: card {o.card} sdram {o.sdram}, golden {route.tier} "
+                            f"{want_card} {want_sd}"]
         if o.setup != route.setup:
             found.append(f"{where}: setup {o.setup} clocks, golden {route.setup}")
         want_status = o.card_status if route.tier != "sdram" else o.sdram_status
