@@ -12,14 +12,28 @@ starts as noise, so a read from SDRAM of a sector the copy never wrote returns o
 """
 
 import random
+import zlib
 
+import numpy as np
 import pytest
+from amaranth.sim import Simulator
+from dma_helpers import dma_op, load_state, new_image, rand_rings, read_state, set_key
 
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.record import HEADER_OFFSETS, RecordLayout, RecordStatus
 from ringkv.host.golden.tiered import GoldenTieredStorage
-from ringkv.hw.storage.port import StorageError
+from ringkv.hw.storage.dma import DmaOp
+from ringkv.hw.storage.port import StorageError, StorageOp
 from ringkv.hw.storage.tiered import BUGS, TieredStorage
+from ringkv.sim.ring_model import DmaHarness
 from ringkv.sim.sector_model import SectorImage
-from ringkv.sim.tiered_sim import check_run, lose_sdram, random_script, run_tiered
+from ringkv.sim.tiered_sim import (
+    check_run,
+    lose_sdram,
+    random_script,
+    run_tiered,
+    serve_sectors,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -296,3 +310,126 @@ def test_power_cut_then_card_only():
 @pytest.mark.parametrize("seed", range(8))
 def test_power_cuts_at_random_points(seed):
     _power_cut([SMALL, EVICT][seed % 2], 200 + seed, 30)
+
+
+# ---- the DMA engine over the tiers --------------------------------------------------------
+
+#: the small record shape of test_dma.py: a record is a few thousand clocks
+TINY = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, window=4, token_width=8,
+                    max_tokens=40)
+KEY = (7, bytes(range(32)))
+
+
+def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiered=None,
+                 p=0.0):
+    """Run ``body(ctx, h, logs)`` on a DMA harness over a tiered storage whose backends are the
+    sector images ``card`` and ``sdram`` (random idle and stalls ``p``); ``logs`` has each
+    backend's ``(op, lba, count)`` commands."""
+    h = DmaHarness(config, regions, mac=mac, tiered=tiered or dict(slots=2))
+    sim = Simulator(h)
+    sim.add_clock(1e-8)
+    logs, out = {"card": [], "sdram": []}, {}
+    for name, image in (("card", card), ("sdram", sdram)):
+        port = getattr(h, name)
+
+        async def serve(ctx, port=port, image=image, log=logs[name]):
+            await serve_sectors(ctx, port, image, rng=random.Random(seed + len(log)), idle=p,
+                                stall=p, log=log)
+        sim.add_testbench(serve, background=True)
+
+    async def bench(ctx):
+        await ctx.tick().repeat(regions + 4)          # the hot tier's reset sweep
+        out["value"] = await body(ctx, h, logs)
+
+    sim.add_testbench(bench)
+    sim.run()
+    return out["value"]
+
+
+def test_dma_over_tiers():
+    """The DMA engine, unchanged, over the tiered storage: an export writes the record to the
+    card and the slot (the same bytes), the import reads it from SDRAM (no card command) and
+    restores the rings; after a power cut (a new harness on the card, the SDRAM noise) the
+    same import reads the card and restores the same rings."""
+    config, regions, r = TINY, 4, 2
+    rng = random.Random(5)
+    lay = RecordLayout(config)
+    card = new_image(config, regions, rng)
+    sdram = SectorImage(None, 2 * lay.sectors_per_region)
+    lose_sdram(sdram, rng)
+    rings, count, head = rand_rings(config, rng), 11, 3
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+
+    async def body(ctx, h, logs):
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        exp = await dma_op(ctx, h, DmaOp.EXPORT, r, hash=99, seq=4)
+        await load_state(ctx, h, config, np.zeros_like(rings), 0, 0, tokens)
+        n_card = len(logs["card"])
+        imp = await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=99)
+        assert len(logs["card"]) == n_card          # nothing read from the card
+        return exp, imp, await read_state(ctx, h, config)
+
+    exp, imp, (got, meta) = simulate_dma(config, regions, card, sdram, body, p=0.2)
+    assert exp[0] == RecordStatus.OK and imp[:4] == (RecordStatus.OK, count, 99, 4)
+    assert (got == rings).all() and meta == [(count, head)]
+    # slot 0 holds the card's bytes of the sectors the export wrote (header, tokens, K/V)
+    for k in (0, 1, lay.kv_sector):
+        assert sdram.read(k) == card.read(lay.region_lba(r) + k)
+
+    lose_sdram(sdram, rng)
+
+    async def after_cut(ctx, h, logs):
+        await load_state(ctx, h, config, np.zeros_like(rings), 0, 0, tokens)
+        imp = await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=99)
+        assert not logs["sdram"]
+        return imp, await read_state(ctx, h, config)
+
+    imp2, (got2, meta2) = simulate_dma(config, regions, card, sdram, after_cut)
+    assert imp2[:4] == (RecordStatus.OK, count, 99, 4)
+    assert (got2 == rings).all() and meta2 == [(count, head)]
+
+
+def _refresh_header_crc(sector: bytes) -> bytes:
+    off, _ = HEADER_OFFSETS["header_crc"]
+    return sector[:off] + zlib.crc32(sector[:off]).to_bytes(4, "little") + sector[off + 4:]
+
+
+def test_sealed_records_keep_their_checks_from_sdram():
+    """A sealed record imported from the slot is checked as one from the card: it hits with
+    its key; a copy whose tag was changed (header CRC made right again) is ``BAD_MAC``, one
+    with a K/V byte flipped ``BAD_PAYLOAD_CRC``, and the rings are left empty."""
+    config, regions, r = TINY, 4, 1
+    rng = random.Random(6)
+    lay = RecordLayout(config)
+    card = new_image(config, regions, rng)
+    sdram = SectorImage(None, 2 * lay.sectors_per_region)
+    rings, count, head = rand_rings(config, rng), 9, 0
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+    tag, _ = HEADER_OFFSETS["mac_tag"]
+
+    async def body(ctx, h, logs):
+        await set_key(ctx, h, 1, *KEY)
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        out = [await dma_op(ctx, h, DmaOp.EXPORT, r, hash=5, seq=1, sealed=1, slot=1)]
+        slot_lba = logs["sdram"][-1][1]                  # the header: the slot's sector 0
+        out.append(await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=5, sealed=1,
+                                slot=1))
+        header = sdram.read(slot_lba)
+        bad = bytearray(header)
+        bad[tag] ^= 1
+        sdram.write(slot_lba, _refresh_header_crc(bytes(bad)))
+        out.append(await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=5, sealed=1,
+                                slot=1))
+        sdram.write(slot_lba, header)
+        kv = sdram.read(slot_lba + lay.kv_sector)
+        sdram.write(slot_lba + lay.kv_sector, bytes([kv[0] ^ 0x10]) + kv[1:])
+        out.append(await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=5, sealed=1,
+                                slot=1))
+        reads = [lba for op, lba, _ in logs["sdram"] if op == StorageOp.READ]
+        return out, reads, slot_lba, await read_state(ctx, h, config)
+
+    out, reads, slot_lba, (_, meta) = simulate_dma(config, regions, card, sdram, body, mac=True)
+    assert [o[0] for o in out] == [RecordStatus.OK, RecordStatus.OK, RecordStatus.BAD_MAC,
+                                   RecordStatus.BAD_PAYLOAD_CRC]
+    assert reads.count(slot_lba) == 3                  # every import read the slot
+    assert meta == [(0, config.window - 1)]            # emptied
