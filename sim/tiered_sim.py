@@ -28,7 +28,7 @@ from .storage_host import storage_read, storage_write
 from .streams import tick_until
 
 __all__ = ["serve_sectors", "run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
-           "random_script"]
+           "random_script", "import_clocks"]
 
 
 async def serve_sectors(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
@@ -302,3 +302,122 @@ def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
         else:
             script.append(("w", rng.randrange(card_sectors), b""))     # count 0
     return script
+
+
+#: the SD native controller and the card model of the figures (as ``bench/bench_storage.py``'s
+#: ``SD4_BENCH`` and ``SD4_CARD``: SD CLK = clk / 2 once initialised)
+SD4_FIGURES = dict(init_half_period=2, half_period=1, resp_timeout=64, data_timeout=1 << 12,
+                   busy_timeout=1 << 12, init_retries=8)
+SD4_CARD_FIGURES = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
+
+
+def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0) -> dict:
+    """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
+    through a tiered storage whose card side is the SD native controller on the bit-level
+    4-bit card model and whose SDRAM side is the SDRAM sector store on the SDRAM controller and
+    the pin-level SDRAM model, one system clock of ``mhz`` for all (Amaranth simulator).
+
+    Three records go to regions 0, 1, 2 with two slots, so region 0's copy is evicted: its
+    import reads the card (``import_card``), region 2's reads the slot (``import_sdram``); both
+    must hit and restore the rings. Clocks from the DMA command's transfer to its response's.
+    Returns ``{"export": [...], "import_card", "import_sdram", "sectors"}``."""
+    import numpy as np
+
+    from ringkv.defs.record import RecordLayout, RecordStatus
+    from ringkv.defs.sdram import DEFAULT_CHIP
+    from ringkv.hw.storage.dma import DmaOp
+    from ringkv.sim.ring_model import DmaHarness
+
+    from .sd4_model import SDCard4, amaranth_sd4_card
+    from .sdram_model import SdramModel, amaranth_sdram
+    from .streams import stream_get, stream_put
+
+    rng = random.Random(seed)
+    chip = chip or DEFAULT_CHIP.scaled(power_up_ns=500)
+    tck = 1000.0 / mhz
+    lay = RecordLayout(config)
+    regions, spr = 4, lay.sectors_per_region
+    h = DmaHarness(config, regions, tiered=dict(slots=2), sd4=SD4_FIGURES,
+                   sdram={"controller": dict(chip=chip, tck_ns=tck, cl=2),
+                          "store": dict(sectors=2 * spr)})
+    card = SDCard4(SectorImage(None, ((regions * spr + 1023) // 1024) * 1024),
+                   **SD4_CARD_FIGURES)
+    sdram = SdramModel(chip, tck, seed=seed)
+    sim = Simulator(h)
+    sim.add_clock(tck * 1e-9)
+    sim.add_testbench(amaranth_sdram(sdram, h.pins), background=True)
+
+    async def card_proc(ctx):
+        await amaranth_sd4_card(ctx, h.sdbus, card)
+    sim.add_testbench(card_proc, background=True)
+    clock = {"n": 0}
+    out = {"export": []}
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock["n"] += 1
+
+    async def op(ctx, payload):
+        await stream_put(ctx, h.cmd, payload)
+        start = clock["n"]
+        resp = await stream_get(ctx, h.resp)
+        return RecordStatus(resp.status.value), clock["n"] - start
+
+    async def load(ctx, rings, n, head, tokens):
+        # rings and metadata through the ring model's tap, tokens into token memory
+        from ringkv.host.record import ring_image
+        ctx.set(h.tap.we, 1)
+        for i, byte in enumerate(ring_image(config, rings)):
+            ctx.set(h.tap.addr, i)
+            ctx.set(h.tap.wdata, int(byte))
+            await ctx.tick()
+        ctx.set(h.tap.we, 0)
+        ctx.set(h.tap.meta_we, 1)
+        for ring in range(config.layers * config.kv_heads):
+            ctx.set(h.tap.meta_ring, ring)
+            ctx.set(h.tap.meta_wcount, n)
+            ctx.set(h.tap.meta_whead, head)
+            await ctx.tick()
+        ctx.set(h.tap.meta_we, 0)
+        ctx.set(h.tok_clear, 1)
+        await ctx.tick()
+        ctx.set(h.tok_clear, 0)
+        ctx.set(h.tok_append.valid, 1)
+        for tok in tokens:
+            ctx.set(h.tok_append.payload, tok)
+            await ctx.tick()
+        ctx.set(h.tok_append.valid, 0)
+
+    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
+    from ringkv.host.record import ring_dtype
+    dt = ring_dtype(config)
+    records = []
+    for _ in range(3):
+        rings = np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
+                              dtype=dt).reshape(shape).copy()
+        tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+        records.append((rings, tokens))
+
+    async def bench(ctx):
+        await tick_until(ctx, h.sd_ready)
+        for r, (rings, tokens) in enumerate(records):
+            await load(ctx, rings, count, 0, tokens)
+            status, clocks = await op(ctx, {"op": DmaOp.EXPORT, "region": r, "hash": r + 1,
+                                            "seq": r + 1})
+            assert status == RecordStatus.OK, status
+            out["export"].append(clocks)
+        for r, key in ((0, "import_card"), (2, "import_sdram")):
+            await load(ctx, np.zeros_like(records[r][0]), 0, 0, records[r][1])
+            status, clocks = await op(ctx, {"op": DmaOp.IMPORT, "region": r, "count": count,
+                                            "hash": r + 1})
+            assert status == RecordStatus.OK, (key, status)
+            out[key] = clocks
+
+    sim.add_process(counter)
+    sim.add_testbench(bench)
+    sim.run()
+    if card.violations or card.crc_errors or sdram.violations:
+        raise RuntimeError(f"violations: {card.violations} {card.crc_errors} "
+                           f"{sdram.violations}")
+    out["sectors"] = 1 + lay.token_sectors(count) + lay.kv_sectors(count)
+    return out
