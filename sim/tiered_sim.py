@@ -18,9 +18,18 @@ with noise (:func:`lose_sdram`), is the power coming back.
 import random
 from dataclasses import dataclass, field
 
+from amaranth import Module
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
+from ringkv.hw.storage.port import (
+    SECTOR_BYTES,
+    StorageError,
+    StorageInfoSignature,
+    StorageOp,
+    StoragePortSignature,
+)
 from ringkv.hw.storage.tiered import TieredStorage
 
 from .sector_model import SectorImage
@@ -28,7 +37,48 @@ from .storage_host import storage_read, storage_write
 from .streams import tick_until
 
 __all__ = ["serve_sectors", "run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
-           "random_script", "import_clocks"]
+           "random_script", "import_clocks", "TieredTop"]
+
+
+class TieredTop(wiring.Component):
+    """A :class:`~ringkv.hw.top.RingKVTop` whose storage port goes through a
+    :class:`~ringkv.hw.storage.tiered.TieredStorage` (the simulation option of issue #35's hot
+    tier; the top itself is unchanged): ports ``rx``, ``tx``, ``storage_info`` as the top's,
+    ``storage`` the tiered storage's card side (so a bench that serves a top's ``storage``
+    serves the card), ``sdram`` its SDRAM side. ``recovering``, ``config``, ``regions``,
+    ``base_lba`` and ``record_layout`` are the top's. ``tier`` holds the tiered storage's
+    parameters besides ``regions``, ``sectors_per_region`` and ``base_lba`` (the top's)."""
+
+    def __init__(self, top, **tier):
+        self.top = top
+        self.tier = TieredStorage(regions=top.regions,
+                                  sectors_per_region=top.record_layout.sectors_per_region,
+                                  base_lba=top.base_lba, **tier)
+        super().__init__({
+            "rx": top.signature.members["rx"],
+            "tx": top.signature.members["tx"],
+            "storage": Out(StoragePortSignature()),
+            "storage_info": In(StorageInfoSignature()),
+            "sdram": Out(StoragePortSignature()),
+        })
+        #: the top's observation point: high while its recovery scan runs
+        self.recovering = top.recovering
+
+    config = property(lambda self: self.top.config)
+    regions = property(lambda self: self.top.regions)
+    base_lba = property(lambda self: self.top.base_lba)
+    record_layout = property(lambda self: self.top.record_layout)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.top, m.submodules.tier = self.top, self.tier
+        wiring.connect(m, wiring.flipped(self.rx), self.top.rx)
+        wiring.connect(m, wiring.flipped(self.tx), self.top.tx)
+        wiring.connect(m, wiring.flipped(self.storage_info), self.top.storage_info)
+        wiring.connect(m, self.top.storage, self.tier.storage)
+        wiring.connect(m, wiring.flipped(self.storage), self.tier.card)
+        wiring.connect(m, wiring.flipped(self.sdram), self.tier.sdram)
+        return m
 
 
 async def serve_sectors(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
