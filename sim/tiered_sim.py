@@ -18,7 +18,8 @@ with noise (:func:`lose_sdram`), is the power coming back.
 import random
 from dataclasses import dataclass, field
 
-from amaranth import Module
+from amaranth import Array, Cat, Const, Elaboratable, Module, Signal
+from amaranth.hdl import Assert
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
@@ -31,13 +32,14 @@ from ringkv.hw.storage.port import (
     StoragePortSignature,
 )
 from ringkv.hw.storage.tiered import TieredStorage
+from ringkv.hw.store.hot_tier import Op, Status
 
 from .sector_model import SectorImage
 from .storage_host import storage_read, storage_write
 from .streams import tick_until
 
 __all__ = ["serve_sectors", "run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
-           "random_script", "import_clocks", "TieredTop"]
+           "random_script", "import_clocks", "TieredTop", "TieredFormalHarness"]
 
 
 class TieredTop(wiring.Component):
@@ -471,3 +473,150 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0) -> dict:
                            f"{sdram.violations}")
     out["sectors"] = 1 + lay.token_sectors(count) + lay.kv_sectors(count)
     return out
+
+
+class TieredFormalHarness(Elaboratable):
+    """A small :class:`~ringkv.hw.storage.tiered.TieredStorage` (``formal=True``: 2 regions of
+    2 sectors from card sector 0, 2 slots from SDRAM sector 0, 2-bit stamps) under free inputs,
+    with a shadow of what each sector holds, for :func:`ringkv.sim.formal.bmc`.
+
+    Free: the initiator's commands (``lba`` 0..7: the 4 sectors of the record area and 4
+    beyond; ``count`` 0..3), every ``valid`` and ``ready`` on every stream, the backends'
+    statuses and errors; assumed only that a backend answers a command it has taken, once, and
+    sends read bytes only then (a storage-port target's contract).
+
+    The shadow, per card sector and per SDRAM sector (abstract data: which write last wrote
+    it, and whether that write ended ``OK`` on that medium): a write's id is the count of write
+    commands the initiator has given; a backend's write command sets its sectors' tag to that
+    id and their ``ok`` to 0, its ``OK`` status sets ``ok``. Two sectors with the same tag,
+    both ``ok``, hold the same bytes (the tee gives both media the same bytes: the simulation
+    tests check that).
+
+    Properties (``checks``): ``read`` -- whenever the SDRAM side is offered a read command,
+    each of its sectors holds, ``ok``, the same write as the card sector the initiator asked for
+    (so the bytes served from SDRAM are the card's); ``copies`` -- at every clock, every sector
+    inside the written extents of a slot the hot tier holds valid (as its responses tell: a
+    COMMIT makes a slot valid, an ALLOC, ABORT, DROP or CLEAR not) equals its region's card
+    sector in the same sense."""
+
+    REGIONS, SPR, SLOTS = 2, 2, 2
+    #: ``full``: the state after two exports: region s committed in slot s (the hot tier's
+    #: ``_full`` start), slot 0 with its header sector written (extent [0, 1): SDRAM sector 1
+    #: holds no write of the card's), slot 1 with both (extent [0, 2)); every card sector and
+    #: the written SDRAM sectors hold write 0, OK
+    FULL_EXTENTS = [[(0, 1)], [(0, 2)]]
+
+    def __init__(self, *, bug=None, checks=("read", "copies"), full=False):
+        self.dut = TieredStorage(regions=self.REGIONS, sectors_per_region=self.SPR,
+                                 slots=self.SLOTS, stamp_width=2, formal=True, _bug=bug,
+                                 _full=full, _extents_init=self.FULL_EXTENTS if full else None)
+        self.checks = tuple(checks)
+        self.full = bool(full)
+        self.free = {
+            "op": Signal(), "lba": Signal(3), "count": Signal(2), "cmd_valid": Signal(),
+            "wvalid": Signal(), "rready": Signal(), "sready": Signal(),
+        }
+        for side in ("card", "sdram"):
+            for name in ("cmd_ready", "wready", "rvalid", "svalid"):
+                self.free[f"{side}_{name}"] = Signal(name=f"{side}_{name}")
+            self.free[f"{side}_error"] = Signal(3, name=f"{side}_error")
+
+    def ports(self):
+        return list(self.free.values())
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        f = self.free
+        st = dut.storage
+        m.d.comb += [st.cmd.valid.eq(f["cmd_valid"]), st.cmd.payload.op.eq(f["op"]),
+                     st.cmd.payload.lba.eq(f["lba"]), st.cmd.payload.count.eq(f["count"]),
+                     st.wdata.valid.eq(f["wvalid"]), st.rdata.ready.eq(f["rready"]),
+                     st.status.ready.eq(f["sready"])]
+        sectors = self.REGIONS * self.SPR
+        write_id = Signal(4)
+        cur_lba = Signal(3)
+        with m.If(st.cmd.valid & st.cmd.ready):
+            m.d.sync += cur_lba.eq(st.cmd.payload.lba)
+            with m.If(st.cmd.payload.op == StorageOp.WRITE):
+                m.d.sync += write_id.eq(write_id + 1)
+        tags, oks = {}, {}
+        for side in ("card", "sdram"):
+            port = getattr(dut, side)
+            busy = Signal(name=f"{side}_busy")
+            write = Signal(name=f"{side}_write")
+            lo = Signal(3, name=f"{side}_lo")
+            n = Signal(2, name=f"{side}_n")
+            tags[side] = [Signal(4, name=f"{side}_tag{k}") for k in range(sectors)]
+            held = [self.full and (side == "card" or k != 1) for k in range(sectors)]
+            oks[side] = [Signal(name=f"{side}_ok{k}", init=held[k]) for k in range(sectors)]
+            m.d.comb += [port.cmd.ready.eq(f[f"{side}_cmd_ready"] & ~busy),
+                         port.wdata.ready.eq(f[f"{side}_wready"] & busy),
+                         port.rdata.valid.eq(f[f"{side}_rvalid"] & busy & ~write),
+                         port.status.valid.eq(f[f"{side}_svalid"] & busy),
+                         port.status.payload.error.eq(f[f"{side}_error"])]
+            c = port.cmd.payload
+            with m.If(port.cmd.valid & port.cmd.ready):
+                m.d.sync += [busy.eq(1), write.eq(c.op == StorageOp.WRITE), lo.eq(c.lba),
+                             n.eq(c.count)]
+                with m.If(c.op == StorageOp.WRITE):
+                    for k in range(sectors):
+                        with m.If((c.lba <= k) & (k < c.lba + c.count)):
+                            m.d.sync += [tags[side][k].eq(write_id), oks[side][k].eq(0)]
+            with m.If(port.status.valid & port.status.ready):
+                m.d.sync += busy.eq(0)
+                with m.If(write & (port.status.payload.error == StorageError.OK)):
+                    for k in range(sectors):
+                        with m.If((lo <= k) & (k < lo + n)):
+                            m.d.sync += oks[side][k].eq(1)
+
+        def same(sd_sector, card_sector):
+            """SDRAM sector ``sd_sector`` holds the card sector's write (indices: Values)."""
+            out = Signal()
+            sd_tag = Array(tags["sdram"])[sd_sector]
+            sd_ok = Array(oks["sdram"])[sd_sector]
+            card_tag = Array(tags["card"])[card_sector]
+            card_ok = Array(oks["card"])[card_sector]
+            m.d.comb += out.eq(sd_ok & card_ok & (sd_tag == card_tag))
+            return out
+
+        if "read" in self.checks:
+            sp = dut.sdram.cmd
+            with m.If(sp.valid & (sp.payload.op == StorageOp.READ)):
+                for i in range(self.SPR):
+                    with m.If(i < sp.payload.count):
+                        m.d.comb += [Assert(sp.payload.lba + i < sectors),
+                                     Assert(cur_lba + i < sectors),
+                                     Assert(same((sp.payload.lba + i)[:2],
+                                                 (cur_lba + i)[:2]))]
+
+        # the hot tier's slots, as its responses tell
+        hot = dut.hot
+        valid = [Signal(name=f"shadow_valid{s}", init=self.full) for s in range(self.SLOTS)]
+        region_of = [Signal(name=f"shadow_region{s}", init=s if self.full else 0)
+                     for s in range(self.SLOTS)]
+        h_op, h_region, h_slot = Signal(4), Signal(), Signal()
+        with m.If(hot.i.valid & hot.i.ready):
+            m.d.sync += [h_op.eq(hot.i.payload.op), h_region.eq(hot.i.payload.region),
+                         h_slot.eq(hot.i.payload.slot)]
+        resp = hot.o.payload
+        with m.If(hot.o.valid & hot.o.ready & (resp.status == Status.OK)):
+            with m.Switch(h_op):
+                with m.Case(Op.COMMIT):
+                    m.d.sync += [Array(valid)[resp.slot[:1]].eq(1),
+                                 Array(region_of)[resp.slot[:1]].eq(h_region)]
+                with m.Case(Op.ALLOC, Op.DROP):
+                    m.d.sync += Array(valid)[resp.slot[:1]].eq(0)
+                with m.Case(Op.ABORT):
+                    m.d.sync += Array(valid)[h_slot].eq(0)
+                with m.Case(Op.CLEAR):
+                    m.d.sync += [v.eq(0) for v in valid]
+        if "copies" in self.checks:
+            for s in range(self.SLOTS):
+                for o in range(self.SPR):
+                    written = Cat(*[(e.lo <= o) & (o < e.hi)
+                                    for e in dut.extent_rows[s]]).any()
+                    with m.If(valid[s] & written):
+                        m.d.comb += Assert(same(Const(s * self.SPR + o, 2),
+                                                region_of[s] * self.SPR + o))
+        return m

@@ -33,13 +33,15 @@ Rules (the invariant they keep: every byte a read returns from SDRAM is the card
 * **Reset** (a power cut) sweeps the hot tier empty: afterwards every read goes to the card, as
   without this block, until writes commit copies again.
 
-Latency (exact, the golden model's ``clocks``): before its command reaches a backend, a
-transfer spends ``log2(regions) + 1`` clocks here (the region and offset by a restoring
-division by ``sectors_per_region``, then the decision), plus each hot-tier command's clocks
-and one per command; a read in a region adds its ``LOOKUP`` and, on a hit, 2 clocks for the
-extents. A write to both tiers gives its status 1 clock after the later backend status, plus
-its ``COMMIT`` or ``ABORT``. Pass-through transfers add no clock after the command: the data
-and status streams are connected straight through.
+Latency (exact; the golden model's ``Route.setup`` and ``finish``): from the command's
+transfer to the backend's ``cmd.valid`` a transfer spends ``log2(regions) + 2`` clocks here
+(the region and offset by a restoring division by ``sectors_per_region``, one quotient bit per
+clock, then the decision), plus 1 + its clocks for each hot-tier command (a read in a region:
+its ``LOOKUP``, and 2 clocks for the extents on a hit; a write's ``ALLOC`` and 1 clock, an
+``ABORT`` of another pending write, a ``CLEAR``). A write to both tiers gives its status 3
+clocks after the later backend status, 6 when it commits or aborts. Pass-through transfers
+add no clock after the command: the data and status streams are connected straight through.
+The table for each case is in ``docs/blocks/tiered_storage.md``.
 
 Throughput and backpressure: one byte per clock in both directions; the tee holds each byte in
 a one-byte register per tier and takes the next when both have taken theirs (or answered: a
@@ -47,7 +49,9 @@ tier whose status came early no longer gates the other). Every stream may stall 
 ``cmd`` is taken only when idle; ``status`` holds until taken.
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from types import SimpleNamespace
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, enum, memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -121,6 +125,9 @@ class TieredStorage(wiring.Component):
         SDRAM-store sector of slot 0.
     stamp_width : int
         The hot tier's LRU stamp width (1..32); the stamp counts accepted commands.
+    formal : bool
+        Build the tables as registers (the hot tier's and :attr:`extent_rows`) for a formal
+        harness's properties (small configurations).
 
     Ports
     -----
@@ -133,7 +140,8 @@ class TieredStorage(wiring.Component):
     """
 
     def __init__(self, *, regions: int, sectors_per_region: int, base_lba: int = 0,
-                 slots: int = 256, sdram_base: int = 0, stamp_width: int = 32, _bug=None):
+                 slots: int = 256, sdram_base: int = 0, stamp_width: int = 32, formal=False,
+                 _bug=None, _full=False, _extents_init=None):
         check_pow2("regions", regions, low=2, high=32768)
         check_int("sectors_per_region", sectors_per_region, low=1, high=65535)
         check_int("base_lba", base_lba, low=0)
@@ -151,7 +159,21 @@ class TieredStorage(wiring.Component):
         self._regions, self._spr, self._base = regions, sectors_per_region, base_lba
         self._slots, self._sdram_base, self._stamp_width = slots, sdram_base, stamp_width
         self._bug = _bug
-        self.hot = HotTier(regions=regions, slots=slots, stamp_width=stamp_width)
+        self._formal = bool(formal)
+        # ``_full`` (formal): the hot tier starts with slot s valid for region s, and the
+        # extents registers with ``_extents_init`` (per slot, a list of (lo, hi)): a reachable
+        # state from which a short check reaches reads and writes of committed copies
+        self.hot = HotTier(regions=regions, slots=slots, stamp_width=stamp_width, formal=formal,
+                           _full=_full)
+        ob = sectors_per_region.bit_length()
+        shape = data.ArrayLayout(_extent_layout(ob), EXTENTS)
+        init = [[{"lo": lo, "hi": hi} for lo, hi in
+                 (list(row) + [(0, 0)] * EXTENTS)[:EXTENTS]]
+                for row in (_extents_init or [[]] * slots)]
+        #: formal builds: the copies' extents as registers, one per slot (else a block RAM),
+        #: so that a harness's properties can name them
+        self.extent_rows = ([Signal(shape, name=f"extents{s}", init=init[s])
+                             for s in range(slots)] if formal else None)
         super().__init__({
             "storage": In(StoragePortSignature()),
             "card": Out(StoragePortSignature()),
@@ -170,6 +192,24 @@ class TieredStorage(wiring.Component):
         return dict(regions=self._regions, sectors_per_region=self._spr, base_lba=self._base,
                     slots=self._slots, sdram_base=self._sdram_base,
                     stamp_width=self._stamp_width)
+
+    def _extents(self, m, shape):
+        """The extents table: one synchronous, non-transparent read port and one write port
+        (a block RAM; registers in a formal build). Returns ``(read, write)`` with the
+        ``addr``/``data`` (and ``en``) members of ``lib.memory``'s ports."""
+        if self.extent_rows is None:
+            m.submodules.ext_mem = mem = memory.Memory(shape=shape, depth=self._slots, init=[])
+            return mem.read_port(transparent_for=()), mem.write_port()
+        n = range(self._slots)
+        read = SimpleNamespace(addr=Signal(n, name="ext_raddr"),
+                               data=Signal(shape, name="ext_rdata"))
+        write = SimpleNamespace(addr=Signal(n, name="ext_waddr"),
+                                data=Signal(shape, name="ext_wdata"), en=Signal(name="ext_we"))
+        rows = Array(row.as_value() for row in self.extent_rows)
+        m.d.sync += read.data.eq(rows[read.addr])
+        with m.If(write.en):
+            m.d.sync += rows[write.addr].eq(write.data.as_value())
+        return read, write
 
     def elaborate(self, platform):
         m = Module()
@@ -214,11 +254,7 @@ class TieredStorage(wiring.Component):
         pend_ext = [Signal(ext, name=f"pend_ext{i}") for i in range(EXTENTS)]
         is_header = Signal()                     # the write includes the region's sector 0
         m.d.comb += is_header.eq(offset == 0)
-        ext_mem = memory.Memory(shape=data.ArrayLayout(ext, EXTENTS), depth=self._slots,
-                                init=[])
-        m.submodules.ext_mem = ext_mem
-        ext_r = ext_mem.read_port(transparent_for=())
-        ext_w = ext_mem.write_port()
+        ext_r, ext_w = self._extents(m, data.ArrayLayout(ext, EXTENTS))
         slot = Signal(range(self._slots))        # the slot a read is served from
 
         # where the write's sectors go among the pending extents
