@@ -321,10 +321,11 @@ KEY = (7, bytes(range(32)))
 
 
 def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiered=None,
-                 p=0.0):
+                 p=0.0, cut_at=None, clock=None):
     """Run ``body(ctx, h, logs)`` on a DMA harness over a tiered storage whose backends are the
     sector images ``card`` and ``sdram`` (random idle and stalls ``p``); ``logs`` has each
-    backend's ``(op, lba, count)`` commands."""
+    backend's ``(op, lba, count)`` commands. ``cut_at``: the power fails at that clock (the
+    simulation stops there; returns ``None``). ``clock`` (a dict): its ``"n"`` counts clocks."""
     h = DmaHarness(config, regions, mac=mac, tiered=tiered or dict(slots=2))
     sim = Simulator(h)
     sim.add_clock(1e-8)
@@ -341,9 +342,22 @@ def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiere
         await ctx.tick().repeat(regions + 4)          # the hot tier's reset sweep
         out["value"] = await body(ctx, h, logs)
 
-    sim.add_testbench(bench)
+    async def cut(ctx):
+        await ctx.tick().repeat(cut_at)
+
+    if clock is not None:
+        async def count(ctx):
+            async for _ in ctx.tick():
+                clock["n"] += 1
+        sim.add_process(count)
+
+    if cut_at is None:
+        sim.add_testbench(bench)
+    else:
+        sim.add_testbench(bench, background=True)
+        sim.add_testbench(cut)
     sim.run()
-    return out["value"]
+    return out.get("value")
 
 
 def test_dma_over_tiers():
@@ -433,3 +447,65 @@ def test_sealed_records_keep_their_checks_from_sdram():
                                    RecordStatus.BAD_PAYLOAD_CRC]
     assert reads.count(slot_lba) == 3                  # every import read the slot
     assert meta == [(0, config.window - 1)]            # emptied
+
+
+@pytest.mark.parametrize("seed", [0, *(pytest.param(k, marks=pytest.mark.slow)
+                                      for k in range(1, 6))])
+def test_power_cut_during_a_reexport(seed):
+    """Record A exported into a region and read back from SDRAM; record B exported into the same
+    region (the directory reusing it) with the power failing at a random clock of its export
+    (the clocks of a run without the cut);
+    then a new harness on the card, the SDRAM noise: importing A gives A's rings or a miss,
+    importing B gives B's rings or a miss, never another state, and a hit only from the card."""
+    config, regions, r = TINY, 4, 1
+    rng = random.Random(40 + seed)
+    lay = RecordLayout(config)
+    recs = []
+    for key in (7, 8):
+        rings, count, head = rand_rings(config, rng), rng.randint(1, 9), rng.randrange(4)
+        recs.append((rings, count, head, [rng.randrange(256) for _ in range(count)], key))
+
+    async def first(ctx, h, logs):
+        rings, count, head, tokens, key = recs[0]
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        assert (await dma_op(ctx, h, DmaOp.EXPORT, r, hash=key, seq=1))[0] == RecordStatus.OK
+        await load_state(ctx, h, config, np.zeros_like(rings), 0, 0, tokens)
+        imp = await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=key)
+        assert imp[0] == RecordStatus.OK
+        assert any(op == StorageOp.READ for op, _, _ in logs["sdram"])
+        rings, count, head, tokens, key = recs[1]
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        phase["start"] = clock["n"]
+        await dma_op(ctx, h, DmaOp.EXPORT, r, hash=key, seq=2)
+        phase["end"] = clock["n"]
+
+    def media():
+        card = new_image(config, regions, random.Random(seed))
+        return card, SectorImage(None, 2 * lay.sectors_per_region)
+
+    # a run without the cut gives the clocks of B's export; the run with it cuts inside them
+    phase, clock = {}, {"n": 0}
+    simulate_dma(config, regions, *media(), first, seed=seed, clock=clock)
+    window = (phase["start"], phase["end"])
+    phase, clock = {}, {"n": 0}
+    card, sdram = media()
+    simulate_dma(config, regions, card, sdram, first, seed=seed, clock=clock,
+                 cut_at=rng.randrange(*window))
+    assert "start" in phase and "end" not in phase
+    lose_sdram(sdram, rng)
+
+    async def after(ctx, h, logs):
+        out = []
+        for rings, count, _, tokens, key in recs:
+            await load_state(ctx, h, config, np.zeros_like(rings), 0, 0, tokens)
+            imp = await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=key)
+            out.append((imp[0], await read_state(ctx, h, config)))
+        assert not logs["sdram"]
+        return out
+
+    for (status, (got, meta)), (rings, count, head, _, _) in zip(
+            simulate_dma(config, regions, card, sdram, after, seed=seed), recs):
+        if status == RecordStatus.OK:
+            assert (got == rings).all() and meta == [(count, head)]
+        else:
+            assert meta == [(0, config.window - 1)] or meta == [(0, 0)]
