@@ -462,7 +462,8 @@ def test_power_cut_during_a_reexport(seed):
     lay = RecordLayout(config)
     recs = []
     for key in (7, 8):
-        rings, count, head = rand_rings(config, rng), rng.randint(1, 9), rng.randrange(4)
+        # at least W tokens: every ring slot is in the record (the whole rings compare)
+        rings, count, head = rand_rings(config, rng), rng.randint(4, 9), rng.randrange(4)
         recs.append((rings, count, head, [rng.randrange(256) for _ in range(count)], key))
 
     async def first(ctx, h, logs):
