@@ -366,13 +366,9 @@ class TieredStorage(wiring.Component):
                     with m.Elif(pending):
                         hot_command(Op.ABORT, pend_region, pend_slot, _After.ALLOC)
                     with m.Else():
-                        if bug == "stale":
-                            with m.If(1):
-                                # the broken variant: a region whose copy is committed is
-                                # written on the card alone (no ALLOC: the copy stays)
-                                hot_command(Op.LOOKUP, region)
-                        else:
-                            hot_command(Op.ALLOC, region)
+                        # (the broken variant ``stale`` looks the region up first and writes a
+                        # region whose copy is committed on the card alone: the copy stays)
+                        hot_command(Op.LOOKUP if bug == "stale" else Op.ALLOC, region)
                 with m.Elif(touches & (bug != "span")):
                     hot_command(Op.CLEAR, 0, 0, _After.CARD)
                 with m.Else():
