@@ -13,6 +13,14 @@ SDRAM when the region's copy is committed and the read lies inside one of its wr
 a write in one region goes to both tiers, the first of a region reserves a slot (ALLOC), the
 one that includes the region's sector 0 commits it when both tiers answered OK, any error
 aborts it; a write over several regions clears the hot tier; everything else is the card's.
+
+Compact slots (``kv_sector`` and ``slot_token_sectors`` T): a slot holds the region's first
+``1 + T`` sectors and its sectors from ``kv_sector`` on; the *gap* ``[1 + T, kv_sector)`` is
+never in SDRAM. A read touching the gap goes to the card (no LOOKUP); a write touching it makes
+the copy unrecordable: the pending copy of another region is aborted, the region's own copy
+(pending or committed) dropped, and the write goes to the card alone. Extents are in region
+(card) offsets; only the SDRAM sector maps: offset ``o >= kv_sector`` is slot offset
+``o - (kv_sector - 1 - T)``.
 """
 
 from dataclasses import dataclass, field
@@ -41,8 +49,15 @@ class GoldenTieredStorage:
     """The tiered storage's decisions, as plain Python."""
 
     def __init__(self, *, regions, sectors_per_region, base_lba=0, slots=256, sdram_base=0,
-                 stamp_width=32):
+                 stamp_width=32, kv_sector=None, slot_token_sectors=None):
         self.regions, self.spr, self.base = regions, sectors_per_region, base_lba
+        # the gap [gap_lo, gap_hi) of region offsets not held in a slot (empty: the whole
+        # region is held, the slot is ``sectors_per_region`` long)
+        if kv_sector is None or slot_token_sectors is None:
+            self.gap_lo = self.gap_hi = sectors_per_region
+        else:
+            self.gap_lo, self.gap_hi = 1 + slot_token_sectors, kv_sector
+        self.slot_sectors = sectors_per_region - (self.gap_hi - self.gap_lo)
         self.slots, self.sdram_base = slots, sdram_base
         self.stamp_mask = (1 << stamp_width) - 1
         self.qb = regions.bit_length() - 1
@@ -71,8 +86,14 @@ class GoldenTieredStorage:
         return count != 0 and lba < self.base + self.regions * self.spr \
             and lba + count > self.base
 
+    def in_gap(self, offset, count):
+        """The transfer ``[offset, offset + count)`` of a region touches the gap."""
+        return offset < self.gap_hi and offset + count > self.gap_lo
+
     def slot_lba(self, slot, offset):
-        return self.sdram_base + slot * self.spr + offset
+        if offset >= self.gap_hi:
+            offset -= self.gap_hi - self.gap_lo
+        return self.sdram_base + slot * self.slot_sectors + offset
 
     def _hot(self, route, op, region=0, slot=0):
         resp = self.hot.command({"op": op, "region": region, "slot": slot, "now": self.now})
@@ -98,6 +119,8 @@ class GoldenTieredStorage:
             if place is None:
                 return route
             region, offset = place
+            if self.in_gap(offset, count):
+                return route
             resp = self._hot(route, Op.LOOKUP, region)
             if resp["status"] != Status.OK.value:
                 return route
@@ -113,6 +136,12 @@ class GoldenTieredStorage:
             return route
         region, offset = place
         end = offset + count
+        if self.in_gap(offset, count):
+            if self.pending is not None and self.pending[0] != region:
+                self._hot(route, Op.ABORT, self.pending[0], self.pending[1])
+            self._hot(route, Op.DROP, region)
+            self.pending = None
+            return route
         if self.pending is not None and self.pending[0] == region:
             exts = self.pending[2]
             hit = next((e for e in exts if e[1] != 0 and e[1] == offset), None)

@@ -21,7 +21,7 @@ def _random_op(rng, params, card_sectors, shapes):
     spr, base, regions = params["sectors_per_region"], params["base_lba"], params["regions"]
     roll = rng.random()
     r = rng.randrange(regions)
-    kv = max(2, spr // 2)
+    kv = params.get("kv_sector") or max(2, spr // 2)
     if roll < 0.4:
         t, k = rng.randint(1, kv - 1), rng.randint(1, spr - kv)
         shapes[r] = (t, k)
@@ -42,12 +42,17 @@ def _random_op(rng, params, card_sectors, shapes):
     dict(regions=4, sectors_per_region=4, base_lba=2, slots=2),
     dict(regions=8, sectors_per_region=7, base_lba=0, slots=3, sdram_base=3),
     dict(regions=16, sectors_per_region=5, base_lba=9, slots=5, stamp_width=3),
-], ids=["4x4-2", "8x7-3", "16x5-5"])
+    # compact slots: sectors 3..4 of each region (the gap) are never in SDRAM
+    dict(regions=8, sectors_per_region=9, base_lba=1, slots=3, sdram_base=2, kv_sector=5,
+         slot_token_sectors=1),
+    dict(regions=4, sectors_per_region=6, base_lba=0, slots=2, kv_sector=3,
+         slot_token_sectors=0),
+], ids=["4x4-2", "8x7-3", "16x5-5", "8x9-3-gap", "4x6-2-gap"])
 def test_sdram_serves_only_the_cards_bytes(params):
     rng = random.Random(str(params))
     g = GoldenTieredStorage(**params)
     card_sectors = params["base_lba"] + params["regions"] * params["sectors_per_region"] + 2
-    sdram_sectors = params.get("sdram_base", 0) + params["slots"] * params["sectors_per_region"]
+    sdram_sectors = params.get("sdram_base", 0) + params["slots"] * g.slot_sectors
     card = {lba: ("init", lba) for lba in range(card_sectors)}
     sdram = {lba: ("noise", rng.random()) for lba in range(sdram_sectors)}
     shapes, served, commits, n = {}, 0, 0, 0
@@ -59,6 +64,10 @@ def test_sdram_serves_only_the_cards_bytes(params):
         for op, lba, count in _random_op(rng, params, card_sectors, shapes):
             n += 1
             route = g.command(op, lba, count)
+            if route.tier != "card":       # inside the (compact) slots, never in the gap
+                assert route.sdram_lba + count <= sdram_sectors, (n, lba, count)
+                assert not g.in_gap((lba - params["base_lba"]) % params["sectors_per_region"],
+                                    count)
             in_card = count > 0 and lba + count <= card_sectors
             if op == READ:
                 if route.tier == "sdram":
