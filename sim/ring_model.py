@@ -153,7 +153,7 @@ class DmaHarness(wiring.Component):
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
         self.tier = TieredStorage(regions=regions,
                                   sectors_per_region=RecordLayout(config).sectors_per_region,
-                                  **tiered)
+                                  kv_sector=RecordLayout(config).kv_sector, **tiered)
         self.sd = (SDSPIController(**sd) if sd is not None else
                    SDNativeController(**sd4) if sd4 is not None else None)
         self.sdram_top = (SdramStoreTop(sdram["controller"], sdram.get("store"))

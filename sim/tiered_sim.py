@@ -49,13 +49,15 @@ class TieredTop(wiring.Component):
     ``storage`` the tiered storage's card side (so a bench that serves a top's ``storage``
     serves the card), ``sdram`` its SDRAM side. ``recovering``, ``config``, ``regions``,
     ``base_lba`` and ``record_layout`` are the top's. ``tier`` holds the tiered storage's
-    parameters besides ``regions``, ``sectors_per_region`` and ``base_lba`` (the top's)."""
+    parameters besides ``regions``, ``sectors_per_region``, ``base_lba`` and ``kv_sector`` (the
+    top's and its record layout's; ``slot_token_sectors`` makes the slots compact)."""
 
     def __init__(self, top, **tier):
         self.top = top
         self.tier = TieredStorage(regions=top.regions,
                                   sectors_per_region=top.record_layout.sectors_per_region,
-                                  base_lba=top.base_lba, **tier)
+                                  base_lba=top.base_lba,
+                                  kv_sector=top.record_layout.kv_sector, **tier)
         super().__init__({
             "rx": top.signature.members["rx"],
             "tx": top.signature.members["tx"],
@@ -314,8 +316,9 @@ def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
     the card's end. ``data(n_sectors)`` gives the bytes of a write (default random)."""
     spr, base, regions = params["sectors_per_region"], params.get("base_lba", 0), params["regions"]
     data = data or (lambda n: rng.randbytes(n * SECTOR_BYTES))
-    # a region's record: tokens from sector 1, K/V from ``kv`` (a fixed sector, as the DMA's)
-    kv = max(2, spr // 2)
+    # a region's record: tokens from sector 1, K/V from ``kv`` (a fixed sector, as the DMA's:
+    # ``params["kv_sector"]`` if given)
+    kv = params.get("kv_sector") or max(2, spr // 2)
     shapes = {}
     script = []
 
@@ -363,7 +366,8 @@ SD4_FIGURES = dict(init_half_period=2, half_period=1, resp_timeout=64, data_time
 SD4_CARD_FIGURES = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
 
 
-def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0) -> dict:
+def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
+                  slot_token_sectors=None) -> dict:
     """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
     through a tiered storage whose card side is the SD native controller on the bit-level
     4-bit card model and whose SDRAM side is the SDRAM sector store on the SDRAM controller and
@@ -372,9 +376,11 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0) -> dict:
     Three records go to regions 0, 1, 2 with two slots, so region 0's copy is evicted: its
     import reads the card (``import_card``), region 2's reads the slot (``import_sdram``); both
     must hit and restore the rings. Clocks from the DMA command's transfer to its response's.
+    ``slot_token_sectors``: the tier's compact slots (``None``: whole regions).
     Returns ``{"export": [...], "import_card", "import_sdram", "sectors"}``."""
     import numpy as np
 
+    from ringkv.defs.hot_tier import slot_sectors
     from ringkv.defs.record import RecordLayout, RecordStatus
     from ringkv.defs.sdram import DEFAULT_CHIP
     from ringkv.hw.storage.dma import DmaOp
@@ -389,9 +395,10 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0) -> dict:
     tck = 1000.0 / mhz
     lay = RecordLayout(config)
     regions, spr = 4, lay.sectors_per_region
-    h = DmaHarness(config, regions, tiered=dict(slots=2), sd4=SD4_FIGURES,
+    h = DmaHarness(config, regions, tiered=dict(slots=2, slot_token_sectors=slot_token_sectors),
+                   sd4=SD4_FIGURES,
                    sdram={"controller": dict(chip=chip, tck_ns=tck, cl=2),
-                          "store": dict(sectors=2 * spr)})
+                          "store": dict(sectors=2 * slot_sectors(lay, slot_token_sectors))})
     card = SDCard4(SectorImage(None, ((regions * spr + 1023) // 1024) * 1024),
                    **SD4_CARD_FIGURES)
     sdram = SdramModel(chip, tck, seed=seed)

@@ -32,6 +32,15 @@ Rules (the invariant they keep: every byte a read returns from SDRAM is the card
   SDRAM failure only costs the copy (``ABORT``), never an export the card holds.
 * **Reset** (a power cut) sweeps the hot tier empty: afterwards every read goes to the card, as
   without this block, until writes commit copies again.
+* **Compact slots** (``kv_sector`` and ``slot_token_sectors`` T given): a slot holds only the
+  region's first ``1 + T`` sectors (the header and T token sectors) and its sectors from
+  ``kv_sector`` (the K/V); the *gap* ``[1 + T, kv_sector)`` is never in SDRAM and a slot is
+  ``sectors_per_region - (kv_sector - 1 - T)`` sectors. A read touching the gap goes to the card
+  (no LOOKUP); a write touching it cannot be recorded: a pending write of another region is
+  ``ABORT``\\ ed, the region's own copy (pending or committed) ``DROP``\\ ped, and the write
+  goes to the card alone. Extents are kept in region (card) offsets, so they never contain a
+  gap sector; only the SDRAM sector maps (offset ``o >= kv_sector`` to slot offset
+  ``o - (kv_sector - 1 - T)``).
 
 Latency (exact; the golden model's ``Route.setup`` and ``finish``): from the command's
 transfer to the backend's ``cmd.valid`` a transfer spends ``log2(regions) + 2`` clocks here
@@ -72,8 +81,13 @@ EXTENTS = 3
 #: card alone and leaves the copy), ``error`` (a write error does not abort: the copy commits
 #: anyway), ``span`` (a write over two regions leaves the hot tier as it is), ``address`` (the
 #: SDRAM sector of a slot is one too far), ``early`` (every write commits, not only the one that
-#: includes the header sector).
-BUGS = ("extents", "stale", "error", "span", "address", "early")
+#: includes the header sector); with compact slots: ``gap_read`` (a read touching the gap is
+#: looked up as any other), ``gap_write`` (a write touching the gap is teed and recorded as any
+#: other), ``gap_keep`` (a write touching the gap goes to the card without dropping the
+#: region's committed copy), ``gap_address`` (a K/V sector's slot offset is not moved down by
+#: the gap).
+BUGS = ("extents", "stale", "error", "span", "address", "early", "gap_read", "gap_write",
+        "gap_keep", "gap_address")
 
 
 class _State(enum.Enum, shape=4):
@@ -96,6 +110,7 @@ class _After(enum.Enum, shape=2):
     ALLOC = 0       # the pending write of another region aborted: now ALLOC this one
     CARD = 1        # to the card alone
     STATUS = 2      # a failed write's abort: answer
+    DROP = 3        # the pending write of another region aborted: now DROP this one (gap)
 
 
 def _extent_layout(offset_bits):
@@ -125,6 +140,13 @@ class TieredStorage(wiring.Component):
         SDRAM-store sector of slot 0.
     stamp_width : int
         The hot tier's LRU stamp width (1..32); the stamp counts accepted commands.
+    kv_sector : int or None
+        The region offset of the K/V area (``RecordLayout.kv_sector``), 1..sectors_per_region;
+        needed only with ``slot_token_sectors``.
+    slot_token_sectors : int or None
+        Compact slots: the token sectors a slot holds, 0..kv_sector - 1 (T; the slot holds
+        the header, T token sectors and the sectors from ``kv_sector``). ``None`` (default):
+        all of them, a slot is ``sectors_per_region`` sectors.
     formal : bool
         Build the tables as registers (the hot tier's and :attr:`extent_rows`) for a formal
         harness's properties (small configurations).
@@ -140,24 +162,39 @@ class TieredStorage(wiring.Component):
     """
 
     def __init__(self, *, regions: int, sectors_per_region: int, base_lba: int = 0,
-                 slots: int = 256, sdram_base: int = 0, stamp_width: int = 32, formal=False,
-                 _bug=None, _full=False, _extents_init=None):
+                 slots: int = 256, sdram_base: int = 0, stamp_width: int = 32,
+                 kv_sector: int | None = None, slot_token_sectors: int | None = None,
+                 formal=False, _bug=None, _full=False, _extents_init=None):
         check_pow2("regions", regions, low=2, high=32768)
         check_int("sectors_per_region", sectors_per_region, low=1, high=65535)
         check_int("base_lba", base_lba, low=0)
         check_int("slots", slots, low=2, high=MAX_SLOTS)
         check_int("sdram_base", sdram_base, low=0)
         check_int("stamp_width", stamp_width, low=1, high=32)
+        if kv_sector is not None:
+            check_int("kv_sector", kv_sector, low=1, high=sectors_per_region)
+        if slot_token_sectors is not None:
+            if kv_sector is None:
+                raise ValueError("slot_token_sectors needs kv_sector")
+            check_int("slot_token_sectors", slot_token_sectors, low=0, high=kv_sector - 1)
+        # the gap [gap_lo, gap_hi) of region offsets a slot does not hold (empty: none)
+        if slot_token_sectors is None:
+            gap_lo = gap_hi = sectors_per_region
+        else:
+            gap_lo, gap_hi = 1 + slot_token_sectors, kv_sector
+        slot_sectors = sectors_per_region - (gap_hi - gap_lo)
         if base_lba + regions * sectors_per_region > 1 << 32:
             raise ValueError(f"{regions} regions of {sectors_per_region} sectors from "
                              f"{base_lba} do not fit in 32-bit sector addresses")
-        if sdram_base + slots * sectors_per_region > 1 << 32:
-            raise ValueError(f"{slots} slots of {sectors_per_region} sectors from "
+        if sdram_base + slots * slot_sectors > 1 << 32:
+            raise ValueError(f"{slots} slots of {slot_sectors} sectors from "
                              f"{sdram_base} do not fit in 32-bit sector addresses")
         if _bug is not None and _bug not in BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
         self._regions, self._spr, self._base = regions, sectors_per_region, base_lba
         self._slots, self._sdram_base, self._stamp_width = slots, sdram_base, stamp_width
+        self._kv_sector, self._slot_tokens = kv_sector, slot_token_sectors
+        self._gap_lo, self._gap_hi, self._slot_sectors = gap_lo, gap_hi, slot_sectors
         self._bug = _bug
         self._formal = bool(formal)
         # ``_full`` (formal): the hot tier starts with slot s valid for region s, and the
@@ -186,12 +223,17 @@ class TieredStorage(wiring.Component):
     slots = property(lambda self: self._slots)
     sdram_base = property(lambda self: self._sdram_base)
     stamp_width = property(lambda self: self._stamp_width)
+    kv_sector = property(lambda self: self._kv_sector)
+    slot_token_sectors = property(lambda self: self._slot_tokens)
+    #: sectors per slot: ``sectors_per_region`` less the gap
+    slot_sectors = property(lambda self: self._slot_sectors)
 
     def params(self) -> dict:
         """The parameters the golden model takes."""
         return dict(regions=self._regions, sectors_per_region=self._spr, base_lba=self._base,
                     slots=self._slots, sdram_base=self._sdram_base,
-                    stamp_width=self._stamp_width)
+                    stamp_width=self._stamp_width, kv_sector=self._kv_sector,
+                    slot_token_sectors=self._slot_tokens)
 
     def _extents(self, m, shape):
         """The extents table: one synchronous, non-transparent read port and one write port
@@ -241,6 +283,10 @@ class TieredStorage(wiring.Component):
         m.d.comb += inside.eq(~rel[32] & (rel[:32] < area))
         single = Signal()                        # the whole transfer is in one region
         m.d.comb += single.eq(inside & (count != 0) & (end <= spr))
+        gap = self._gap_hi - self._gap_lo
+        in_gap = Signal()                        # some sector is in the gap (compact slots)
+        if gap:
+            m.d.comb += in_gap.eq((offset < self._gap_hi) & (end > self._gap_lo))
         touches = Signal()                       # some sector is in the record area
         last = Signal(34)
         m.d.comb += [last.eq(lba + count),
@@ -299,9 +345,14 @@ class TieredStorage(wiring.Component):
         sd_cmd_valid = Signal()
         sd_lba = Signal(32)
         slot_lba = Signal(32)
+        slot_offset = Signal(ob)                 # the offset in the slot (below the gap or not)
+        if gap and bug != "gap_address":
+            m.d.comb += slot_offset.eq(Mux(offset >= self._gap_hi, offset - gap, offset))
+        else:
+            m.d.comb += slot_offset.eq(offset)
         m.d.comb += slot_lba.eq(self._sdram_base + Mux(state == _State.EXT_CHECK, slot,
-                                                       pend_slot) * spr + offset
-                                + (1 if bug == "address" else 0))
+                                                       pend_slot) * self._slot_sectors
+                                + slot_offset + (1 if bug == "address" else 0))
         m.d.comb += [card.cmd.valid.eq(card_cmd_valid), card.cmd.payload.op.eq(op),
                      card.cmd.payload.lba.eq(lba), card.cmd.payload.count.eq(count),
                      sd.cmd.valid.eq(sd_cmd_valid), sd.cmd.payload.op.eq(op),
@@ -351,10 +402,20 @@ class TieredStorage(wiring.Component):
 
             with m.Case(_State.DECIDE):
                 with m.If(op == StorageOp.READ):
-                    with m.If(single):
+                    with m.If(single & (~in_gap | (bug == "gap_read"))):
                         hot_command(Op.LOOKUP, region)
                     with m.Else():
                         to_card()
+                with m.Elif(single & in_gap & (bug != "gap_write")):
+                    # compact slots: a write into the gap cannot be recorded
+                    with m.If(pending & (pend_region != region)):
+                        hot_command(Op.ABORT, pend_region, pend_slot,
+                                    _After.CARD if bug == "gap_keep" else _After.DROP)
+                    with m.Elif(bug == "gap_keep"):
+                        m.d.sync += pending.eq(0)
+                        to_card()
+                    with m.Else():
+                        hot_command(Op.DROP, region)
                 with m.Elif(single):
                     with m.If(pending & (pend_region == region)):
                         with m.If(fits):
@@ -406,11 +467,13 @@ class TieredStorage(wiring.Component):
                                 to_card()                # FULL: no copy, none to drop
                         with m.Case(Op.COMMIT):
                             m.d.sync += state.eq(_State.STATUS)
-                        with m.Default():                # ABORT, CLEAR
+                        with m.Default():                # ABORT, CLEAR, DROP
                             m.d.sync += pending.eq(0)
                             with m.Switch(after):
                                 with m.Case(_After.ALLOC):
                                     hot_command(Op.ALLOC, region)
+                                with m.Case(_After.DROP):
+                                    hot_command(Op.DROP, region)
                                 with m.Case(_After.CARD):
                                     to_card()
                                 with m.Default():

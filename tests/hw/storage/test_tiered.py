@@ -41,6 +41,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptio
 SMALL = dict(regions=4, sectors_per_region=4, base_lba=2, slots=2)
 #: 8 regions of 6 sectors from sector 3, 3 slots at SDRAM sector 5: evictions
 EVICT = dict(regions=8, sectors_per_region=6, base_lba=3, slots=3, sdram_base=5)
+#: compact slots: 4 regions of 7 sectors from sector 2 (header 0, tokens 1..3, K/V 4..6), a
+#: slot holds the header, 1 token sector and the K/V (5 sectors: the gap is sectors 2..3),
+#: 2 slots at SDRAM sector 1
+GAP = dict(regions=4, sectors_per_region=7, base_lba=2, slots=2, sdram_base=1, kv_sector=4,
+           slot_token_sectors=1)
 
 
 def images(params, seed, *, card_extra=1, sdram_short=0):
@@ -52,8 +57,8 @@ def images(params, seed, *, card_extra=1, sdram_short=0):
                        + params["regions"] * params["sectors_per_region"] + card_extra)
     for lba in range(card.sectors):
         card.write(lba, rng.randbytes(512))
-    sdram = SectorImage(None, params.get("sdram_base", 0)
-                        + params["slots"] * params["sectors_per_region"] - sdram_short)
+    sdram = SectorImage(None, params.get("sdram_base", 0) + params["slots"]
+                        * GoldenTieredStorage(**params).slot_sectors - sdram_short)
     lose_sdram(sdram, rng)
     return card, sdram
 
@@ -77,9 +82,10 @@ def region(r, params=SMALL):
 
 def export(r, tokens=1, kv=1, params=SMALL, seed=0):
     """The DMA's writes of a record into region ``r``: tokens from sector 1, K/V from sector
-    ``1 + tokens``, the header (sector 0) last."""
+    ``1 + tokens`` (from ``params["kv_sector"]`` if given), the header (sector 0) last."""
     lba = region(r, params)
-    return [("w", lba + 1, data(tokens, seed)), ("w", lba + 1 + tokens, data(kv, seed + 1)),
+    kv_at = params.get("kv_sector") or 1 + tokens
+    return [("w", lba + 1, data(tokens, seed)), ("w", lba + kv_at, data(kv, seed + 1)),
             ("w", lba, data(1, seed + 2))]
 
 
@@ -101,6 +107,15 @@ def export(r, tokens=1, kv=1, params=SMALL, seed=0):
     (dict(regions=4, sectors_per_region=4, sdram_base=(1 << 32) - 4), ValueError,
      "256 slots of 4 sectors from 4294967292 do not fit in 32-bit sector addresses"),
     (dict(regions=4, sectors_per_region=4, _bug="nope"), ValueError, "Unknown bug 'nope'"),
+    (dict(regions=4, sectors_per_region=4, kv_sector=5), ValueError,
+     "kv_sector must be between 1 and 4, not 5"),
+    (dict(regions=4, sectors_per_region=4, slot_token_sectors=1), ValueError,
+     "slot_token_sectors needs kv_sector"),
+    (dict(regions=4, sectors_per_region=4, kv_sector=2, slot_token_sectors=2), ValueError,
+     "slot_token_sectors must be between 0 and 1, not 2"),
+    (dict(regions=4, sectors_per_region=8, kv_sector=5, slot_token_sectors=0,
+          sdram_base=(1 << 32) - 1000), ValueError,
+     "256 slots of 4 sectors from 4294966296 do not fit in 32-bit sector addresses"),
 ])
 def test_parameter_errors(kw, exc, message):
     with pytest.raises(exc, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
@@ -112,9 +127,17 @@ def test_parameters_are_read_only_properties():
     assert (t.regions, t.sectors_per_region, t.base_lba, t.slots, t.sdram_base,
             t.stamp_width) == (8, 321, 5, 3, 7, 32)
     assert t.params() == dict(regions=8, sectors_per_region=321, base_lba=5, slots=3,
-                              sdram_base=7, stamp_width=32)
+                              sdram_base=7, stamp_width=32, kv_sector=None,
+                              slot_token_sectors=None)
+    assert t.slot_sectors == 321
     with pytest.raises(AttributeError):
         t.regions = 4
+    # the board's compact slots at the default shape: 273 sectors
+    c = TieredStorage(regions=8, sectors_per_region=321, slots=3, kv_sector=65,
+                      slot_token_sectors=16)
+    assert (c.kv_sector, c.slot_token_sectors, c.slot_sectors) == (65, 16, 273)
+    with pytest.raises(AttributeError):
+        c.slot_token_sectors = 3
 
 
 # ---- the export / import cycle ----------------------------------------------------------------
@@ -162,18 +185,83 @@ def _fail(kind):
     return lambda op, lba, count: 100 if op.value == 1 and lba in starts else None
 
 
-@pytest.mark.parametrize("rule", sorted(RULES))
+def gap(r, offset):
+    """Card sector ``offset`` of region ``r`` of the compact shape ``GAP``."""
+    return region(r, GAP) + offset
+
+
+#: the compact slots' rules (shape ``GAP``: sectors 2..3 of a region are the gap):
+#: rule -> (script, the broken variant that breaks the rule)
+GAP_RULES = {
+    # a read touching the gap goes to the card without a LOOKUP (only the golden's clocks
+    # catch the variant: the extents never hold a gap sector, so its data stay right)
+    "gap_read": (export(0, params=GAP) + [("r", gap(0, 2), 1), ("r", gap(0, 1), 3)],
+                 "gap_read"),
+    # a write touching the gap is not recorded: it goes to the card alone
+    "gap_write": (export(0, tokens=3, kv=3, params=GAP) + [("r", gap(0, 4), 3)], "gap_write"),
+    # ... and drops the region's committed copy (whose token sector it overwrites on the card)
+    "gap_drop": (export(0, params=GAP) + [("w", gap(0, 1), data(2, 7)), ("r", gap(0, 1), 1),
+                                          ("r", gap(0, 4), 1)], "gap_keep"),
+    # slot offset of a K/V sector: its region offset less the gap
+    "gap_address": (export(1, kv=3, params=GAP) + [("r", gap(1, 4), 3), ("r", gap(1, 6), 1)],
+                    "gap_address"),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES) + sorted(GAP_RULES))
 def test_rule(rule):
-    script, fails, bug = RULES[rule]
+    if rule in GAP_RULES:
+        (script, bug), fails, params = GAP_RULES[rule], {}, GAP
+    else:
+        (script, fails, bug), params = RULES[rule], SMALL
     kw = {k: _fail(v) for k, v in fails.items()}
-    _, found = run_and_check(SMALL, script, **kw)
+    _, found = run_and_check(params, script, **kw)
     assert not found, found
-    _, found = run_and_check(SMALL, script, bug=bug, **kw)
+    _, found = run_and_check(params, script, bug=bug, **kw)
     assert found, f"the broken variant {bug!r} passed rule {rule!r}"
 
 
 def test_every_broken_variant_is_caught_by_a_rule():
-    assert sorted(bug for _, _, bug in RULES.values()) == sorted(BUGS)
+    assert sorted(bug for *_, bug in [*RULES.values(), *GAP_RULES.values()]) == sorted(BUGS)
+
+
+def test_compact_slot_boundaries():
+    """Compact slots (``GAP``): the last held token sector, the first and last gap sectors,
+    the first and last K/V sectors are read where they belong; writes over the gap's edges
+    (held -> gap, gap -> K/V) and into the gap alone go to the card and drop the copy; the last
+    slot ends at SDRAM sector ``sdram_base + slots * 5``; an export whose tokens reach the gap
+    keeps its header and K/V in a slot (tokens from the card)."""
+    p = GAP
+    full = export(1, tokens=1, kv=3, params=p, seed=1)
+    script = (export(0, tokens=1, kv=3, params=p) + full
+              + [("r", gap(0, 1), 1),              # last held token sector: SDRAM
+                 ("r", gap(0, 2), 1),              # first gap sector: card
+                 ("r", gap(0, 3), 1),              # last gap sector: card
+                 ("r", gap(0, 4), 1),              # first K/V sector: SDRAM
+                 ("r", gap(1, 6), 1),              # the last slot's last sector: SDRAM
+                 ("r", gap(0, 3), 2),              # over the gap's upper edge: card
+                 ("w", gap(0, 3), data(2, 3)),     # a write over it: card, drops region 0
+                 ("r", gap(0, 4), 1), ("r", gap(0, 1), 1)]     # region 0 from the card now
+              + full
+              + [("w", gap(1, 2), data(1, 4)),     # a write into the gap alone: drops 1
+                 ("r", gap(1, 0), 1)]
+              + full
+              + [("w", gap(1, 1), data(2, 5)),     # over the lower edge (held -> gap): drops
+                 ("r", gap(1, 1), 1), ("r", gap(1, 4), 1)]
+              # a long record: tokens 1..3 (card alone), K/V and header in a slot
+              + export(2, tokens=3, kv=3, params=p, seed=6)
+              + [("r", gap(2, 0), 1), ("r", gap(2, 1), 3), ("r", gap(2, 4), 3)])
+    run, found = run_and_check(p, script)
+    assert not found, found
+    tiers = [("card" if o.card else "") + ("sdram" if o.sdram else "") for o in run.ops]
+    base = p["sdram_base"]
+    assert tiers[6:12] == ["sdram", "card", "card", "sdram", "sdram", "card"]
+    assert run.ops[6].sdram[1] == base + 1 and run.ops[9].sdram[1] == base + 2
+    assert run.ops[10].sdram[1] == base + 2 * 5 - 1
+    assert tiers[12:15] == ["card"] * 3
+    assert tiers[18:20] == ["card"] * 2 and tiers[23:26] == ["card"] * 3
+    # the long record: tokens to the card alone, K/V and header to both; read back likewise
+    assert tiers[26:] == ["card", "cardsdram", "cardsdram", "sdram", "card", "sdram"]
 
 
 # ---- boundaries, errors --------------------------------------------------------------------
@@ -268,11 +356,18 @@ def test_random_traffic():
     assert any(o.sdram and not o.card for o in run.ops)          # reads served from SDRAM
 
 
+def test_random_traffic_compact():
+    """The same over compact slots (``GAP``): exports whose tokens reach the gap or not."""
+    run = _random_run(GAP, 12, 24, 0.2)
+    assert any(o.sdram and not o.card for o in run.ops)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("shape", ["SMALL", "EVICT"])
+@pytest.mark.parametrize("shape", ["SMALL", "EVICT", "GAP"])
 def test_random_traffic_more(shape, seed):
-    _random_run({"SMALL": SMALL, "EVICT": EVICT}[shape], 100 + seed, 80, [0.0, 0.3][seed % 2])
+    _random_run({"SMALL": SMALL, "EVICT": EVICT, "GAP": GAP}[shape], 100 + seed, 80,
+                [0.0, 0.3][seed % 2])
 
 
 # ---- power cuts --------------------------------------------------------------------------------
@@ -401,6 +496,49 @@ def test_dma_over_tiers():
     imp2, (got2, meta2) = simulate_dma(config, regions, card, sdram, after_cut)
     assert imp2[:4] == (RecordStatus.OK, count, 99, 4)
     assert (got2 == rings).all() and meta2 == [(count, head)]
+
+
+def test_dma_over_compact_slots():
+    """The DMA engine over compact slots: records of 1,024 one-byte tokens have 2 token sectors
+    (K/V from sector 3); the slots hold 1 (``slot_token_sectors=1``). A record of 11 tokens is
+    imported from SDRAM alone; one of 600 tokens (2 token sectors: its token write touches the
+    gap) reads its tokens from the card and its header and K/V from the slot; both restore
+    their rings, and the two copies fit in 2 slots of 3 sectors."""
+    config = RingKVConfig(layers=1, q_heads=1, kv_heads=1, head_dim=4, window=4,
+                          token_width=8, max_tokens=1024)
+    regions = 4
+    rng = random.Random(8)
+    lay = RecordLayout(config)
+    assert (lay.token_sectors_max, lay.kv_sector, lay.sectors_per_region) == (2, 3, 4)
+    card = new_image(config, regions, rng)
+    sdram = SectorImage(None, 2 * 3)
+    lose_sdram(sdram, rng)
+    recs = [(1, 11), (2, 600)]
+    states = {r: (rand_rings(config, rng), [rng.randrange(256) for _ in range(n)])
+              for r, n in recs}
+
+    async def body(ctx, h, logs):
+        for r, n in recs:
+            rings, tokens = states[r]
+            await load_state(ctx, h, config, rings, n, 0, tokens)
+            assert (await dma_op(ctx, h, DmaOp.EXPORT, r, hash=r, seq=1))[0] == RecordStatus.OK
+        out = []
+        for r, n in recs:
+            rings, tokens = states[r]
+            await load_state(ctx, h, config, np.zeros_like(rings), 0, 0, tokens)
+            n_card = len(logs["card"])
+            imp = await dma_op(ctx, h, DmaOp.IMPORT, r, count=n, hash=r)
+            out.append((imp, logs["card"][n_card:], await read_state(ctx, h, config)))
+        return out
+
+    out = simulate_dma(config, regions, card, sdram, body, p=0.2,
+                       tiered=dict(slots=2, slot_token_sectors=1))
+    (imp1, card1, (got1, meta1)), (imp2, card2, (got2, meta2)) = out
+    assert imp1[:3] == (RecordStatus.OK, 11, 1) and imp2[:3] == (RecordStatus.OK, 600, 2)
+    assert (got1 == states[1][0]).all() and meta1 == [(11, 0)]
+    assert (got2 == states[2][0]).all() and meta2 == [(600, 0)]
+    assert card1 == []                                                # all from SDRAM
+    assert card2 == [(StorageOp.READ, lay.region_lba(2) + 1, 2)]      # the tokens alone
 
 
 def _refresh_header_crc(sector: bytes) -> bytes:
