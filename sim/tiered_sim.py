@@ -504,19 +504,35 @@ class TieredFormalHarness(Elaboratable):
     (so the bytes served from SDRAM are the card's); ``copies`` -- at every clock, every sector
     inside the written extents of a slot the hot tier holds valid (as its responses tell: a
     COMMIT makes a slot valid, an ALLOC, ABORT, DROP or CLEAR not) equals its region's card
-    sector in the same sense."""
+    sector in the same sense.
 
-    REGIONS, SPR, SLOTS = 2, 2, 2
+    ``compact``: compact slots -- regions of 3 sectors (the header, a gap sector, a K/V sector:
+    ``kv_sector=2``, ``slot_token_sectors=0``) in slots of 2; the shadow maps a slot's sectors to
+    its region's (the K/V sector one down) and the ``read`` property compares the card sector
+    asked for with the SDRAM sector read."""
+
+    REGIONS, SLOTS = 2, 2
     #: ``full``: the state after two exports: region s committed in slot s (the hot tier's
     #: ``_full`` start), slot 0 with its header sector written (extent [0, 1): SDRAM sector 1
     #: holds no write of the card's), slot 1 with both (extent [0, 2)); every card sector and
     #: the written SDRAM sectors hold write 0, OK
     FULL_EXTENTS = [[(0, 1)], [(0, 2)]]
+    #: ``full`` with compact slots: slot 0 with its header, slot 1 with header and K/V (region
+    #: offsets: the extents are kept in the card's offsets)
+    FULL_EXTENTS_COMPACT = [[(0, 1)], [(0, 1), (2, 3)]]
 
-    def __init__(self, *, bug=None, checks=("read", "copies"), full=False):
+    def __init__(self, *, bug=None, checks=("read", "copies"), full=False, compact=False):
+        self.compact = bool(compact)
+        self.SPR = 3 if compact else 2
+        self.SLOT_SPR = 2
+        #: region offset -> slot offset (``None``: the gap)
+        self.slot_offset = [0, None, 1] if compact else [0, 1]
+        extents = self.FULL_EXTENTS_COMPACT if compact else self.FULL_EXTENTS
         self.dut = TieredStorage(regions=self.REGIONS, sectors_per_region=self.SPR,
                                  slots=self.SLOTS, stamp_width=2, formal=True, _bug=bug,
-                                 _full=full, _extents_init=self.FULL_EXTENTS if full else None)
+                                 _full=full, _extents_init=extents if full else None,
+                                 kv_sector=2 if compact else None,
+                                 slot_token_sectors=0 if compact else None)
         self.checks = tuple(checks)
         self.full = bool(full)
         self.free = {
@@ -540,7 +556,7 @@ class TieredFormalHarness(Elaboratable):
                      st.cmd.payload.lba.eq(f["lba"]), st.cmd.payload.count.eq(f["count"]),
                      st.wdata.valid.eq(f["wvalid"]), st.rdata.ready.eq(f["rready"]),
                      st.status.ready.eq(f["sready"])]
-        sectors = self.REGIONS * self.SPR
+        n_sectors = {"card": self.REGIONS * self.SPR, "sdram": self.SLOTS * self.SLOT_SPR}
         write_id = Signal(4)
         cur_lba = Signal(3)
         with m.If(st.cmd.valid & st.cmd.ready):
@@ -554,6 +570,7 @@ class TieredFormalHarness(Elaboratable):
             write = Signal(name=f"{side}_write")
             lo = Signal(3, name=f"{side}_lo")
             n = Signal(2, name=f"{side}_n")
+            sectors = n_sectors[side]
             tags[side] = [Signal(4, name=f"{side}_tag{k}") for k in range(sectors)]
             held = [self.full and (side == "card" or k != 1) for k in range(sectors)]
             oks[side] = [Signal(name=f"{side}_ok{k}", init=held[k]) for k in range(sectors)]
@@ -592,10 +609,10 @@ class TieredFormalHarness(Elaboratable):
             with m.If(sp.valid & (sp.payload.op == StorageOp.READ)):
                 for i in range(self.SPR):
                     with m.If(i < sp.payload.count):
-                        m.d.comb += [Assert(sp.payload.lba + i < sectors),
-                                     Assert(cur_lba + i < sectors),
-                                     Assert(same((sp.payload.lba + i)[:2],
-                                                 (cur_lba + i)[:2]))]
+                        m.d.comb += [Assert(sp.payload.lba + i < n_sectors["sdram"]),
+                                     Assert(cur_lba + i < n_sectors["card"]),
+                                     Assert(same((sp.payload.lba + i)[:3],
+                                                 (cur_lba + i)[:3]))]
 
         # the hot tier's slots, as its responses tell
         hot = dut.hot
@@ -623,7 +640,11 @@ class TieredFormalHarness(Elaboratable):
                 for o in range(self.SPR):
                     written = Cat(*[(e.lo <= o) & (o < e.hi)
                                     for e in dut.extent_rows[s]]).any()
+                    if self.slot_offset[o] is None:
+                        # the gap: no extent may hold it
+                        m.d.comb += Assert(~(valid[s] & written))
+                        continue
                     with m.If(valid[s] & written):
-                        m.d.comb += Assert(same(Const(s * self.SPR + o, 2),
+                        m.d.comb += Assert(same(Const(s * self.SLOT_SPR + self.slot_offset[o], 3),
                                                 region_of[s] * self.SPR + o))
         return m

@@ -16,7 +16,8 @@ command is held until the SDRAM side takes it; a copy's disagreement stays while
 moves), so every violation within ``depth`` clocks is one at clock ``depth``. Two starts: empty
 (after reset) and ``full`` (the state two exports leave: region s committed in slot s, slot 0
 with only its header sector written), from which reads and writes of committed copies fit a
-short depth: an export's committing write alone takes 15 clocks from empty.
+short depth: an export's committing write alone takes 15 clocks from empty. ``compact``: the
+same harness over compact slots (regions of 3 sectors whose middle one is the gap, slots of 2).
 """
 
 import pytest
@@ -58,3 +59,23 @@ def test_formal_holds_longer():
 @pytest.mark.parametrize("bug", CAUGHT)
 def test_formal_broken_variant_fails(bug):
     assert run_sby(f"bug_{bug}", 16, bug=bug, full=True) == "FAIL"
+
+
+#: the compact slots' broken variants a data property catches (``gap_read`` changes only the
+#: clocks: the extents never hold a gap sector)
+CAUGHT_COMPACT = ("gap_address", "gap_keep", "gap_write")
+
+
+@requires_yowasp
+@requires_yices
+def test_formal_compact_holds():
+    """Compact slots (regions of 3 sectors, the middle one the gap; slots of 2), from full,
+    16 clocks: SDRAM serves only the card's bytes and no extent holds the gap."""
+    assert run_sby("ok_compact_full_16", 16, full=True, compact=True) == "PASS"
+
+
+@requires_yowasp
+@requires_yices
+@pytest.mark.parametrize("bug", CAUGHT_COMPACT)
+def test_formal_compact_broken_variant_fails(bug):
+    assert run_sby(f"bug_compact_{bug}", 16, bug=bug, full=True, compact=True) == "FAIL"
