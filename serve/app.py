@@ -226,16 +226,8 @@ class Inbox:
         self._lock = threading.Lock()
         self._pending = False
         self._ready = asyncio.Event()
-        self._loop = loop
 
     def put(self, item) -> None:
-        # (asyncio._get_running_loop: None outside a loop, where get_running_loop raises)
-        if asyncio._get_running_loop() is self._loop:
-            # from the loop itself (a device's messages are read there): no wake-up needed
-            with self._lock:
-                self._items.append(item)
-            self._ready.set()
-            return
         with self._lock:
             self._items.append(item)
             if self._pending:
@@ -714,7 +706,6 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
     @contextlib.asynccontextmanager
     async def lifespan(app):
         if manage_engine:
-            engine.loop = asyncio.get_running_loop()
             engine.start()
         # the first streamed answer would import anyio's asyncio backend (starlette's task
         # group around a streaming response): some 40 ms in that request; taken here instead

@@ -8,10 +8,8 @@ device's own process (:mod:`ringkv.serve.worker`) that holds the device, a
 there, streaming its tokens back. Devices run in parallel. Processes, not threads: the model
 and the software device's core model are numpy code of many small operations that holds the
 GIL most of the time, which in the server's process would be taken from the event loop that
-parses requests and streams tokens, and from the other devices. The event loop itself reads
-each process's socket (``add_reader``) and hands each token to its request's stream: no
-thread between them to wake and to hand the GIL to (a thread reads when the engine runs
-without a loop). The router, the index of each device,
+parses requests and streams tokens, and from the other devices; the server's thread of a
+device only waits on its socket and forwards tokens. The router, the index of each device,
 the metrics and the pinned sessions' devices stay in the server's process.
 
 **Conversations find their state by content.** A request carries its whole prompt (that is how
@@ -256,8 +254,7 @@ class Worker:
         self.batch = 1
         self._room = threading.Condition()
         self._failure = None               # the device's failure, until it is handled
-        self._generation = 0               # of the process and its reader
-        self._attached = None              # (loop, socket) while the event loop reads it
+        self._generation = 0               # of the process and its reader thread
         self._seq = itertools.count()
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._main, name=f"ringkv-{self.name}",
@@ -278,81 +275,8 @@ class Worker:
         self.proc, self.conn = worker_process.start(self.engine.setup(self.handle))
         self._generation += 1
         self._replies = queue.Queue()
-        loop = self.engine.loop
-        if loop is not None and not loop.is_closed():
-            try:
-                loop.call_soon_threadsafe(self._attach, loop, self.conn, self._generation,
-                                          self._replies)
-            except RuntimeError:            # the loop closed meanwhile
-                pass
-            else:
-                return
         threading.Thread(target=self._read, args=(self.conn, self._generation, self._replies),
                          name=f"ringkv-{self.name}-reader", daemon=True).start()
-
-    # -- the process's messages, read in the server's event loop -----------------------------------
-    # A step of a batching device ends many requests' tokens at once. Read in a thread, each
-    # burst woke that thread and then the event loop (two threads to schedule, and the GIL
-    # handed over between them, on a machine whose cores the devices keep busy); read by the
-    # loop itself (``add_reader``), the burst is one wake-up of the thread that streams the
-    # answers. Without a running loop (the engine used on its own) a thread reads.
-    def _attach(self, loop, conn, generation, replies):
-        if generation != self._generation or conn.closed:
-            return
-        self._attached = (loop, conn)
-        loop.add_reader(conn.fileno(), self._readable, loop, conn, generation, replies)
-
-    def _detach(self, loop, conn, done=None):
-        if self._attached is not None and self._attached[1] is conn:
-            self._attached = None
-            if not conn.closed:
-                loop.remove_reader(conn.fileno())
-        if done is not None:
-            done.set()
-
-    def _readable(self, loop, conn, generation, replies):
-        try:
-            while conn.poll():
-                msg = conn.recv()
-                if generation != self._generation:
-                    continue
-                try:
-                    self._message(msg, replies)
-                except Exception:           # noqa: BLE001 - keep reading: log it
-                    log.exception("%s: message %s not handled", self.name, msg[0])
-        except (EOFError, OSError) as e:
-            self._detach(loop, conn)
-            # the process's end is waited for (up to seconds): not in the loop
-            threading.Thread(target=self._closed, args=(generation, replies, e),
-                             name=f"ringkv-{self.name}-gone", daemon=True).start()
-
-    def _closed(self, generation, replies, e):
-        if generation == self._generation:
-            gone = self._gone(e)
-            replies.put(("gone", gone))
-            self._lost(generation, gone)
-        else:
-            replies.put(("gone", WorkerGone("the device's process was stopped")))
-
-    def _let_go(self, conn):
-        """The loop stops reading ``conn`` (before it is closed: its file descriptor's number
-        may come back for the next process's socket)."""
-        attached = self._attached
-        if attached is None or attached[1] is not conn:
-            return
-        loop = attached[0]
-        if loop.is_closed() or not loop.is_running():
-            self._detach(loop, conn)
-            return
-        done = threading.Event()
-        try:
-            loop.call_soon_threadsafe(self._detach, loop, conn, done)
-        except RuntimeError:                # closed meanwhile
-            self._detach(loop, conn)
-            return
-        if not done.wait(5.0):
-            log.warning("%s: the event loop did not let go of the device's socket",
-                        self.name)
 
     def _end_process(self, grace: float = 10.0):
         """Stop the device's process (it closes its device first), then whatever it started
@@ -379,7 +303,6 @@ class Worker:
                 except (ProcessLookupError, PermissionError):
                     pass
         if conn is not None:
-            self._let_go(conn)
             conn.close()
 
     def _send(self, msg):
@@ -822,9 +745,6 @@ class Engine:
         self.cluster = None
         #: ``--kv-events``: the KV events publisher (serve/events.py)
         self.events = None
-        #: the server's event loop (set before :meth:`start`): it reads the devices'
-        #: processes' messages itself (:meth:`Worker._attach`); None: a thread per process
-        self.loop = None
         self._turn = itertools.count()
         self._model_blob = None
         self._blob_lock = threading.Lock()

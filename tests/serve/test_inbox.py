@@ -1,6 +1,6 @@
-"""``serve/app.py``'s ``Inbox``: events put from a device's reader thread, or from the event
-loop itself, reach the request's coroutine in order, none lost, and one burst of events for
-many requests wakes the event loop once (the inboxes of a loop share their wake-ups)."""
+"""``serve/app.py``'s ``Inbox``: events put from a device's reader thread reach the request's
+coroutine in order, none lost, and one burst of events for many requests wakes the event loop
+once (the inboxes of a loop share their wake-ups)."""
 
 import asyncio
 import threading
@@ -70,31 +70,5 @@ def test_one_wakeup_for_a_burst_of_many_inboxes():
         step.join()
         assert await asyncio.gather(*waiters) == list(range(32))
         assert len(calls) == 2
-
-    asyncio.run(main())
-
-
-def test_a_put_from_the_loop_itself_needs_no_wake_up():
-    """The server's event loop reads the devices' sockets itself: an event put there wakes
-    the request's coroutine without ``call_soon_threadsafe`` (no write to the self-pipe)."""
-    async def main():
-        loop = asyncio.get_running_loop()
-        calls = []
-        original = loop.call_soon_threadsafe
-
-        def counting(callback, *args, **kwargs):
-            calls.append(callback)
-            return original(callback, *args, **kwargs)
-
-        loop.call_soon_threadsafe = counting
-        box = Inbox(loop)
-        waiter = asyncio.ensure_future(box.get_burst())
-        await asyncio.sleep(0)
-        box.put(("token", 1))
-        box.put(("token", 2))
-        assert await waiter == [("token", 1), ("token", 2)]
-        assert calls == []
-        box.put(("done", 3))                    # not waited for yet: kept
-        assert await box.get() == ("done", 3)
 
     asyncio.run(main())

@@ -4,7 +4,6 @@ and not, on software devices with the trained demo-shape model (real text)."""
 
 import json
 import socket
-import threading
 import time
 
 import httpx
@@ -289,9 +288,6 @@ def test_a_device_process_that_dies_is_started_again_and_its_requests_go_elsewhe
         want = r.json()["choices"][0]["message"]["content"]
         held, pid = set(w.index), w.info["pid"]
         assert pid != os.getpid() and other.info["pid"] not in (pid, os.getpid())
-        # the processes' sockets are read by the server's event loop, not by threads
-        assert not [t for t in threading.enumerate() if t.name.endswith("-reader")]
-        assert all(x._attached is not None for x in srv.engine.workers)
 
         os.kill(pid, signal.SIGKILL)
         r = http.post(srv.base + "/v1/chat/completions", json=body)
@@ -317,7 +313,6 @@ def test_a_device_process_that_dies_is_started_again_and_its_requests_go_elsewhe
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want
         assert [x.load for x in srv.engine.workers] == [0, 0]
         assert srv.metric("ringkv_device_recoveries_total") == 2
-        assert not [t for t in threading.enumerate() if t.name.endswith("-reader")]
 
 
 def test_index_rebuilt_from_the_image_after_a_restart(tmp_path):
