@@ -34,7 +34,7 @@ CAUGHT = ("address", "error", "extents", "span", "stale")
 
 def run_sby(name, depth, **kwargs) -> str:
     return bmc(TieredFormalHarness(**kwargs), BUILD_ROOT / "formal" / f"tiered_{name}", depth,
-               skip=True)
+               last_step_only=True)
 
 
 @requires_yowasp
