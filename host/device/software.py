@@ -479,6 +479,12 @@ class SoftwareDevice(Device):
                     hot_slot_tokens=self.layout.token_sectors_max if t is None else t,
                     resident_regions=sorted(g.resident()))
 
+    def lose_sdram(self) -> None:
+        """A power cut of the board: the SDRAM hot tier's copies are lost (the card, here the
+        store, keeps every record); nothing without a tier."""
+        if self.tier is not None:
+            self.card.golden.power_cut()
+
     def _drop(self, region: int) -> None:
         """The gateware's directory deleted the record of ``region``: its SDRAM copy goes."""
         if self.tier is not None:

@@ -12,7 +12,7 @@ top's ``storage_info`` port (initialised, card type, high speed, capacity) and t
 port's error record: every status with an error that passes the port (the DMA's transfers,
 the recovery scan's, ``SECTOR_READ``'s) sets ``last_error`` and counts in ``errors``
 (saturating). With an SDRAM hot tier (``RingKVTop(tier=...)``) it first asks the tiered
-storage for its residents (the hot tier's ``COUNT``: ``slots + 3`` clocks, more while a storage
+storage for its residents (the hot tier's ``COUNT``: ``slots + 4`` clocks, more while a storage
 transfer runs) and reports them with the tier's parameters.
 
 The same unit sends the tiered storage the region of every record the directory deletes

@@ -64,8 +64,9 @@ a one-byte register per tier and takes the next when both have taken theirs (or 
 tier whose status came early no longer gates the other). Every stream may stall at any time.
 ``cmd`` is taken only when idle; ``status`` holds until taken. ``drop`` and ``residents_req``
 are taken only when idle and no ``cmd`` is offered (``cmd`` first, then ``drop``): a DROP
-keeps the block 3 clocks (``1 +`` the hot tier's 2), a COUNT ``slots + 3`` and then until
-``residents`` is taken; a command offered meanwhile waits.
+keeps the block 4 clocks (idle again 4 clocks after the drop's transfer), a COUNT gives
+``residents.valid`` ``slots + 4`` clocks after the request's transfer and holds until it is
+taken; a command offered meanwhile waits.
 """
 
 from types import SimpleNamespace

@@ -80,3 +80,18 @@ def test_hot_tier_on_the_simulated_device(tmp_path, capsys):
         assert tier(dev)["hot_residents"] == 0
         print(f"QUERY of A from SDRAM {sdram_cycles} clocks; of B from the card (the same "
               f"byte per clock here) {dev.counters['device_cycles'] - before}")
+
+
+def test_short_demo_with_the_hot_tier(tmp_path, capsys):
+    """``ringkv demo --sdram``'s scenario, short form: every generated token and decision as
+    without the tier (the software twin with the same tier), and at the end the tier's
+    residents equal to the software device's (its SDRAM lost at the power cut as the
+    simulator's)."""
+    from ringkv.defs.config import TRAINED_DEMO_CONFIG
+    from ringkv.sim.system_demo import run_system_demo, short_scenario
+    assert run_system_demo(workdir=tmp_path, steps=short_scenario(), verbose=True,
+                           config=TRAINED_DEMO_CONFIG, sdram="") == 0
+    out = capsys.readouterr().out
+    assert "SDRAM hot tier: " in out and "the software device's twin: " in out, out
+    assert "identical to the software-only run" in out
+    print(out[out.index("SDRAM hot tier: "):][:200])
