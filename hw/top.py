@@ -7,6 +7,8 @@
                               │       ├─► CacheDirectory (+ allocator; its probe stream fed
                               │       │   by the HashEngine through a key FIFO: QUERY_PREFIX)
                               │       ├─► DmaEngine ─── storage port (muxed with SECTOR_READ)
+                              │       │      │    └─ (tier: TieredStorage ─┬─ storage: card
+                              │       │      │                            └─ sdram)
                               │       │      └─ ring port ─► AttentionCore ring/meta
                               │       │                      (muxed with RING_READ)
                               │       └─► AttentionCore (cmd / i / o / status)
@@ -26,6 +28,7 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
+from ringkv.defs.hot_tier import TIER_KEYS, tier_parameters
 from ringkv.defs.mac import KEY_SLOTS, SEED_BYTES
 from ringkv.defs.protocol import (
     DEFAULT_MAX_PAYLOAD,
@@ -54,6 +57,7 @@ from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
 from .storage.dma import DmaEngine
 from .storage.port import StorageInfoSignature, StoragePortSignature
+from .storage.tiered import TieredStorage
 from .store.directory import CacheDirectory
 from .store.hash_engine import HashEngine
 from .store.token_memory import TokenMemory
@@ -107,6 +111,15 @@ class RingKVTop(wiring.Component):
         (an open device accepts unauthenticated records), and an open build has no MAC at all
         (its gateware is the device's before sealing existed, with the key opcodes answered
         ``UNKNOWN_OP``).
+    tier : dict or None
+        The SDRAM hot tier (issue #35; ``docs/blocks/tiered_storage.md``): ``None`` (the
+        default) for none; a dict of :func:`ringkv.defs.hot_tier.tier_parameters`' keywords
+        (``{}``: the ULX3S's 32 MB part, compact slots of ``BOARD_SLOT_TOKEN_SECTORS`` token
+        sectors, as many slots as fit, at most ``regions``) puts a
+        :class:`~ringkv.hw.storage.tiered.TieredStorage` between the DMA and the card: the top
+        then has an ``sdram`` port (to the SDRAM sector store; slot ``s`` from its sector
+        ``s * slot_sectors``), the directory's deletes drop their regions' copies, and
+        ``STORAGE_INFO`` reports the tier. :attr:`tier` is the resolved dict.
 
     Ports
     -----
@@ -114,7 +127,8 @@ class RingKVTop(wiring.Component):
     ``storage`` (:class:`~ringkv.hw.storage.StoragePortSignature`, initiator side),
     ``storage_info`` (:class:`~ringkv.hw.storage.StorageInfoSignature`, flipped: the SD
     controller's ready, card type, high speed and capacity, for ``STORAGE_INFO``; all 0 when
-    nothing drives them).
+    nothing drives them); with a tier, ``sdram`` (:class:`~ringkv.hw.storage.StoragePortSignature`,
+    initiator side: the SDRAM sector store), and ``storage`` is the card behind it.
 
     Behaviour
     ---------
@@ -150,7 +164,7 @@ class RingKVTop(wiring.Component):
                  buckets: int | None = None, lanes: int = 4, macs: int = 8,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
-                 sd_clock_hz: int = 0, sealed: bool = False):
+                 sd_clock_hz: int = 0, sealed: bool = False, tier: dict | None = None):
         check_type("config", config, RingKVConfig)
         check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
@@ -186,6 +200,22 @@ class RingKVTop(wiring.Component):
         self._max_payload, self._base_lba = max_payload, base_lba
         self._storage_kind, self._sd_clock_hz = storage_kind, sd_clock_hz
         self._layout = RecordLayout(config)
+        tier_bug = None
+        if tier is not None:
+            check_type("tier", tier, dict)
+            unknown = sorted(set(tier) - set(TIER_KEYS) - {"_bug"})
+            if unknown:
+                raise ValueError(f"unknown tier keys {unknown}; known: {list(TIER_KEYS)}")
+            tier_bug = tier.get("_bug")          # a test's broken variant of the block
+            tier = tier_parameters(self._layout, regions,
+                                   **{k: v for k, v in tier.items() if k != "_bug"})
+        self._tier = tier
+        if tier is not None:
+            self.tier_storage = TieredStorage(
+                regions=regions, sectors_per_region=self._layout.sectors_per_region,
+                base_lba=base_lba, kv_sector=self._layout.kv_sector, slots=tier["slots"],
+                slot_token_sectors=tier["slot_token_sectors"],
+                stamp_width=tier["stamp_width"], _bug=tier_bug)
         # children built here so that their parameter checks run at construction
         self.decoder = FrameDecoder(max_payload=max_payload, timeout=timeout)
         self.encoder = FrameEncoder()
@@ -208,12 +238,19 @@ class RingKVTop(wiring.Component):
             #: dispatcher's registers, a simulation observation point).
             self.tenant_seeds = [Signal(8 * SEED_BYTES, name=f"tenant_seed{k}")
                                  for k in range(KEY_SLOTS)]
-        super().__init__({
+        ports = {
             "rx": In(stream.Signature(8)),
             "tx": Out(stream.Signature(8)),
             "storage": Out(StoragePortSignature()),
             "storage_info": In(StorageInfoSignature()),
-        })
+        }
+        if tier is not None:
+            ports["sdram"] = Out(StoragePortSignature())
+        super().__init__(ports)
+        #: The storage port the DMA and SECTOR_READ drive (not a port): ``storage`` itself, or
+        #: with a tier the tiered storage's target side.
+        self.initiator = (self.storage if tier is None
+                          else StoragePortSignature().create(path=("initiator",)))
         #: High while the recovery scan runs (not a port: a simulation observation point;
         #: the link's STORAGE_STATUS reports the same).
         self.recovering = Signal()
@@ -228,6 +265,8 @@ class RingKVTop(wiring.Component):
     storage_kind = property(lambda self: self._storage_kind)
     sd_clock_hz = property(lambda self: self._sd_clock_hz)
     sealed = property(lambda self: self._sealed)
+    #: the SDRAM hot tier's parameters (:func:`ringkv.defs.hot_tier.tier_parameters`), or None
+    tier = property(lambda self: self._tier)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):
@@ -242,6 +281,11 @@ class RingKVTop(wiring.Component):
         wiring.connect(m, wiring.flipped(self.rx), dec.i)
         wiring.connect(m, enc.o, wiring.flipped(self.tx))
         wiring.connect(m, dma.tokens, tm.read_port(1))
+        if self._tier is not None:
+            m.submodules.tier = tier = self.tier_storage
+            wiring.connect(m, self.initiator, tier.storage)
+            wiring.connect(m, tier.card, wiring.flipped(self.storage))
+            wiring.connect(m, tier.sdram, wiring.flipped(self.sdram))
         if self._sealed:
             # keys: written by the key unit, read only by the MAC; the MAC shared by the DMA
             # and the seed derivation; the DMA sees the slots' ids and set bits

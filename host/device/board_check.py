@@ -12,7 +12,8 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    ``CONFIG_DIGEST`` against the host's configuration (a difference names the field).
 3. **storage**: ``STORAGE_INFO`` (the SD mode, bus width and clock of the bitstream; the card
    initialised, its type, SDSC or SDHC/SDXC, from its OCR, and its capacity from its CSD, which
-   SPI mode does not read; the last storage error), the device's own recovery scan at power-on
+   SPI mode does not read; the last storage error; the SDRAM hot tier, when the build has one:
+   its slots, how many hold a record, their shape), the device's own recovery scan at power-on
    has ended (``STORAGE_STATUS``: ready, regions scanned, records found, regions freed, its
    clocks), the card is large enough for every region, and it answers ``SECTOR_READ`` of the
    first and of the last sector the device's regions use.
@@ -68,7 +69,8 @@ from ..record import RecordError, decode_header, encode_record
 from .fpga import ConfigMismatch, DeviceNotReady, FpgaDevice
 from .link import DeviceError, Link, LinkError
 
-__all__ = ["BoardCheck", "StepResult", "main", "PING_SIZES", "describe_storage"]
+__all__ = ["BoardCheck", "StepResult", "main", "PING_SIZES", "describe_storage",
+           "describe_tier"]
 
 #: Default PING payload sizes of the link step (bytes).
 PING_SIZES = (0, 1, 16, 255, 1024, 4096)
@@ -89,7 +91,7 @@ def describe_storage(info: dict) -> str:
     """
     kind = info["kind"]
     if kind is StorageKind.NONE:
-        return "no SD controller in this build (a simulation's sector model)"
+        return "no SD controller in this build (a simulation's sector model)" + _tier(info)
     mode = ("native 4-bit bus" if kind is StorageKind.SD_NATIVE
             else f"SPI mode ({info['bus_width']}-bit)")
     clock = info["sd_clock_hz"] / 1e6
@@ -105,7 +107,22 @@ def describe_storage(info: dict) -> str:
         state += ", high speed"
     errors = (f"; {info['errors']} storage errors, the last {info['last_error'].name}"
               if info["errors"] else "")
-    return f"SD card, {mode} at {clock:g} MHz: {card}, {size}, {state}{errors}"
+    return f"SD card, {mode} at {clock:g} MHz: {card}, {size}, {state}{errors}{_tier(info)}"
+
+
+def describe_tier(info: dict) -> str:
+    """The SDRAM hot tier of a :meth:`~ringkv.host.device.fpga.FpgaDevice.storage_info`
+    record, in words: ``SDRAM hot tier: 3 of 240 slots hold a record (273 sectors a slot, 16
+    token sectors)``, or ``no SDRAM hot tier``."""
+    if not info.get("hot_slots"):
+        return "no SDRAM hot tier"
+    return (f"SDRAM hot tier: {info['hot_residents']} of {info['hot_slots']} slots hold a "
+            f"record ({info['hot_slot_sectors']} sectors a slot, {info['hot_slot_tokens']} "
+            f"token sectors)")
+
+
+def _tier(info: dict) -> str:
+    return f"; {describe_tier(info)}" if info.get("hot_slots") else ""
 
 
 @dataclasses.dataclass

@@ -471,7 +471,10 @@ class FpgaDevice(Device):
         codes decoded: ``kind`` (:class:`~ringkv.defs.protocol.StorageKind`), ``card_type``
         (:class:`~ringkv.defs.protocol.CardType`), ``last_error``
         (:class:`~ringkv.defs.protocol.StorageError`), ``initialised`` and ``high_speed``
-        as bools; ``sectors`` 0 means unknown (SPI mode does not read the card's CSD)."""
+        as bools; ``sectors`` 0 means unknown (SPI mode does not read the card's CSD). The
+        SDRAM hot tier (protocol version 5): ``hot_slots`` (0: the build has none),
+        ``hot_residents`` (committed SDRAM copies now), ``hot_slot_sectors``,
+        ``hot_slot_tokens`` (token sectors a slot holds)."""
         r = STORAGE_INFO.unpack(self._call(Op.STORAGE_INFO))
         r["kind"] = StorageKind(r["kind"])
         r["card_type"] = CardType(r["card_type"])
@@ -479,6 +482,15 @@ class FpgaDevice(Device):
         r["initialised"] = bool(r["initialised"])
         r["high_speed"] = bool(r["high_speed"])
         return r
+
+    def hot_tier(self) -> dict:
+        """The SDRAM hot tier of ``STORAGE_INFO``: ``hot_slots`` (0: the build has none),
+        ``hot_residents``, ``hot_slot_sectors``, ``hot_slot_tokens`` (as
+        :meth:`SoftwareDevice.hot_tier <ringkv.host.device.software.SoftwareDevice.hot_tier>`
+        gives them, without its ``resident_regions``: the device does not list them)."""
+        info = self.storage_info()
+        return {k: info[k] for k in ("hot_slots", "hot_residents", "hot_slot_sectors",
+                                     "hot_slot_tokens")}
 
     def wait_ready(self, timeout: float | None = None, progress=None, poll: float = 0.02
                    ) -> dict:

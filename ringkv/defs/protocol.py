@@ -60,7 +60,7 @@ REQUEST_OVERHEAD = 7
 #: Bytes of a response besides its payload: SYNC, op, seq, status, 2 length, 2 CRC.
 RESPONSE_OVERHEAD = 8
 #: Reported by ``Op.VERSION``; bump it when a frame layout or an opcode's payload changes.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: The frame CRC (the gateware builds it with ``amaranth.lib.crc``, the host computes it with
 #: ``binascii.crc_hqx``; a test checks both against these parameters).
 FRAME_CRC = CrcSpec("CRC16_XMODEM", width=16, polynomial=0x1021, initial=0, reflect=False,
@@ -149,7 +149,7 @@ IDEMPOTENT_OPS = frozenset({
 
 
 #: Reported by ``Op.VERSION``; bump when the gateware's behaviour changes.
-GATEWARE_VERSION = 4
+GATEWARE_VERSION = 5
 #: ``record_status`` of a QUERY whose directory lookup missed (the DMA did not run).
 NO_RECORD = 0xFF
 #: ``RING_CLEAR`` of this layer clears every ring.
@@ -290,10 +290,16 @@ class StorageError(enum.Enum):
 #: :class:`StorageError`; 0: none), ``errors`` (failed storage operations since reset),
 #: ``sd_clock_hz`` (the SD clock of data transfers, from the build's dividers; 0 without a
 #: controller), ``sectors`` (the card's capacity in 512-byte sectors, from its CSD; 0 when
-#: unknown: the SPI controller does not read the CSD).
+#: unknown: the SPI controller does not read the CSD). Then the SDRAM hot tier
+#: (``RingKVTop(tier=...)``, ``docs/blocks/tiered_storage.md``; all 0 without one):
+#: ``hot_slots`` (SDRAM copies it can hold), ``hot_residents`` (committed copies now: the hot
+#: tier's ``COUNT``, read when the request is answered), ``hot_slot_sectors`` (sectors per
+#: slot) and ``hot_slot_tokens`` (token sectors a slot holds: ``slot_token_sectors``; a
+#: record's token sectors beyond it stay on the card).
 STORAGE_INFO = Layout((("kind", 1), ("card_type", 1), ("initialised", 1), ("bus_width", 1),
                        ("high_speed", 1), ("last_error", 1), ("errors", 4),
-                       ("sd_clock_hz", 4), ("sectors", 8)))
+                       ("sd_clock_hz", 4), ("sectors", 8), ("hot_slots", 2),
+                       ("hot_residents", 2), ("hot_slot_sectors", 2), ("hot_slot_tokens", 2)))
 
 #: The response of QUERY and EXPORT.
 SNAPSHOT_RESPONSE = Layout((("record_status", 1), ("dir_status", 1), ("link", 2), ("region", 4),
