@@ -46,10 +46,12 @@ from .commands.keys import KeyUnit, MacArbiter
 from .commands.link import LinkUnit
 from .commands.prefix import PrefixUnit
 from .commands.recovery import RecoveryUnit
+from .commands.sdram import SdramTestUnit
 from .commands.snapshot import SnapshotUnit
 from .commands.storage import StorageUnit
 from .commands.tokens import TokenUnit
 from .link.framing import FrameDecoder, FrameEncoder
+from .sdram.bist import BistSignature
 from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
 from .storage.dma import DmaEngine
@@ -62,9 +64,10 @@ __all__ = ["RingKVTop", "UNITS"]
 
 #: The dispatcher's command units, one per command family; together they execute every
 #: opcode of the build's requests (:func:`ringkv.defs.protocol.build_requests`; checked at
-#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``).
+#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``), ``SdramTestUnit`` a
+#: build's with the SDRAM self-test only (``SDRAM``).
 UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, AttentionUnit,
-         StorageUnit, RecoveryUnit, KeyUnit)
+         StorageUnit, RecoveryUnit, KeyUnit, SdramTestUnit)
 
 
 class RingKVTop(wiring.Component):
@@ -107,6 +110,10 @@ class RingKVTop(wiring.Component):
         (an open device accepts unauthenticated records), and an open build has no MAC at all
         (its gateware is the device's before sealing existed, with the key opcodes answered
         ``UNKNOWN_OP``).
+    sdram_test : bool
+        The build executes ``SDRAM_TEST`` (:data:`~ringkv.defs.protocol.SDRAM_OPS`) through its
+        ``sdram_test`` port (default: no; the ULX3S top with its SDRAM sets it and connects
+        the port to its :class:`~ringkv.hw.sdram.bist.SdramBist`).
 
     Ports
     -----
@@ -114,7 +121,8 @@ class RingKVTop(wiring.Component):
     ``storage`` (:class:`~ringkv.hw.storage.StoragePortSignature`, initiator side),
     ``storage_info`` (:class:`~ringkv.hw.storage.StorageInfoSignature`, flipped: the SD
     controller's ready, card type, high speed and capacity, for ``STORAGE_INFO``; all 0 when
-    nothing drives them).
+    nothing drives them); with ``sdram_test``, ``sdram_test``
+    (:class:`~ringkv.hw.sdram.bist.BistSignature`, requester side).
 
     Behaviour
     ---------
@@ -150,7 +158,8 @@ class RingKVTop(wiring.Component):
                  buckets: int | None = None, lanes: int = 4, macs: int = 8,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
-                 sd_clock_hz: int = 0, sealed: bool = False):
+                 sd_clock_hz: int = 0, sealed: bool = False,
+                 sdram_test: bool = False):
         check_type("config", config, RingKVConfig)
         check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
@@ -174,8 +183,11 @@ class RingKVTop(wiring.Component):
         check_int("sd_clock_hz", sd_clock_hz, low=0, high=(1 << 32) - 1)
         check_type("sealed", sealed, bool)
         self._sealed = sealed
-        self._units = tuple(u for u in UNITS if sealed or not u.SEALED)
-        requests = build_requests(sealed)
+        check_type("sdram_test", sdram_test, bool)
+        self._sdram_test = sdram_test
+        self._units = tuple(u for u in UNITS if (sealed or not u.SEALED)
+                            and (sdram_test or not u.SDRAM))
+        requests = build_requests(sealed, sdram_test)
         handled = [o for unit in self._units for o in unit.OPS]
         if sorted(handled, key=lambda o: o.value) != sorted(requests, key=lambda o: o.value):
             raise AssertionError(f"command units {sorted(o.name for o in handled)} do not "
@@ -213,6 +225,7 @@ class RingKVTop(wiring.Component):
             "tx": Out(stream.Signature(8)),
             "storage": Out(StoragePortSignature()),
             "storage_info": In(StorageInfoSignature()),
+            **({"sdram_test": Out(BistSignature())} if sdram_test else {}),
         })
         #: High while the recovery scan runs (not a port: a simulation observation point;
         #: the link's STORAGE_STATUS reports the same).
@@ -228,6 +241,8 @@ class RingKVTop(wiring.Component):
     storage_kind = property(lambda self: self._storage_kind)
     sd_clock_hz = property(lambda self: self._sd_clock_hz)
     sealed = property(lambda self: self._sealed)
+    #: the build executes SDRAM_TEST (its ``sdram_test`` port exists)
+    has_sdram_test = property(lambda self: self._sdram_test)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):
