@@ -12,7 +12,7 @@ The self-test writes over the whole SDRAM: the board top resets its hot tier whi
 runs (every copy in SDRAM dropped; the records stay on the card). The request is refused
 ``NOT_READY`` while the recovery scan runs (it uses the storage port, and so the tier), as the
 other requests of :data:`~ringkv.defs.protocol.RECOVERY_SCAN_GATED`. Latency: the self-test's
-(``hw/sdram/bist.py``: about 0.9 s for the whole 32 MB at 40 MHz, plus the pause); the
+(``hw/sdram/bist.py``: about 1.3 s for the whole 32 MB at 40 MHz, plus the pause); the
 dispatcher answers nothing else meanwhile.
 """
 
