@@ -376,6 +376,29 @@ class SdramModel:
             self._violate("bus", "the controller drives DQ outside a write burst")
         return out
 
+    @property
+    def quiet(self) -> bool:
+        """No burst in flight: the coming clocks need no data from the pins until the next
+        command (an adapter may then wait for one and :meth:`advance` over the clocks
+        between)."""
+        return not (self.read_words or self.write_words or self.read_tail)
+
+    def advance(self, clocks: int):
+        """``clocks`` clocks of INHIBIT with DQ undriven by either side, at once (only while
+        :attr:`quiet`): the same checks as that many :meth:`step` calls (the refresh
+        deadline, a row open too long), reported at the last of them."""
+        if clocks <= 0:
+            return
+        if not self.quiet:
+            raise RuntimeError("advance() with a burst in flight")
+        self.cycle += clocks
+        self._refresh_deadline()
+        for bank in self.banks:
+            if bank.open and self.cycle - bank.act > self.t.ras_max:
+                self._violate("tras", f"row open {self.cycle - bank.act} clocks, at most "
+                              f"{self.t.ras_max}")
+                bank.act = self.cycle
+
     def _stuck(self, value: int) -> int:
         if self.dq_stuck is None:
             return value
