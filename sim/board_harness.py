@@ -48,6 +48,7 @@ from .harness import SimDevice, check_cut_after, check_image, check_port, progre
 from .toolchain import setup_environ
 
 __all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GATE_PAD_MODEL",
+           "ODDR_MODEL",
            "ecp5_share", "gate_netlist", "mult18x18d_model", "ecp5_cells_sim",
            "check_dp16kd_clocks", "DP16KD_BODY", "GateBoardDevice",
            "build_board", "serve_board", "BoardDevice", "main"]
@@ -166,6 +167,8 @@ def expose_bidir_pads(text: str, top: str = BOARD_TOP, pad: str = "BB") -> str:
 IO_MODELS = Path(__file__).resolve().parent / "ecp5_io_sim.v"
 #: The gate-level build's pad model (the netlist's TRELLIS_IO renamed to RINGKV_GATE_PAD).
 GATE_PAD_MODEL = Path(__file__).resolve().parent / "ecp5_gate_sim.v"
+#: The output DDR register (the SDRAM clock's ``ODDRX1F``), for both builds.
+ODDR_MODEL = Path(__file__).resolve().parent / "ecp5_oddr_sim.v"
 
 
 def ecp5_share() -> Path:
@@ -350,7 +353,7 @@ def _recipe(config, top_kwargs) -> str:
     ``ringkv.boards``), this module (the pad split, the Verilator options), the pad models and
     the tools' versions. A build made from the same recipe is reused without elaborating."""
     sources = sources_digest(("ringkv.hw", "ringkv.defs", "ringkv.boards"),
-                              files=(__file__, IO_MODELS),
+                              files=(__file__, IO_MODELS, ODDR_MODEL),
                               dists=("amaranth", "amaranth-boards", "verilator", "cocotb"))
     return json.dumps({"config": config.canonical().decode(), "top": top_kwargs,
                        "sources": sources, "args": BUILD_ARGS}, sort_keys=True)
@@ -420,7 +423,8 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             share = ecp5_share()
             check_dp16kd_clocks(source.read_text())
             models = [ecp5_cells_sim(build_dir / "ecp5_cells_sim.v"),
-                      mult18x18d_model(build_dir / "mult18x18d_sim.v"), GATE_PAD_MODEL]
+                      mult18x18d_model(build_dir / "mult18x18d_sim.v"), GATE_PAD_MODEL,
+                      ODDR_MODEL]
             args = BUILD_ARGS + ["-Wno-ASSIGNIN"]   # inout pads on input ports, undriven
             includes = [share]
         else:
@@ -429,7 +433,7 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             text = expose_bidir_pads(board_verilog(top, build_dir / "platform.v").read_text())
             if old != text:
                 source.write_text(text)
-            models, args, includes = [IO_MODELS], BUILD_ARGS, []
+            models, args, includes = [IO_MODELS, ODDR_MODEL], BUILD_ARGS, []
         current = source.read_text() if not gate else (build_dir / "gate.key").read_text()
         binary = build_dir / BOARD_TOP
         vlt = build_dir / "pins_public.vlt"

@@ -21,11 +21,3 @@ module RINGKV_GATE_PAD(inout B, input I, input T, output O);
   endgenerate
 endmodule
 
-// ODDRX1F (the SDRAM clock's output DDR register): yosys ships only a blackbox
-// (share/ecp5/cells_bb.v); D0 while SCLK is high, D1 while it is low, both registered at the
-// rising edge (as sim/ecp5_io_sim.v's). Its output reaches a pad of the netlist.
-module ODDRX1F (input D0, input D1, input SCLK, input RST, output Q);
-  reg q0 = 1'b0, q1 = 1'b0;
-  always @(posedge SCLK) begin q0 <= D0; q1 <= D1; end
-  assign Q = SCLK ? q0 : q1;
-endmodule

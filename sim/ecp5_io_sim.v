@@ -33,9 +33,9 @@ endmodule
 // The I/O cells' registers that amaranth's FFBuffer and DDRBuffer put at the SDRAM's pins
 // (the PHY of hw/sdram/phy.py): OFS1P3DX (output or output-enable register), IFS1P3DX (input
 // register), both with SP (clock enable) and CD (asynchronous clear, tied to 0 by amaranth);
-// FD1S3AX (the DDR buffer's output-enable delay); ODDRX1F (the SDRAM clock: D0 while SCLK is
-// high, D1 while it is low, both registered at the rising edge). Zero delay, two states; the
-// registers start at 0 as the device's after configuration.
+// FD1S3AX (the DDR buffer's output-enable delay). The SDRAM clock's ODDRX1F is in
+// ecp5_oddr_sim.v (the gate-level build uses it too). Zero delay, two states; the registers
+// start at 0 as the device's after configuration.
 module OFS1P3DX (input D, input SP, input SCLK, input CD, output reg Q);
   initial Q = 1'b0;
   always @(posedge SCLK or posedge CD)
@@ -51,10 +51,4 @@ endmodule
 module FD1S3AX (input D, input CK, output reg Q);
   initial Q = 1'b0;
   always @(posedge CK) Q <= D;
-endmodule
-
-module ODDRX1F (input D0, input D1, input SCLK, input RST, output Q);
-  reg q0 = 1'b0, q1 = 1'b0;
-  always @(posedge SCLK) begin q0 <= D0; q1 <= D1; end
-  assign Q = SCLK ? q0 : q1;
 endmodule
