@@ -272,8 +272,10 @@ class ULX3STop(Elaboratable):
         self.sdram_chip = chip = board_chip(sdram)
         self.sdram_cl = cl
         self.sdram_tck_ns = 1000 / self.pll["f_out_mhz"]
-        # the controller's own checks (CAS latency at this clock, ...) before any elaboration
-        SdramController(chip, tck_ns=self.sdram_tck_ns, cl=cl, bl=SDRAM_BL, ports=2)
+        # the controller's own checks (CAS latency at this clock, ...) before any elaboration;
+        # this instance is never elaborated (the real one takes the platform's pins)
+        probe = SdramController(chip, tck_ns=self.sdram_tck_ns, cl=cl, bl=SDRAM_BL, ports=2)
+        probe._MustUse__silence = True
         self.sdram_plan = sdram_clock_plan(chip, self.sdram_tck_ns, cl,
                                            vco_mhz=self.pll["f_vco_mhz"], phase_deg=phase)
         layout = self.top.record_layout

@@ -73,6 +73,8 @@ def test_ecp5_figures_are_the_documented_assumptions():
 def test_parameter_errors():
     with pytest.raises(ValueError, match=r"^Unknown SDRAM part '16MB'"):
         ULX3STop(SMOKE_CONFIG, clock="sim", sdram="16MB", **SMOKE_TOP)
+    with pytest.raises(ValueError, match=r"^CAS latency must be 2 or 3, not 4$"):
+        ULX3STop(SMOKE_CONFIG, sdram_cl=4, **SMOKE_TOP)
     assert not ULX3STop(SMOKE_CONFIG, sys_mhz=60, **SMOKE_TOP).sdram_plan.closes
     top = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_phase=90, **SMOKE_TOP)
     assert top.sdram_plan.phase_deg == pytest.approx(90)
