@@ -49,10 +49,12 @@ from .commands.keys import KeyUnit, MacArbiter
 from .commands.link import LinkUnit
 from .commands.prefix import PrefixUnit
 from .commands.recovery import RecoveryUnit
+from .commands.sdram import SdramTestUnit
 from .commands.snapshot import SnapshotUnit
 from .commands.storage import StorageUnit
 from .commands.tokens import TokenUnit
 from .link.framing import FrameDecoder, FrameEncoder
+from .sdram.bist import BistSignature
 from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
 from .storage.dma import DmaEngine
@@ -66,9 +68,10 @@ __all__ = ["RingKVTop", "UNITS"]
 
 #: The dispatcher's command units, one per command family; together they execute every
 #: opcode of the build's requests (:func:`ringkv.defs.protocol.build_requests`; checked at
-#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``).
+#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``), ``SdramTestUnit`` a
+#: build's with the SDRAM self-test only (``SDRAM``).
 UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, AttentionUnit,
-         StorageUnit, RecoveryUnit, KeyUnit)
+         StorageUnit, RecoveryUnit, KeyUnit, SdramTestUnit)
 
 
 class RingKVTop(wiring.Component):
@@ -120,6 +123,10 @@ class RingKVTop(wiring.Component):
         then has an ``sdram`` port (to the SDRAM sector store; slot ``s`` from its sector
         ``s * slot_sectors``), the directory's deletes drop their regions' copies, and
         ``STORAGE_INFO`` reports the tier. :attr:`tier` is the resolved dict.
+    sdram_test : bool
+        The build executes ``SDRAM_TEST`` (:data:`~ringkv.defs.protocol.SDRAM_OPS`) through its
+        ``sdram_test`` port (default: no; the ULX3S top with its SDRAM sets it and connects
+        the port to its :class:`~ringkv.hw.sdram.bist.SdramBist`).
 
     Ports
     -----
@@ -128,7 +135,9 @@ class RingKVTop(wiring.Component):
     ``storage_info`` (:class:`~ringkv.hw.storage.StorageInfoSignature`, flipped: the SD
     controller's ready, card type, high speed and capacity, for ``STORAGE_INFO``; all 0 when
     nothing drives them); with a tier, ``sdram`` (:class:`~ringkv.hw.storage.StoragePortSignature`,
-    initiator side: the SDRAM sector store), and ``storage`` is the card behind it.
+    initiator side: the SDRAM sector store), and ``storage`` is the card behind it; with
+    ``sdram_test``, ``sdram_test`` (:class:`~ringkv.hw.sdram.bist.BistSignature`, requester
+    side).
 
     Behaviour
     ---------
@@ -164,7 +173,8 @@ class RingKVTop(wiring.Component):
                  buckets: int | None = None, lanes: int = 4, macs: int = 8,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
-                 sd_clock_hz: int = 0, sealed: bool = False, tier: dict | None = None):
+                 sd_clock_hz: int = 0, sealed: bool = False, tier: dict | None = None,
+                 sdram_test: bool = False):
         check_type("config", config, RingKVConfig)
         check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
@@ -188,8 +198,11 @@ class RingKVTop(wiring.Component):
         check_int("sd_clock_hz", sd_clock_hz, low=0, high=(1 << 32) - 1)
         check_type("sealed", sealed, bool)
         self._sealed = sealed
-        self._units = tuple(u for u in UNITS if sealed or not u.SEALED)
-        requests = build_requests(sealed)
+        check_type("sdram_test", sdram_test, bool)
+        self._sdram_test = sdram_test
+        self._units = tuple(u for u in UNITS if (sealed or not u.SEALED)
+                            and (sdram_test or not u.SDRAM))
+        requests = build_requests(sealed, sdram_test)
         handled = [o for unit in self._units for o in unit.OPS]
         if sorted(handled, key=lambda o: o.value) != sorted(requests, key=lambda o: o.value):
             raise AssertionError(f"command units {sorted(o.name for o in handled)} do not "
@@ -246,6 +259,8 @@ class RingKVTop(wiring.Component):
         }
         if tier is not None:
             ports["sdram"] = Out(StoragePortSignature())
+        if sdram_test:
+            ports["sdram_test"] = Out(BistSignature())
         super().__init__(ports)
         #: The storage port the DMA and SECTOR_READ drive (not a port): ``storage`` itself, or
         #: with a tier the tiered storage's target side.
@@ -267,6 +282,8 @@ class RingKVTop(wiring.Component):
     sealed = property(lambda self: self._sealed)
     #: the SDRAM hot tier's parameters (:func:`ringkv.defs.hot_tier.tier_parameters`), or None
     tier = property(lambda self: self._tier)
+    #: the build executes SDRAM_TEST (its ``sdram_test`` port exists)
+    has_sdram_test = property(lambda self: self._sdram_test)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):
@@ -282,7 +299,20 @@ class RingKVTop(wiring.Component):
         wiring.connect(m, enc.o, wiring.flipped(self.tx))
         wiring.connect(m, dma.tokens, tm.read_port(1))
         if self._tier is not None:
-            m.submodules.tier = tier = self.tier_storage
+            tier = self.tier_storage
+            if self._sdram_test:
+                # SDRAM_TEST overwrites the SDRAM: from its command to its result the tier is
+                # held in reset (its copies dropped, as at a power cut: reads go to the card);
+                # the dispatcher runs nothing else meanwhile, so the DMA is idle
+                testing = Signal()
+                cmd, result = self.sdram_test.cmd, self.sdram_test.result
+                with m.If(cmd.valid & cmd.ready):
+                    m.d.sync += testing.eq(1)
+                with m.Elif(result.valid & result.ready):
+                    m.d.sync += testing.eq(0)
+                m.submodules.tier = ResetInserter(testing)(tier)
+            else:
+                m.submodules.tier = tier
             wiring.connect(m, self.initiator, tier.storage)
             wiring.connect(m, tier.card, wiring.flipped(self.storage))
             wiring.connect(m, tier.sdram, wiring.flipped(self.sdram))

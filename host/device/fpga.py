@@ -40,6 +40,7 @@ from ringkv.defs.protocol import (
     RING_CLEAR_ALL,
     RING_ELEMENTS,
     RING_META,
+    SDRAM_TEST_RESPONSE,
     SNAPSHOT_RESPONSE,
     STORAGE_INFO,
     CardType,
@@ -61,6 +62,7 @@ from ringkv.defs.record import (
     ring_elements,
     token_bytes,
 )
+from ringkv.defs.sdram import BistPhase
 
 from .. import errors
 from ..errors import ConfigError, DeviceError, KeyRequired
@@ -491,6 +493,17 @@ class FpgaDevice(Device):
         info = self.storage_info()
         return {k: info[k] for k in ("hot_slots", "hot_residents", "hot_slot_sectors",
                                      "hot_slot_tokens")}
+
+    def sdram_test(self, tests: int, words: int = 0, pause_ms: int = 0) -> dict:
+        """``SDRAM_TEST``: the board's SDRAM self-test (a build with an SDRAM only; another
+        build answers ``UNKNOWN_OP``). ``tests``: :class:`~ringkv.defs.sdram.BistTest` bits;
+        ``words`` of the full pattern (0: the whole part); ``pause_ms`` of the retention test.
+        Returns the :data:`~ringkv.defs.protocol.SDRAM_TEST_RESPONSE` record with ``failed``
+        as a :class:`~ringkv.defs.sdram.BistPhase`."""
+        r = SDRAM_TEST_RESPONSE.unpack(self._call(Op.SDRAM_TEST, tests=int(tests), words=words,
+                                                  pause_ms=pause_ms))
+        r["failed"] = BistPhase(r["failed"])
+        return r
 
     def wait_ready(self, timeout: float | None = None, progress=None, poll: float = 0.02
                    ) -> dict:

@@ -27,6 +27,7 @@ from ringkv.host.device.ops import pack_attn, pack_tokens
 from ringkv.hw.storage.port import StorageOp
 from ringkv.sim.sector_model import SectorImage
 from ringkv.sim.tiered_sim import lose_sdram
+from ringkv.sim.streams import tick_until
 from ringkv.sim.top_bench import image_for, run_top
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -169,3 +170,57 @@ def test_storage_info_reports_the_tier_and_a_delete_drops_the_copy(bug):
     assert out["reads"] == 6                   # two QUERYs' header, tokens and K/V from SDRAM
     assert out["reads_after"] == out["reads"]  # a miss: the directory has no entry
     assert out["after_delete"]["hot_residents"] == (1 if bug else 0)
+
+
+@pytest.mark.slow       # a minute or two of the whole top; the board check runs SDRAM_TEST too
+def test_sdram_test_empties_the_tier_and_the_card_serves_after_it():
+    """A top with both the tier and ``SDRAM_TEST`` (the ULX3S top's build): the self-test
+    overwrites the SDRAM (here the stand-in for the BIST scribbles over the whole image), so
+    the top holds the tier in reset from the test's command to its result: 1 resident before,
+    0 after, and the QUERY of the exported record then hits from the card, reading nothing from
+    SDRAM. Without the reset (tried: ``ResetInserter(testing & 0)``) the copy stays resident,
+    the QUERY imports the scribbled bytes, fails their check and answers ``MISS``."""
+    rng = np.random.default_rng(9)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    top = make_top(tier={}, sdram_test=True)
+    sdram = SectorImage(None, top.tier["sdram_sectors"])
+    lose_sdram(sdram, random.Random(2))
+    card_log, sdram_log, out = [], [], {}
+    port = top.sdram_test
+
+    async def bist(ctx):
+        ctx.set(port.cmd.ready, 1)
+        while True:
+            valid = (await ctx.tick().sample(port.cmd.valid))[2]
+            if not valid:
+                continue
+            ctx.set(port.cmd.ready, 0)
+            lose_sdram(sdram, random.Random(3))         # the test's patterns
+            await ctx.tick().repeat(20)
+            ctx.set(port.result.valid, 1)
+            await tick_until(ctx, port.result.ready)
+            ctx.set(port.result.valid, 0)
+            ctx.set(port.cmd.ready, 1)
+
+    async def scenario(ctx, link):
+        async def residents():
+            return STORAGE_INFO.unpack(await link.call(ctx, Op.STORAGE_INFO))["hot_residents"]
+        await _scenario(tokens, rng, {}, {"n": 0})(ctx, link)
+        out["before"] = await residents()
+        await link.call(ctx, Op.SDRAM_TEST, req(Op.SDRAM_TEST, tests=1, words=0, pause_ms=0))
+        out["after"] = await residents()
+        out["sdram_reads"] = sum(c[0] == StorageOp.READ for c in sdram_log)
+        out["card_reads"] = sum(c[0] == StorageOp.READ for c in card_log)
+        r = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.QUERY, req(Op.QUERY,
+                                                                         n=len(tokens)),
+                                                     status=Status.HIT))
+        out["record_status"] = r["record_status"]
+        out["sdram_reads_after"] = sum(c[0] == StorageOp.READ for c in sdram_log)
+        out["card_reads_after"] = sum(c[0] == StorageOp.READ for c in card_log)
+
+    run_top(top, image_for(top), scenario, storage_log=card_log, sdram_image=sdram,
+            sdram_log=sdram_log, monitors=[bist])
+    assert (out["before"], out["after"]) == (1, 0)
+    assert out["record_status"] == RecordStatus.OK.value
+    assert out["sdram_reads_after"] == out["sdram_reads"]        # nothing from SDRAM
+    assert out["card_reads_after"] > out["card_reads"]           # the card served it
