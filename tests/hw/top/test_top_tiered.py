@@ -26,8 +26,8 @@ from ringkv.defs.record import RecordStatus, elem_bytes
 from ringkv.host.device.ops import pack_attn, pack_tokens
 from ringkv.hw.storage.port import StorageOp
 from ringkv.sim.sector_model import SectorImage
-from ringkv.sim.tiered_sim import lose_sdram
 from ringkv.sim.streams import tick_until
+from ringkv.sim.tiered_sim import lose_sdram
 from ringkv.sim.top_bench import image_for, run_top
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
