@@ -202,9 +202,10 @@ class SimHandle(LinkHandle):
     kind = "sim"
 
     def __init__(self, spec, config, *, image=None, workdir=None, timeout=60.0,
-                 top_kwargs=None, keys=None):
+                 top_kwargs=None, keys=None, card_pace="ideal"):
         super().__init__(spec, config, url="", timeout=timeout, keys=keys)
         self.top_kwargs = dict(top_kwargs or {})      # RingKVTop's parameters (regions, ...)
+        self.card_pace = card_pace                    # ringkv sim's --card-pace
         self._built = False
         # ``sim`` alone: a temporary card, made where the simulator runs (the device's
         # process), at its first start
@@ -227,6 +228,7 @@ class SimHandle(LinkHandle):
             # the first start builds (or finds) the Verilator model; a restart reuses it
             self.sim = SimDevice(self.image, config=self.config, prebuilt=self._built,
                                  log=self.image.with_suffix(".log"),
+                                 server_args=("--card-pace", self.card_pace),
                                  **top_parameters(self.top_kwargs, self.sealed))
             self._built = True
         self.url = self.sim.url
@@ -243,10 +245,12 @@ class SimHandle(LinkHandle):
 
 
 def parse_device(spec: str, config, *, capacity=None, attention_factory=None, timeout=60.0,
-                 workdir=None, top_kwargs=None, keys=None, hot_bytes=None) -> DeviceHandle:
+                 workdir=None, top_kwargs=None, keys=None, hot_bytes=None,
+                 card_pace="ideal") -> DeviceHandle:
     """A :class:`DeviceHandle` for one ``--device`` value (module docstring); ``top_kwargs``:
     a simulated board's ``RingKVTop`` parameters (``ringkv sim``'s: ``DEMO_TOP`` for the demo
-    shape); ``keys``: the record key ring of sealed devices (None: open)."""
+    shape); ``keys``: the record key ring of sealed devices (None: open); ``card_pace``: how
+    fast a simulated board's card is served (``ringkv sim --card-pace``)."""
     if not isinstance(spec, str) or not spec:
         raise UsageError(f"--device must name a device, not {spec!r}", param="--device")
     kind, _, rest = spec.partition(":")
@@ -256,7 +260,7 @@ def parse_device(spec: str, config, *, capacity=None, attention_factory=None, ti
                               hot_bytes=hot_bytes)
     if kind == "sim":
         return SimHandle(spec, config, image=rest or None, workdir=workdir, timeout=timeout,
-                         top_kwargs=top_kwargs, keys=keys)
+                         top_kwargs=top_kwargs, keys=keys, card_pace=card_pace)
     if spec.startswith("socket://") or spec.startswith("/") or spec.upper().startswith("COM"):
         return LinkHandle(spec, config, timeout=timeout, keys=keys)
     raise UsageError(f"--device {spec!r}: expected software[:IMAGE], sim[:IMAGE], "

@@ -157,6 +157,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "at once, in bytes (K, M, G: binary units; default 64M: 512 "
                         "conversations of the default shape, 128 KiB each). The card image "
                         "stays the persistence point")
+    p.add_argument("--sim-top", default=None, metavar="JSON",
+                   help="a simulated board's RingKVTop keyword arguments as JSON, as ringkv "
+                        "sim's --top (default: {} -- 64 regions --, with --config demo the "
+                        "demo's: 2 regions)")
+    p.add_argument("--sim-sdram", nargs="?", const="", default=None, metavar="PART",
+                   help="simulated boards with the SDRAM hot tier between the DMA and the card "
+                        "(RingKVTop(tier=...), docs/blocks/tiered_storage.md), as ringkv sim's "
+                        "--sdram: PART an SDRAM part (default the ULX3S's 32 MB one)")
+    p.add_argument("--sim-card-pace", choices=["ideal", "sd4"], default=None,
+                   help="how fast a simulated board's card is served, as ringkv sim's "
+                        "--card-pace: ideal (a byte a clock, the default) or sd4 (the board's "
+                        "SD native controller's pace)")
     p.add_argument("--max-batch", type=_count(1), default=None, metavar="N",
                    help="requests a device runs at once (continuous batching; default: as "
                         "many as its hot tier holds; 1: one request at a time)")
@@ -347,6 +359,45 @@ def _model_and_config(args):
     return model, config
 
 
+def sim_top(args, config, specs) -> dict:
+    """A simulated board's ``RingKVTop`` parameters: ``--sim-top`` (JSON), else ``ringkv
+    sim``'s top for the shape (the demo's for the demo shape), with ``--sim-sdram``'s hot tier;
+    checked by ``RingKVTop`` itself before any device starts. Any ``--sim-*`` option without a
+    ``sim`` device is a :class:`UsageError` (it would be silently ignored)."""
+    import json
+    sims = any(s.partition(":")[0] == "sim" for s in specs)
+    for name in ("sim_top", "sim_sdram", "sim_card_pace"):
+        if getattr(args, name) is not None and not sims:
+            raise UsageError(f"--{name.replace('_', '-')} applies to simulated boards "
+                             f"(--device sim) only", param=f"--{name.replace('_', '-')}")
+    if not sims:
+        return {}
+    from ringkv.sim.harness import DEMO_TOP, check_top
+    if args.sim_top is not None:
+        try:
+            top = json.loads(args.sim_top)
+        except ValueError as e:
+            raise UsageError(f"--sim-top is not JSON: {e}", param="--sim-top") from None
+        if not isinstance(top, dict):
+            raise UsageError("--sim-top must be a JSON object of RingKVTop's keyword "
+                             "arguments, e.g. '{\"regions\": 64}'", param="--sim-top")
+        if "sealed" in top:
+            raise UsageError("--sim-top: give --sealed instead of \"sealed\"",
+                             param="--sim-top")
+    else:
+        top = dict(DEMO_TOP) if args.config == "demo" else {}
+    if args.sim_sdram is not None:
+        tier = top.get("tier") or {}
+        if not isinstance(tier, dict):
+            raise UsageError("--sim-top: \"tier\" is a JSON object", param="--sim-top")
+        top["tier"] = {**tier, **({"part": args.sim_sdram} if args.sim_sdram else {})}
+    try:
+        check_top(config, {**top, **({"sealed": True} if args.sealed else {})})
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad --sim-top or --sim-sdram: {e}", param="--sim-top") from None
+    return top
+
+
 def build_server(args):
     """``(engine, app, model_name)`` for parsed arguments (nothing started yet)."""
     keys = api_keys(args)
@@ -365,14 +416,11 @@ def build_server(args):
         raise UsageError(f"--device {sorted(repeated - {'software', 'sim'})[0]} is named twice "
                          f"(only 'software', in memory, and 'sim', on a temporary card, may be "
                          f"repeated)", param="--device")
-    # a simulated board has ``ringkv sim``'s top for the shape: the demo's for the demo shape
-    top = {}
-    if args.config == "demo" and any(s.partition(":")[0] == "sim" for s in specs):
-        from ringkv.sim.harness import DEMO_TOP
-        top = dict(DEMO_TOP)
+    top = sim_top(args, config, specs)
     handles = [parse_device(s, config, capacity=args.capacity, attention_factory=backend,
                             timeout=args.timeout, top_kwargs=top, keys=ring,
-                            hot_bytes=args.hot_bytes) for s in specs]
+                            hot_bytes=args.hot_bytes,
+                            card_pace=args.sim_card_pace or "ideal") for s in specs]
     for i, h in enumerate(handles):
         if h.spec in repeated:
             h.name = f"{h.spec}-{i}"

@@ -6,7 +6,9 @@ the top's ``rx`` stream and its ``tx`` stream back to the socket, and serves the
 port from the image file (:class:`~ringkv.sim.sector_model.SectorImage`, fsync'd per sector:
 killing the simulator is a power cut, restarting it on the same image a power cycle). A top
 with an SDRAM hot tier (``sdram_sectors`` not 0) has its ``sdram`` port served the same way
-from memory: the SDRAM's contents are lost with the process, as at a power cut. With
+from memory: the SDRAM's contents are lost with the process, as at a power cut. The card is
+served a byte a clock, or at ``card_pace`` (``sector_model.CARD_PACES``: ``"sd4"``, the SD
+native controller's pace); the SDRAM always a byte a clock. With
 ``cut_after`` the power fails by itself after that many bytes written to storage: the sector
 being written is torn and the process exits at once.
 
@@ -28,7 +30,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
-from .sector_model import CocotbStorageServer, SectorImage
+from .sector_model import CARD_PACES, CocotbStorageServer, SectorImage
 
 __all__ = ["serve", "POWER_CUT_EXIT", "LISTEN_FAILED_EXIT"]
 
@@ -110,7 +112,8 @@ async def serve(dut):
     dut.rst.value = 0
 
     image = SectorImage(params["image"], params["sectors"])
-    storage = _EventStorage(dut, "storage", dut.clk, image, cut_after=params.get("cut_after"))
+    storage = _EventStorage(dut, "storage", dut.clk, image, cut_after=params.get("cut_after"),
+                            pace=CARD_PACES[params.get("card_pace") or "ideal"])
     cocotb.start_soon(_storage(storage))
     if params.get("sdram_sectors"):
         sdram = _EventStorage(dut, "sdram", dut.clk, SectorImage(None, params["sdram_sectors"]))

@@ -45,12 +45,13 @@ from ringkv.host.errors import (
 
 from . import procs
 from .cocotb_run import BUILD_ROOT
+from .sector_model import CARD_PACES
 from .toolchain import setup_environ
 from .verilog import write_verilog
 
 __all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME", "DEMO_TOP", "build_key",
            "check_image", "check_port", "check_cut_after", "progress", "sources_digest",
-           "top_parameters", "sdram_sectors"]
+           "top_parameters", "sdram_sectors", "check_top"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,13 @@ def top_parameters(top_kwargs: dict, sealed: bool = False) -> dict:
 def _top(config, top_kwargs):
     from ringkv.hw.top import RingKVTop
     return RingKVTop(config, **top_kwargs)
+
+
+def check_top(config: RingKVConfig, top_kwargs: dict) -> None:
+    """``RingKVTop``'s own parameter checks for ``top_kwargs`` (``ValueError``,
+    ``TypeError``), before any build: nothing is elaborated."""
+    top = _top(config, top_kwargs)
+    top._MustUse__silence = True        # built for its checks only: no UnusedElaboratable
 
 
 def sources_digest(packages=("ringkv.hw", "ringkv.defs"), files=(),
@@ -205,8 +213,12 @@ def sdram_sectors(config: RingKVConfig, top_kwargs: dict) -> int:
 
 def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: bool = False,
           prebuilt: bool = False, cut_after: int | None = None, sealed: bool = False,
-          **top_kwargs):
+          card_pace: str = "ideal", **top_kwargs):
     """Build if needed, then run the simulated device until killed (or one connection).
+
+    ``card_pace``: how fast the card image is served, a name of
+    :data:`~ringkv.sim.sector_model.CARD_PACES` (``"ideal"``: a byte a clock; ``"sd4"``: the
+    SD native controller's measured pace); the SDRAM of a hot tier is served a byte a clock.
 
     ``prebuilt``: kept for callers that have just run :func:`build_top` (the build cache makes
     every call after the first one fast anyway).
@@ -221,7 +233,7 @@ def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: 
     runner = get_runner("verilator")
     env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
                                        "sectors": sectors, "once": once,
-                                       "cut_after": cut_after,
+                                       "cut_after": cut_after, "card_pace": card_pace,
                                        "sdram_sectors": sdram_sectors(config, top_kwargs)}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
            "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING")}
@@ -471,6 +483,11 @@ def main(argv=None):
                              "32 MB MT48LC16M16A2-6A), compact slots of 16 token sectors, as "
                              "many slots as fit (at most the regions); --top's \"tier\" sets "
                              "the rest (slots, slot_token_sectors, sdram_bytes)")
+    parser.add_argument("--card-pace", choices=sorted(CARD_PACES), default="ideal",
+                        help="how fast the card image is served: ideal (a byte a clock, the "
+                             "default) or sd4 (the pace of the board's SD native controller at "
+                             "half the system clock, as bench storage measured it with the "
+                             "card model's best-case timing: about 4.1 clocks a byte)")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
                         help="(kept for scripts: a matching build is always reused)")
@@ -519,7 +536,7 @@ def main(argv=None):
           + ("sealed (key slots, tenants, record MAC)" if sealed else "open") + tier,
           file=sys.stderr, flush=True)
     serve(image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
-          cut_after=args.cut_after, sealed=sealed, **top)
+          cut_after=args.cut_after, sealed=sealed, card_pace=args.card_pace, **top)
     return 0
 
 

@@ -20,16 +20,59 @@ answers ``CARD`` at once (once; the storage contract's early error status), and 
 per-command failure hook (``fail(op, lba, count)``: ``None``, or the data bytes after which
 that transfer, a read or a write, ends early with ``CARD``). The tiered storage's tests serve
 both of its backends with it (``sim/tiered_sim.py``).
+
+:class:`CocotbStorageServer` also takes ``pace``, a :class:`StoragePace`: the clocks an SD
+card takes, instead of a byte a clock. :data:`CARD_PACES` names them: ``"sd4"`` is the pace of
+our SD native controller (``hw/storage/sdnative.py``, 4-bit bus at half the system clock) with
+the bit-level card model's best-case timing, as ``bench storage`` measured it (the
+``storage.sd4.*`` figures: 2,208 clocks for one sector read and 17,038 for eight, 2,549 and
+17,620 written). A real card is slower still (its read access time and write busy time are
+up to milliseconds, the model's 4 and 8 clocks): the pace is a lower bound of the card's cost.
 """
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
 
 from .streams import tick_until
 
-__all__ = ["SectorImage", "PowerCut", "serve_storage", "CocotbStorageServer"]
+__all__ = ["SectorImage", "PowerCut", "serve_storage", "CocotbStorageServer", "StoragePace",
+           "CARD_PACES"]
+
+
+@dataclass(frozen=True)
+class StoragePace:
+    """Clocks a storage target takes, beyond the one clock of each byte's handshake: a read
+    waits ``read_command`` clocks after its command, then ``read_gap`` before each sector and
+    ``byte - 1`` after each byte; a write waits ``byte - 1`` after each byte, ``write_gap``
+    after each sector and ``write_command`` before its status. One sector read costs
+    ``read_command + read_gap + 512 * byte`` clocks and each further one ``read_gap + 512 *
+    byte``; writes likewise."""
+    byte: int
+    read_command: int
+    read_gap: int
+    write_command: int
+    write_gap: int
+
+    def read_clocks(self, sectors: int) -> int:
+        """The clocks this pace adds to a read of ``sectors`` beyond a byte a clock."""
+        return self.read_command + sectors * (self.read_gap + SECTOR_BYTES * (self.byte - 1))
+
+    def write_clocks(self, sectors: int) -> int:
+        """The clocks this pace adds to a write of ``sectors`` beyond a byte a clock."""
+        return self.write_command + sectors * (self.write_gap + SECTOR_BYTES * (self.byte - 1))
+
+
+#: Named paces (module docstring); ``"ideal"``: a byte a clock, the default.
+CARD_PACES = {
+    "ideal": None,
+    # bench storage's storage.sd4 figures at half period 1: reads 2,208 (1 sector) and
+    # 17,038 (8) clocks -> 2,119 a sector (4 clocks a byte + 71) and 89 a command; writes 2,549
+    # and 17,620 -> 2,153 a sector (+ 105) and 396 a command
+    "sd4": StoragePace(byte=4, read_command=89, read_gap=71, write_command=396, write_gap=105),
+}
 
 
 class PowerCut(Exception):
@@ -215,8 +258,8 @@ class CocotbStorageServer:
     """
 
     def __init__(self, dut, prefix, clk, image, *, rng=None, idle=0.0, stall=0.0, cut_after=None,
-                 dead=False):
-        self.dut, self.clk, self.image = dut, clk, image
+                 dead=False, pace: StoragePace | None = None):
+        self.dut, self.clk, self.image, self.pace = dut, clk, image, pace
         self.p = {name: getattr(dut, f"{prefix}__{name}") for name in (
             "cmd__valid", "cmd__ready", "cmd__payload", "wdata__valid", "wdata__ready",
             "wdata__payload", "rdata__valid", "rdata__ready", "rdata__payload",
@@ -262,7 +305,13 @@ class CocotbStorageServer:
                 break
         self.p[f"{stream}__valid"].value = 0
 
+    async def _wait(self, clocks):
+        if clocks > 0:
+            from cocotb.triggers import ClockCycles
+            await ClockCycles(self.clk, clocks)
+
     async def run(self):
+        pace = self.pace
         while True:
             word = await self._take("cmd", True)
             op, lba, count = word & 1, (word >> 1) & 0xFFFFFFFF, (word >> 33) & 0xFFFF
@@ -276,8 +325,17 @@ class CocotbStorageServer:
                 await self._give("status", StorageError.RANGE.value)
                 continue
             if op == StorageOp.READ.value:
-                for byte in self.image.read(lba, count):
-                    await self._give("rdata", byte)
+                data = self.image.read(lba, count)
+                if pace is None:
+                    for byte in data:
+                        await self._give("rdata", byte)
+                else:
+                    await self._wait(pace.read_command)
+                    for i, byte in enumerate(data):
+                        if i % SECTOR_BYTES == 0:
+                            await self._wait(pace.read_gap)
+                        await self._give("rdata", byte)
+                        await self._wait(pace.byte - 1)
             else:
                 for s in range(count):
                     sector = bytearray()
@@ -288,5 +346,11 @@ class CocotbStorageServer:
                             self.cut = (lba + s, len(sector))
                             return
                         sector.append(byte)
+                        if pace is not None:
+                            await self._wait(pace.byte - 1)
                     self.image.write(lba + s, bytes(sector))
+                    if pace is not None:
+                        await self._wait(pace.write_gap)
+                if pace is not None:
+                    await self._wait(pace.write_command)
             await self._give("status", StorageError.OK.value)

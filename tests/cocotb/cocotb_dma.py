@@ -7,6 +7,7 @@ import cocotb
 import numpy as np
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge, Timer
+from cocotb.utils import get_sim_time
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus, kv_bytes_of, ring_elements
@@ -21,7 +22,7 @@ from ringkv.host.record import (
 )
 from ringkv.sim.cocotb_run import cocotb_params
 from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
-from ringkv.sim.sector_model import CocotbStorageServer, SectorImage
+from ringkv.sim.sector_model import CARD_PACES, CocotbStorageServer, SectorImage
 
 P = cocotb_params()
 CONFIG = RingKVConfig(**P["config"])
@@ -161,6 +162,45 @@ async def round_trips(dut):
             want = rings if s in valid_slots(count, head) else stale
             assert (got[:, :, :, s, :] == want[:, :, :, s, :]).all(), (trial, s)
         assert (await bench.op(VERIFY, region)) == (RecordStatus.OK, count, h, seq)
+
+
+@cocotb.test(timeout_time=400, timeout_unit="ms")
+async def a_paced_card_costs_exactly_its_clocks(dut):
+    """The storage model at the SD native controller's pace (``CARD_PACES["sd4"]``, ``ringkv
+    sim --card-pace sd4``): an export and an import of the same snapshot take exactly the
+    pace's clocks more than at a byte a clock, summed over the commands the DMA issued (the
+    model's log), and give the same record and the same rings."""
+    Clock(dut.clk, 10, unit="ns").start()
+    rng = random.Random(P.get("seed", 1) + 100)
+    image = new_image(rng)
+    bench = Bench(dut, image, rng.randrange(1 << 30), p=0.0)
+    await bench.reset()
+    pace = CARD_PACES["sd4"]
+    rings, count, head, tokens = random_state(rng, CONFIG.window + 3)
+    h = rng.getrandbits(64)
+    clocks, logs, images = {}, {}, {}
+    for paced in (None, pace):
+        bench.start_server(pace=paced)
+        for op in (EXPORT, IMPORT):
+            await bench.load(rings, count, head, tokens)
+            start, t0 = len(bench.server.log), get_sim_time("ns")
+            st = await bench.op(op, 1, count=count, hash=h, seq=9)
+            assert st == (RecordStatus.OK, count, h, 9), (paced, op, st)
+            clocks[paced, op] = round((get_sim_time("ns") - t0) / 10)
+            logs[paced, op] = bench.server.log[start:]
+        images[paced] = bytes(image[:])
+        got, meta = await bench.read_rings()
+        assert meta == [(count, head)] * (CONFIG.layers * CONFIG.kv_heads)
+        assert all((got[:, :, :, s, :] == rings[:, :, :, s, :]).all()
+                   for s in valid_slots(count, head))
+        bench.task.cancel()
+    assert images[None] == images[pace]
+    for op, extra in ((EXPORT, pace.write_clocks), (IMPORT, pace.read_clocks)):
+        assert logs[None, op] == logs[pace, op] and logs[pace, op]
+        want = sum(extra(n) for _, _, n in logs[pace, op])
+        assert clocks[pace, op] - clocks[None, op] == want, (op, clocks, want, logs[pace, op])
+        dut._log.info("paced %s: %d clocks (a byte a clock: %d), %d commands", op,
+                      clocks[pace, op], clocks[None, op], len(logs[pace, op]))
 
 
 @cocotb.test(timeout_time=400, timeout_unit="ms")

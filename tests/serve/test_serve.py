@@ -3,6 +3,7 @@ clients nobody here wrote: the official ``openai`` package and plain HTTP (httpx
 and not, on software devices with the trained demo-shape model (real text)."""
 
 import json
+import re
 import socket
 import time
 
@@ -626,3 +627,41 @@ def test_simulated_boards_may_be_repeated_and_take_the_demo_top(tmp_path):
         build_server(build_parser().parse_args(
             ["--config", "demo", "--device", f"sim:{image}", "--device", f"sim:{image}"]))
     assert not (tmp_path / "card.img").exists()
+
+
+def test_simulated_boards_take_sim_top_and_the_sdram_tier(tmp_path):
+    """``--sim-top`` replaces the shape's top, ``--sim-sdram`` adds the SDRAM hot tier and
+    ``--sim-card-pace`` paces the card (``ringkv sim``'s ``--top``, ``--sdram`` and
+    ``--card-pace``); a top ``RingKVTop`` refuses, JSON that is
+    not an object, or either option without a ``sim`` device is a one-line usage error before
+    anything starts."""
+    from ringkv.sim.harness import DEMO_TOP
+
+    def tops(*argv):
+        engine, _, _ = build_server(build_parser().parse_args(["--config", "demo", *argv]))
+        return [w.handle.top_kwargs for w in engine.workers if w.handle.kind == "sim"]
+
+    assert tops("--device", "sim", "--sim-sdram") == [{**DEMO_TOP, "tier": {}}]
+    assert tops("--device", "sim", "--sim-sdram", "AS4C32M16SB-7") == [
+        {**DEMO_TOP, "tier": {"part": "AS4C32M16SB-7"}}]
+    assert tops("--device", "sim", "--device", "sim", "--sim-top", '{"regions": 64}',
+                "--sim-sdram") == [{"regions": 64, "tier": {}}] * 2
+    assert tops("--device", "sim", "--sim-top", '{"regions": 8}') == [{"regions": 8}]
+    engine, _, _ = build_server(build_parser().parse_args(
+        ["--config", "demo", "--device", "sim", "--device", "software", "--sim-card-pace",
+         "sd4"]))
+    assert engine.workers[0].handle.card_pace == "sd4"
+    cases = [(["--device", "software", "--sim-sdram"],
+              "--sim-sdram applies to simulated boards (--device sim) only"),
+             (["--device", "software", "--sim-top", "{}"],
+              "--sim-top applies to simulated boards (--device sim) only"),
+             (["--device", "software", "--sim-card-pace", "sd4"],
+              "--sim-card-pace applies to simulated boards (--device sim) only"),
+             (["--device", "sim", "--sim-top", "{regions"], "--sim-top is not JSON"),
+             (["--device", "sim", "--sim-top", "[1]"], "--sim-top must be a JSON object"),
+             (["--device", "sim", "--sim-top", '{"regions": 0}'], "bad --sim-top"),
+             (["--device", "sim", "--sim-top", '{"sealed": true}'], "give --sealed instead"),
+             (["--device", "sim", "--sim-sdram", "no-such-part"], "bad --sim-top or --sim-sdram")]
+    for argv, message in cases:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            build_server(build_parser().parse_args(["--config", "demo", *argv]))

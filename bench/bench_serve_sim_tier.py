@@ -1,0 +1,148 @@
+"""``ringkv serve`` on a simulated board with many conversations: the card alone against the
+card behind the SDRAM hot tier (issue #35, item 5).
+
+**Boards.** One simulated board each (``--device sim``: ``RingKVTop`` on Verilator, the demo
+shape ``ringkv-fx1c`` with the trained demo model), with ``REGIONS`` regions (``--sim-top``: the
+demo's top holds 2, too few to keep a conversation of this load) so that every conversation's
+record stays on the card, and the card served at the pace of the board's SD native controller
+(``--sim-card-pace sd4``, ``ringkv.sim.sector_model.CARD_PACES``: ~4.1 clocks a byte, measured
+by ``bench storage`` with the card model's best-case timing; a real card is slower). The
+second board adds the SDRAM hot tier between the DMA and the card (``--sim-sdram``:
+``RingKVTop(tier=...)`` with the ULX3S's 32 MB part, compact slots; the SDRAM served a byte a
+clock): an export writes both, an import of a record whose copy is in the SDRAM reads it from
+there. "Today's board" is the first.
+
+**Load.** ``bench_serve``'s load (the same clients, conversations, edits, regenerations and
+seeded sampling), ``TIER_CLIENTS`` clients at once, ``TIER_REQUESTS`` requests,
+``TIER_MAX_TOKENS`` tokens a reply. Per board: time to first token p50/p99, generated tokens
+per second, the fraction of prompt tokens cached, wall time, the 1-minute load average at its
+start and end. ``serve_sim_tier.replies_identical``: 1 when every request got the same reply
+on both boards (the tier changes where bytes come from, never a number).
+
+**What it shows and what it does not.** The simulated clocks are exact, the wall-clock times
+are a simulator's (~30,000 clocks/s: an import of the demo shape's record from the paced card
+is a few hundred thousand clocks, seconds of simulation), so the ratio of the two boards'
+TTFT is the figure to read, not the seconds. A real card's access and busy times, and the
+UART link's speed, are not in it.
+
+Environment: ``RINGKV_BENCH_SERVE_SIM_TIER_REQUESTS`` (default 32),
+``RINGKV_BENCH_SERVE_SIM_TIER_CLIENTS`` (8), ``RINGKV_BENCH_SERVE_SIM_TIER_MAX_TOKENS`` (8).
+
+``run(smoke=True)`` runs no board (a tiered top's Verilator build and its requests take
+minutes): it runs the same load, at 4 requests of 2 clients, on a software device with the
+same ``--sim-*``-free command line, so that the load and the figures' code are checked.
+"""
+
+import asyncio
+import json
+import os
+
+from bench import bench_serve as serve
+from bench.run import table
+
+__all__ = ["TITLE", "run", "markdown", "CONFIGS", "REGIONS"]
+
+TITLE = "Server: many conversations on a simulated board, with and without the SDRAM hot tier"
+TIER_REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_TIER_REQUESTS", "32"))
+TIER_CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_TIER_CLIENTS", "8"))
+TIER_MAX_TOKENS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_TIER_MAX_TOKENS", "8"))
+#: Regions of the simulated boards (every conversation of the load keeps its record).
+REGIONS = 64
+_TOP = json.dumps({"regions": REGIONS, "lanes": 4, "macs": 8})
+_BOARD = ("--sim-top", _TOP, "--sim-card-pace", "sd4")
+
+#: (label, --device, the server's extra options)
+CONFIGS = (("card only (today's board)", "sim", _BOARD),
+           ("SDRAM hot tier before the card", "sim", (*_BOARD, "--sim-sdram")))
+SMOKE_CONFIGS = (("software device (smoke)", "software", ()),)
+
+
+def run(smoke: bool = False):
+    """The figures (module docstring); ``smoke``: no board, the smallest sizes."""
+    if smoke:
+        return _run(SMOKE_CONFIGS, 4, 2)
+    return _run(CONFIGS, TIER_REQUESTS, TIER_CLIENTS)
+
+
+def _run(configs, requests, clients):
+    common = {"requests": requests, "clients": clients, "systems": serve.SYSTEMS,
+              "max_tokens": TIER_MAX_TOKENS, "config": "demo", "turns": list(serve.TURNS),
+              "regions": REGIONS, "card_pace": "sd4",
+              "machine": f"{os.cpu_count()} CPUs, shared"}
+    out, replies = [], {}
+    for label, device, extra in configs:
+        load_start = os.getloadavg()[0]
+        with serve._server(1, "prefix", serve.CAPACITY, device=device, clients=clients,
+                           shape="demo", extra=extra) as base:
+            records, wall = asyncio.run(serve._load(base, serve.TURNS, requests=requests,
+                                                    clients=clients,
+                                                    max_tokens=TIER_MAX_TOKENS))
+            load_end = os.getloadavg()[0]
+        replies[label] = {key: reply for _, _, key, reply in records}
+        ttfts = [r[0] for r in records]
+        prompt = sum(r[1]["prompt_tokens"] for r in records)
+        cached = sum(r[1]["prompt_tokens_details"]["cached_tokens"] for r in records)
+        generated = sum(r[1]["completion_tokens"] for r in records)
+        params = dict(common, device=device, setup=label, server_options=list(extra),
+                      tier="--sim-sdram" in extra, wall_s=round(wall, 2),
+                      prompt_tokens=prompt, cached_tokens=cached, generated_tokens=generated,
+                      requests_sent=len(records), loadavg_1min=round(load_start, 2),
+                      loadavg_1min_end=round(load_end, 2))
+        key = "serve_sim_tier." + serve._key(label)
+        out += [
+            {"name": f"{key}.ttft_p50_s", "value": round(serve._percentile(ttfts, 0.5), 4),
+             "unit": "s", "params": params},
+            {"name": f"{key}.ttft_p99_s", "value": round(serve._percentile(ttfts, 0.99), 4),
+             "unit": "s", "params": params},
+            {"name": f"{key}.tokens_per_s", "value": round(generated / wall, 2),
+             "unit": "tokens/s", "params": params},
+            {"name": f"{key}.cached_fraction", "value": round(cached / prompt, 4),
+             "unit": "fraction", "params": params},
+        ]
+    labels = [label for label, *_ in configs]
+    if len(labels) > 1:
+        shared = set.intersection(*(set(replies[x]) for x in labels))
+        same = all(len({replies[x][k] for x in labels}) == 1 for k in shared)
+        out.append({"name": "serve_sim_tier.replies_identical",
+                    "value": int(same and bool(shared)), "unit": "1/0",
+                    "params": dict(common, setups=labels, requests_compared=len(shared))})
+        by = {r["name"]: r["value"] for r in out}
+        card, tier = ("serve_sim_tier." + serve._key(x) for x in labels[:2])
+        out.append({"name": "serve_sim_tier.ttft_p50_tier_vs_card",
+                    "value": round(by[tier + ".ttft_p50_s"] / by[card + ".ttft_p50_s"], 3),
+                    "unit": "ratio", "params": dict(common, setups=labels[:2])})
+    return out
+
+
+def markdown(results) -> str:
+    by = {r["name"]: r for r in results}
+    rows = []
+    for label, *_ in CONFIGS + SMOKE_CONFIGS:
+        key = "serve_sim_tier." + serve._key(label)
+        if key + ".ttft_p50_s" not in by:
+            continue
+        p = by[key + ".ttft_p50_s"]["params"]
+        rows.append([label, f"{by[key + '.ttft_p50_s']['value']:.2f}",
+                     f"{by[key + '.ttft_p99_s']['value']:.2f}",
+                     by[key + ".tokens_per_s"]["value"],
+                     f"{by[key + '.cached_fraction']['value']:.3f}", p["requests_sent"],
+                     p["wall_s"], f"{p['loadavg_1min']} / {p['loadavg_1min_end']}"])
+    lines = []
+    if rows:
+        p = next(r["params"] for r in results if r["name"].endswith(".ttft_p50_s"))
+        lines += [f"One simulated board (`RingKVTop` on Verilator, demo shape, {p['regions']} "
+                  f"regions, the card served at the SD native controller's pace, "
+                  f"`--sim-card-pace {p['card_pace']}`); {p['clients']} clients at once, "
+                  f"{p['requests']} streamed chat requests in conversations of "
+                  f"{p['turns'][0]} to {p['turns'][1]} turns behind {p['systems']} system "
+                  f"prompts (the `serve` group's load), max_tokens {p['max_tokens']}, sampled "
+                  f"with a seed per request; placement by prefix. Simulated clocks are exact, "
+                  f"the seconds a simulator's: compare the two rows. Wall-clock on "
+                  f"{p['machine']}.", "",
+                  table(["setup", "TTFT p50 s", "TTFT p99 s", "tokens/s", "cached",
+                         "requests", "wall s", "load avg start / end"], rows)]
+    extra = [(n, by[n]) for n in ("serve_sim_tier.replies_identical",
+                                  "serve_sim_tier.ttft_p50_tier_vs_card") if n in by]
+    if extra:
+        lines += ["", table(["figure", "value"], [[n, r["value"]] for n, r in extra])]
+    return "\n".join(lines)
