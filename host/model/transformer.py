@@ -148,13 +148,53 @@ def batch_matmul(x, w):
     alone or in any batch (``tests/host/model/test_model_batch.py`` checks this property of the
     installed BLAS: row results independent of their tile position and of the other rows).
     Costs about 1.4x one ``gemm`` over the whole batch at 256 rows, nothing at 16.
+
+    ``w``'s columns are padded with zeros to a multiple of ``COL_TILE`` (a padded copy kept
+    per weight matrix) and the result cut back: OpenBLAS's AVX-512 ``dgemm`` kernel
+    (``SkylakeX``, which it picks on AVX-512 machines such as this project's AMD EPYC ones)
+    rounds the last column of an odd width (the 257-token output head) differently for rows
+    12 to 15 of a 16-row call than for rows 0 to 11, so a row's result depended on its
+    place in the tile; in full column blocks it does not (found by the test below on such a
+    machine: 88 of 750 random cases at 256 x 257; 0 padded, with the ``Haswell``, ``Zen``
+    and ``SkylakeX`` kernels).
     """
+    w = _col_padded(w)
     x = np.asarray(x, dtype=np.float64)
     n, k = x.shape
     tiles = -(-n // ROW_TILE)
     if tiles * ROW_TILE != n:
         x = np.concatenate([x, np.zeros((tiles * ROW_TILE - n, k))])
-    return np.matmul(x.reshape(tiles, ROW_TILE, k), w).reshape(tiles * ROW_TILE, -1)[:n]
+    out = np.matmul(x.reshape(tiles, ROW_TILE, k), w.padded).reshape(tiles * ROW_TILE, -1)
+    return out[:n, :w.columns]
+
+
+#: ``batch_matmul`` pads a weight matrix's columns to a multiple of this.
+COL_TILE = 16
+_PADDED: dict = {}
+
+
+class _Padded:
+    __slots__ = ("original", "padded", "columns")
+
+    def __init__(self, w):
+        self.original, self.columns = w, w.shape[1]
+        pad = -self.columns % COL_TILE
+        w64 = np.asarray(w, dtype=np.float64)
+        self.padded = np.concatenate([w64, np.zeros((w.shape[0], pad))], axis=1) if pad \
+            else w64
+
+
+def _col_padded(w) -> _Padded:
+    """``w`` with its columns padded (``batch_matmul``), kept per matrix: the entry holds
+    ``w`` itself, so its ``id`` cannot be reused while it is cached; at most 256 entries
+    (a model's weight matrices; the oldest dropped first)."""
+    entry = _PADDED.get(id(w))
+    if entry is None or entry.original is not w:
+        entry = _Padded(w)
+        if len(_PADDED) >= 256:
+            _PADDED.pop(next(iter(_PADDED)))
+        _PADDED[id(w)] = entry
+    return entry
 
 
 class AttentionBackend(Protocol):
