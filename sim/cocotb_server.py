@@ -8,7 +8,8 @@ killing the simulator is a power cut, restarting it on the same image a power cy
 with an SDRAM hot tier (``sdram_sectors`` not 0) has its ``sdram`` port served the same way
 from memory: the SDRAM's contents are lost with the process, as at a power cut. The card is
 served a byte a clock, or at ``card_pace`` (``sector_model.CARD_PACES``: ``"sd4"``, the SD
-native controller's pace); the SDRAM always a byte a clock. With
+native controller's pace); the SDRAM always a byte a clock. With ``RINGKV_SIM_STATS`` set to
+a directory, each port's commands, sectors and busy clocks go to ``sim-<pid>.json`` there. With
 ``cut_after`` the power fails by itself after that many bytes written to storage: the sector
 being written is torn and the process exits at once.
 
@@ -25,6 +26,7 @@ import signal
 import socket
 import sys
 import threading
+from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
@@ -32,7 +34,7 @@ from cocotb.triggers import ReadOnly, RisingEdge, Timer
 
 from .sector_model import CARD_PACES, CocotbStorageServer, SectorImage
 
-__all__ = ["serve", "POWER_CUT_EXIT", "LISTEN_FAILED_EXIT"]
+__all__ = ["serve", "POWER_CUT_EXIT", "LISTEN_FAILED_EXIT", "STATS_ENV"]
 
 CLOCK_NS = 10
 #: Exit status of the simulator after a power cut (``cut_after``).
@@ -41,8 +43,23 @@ POWER_CUT_EXIT = 75
 LISTEN_FAILED_EXIT = 76
 
 
+#: The environment variable naming a directory where each simulator keeps its storage
+#: statistics (``sim-<pid>.json``: per port, ``card`` and ``sdram``, per op, the commands,
+#: sectors and clocks from command to status; rewritten after each command).
+STATS_ENV = "RINGKV_SIM_STATS"
+
+
 class _EventStorage(CocotbStorageServer):
     """The sector model, but asleep (no per-clock callback) until a command is offered."""
+
+    stats_file = None           # (the statistics' file and every port's server, or None)
+    ports: dict = {}
+
+    def on_done(self, op):
+        if self.stats_file is not None:
+            tmp = self.stats_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps({name: port.stats for name, port in self.ports.items()}))
+            tmp.replace(self.stats_file)
 
     async def _take(self, stream, may_stall):
         if stream == "cmd":
@@ -115,9 +132,14 @@ async def serve(dut):
     storage = _EventStorage(dut, "storage", dut.clk, image, cut_after=params.get("cut_after"),
                             pace=CARD_PACES[params.get("card_pace") or "ideal"])
     cocotb.start_soon(_storage(storage))
+    ports = {"card": storage}
     if params.get("sdram_sectors"):
         sdram = _EventStorage(dut, "sdram", dut.clk, SectorImage(None, params["sdram_sectors"]))
         cocotb.start_soon(sdram.run())
+        ports["sdram"] = sdram
+    if os.environ.get(STATS_ENV):
+        _EventStorage.stats_file = Path(os.environ[STATS_ENV]) / f"sim-{os.getpid()}.json"
+        _EventStorage.ports = ports
     try:
         sock = _Socket(params["port"])
     except OSError as e:

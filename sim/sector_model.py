@@ -268,8 +268,18 @@ class CocotbStorageServer:
         self.budget = _Budget(cut_after)
         self.cut = None
         self.log = []
+        #: per op ("read", "write"): commands, sectors, and clocks from the command's
+        #: transfer to its status' (the port busy), for ``on_done`` and the harness's stats
+        self.stats = {op: {"commands": 0, "sectors": 0, "clocks": 0} for op in ("read", "write")}
         for name in ("cmd__ready", "wdata__ready", "rdata__valid", "status__valid"):
             self.p[name].value = 0
+
+    def _now(self) -> int:
+        from cocotb.utils import get_sim_time
+        return get_sim_time("ps")
+
+    def on_done(self, op: str) -> None:
+        """Called after each command's status (``stats`` updated); nothing here."""
 
     def _chance(self, p):
         return self.rng is not None and p > 0 and self.rng.random() < p
@@ -305,6 +315,9 @@ class CocotbStorageServer:
                 break
         self.p[f"{stream}__valid"].value = 0
 
+    #: the clock's period in ps (the harness's and the tests' 10 ns clock), for ``stats``
+    period_ps = 10_000
+
     async def _wait(self, clocks):
         if clocks > 0:
             from cocotb.triggers import ClockCycles
@@ -314,6 +327,7 @@ class CocotbStorageServer:
         pace = self.pace
         while True:
             word = await self._take("cmd", True)
+            started = self._now()
             op, lba, count = word & 1, (word >> 1) & 0xFFFFFFFF, (word >> 33) & 0xFFFF
             self.log.append((op, lba, count))
             if self.dead:
@@ -354,3 +368,8 @@ class CocotbStorageServer:
                 if pace is not None:
                     await self._wait(pace.write_command)
             await self._give("status", StorageError.OK.value)
+            st = self.stats["read" if op == StorageOp.READ.value else "write"]
+            st["commands"] += 1
+            st["sectors"] += count
+            st["clocks"] += round((self._now() - started) / self.period_ps)
+            self.on_done("read" if op == StorageOp.READ.value else "write")

@@ -178,7 +178,7 @@ async def a_paced_card_costs_exactly_its_clocks(dut):
     pace = CARD_PACES["sd4"]
     rings, count, head, tokens = random_state(rng, CONFIG.window + 3)
     h = rng.getrandbits(64)
-    clocks, logs, images = {}, {}, {}
+    clocks, logs, images, busy = {}, {}, {}, {}
     for paced in (None, pace):
         bench.start_server(pace=paced)
         for op in (EXPORT, IMPORT):
@@ -188,6 +188,12 @@ async def a_paced_card_costs_exactly_its_clocks(dut):
             assert st == (RecordStatus.OK, count, h, 9), (paced, op, st)
             clocks[paced, op] = round((get_sim_time("ns") - t0) / 10)
             logs[paced, op] = bench.server.log[start:]
+        # the server's statistics: its commands and sectors, and the clocks it was busy
+        for name, op in (("write", EXPORT), ("read", IMPORT)):
+            stats = bench.server.stats[name]
+            assert stats["commands"] == len(logs[paced, op])
+            assert stats["sectors"] == sum(n for _, _, n in logs[paced, op])
+            busy[paced, op] = stats["clocks"]
         images[paced] = bytes(image[:])
         got, meta = await bench.read_rings()
         assert meta == [(count, head)] * (CONFIG.layers * CONFIG.kv_heads)
@@ -199,6 +205,8 @@ async def a_paced_card_costs_exactly_its_clocks(dut):
         assert logs[None, op] == logs[pace, op] and logs[pace, op]
         want = sum(extra(n) for _, _, n in logs[pace, op])
         assert clocks[pace, op] - clocks[None, op] == want, (op, clocks, want, logs[pace, op])
+        assert busy[pace, op] - busy[None, op] == want, (op, busy, want)
+        assert 0 < busy[None, op] < clocks[None, op]
         dut._log.info("paced %s: %d clocks (a byte a clock: %d), %d commands", op,
                       clocks[pace, op], clocks[None, op], len(logs[pace, op]))
 
