@@ -19,6 +19,8 @@ built from a command unit per family (:data:`UNITS`, ``hw/cmd_*.py``): adding an
 its definition and its family's unit.
 """
 
+from types import SimpleNamespace
+
 from amaranth import Module, ResetInserter, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -49,7 +51,8 @@ from .commands.recovery import RecoveryUnit
 from .commands.snapshot import SnapshotUnit
 from .commands.storage import StorageUnit
 from .commands.tokens import TokenUnit
-from .link.framing import FrameDecoder, FrameEncoder
+from .link.framing import FrameDecoder, FrameEncoder, PayloadByte
+from .link.skid import StreamRegister
 from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
 from .storage.dma import DmaEngine
@@ -241,6 +244,15 @@ class RingKVTop(wiring.Component):
         m.submodules.attention = at = self.attention
         wiring.connect(m, wiring.flipped(self.rx), dec.i)
         wiring.connect(m, enc.o, wiring.flipped(self.tx))
+        # Register slices on the payload bytes between the link and the dispatcher (1 clock
+        # each way): the dispatcher's byte muxes and its ``ready`` decode end in flip-flops
+        # instead of running on into the encoder's CRC, the UART and the decoder's buffer.
+        m.submodules.rx_bytes = rx_bytes = StreamRegister(PayloadByte)
+        m.submodules.tx_bytes = tx_bytes = StreamRegister(8)
+        wiring.connect(m, dec.data, rx_bytes.i)
+        wiring.connect(m, tx_bytes.o, enc.data)
+        dec_port = SimpleNamespace(header=dec.header, error=dec.error, data=rx_bytes.o)
+        enc_port = SimpleNamespace(header=enc.header, data=tx_bytes.i)
         wiring.connect(m, dma.tokens, tm.read_port(1))
         if self._sealed:
             # keys: written by the key unit, read only by the MAC; the MAC shared by the DMA
@@ -257,7 +269,8 @@ class RingKVTop(wiring.Component):
                 wiring.connect(m, getattr(arbiter.core, name), getattr(mac, name))
             wiring.connect(m, mac.o, arbiter.core.o)
             m.d.comb += [dma.key_ids.eq(slots.key_ids), dma.key_set.eq(slots.set)]
-        dispatcher = Dispatcher(m, self, [unit() for unit in self._units], decoder=dec, encoder=enc,
+        dispatcher = Dispatcher(m, self, [unit() for unit in self._units], decoder=dec_port,
+                                encoder=enc_port,
                                 tokens=tm, hasher=hasher, directory=dr, dma=dma, attention=at)
         dispatcher.elaborate()
         m.d.comb += self.recovering.eq(dispatcher.scan_busy)

@@ -164,16 +164,13 @@ class AttentionUnit(CommandUnit):
         tok_i, rr_pos, rr_word = d.tok_i, self.rr_pos, self.rr_word
         with m.State("RING_READ_ISSUE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += [d.ring.ring_addr.eq(tok_i), d.ring.ring_re.eq(what == RING_ELEMENTS),
-                         d.ring.meta_ring.eq(tok_i)]
+            m.d.comb += d.ring.ring_re.eq(what == RING_ELEMENTS)
             m.d.sync += rr_pos.eq(0)
             m.next = "RING_READ_WAIT"
         with m.State("RING_READ_WAIT"):            # ring data: two clocks after ring_re
-            m.d.comb += d.ring.meta_ring.eq(tok_i)
             m.next = "RING_READ_CAPTURE"
         with m.State("RING_READ_CAPTURE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += d.ring.meta_ring.eq(tok_i)
             m.d.sync += rr_word.eq(Mux(what == RING_ELEMENTS, d.ring.ring_rdata,
                                        Cat(d.ring.meta_count, d.ring.meta_head)))
             m.next = "RING_READ_SEND"

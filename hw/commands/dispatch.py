@@ -43,6 +43,7 @@ from ringkv.defs.mac import KEY_SLOTS, SEED_BYTES
 from ringkv.defs.protocol import LENGTH, RECOVERY_STATUS, RESPONSES, Length, build_requests
 
 from ..attention.ring_port import RingPortArbiter
+from ..link.skid import StreamRegister
 from ..protocol import Op as LinkOp
 from ..protocol import Status
 from ..store.directory import Op as DirOp
@@ -100,6 +101,24 @@ class CommandUnit:
         """Logic that runs beside the dispatcher FSM (its own FSM), built after the signals."""
 
 
+class _Registered:
+    """``component`` as the units see it: its command stream ``port`` behind a
+    :class:`~ringkv.hw.link.skid.StreamRegister` (a submodule ``name`` of ``m``), every other
+    attribute its own."""
+
+    def __init__(self, m, name, component, port):
+        self._component, self._port = component, port
+        stream_port = getattr(component, port)
+        m.submodules[name] = self._register = StreamRegister(
+            stream_port.signature.members["payload"].shape)
+        wiring.connect(m, self._register.o, stream_port)
+
+    def __getattr__(self, attr):
+        if attr == self._port:
+            return self._register.i
+        return getattr(self._component, attr)
+
+
 class Dispatcher:
     """Shared registers, resources and helpers of the dispatcher FSM (see the module docstring).
 
@@ -111,7 +130,12 @@ class Dispatcher:
                  dma, attention):
         self.m, self.top, self.units = m, top, list(units)
         self.dec, self.enc, self.tm, self.hasher = decoder, encoder, tokens, hasher
-        self.dr, self.dma, self.at = directory, dma, attention
+        # The command streams of the directory, the DMA and the attention core go through a
+        # register slice each (one clock): the dispatcher's state decode and the command
+        # fields it muxes by state end in flip-flops, not in those blocks' FSMs.
+        self.dr = _Registered(m, "dir_cmd", directory, "i")
+        self.dma = _Registered(m, "dma_cmd", dma, "cmd")
+        self.at = _Registered(m, "attn_cmd", attention, "cmd")
         self.config, self.layout = top.config, top.record_layout
         #: The request layouts this build executes (:func:`ringkv.defs.protocol.build_requests`).
         self.sealed = top.sealed
@@ -129,7 +153,12 @@ class Dispatcher:
         self.frames, self.frame_errors, self.rejected = Signal(32), Signal(32), Signal(32)
         self.queries, self.hits, self.exports = Signal(32), Signal(32), Signal(32)
         self.stats_clear = Signal()
-        m.d.sync += self.cycles.eq(self.cycles + 1)
+        #: comb: the request is refused (:meth:`reject`); ``rejected`` counts it a clock later
+        #: (a register between the argument checks and the counter's 32-bit increment; no
+        #: request can read the counter within that clock)
+        self.rejecting = Signal()
+        rejected_inc = Signal()
+        m.d.sync += [self.cycles.eq(self.cycles + 1), rejected_inc.eq(self.rejecting)]
         with m.If(self.stats_clear):
             m.d.sync += [x.eq(0) for x in (self.attn_cycles, self.dma_cycles, self.dir_cycles,
                                             self.frames, self.frame_errors, self.rejected,
@@ -137,7 +166,8 @@ class Dispatcher:
         with m.Else():
             m.d.sync += [self.attn_cycles.eq(self.attn_cycles + attention.busy),
                          self.dma_cycles.eq(self.dma_cycles + dma.busy),
-                         self.dir_cycles.eq(self.dir_cycles + ~directory.i.ready)]
+                         self.dir_cycles.eq(self.dir_cycles + ~directory.i.ready),
+                         self.rejected.eq(self.rejected + rejected_inc)]
 
         # ---- request registers -------------------------------------------------------------
         arg_max = max(lay_.size for lay_ in self.requests.values())
@@ -195,6 +225,10 @@ class Dispatcher:
         wiring.connect(m, arbiter.core, attention.ring)
         m.d.comb += arbiter.dma_owns.eq(dma.busy & ~self.scan_busy)
         self.ring = arbiter.reader
+        # The dispatcher's ring reads address the ring port with its item index: RING_READ's
+        # byte or ring, EXPORT's ring check (``tok_i``, a register: no mux by state in front
+        # of the port's byte and metadata muxes); only ``ring_re`` is a state's decode.
+        m.d.comb += [self.ring.ring_addr.eq(self.tok_i), self.ring.meta_ring.eq(self.tok_i)]
 
         # ---- tenants (sealed builds): key slots' set bits, per-slot seeds, the hash seed ----
         if self.sealed:
@@ -255,8 +289,8 @@ class Dispatcher:
     def reject(self, status):
         """Refuse the request: drain what is left of its payload, then answer."""
         m = self.m
-        m.d.sync += [self.rstatus.eq(status), self.rlen.eq(0), self.mode.eq(0),
-                     self.rejected.eq(self.rejected + 1)]
+        m.d.sync += [self.rstatus.eq(status), self.rlen.eq(0), self.mode.eq(0)]
+        m.d.comb += self.rejecting.eq(1)
         m.next = "DRAIN"
 
     def ok_fixed(self, op):
@@ -369,6 +403,9 @@ class Dispatcher:
                 for o, values in records.items():
                     with m.Case(o.value):
                         m.d.comb += resp_word.eq(pack_layout(RESPONSES[o], **values))
+        # the record as it stands while its header is offered (RESPOND_HEADER, the clock
+        # before SEND_BUFFER): the op's record mux and the byte select are a register apart
+        resp_held = Signal.like(resp_word)
 
         with m.FSM(name="dispatch"):
             with m.State("IDLE"):
@@ -444,6 +481,7 @@ class Dispatcher:
                     m.d.sync += taken.eq(taken + 1)
 
             with m.State("RESPOND_HEADER"):
+                m.d.sync += resp_held.eq(resp_word)
                 m.d.comb += [enc.header.valid.eq(1), enc.header.payload.op.eq(op),
                              enc.header.payload.seq.eq(self.seq),
                              enc.header.payload.status.eq(self.rstatus),
@@ -460,7 +498,7 @@ class Dispatcher:
 
             with m.State("SEND_BUFFER"):
                 m.d.comb += [enc.data.valid.eq(1),
-                             enc.data.payload.eq(resp_word.word_select(self.idx[:7], 8))]
+                             enc.data.payload.eq(resp_held.word_select(self.idx[:7], 8))]
                 with m.If(enc.data.ready):
                     m.d.sync += self.idx.eq(self.idx + 1)
                     with m.If(self.idx == self.rlen - 1):
