@@ -141,7 +141,8 @@ class ULX3STop(Elaboratable):
             self.sd_half = max(1, math.ceil(self.sys_hz / (2 * sd4_mhz * 1e6) - 1e-9))
         else:
             self.sd_half = max(1, round(self.sys_hz / (2 * sd_mhz * 1e6)))
-        self.sd_init_half = max(self.sd_half, round(self.sys_hz / (2 * 400e3) + 0.5))
+        # (the smallest half period at or below 400 kHz: 50 at 40 MHz, 75 at 60 MHz)
+        self.sd_init_half = max(self.sd_half, math.ceil(self.sys_hz / (2 * 400e3) - 1e-9))
         kind = StorageKind.SD_NATIVE if storage == "sd4" else StorageKind.SD_SPI
         self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs,
                              storage_kind=kind,
