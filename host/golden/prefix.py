@@ -29,11 +29,11 @@ from .hash import prefix_hashes
 __all__ = ["query_prefix", "prefix_keys", "QUERY_PREFIX_FIXED"]
 
 #: Constant clocks of a QUERY_PREFIX besides its keys' costs (see the module docstring): the
-#: dispatcher's length check, four argument bytes and dispatch (6), then the pipeline's fill up
-#: to the directory taking the first key (token memory read, hash engine, the key FIFO's write
-#: and registered output, the directory's PR_NEXT) and, after the last key, the directory's
-#: answer, the dispatcher taking it and computing ``cycles`` (7).
-QUERY_PREFIX_FIXED = 13
+#: dispatcher's length check, four argument bytes, its decode clock and dispatch (7), then the
+#: pipeline's fill up to the directory taking the first key (token memory read, hash engine,
+#: the key FIFO's write and registered output, the directory's PR_NEXT) and, after the last
+#: key, the directory's answer, the dispatcher taking it and computing ``cycles`` (7).
+QUERY_PREFIX_FIXED = 14
 
 
 def prefix_keys(tokens, seed, n) -> list[tuple[int, int]]:

@@ -2,9 +2,14 @@
 
 A request goes through the same states whatever its opcode::
 
-    IDLE ─► HDR_CHECK ─► ARGS ─► DISPATCH ─► (the unit's states) ─► RESP_HDR ─► (body) ─► IDLE
-               │                    │
-               └─► DRAIN ◄──────────┘ (rejected: drain the payload, answer with no payload)
+    IDLE ─► HDR_CHECK ─► ARGS ─► DECODE ─► DISPATCH ─► (the unit's states) ─► RESP_HDR ─► (body)
+               │                               │
+               └─► DRAIN ◄─────────────────────┘ (rejected: drain the payload, answer with no
+                                                  payload)
+
+``DECODE`` is one clock in which the request is complete and nothing happens but the units'
+:meth:`Dispatcher.early` registers taking its checks (lengths, argument ranges, derived
+response lengths): ``DISPATCH`` decides on flip-flops.
 
 :class:`Dispatcher` builds what every opcode shares, **from the protocol definitions**
 (:mod:`ringkv.defs.protocol`): the length check of ``HDR_CHECK`` from ``LENGTH`` and
@@ -141,6 +146,7 @@ class Dispatcher:
         self.sealed = top.sealed
         self.requests = build_requests(self.sealed)
         m = self.m
+        m.submodules.early_checks = self._early = Module()
         # response body modes: the fixed record first, then each unit's, in unit order
         self.modes = {"BUF": ("SEND_BUFFER", 0)}
         for unit in self.units:
@@ -244,6 +250,18 @@ class Dispatcher:
             m.d.comb += [self.key_set.eq(top.key_slots.set), hasher.seed_in.eq(self.h_seed)]
 
     # ---- helpers for the units -------------------------------------------------------------
+    def early(self, value):
+        """``value`` (a request check or a value derived from the request: its op, length and
+        argument record, the token count) through a register: in ``DISPATCH`` it is what
+        ``value`` was in ``DECODE``, the clock before, when all of those are final. The units'
+        ``DISPATCH`` cases test these registers, not the comparators and adders behind them."""
+        value = Value.cast(value)
+        held = Signal(value.shape())
+        # (in a module of their own: the caller is inside the FSM's cases and If chains, and
+        # these registers take their value every clock, unconditionally)
+        self._early.d.sync += held.eq(value)
+        return held
+
     def arg(self, op, name):
         """Field ``name`` of ``op``'s request record, as collected in ``ARGS``."""
         off, size = self.requests[op].offset(name)
@@ -437,7 +455,7 @@ class Dispatcher:
                         size = self.requests[o].size
                         with m.Case(o.value):
                             if rule is Length.ANY:
-                                m.next = "DISPATCH"
+                                m.next = "DECODE"
                                 continue
                             if rule is Length.EXACT:
                                 bad = length != size
@@ -452,7 +470,7 @@ class Dispatcher:
                                     m.next = "ARGS"
                             else:
                                 with m.Elif(length == 0):
-                                    m.next = "DISPATCH"
+                                    m.next = "DECODE"
                                 with m.Else():
                                     m.next = "ARGS"
                     with m.Default():
@@ -471,7 +489,7 @@ class Dispatcher:
                                 continue
                             with m.Case(o.value):
                                 with m.If(taken == size - 1):
-                                    m.next = "DISPATCH"
+                                    m.next = "DECODE"
 
             with m.State("DRAIN"):
                 m.d.comb += dec.data.ready.eq(taken != length)
@@ -503,6 +521,10 @@ class Dispatcher:
                     m.d.sync += self.idx.eq(self.idx + 1)
                     with m.If(self.idx == self.rlen - 1):
                         m.next = "IDLE"
+
+            with m.State("DECODE"):
+                # the request is complete: the units' early() registers take its checks
+                m.next = "DISPATCH"
 
             with m.State("DISPATCH"):
                 with m.If(self.not_ready):

@@ -32,7 +32,7 @@ so the directory never waits for one after the first.
 No hang: the feeder issues exactly ``n`` tokens (the first marked ``first``, the ``n``-th
 ``last``), each becomes one key, the directory's run ends at the key marked ``last`` and
 answers, and every stage waits only on the next one, which always drains (the directory takes
-a key within ``2 + links`` clocks); so the request ends within ``13 + n * (2 + links)``
+a key within ``2 + links`` clocks); so the request ends within ``14 + n * (2 + links)``
 clocks.
 
 Latency: ``QUERY_PREFIX_FIXED + sum(cost of each key)`` clocks from the request's header to its
@@ -86,7 +86,7 @@ class PrefixUnit(CommandUnit):
         m, tm = d.m, d.tm
         with m.Case(Op.QUERY_PREFIX.value), d.tenant(Op.QUERY_PREFIX):
             n = d.arg(Op.QUERY_PREFIX, "n")
-            with m.If((n == 0) | (n > tm.count)):
+            with m.If(d.early((n == 0) | (n > tm.count))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.issued.eq(0)]

@@ -65,7 +65,7 @@ class SnapshotUnit(CommandUnit):
         m, tm, arg = d.m, d.tm, d.arg
         with m.Case(Op.QUERY.value), d.tenant(Op.QUERY):
             n = arg(Op.QUERY, "n")
-            with m.If((n == 0) | (n > tm.count)):
+            with m.If(d.early((n == 0) | (n > tm.count))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.s_n.eq(n), self.s_rec.eq(NO_RECORD),
@@ -77,7 +77,8 @@ class SnapshotUnit(CommandUnit):
             kind = arg(Op.EXPORT, "kind")
             # (that every ring holds n tokens is checked by EXPORT_RINGS, ring 0 included:
             # not here, where the ring port's metadata read would lengthen the dispatch path)
-            with m.If((n == 0) | (n > tm.count) | (kind > max(k.value for k in RecordKind))):
+            with m.If(d.early((n == 0) | (n > tm.count)
+                              | (kind > max(k.value for k in RecordKind)))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.s_n.eq(n), self.s_rec.eq(NO_RECORD),

@@ -83,10 +83,10 @@ class StorageUnit(CommandUnit):
         region_sectors = top.regions * d.layout.sectors_per_region
         with m.Case(Op.SECTOR_READ.value):
             lba = d.arg(Op.SECTOR_READ, "lba")
-            with m.If(lba >= region_sectors):
+            with m.If(d.early(lba >= region_sectors)):
                 d.reject(Status.BAD_ARG)
             with m.Else():
-                m.d.sync += [self.top_lba.eq(top.base_lba + lba), d.idx.eq(0),
+                m.d.sync += [self.top_lba.eq(d.early(top.base_lba + lba)), d.idx.eq(0),
                              self.sec_err.eq(0), self.st_top.eq(1), self.top_cmd_valid.eq(1)]
                 m.next = "SECTOR_COMMAND"
         with m.Case(Op.STORAGE_INFO.value):
