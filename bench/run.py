@@ -1,9 +1,11 @@
 """Run the benchmarks and write ``bench/results.json`` and ``docs/BENCHMARKS.md``.
 
 Each ``bench/bench_<group>.py`` module defines ``TITLE``, ``run() -> list[dict]`` and
-``markdown(results) -> str``. A result is ``{"name", "value", "unit", "params"}``; the runner adds
-``"group"``. ``--only GROUP ...`` re-runs some groups and keeps the others' stored results, so one
-block's figures can be refreshed without the whole sweep. Cycle counts come from simulation and
+``markdown(results) -> str``, and may define ``missing() -> str | None``: why it cannot run
+here (a peer that is built only on request), in which case its stored results are kept. A
+result is ``{"name", "value", "unit", "params"}``; the runner adds ``"group"``. ``--only GROUP
+...`` re-runs some groups and keeps the others' stored results, so one block's figures can be
+refreshed without the whole sweep. Cycle counts come from simulation and
 are exact; synthesis figures are copied from nextpnr's report.
 
 ``run(smoke=True)`` runs a group's smallest configuration: every measurement of the group on the
@@ -78,6 +80,15 @@ def main(argv=None):
     if args.smoke:
         return _smoke(selected)
     stored = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
+    # a group that needs what is not built here (``missing()``: the reason, e.g. the `peer`
+    # group without `make peer`) keeps its stored results
+    skipped = {}
+    for group in selected:
+        why = getattr(load(group), "missing", lambda: None)()
+        if why:
+            skipped[group] = why
+            print(f"[bench] {group} skipped (its stored results kept): {why}", flush=True)
+    selected = [g for g in selected if g not in skipped]
     results = [r for r in stored if r.get("group") not in selected and r.get("group") in all_groups]
     for group in selected:
         started = time.monotonic()

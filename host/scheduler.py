@@ -48,6 +48,15 @@ session had computed before), checkpoints exported, bytes moved, and the device'
 Every generated token is the same as without any reuse (:func:`plain_run`): an import gives
 the rings bit for bit as they were exported, and a checkpoint is exported at a chunk boundary.
 
+**Log probabilities** (the API's ``logprobs``, :mod:`ringkv.host.model.logprobs`): with
+``logprobs=n`` each generated token's :class:`~ringkv.host.model.logprobs.TokenLogprob` (its
+logprob under the model's raw logits and the ``n`` most likely tokens) goes to
+``on_token(token, info)``. ``prompt_logprobs=n`` (``echo``) gives every fed token's in the
+event (``event["prompt_logprobs"]``, ``None`` first): those need the logits at every position,
+so such a request reuses nothing (no resident rings, no stored prefix: the whole stream is
+computed again, as vLLM turns prefix caching off for ``prompt_logprobs``), and its session must
+be new. Its exports and checkpoints are stored as usual.
+
 :class:`~ringkv.host.device.interface.Device` (module :mod:`ringkv.host.device.interface`) is the
 seam to the accelerator. :class:`~ringkv.host.device.software.SoftwareDevice` (module
 :mod:`ringkv.host.device.software`) is the whole device in software with golden models. The FPGA
@@ -61,6 +70,8 @@ import numpy as np
 
 from .device.interface import Device
 from .errors import UsageError
+from .model.logprobs import prompt_logprobs as _prompt_logprobs
+from .model.logprobs import token_logprob
 from .model.transformer import Float64Backend, Model
 
 __all__ = ["Scheduler", "Session", "plain_run", "path_summary", "event_notes", "PATHS",
@@ -180,7 +191,8 @@ class Scheduler:
 
     # -- requests -------------------------------------------------------------------------
     def request(self, sid, tokens, n_new: int, *, checkpoints=(), rewind: int | None = None,
-                sample=None, on_token=None, tenant=None) -> list[int]:
+                sample=None, on_token=None, tenant=None, logprobs: int | None = None,
+                prompt_logprobs: int | None = None) -> list[int]:
         """Feed ``tokens`` to session ``sid`` and generate up to ``n_new`` tokens.
 
         ``sample(logits) -> token`` picks each token (default greedy: ``argmax``, as
@@ -188,7 +200,11 @@ class Scheduler:
         ``on_token(token)`` is called with each token as soon as it is picked; a true answer ends
         the generation there (a stop sequence, an end of text): that token is the last one
         returned. An exception it raises (a client gone) ends the request like any other, the
-        session's view back to before it.
+        session's view back to before it. With ``logprobs=n`` (0..20) it is called
+        ``on_token(token, info)``, ``info`` the token's
+        :class:`~ringkv.host.model.logprobs.TokenLogprob` with the ``n`` most likely tokens.
+        ``prompt_logprobs=n``: every token fed gets one too, in this request's event (module
+        docstring); only for a new session.
 
         ``checkpoints``: positions in the session's token stream (``p`` tokens from its start)
         to store a checkpoint at, each within what this request feeds (after ``rewind``:
@@ -228,9 +244,12 @@ class Scheduler:
         if n_new > 0 and end == kept:
             raise ValueError("a request that generates must feed at least one token (the "
                              "session's pending token or new ones)")
+        if prompt_logprobs is not None and (s.tokens or s.pending or rewind):
+            raise ValueError("prompt_logprobs needs a new session (every token computed)")
         saved = (list(s.tokens), list(s.pending), s.dirty, s.key, list(s.turns))
         try:
-            return self._request(sid, s, tokens, n_new, marks, rewind, sample, on_token)
+            return self._request(sid, s, tokens, n_new, marks, rewind, sample, on_token,
+                                 logprobs, prompt_logprobs)
         except BaseException:
             # the host's view goes back to before the request; the rings' state is unknown
             s.tokens, s.pending, s.dirty, s.key, s.turns = saved
@@ -238,8 +257,9 @@ class Scheduler:
                 self.resident = None
             raise
 
-    def _request(self, sid, s, tokens, n_new, marks, rewind, sample=None, on_token=None):
-        dev, attn = self.device, self.device.attention
+    def _request(self, sid, s, tokens, n_new, marks, rewind, sample=None, on_token=None,
+                 logprobs=None, prompt_logprobs=None):
+        dev = self.device
         event = {"session": sid, "path": None, "rewind": rewind, "exported": None,
                  "imported_bytes": 0, "exported_bytes": 0, "reused": 0, "prefilled": 0,
                  "recomputed": 0, "checkpoints": [], "deleted": [], "reason": ""}
@@ -262,38 +282,14 @@ class Scheduler:
             event["path"] = "continue"
         else:
             self._release_resident(event)
-            found = False
-            if s.tokens:
-                result = dev.query(s.tokens, **self._tenant(s))
-                if result.hit:
-                    event["imported_bytes"] = dev.import_(result, **self._tenant(s))
-                    event["path"], event["reused"] = "hit", len(s.tokens)
-                    found = True
-                else:
-                    event["reason"] = result.reason
-            if not found:
-                everything = s.tokens + s.pending + tokens
-                limit = len(everything) - (1 if n_new > 0 else 0)
-                result = (dev.query_prefix(everything, limit, **self._tenant(s))
-                          if self.prefix_reuse and limit > 0 else None)
-                if result is not None and result.hit:
-                    event["imported_bytes"] = dev.import_(result, **self._tenant(s))
-                    event["path"], event["reused"] = "prefix", result.count
-                    event["reason"] = ""
-                    s.tokens, s.pending = everything[:result.count], []
-                    tokens = everything[result.count:]
-                else:
-                    attn.reset()
-                    dev.write_tokens([])
-                    event["path"] = "miss" if had else "first"
-                    if result is not None and result.reason not in _NOTHING_STORED:
-                        event["reason"] = result.reason
-                    elif not event["reason"] and had:
-                        event["reason"] = "no record"
-                    s.tokens, s.pending, tokens = [], [], everything
-            event["recomputed"] = max(0, had - len(s.tokens))
+            tokens = self._resume(s, tokens, n_new, had, event,
+                                  reuse=prompt_logprobs is None)
         self.resident = sid
-        out, last = self._run(s, s.pending + tokens, n_new, marks, event, sample, on_token)
+        rows = [] if prompt_logprobs is not None else None
+        out, last = self._run(s, s.pending + tokens, n_new, marks, event, sample, on_token,
+                              logprobs, rows)
+        if rows is not None:
+            event["prompt_logprobs"] = _prompt_logprobs(rows, tokens, prompt_logprobs)
         if self.export_after_inference and s.dirty and s.tokens:
             if last is not None and last[0] == len(s.tokens):
                 # the rings are the checkpoint just stored: it is the turn's snapshot too (the
@@ -307,11 +303,50 @@ class Scheduler:
         self.events.append(event)
         return out
 
-    def _run(self, s, inputs, n_new, marks, event, sample=None, on_token=None):
+    def _resume(self, s, tokens, n_new, had, event, *, reuse=True):
+        """Fill the device's rings for session ``s``, whose rings are not resident: its own
+        snapshot (path ``hit``), else the longest stored prefix of all it feeds (``prefix``;
+        not when ``reuse`` is false or ``prefix_reuse`` is off), else nothing (``first``,
+        ``miss``: the rings cleared). ``had``: the tokens the session had computed. Returns
+        the tokens still to feed (``s.tokens`` and ``s.pending`` updated, ``event`` filled)."""
+        dev, tenant = self.device, self._tenant(s)
+        if s.tokens:
+            result = dev.query(s.tokens, **tenant)
+            if result.hit:
+                event["imported_bytes"] = dev.import_(result, **tenant)
+                event["path"], event["reused"] = "hit", len(s.tokens)
+                event["recomputed"] = max(0, had - len(s.tokens))
+                return tokens
+            event["reason"] = result.reason
+        everything = s.tokens + s.pending + tokens
+        limit = len(everything) - (1 if n_new > 0 else 0)
+        result = (dev.query_prefix(everything, limit, **tenant)
+                  if reuse and self.prefix_reuse and limit > 0 else None)
+        if result is not None and result.hit:
+            event["imported_bytes"] = dev.import_(result, **tenant)
+            event["path"], event["reused"] = "prefix", result.count
+            event["reason"] = ""
+            s.tokens, s.pending = everything[:result.count], []
+            tokens = everything[result.count:]
+        else:
+            dev.attention.reset()
+            dev.write_tokens([])
+            event["path"] = "miss" if had else "first"
+            if result is not None and result.reason not in _NOTHING_STORED:
+                event["reason"] = result.reason
+            elif not event["reason"] and had:
+                event["reason"] = "no record"
+            s.tokens, s.pending, tokens = [], [], everything
+        event["recomputed"] = max(0, had - len(s.tokens))
+        return tokens
+
+    def _run(self, s, inputs, n_new, marks, event, sample=None, on_token=None, logprobs=None,
+             rows=None):
         """Prefill ``inputs`` in chunks, stopping at every checkpoint to export it, keeping the
         token memory in step; then decoding (greedy, or by ``sample``; ``on_token`` may end
-        it early). Returns the generated tokens and
-        ``(position, key)`` of the last checkpoint stored (or None)."""
+        it early; ``logprobs``: see :meth:`request`). ``rows``: a list to collect the logits
+        of every input position in (the same chunks as :meth:`Model.prefill`). Returns the
+        generated tokens and ``(position, key)`` of the last checkpoint stored (or None)."""
         dev, attn, model = self.device, self.device.attention, self.model
         pos = len(s.tokens)
         end = pos + len(inputs)
@@ -322,8 +357,13 @@ class Scheduler:
         logits, last = None, None
         for stop in sorted(stops | {end}):
             seg = inputs[len(s.tokens) - pos:stop - pos]
-            if seg:
+            if seg and rows is not None:
+                for c in range(0, len(seg), self.chunk):
+                    rows.extend(model.forward(seg[c:c + self.chunk], len(s.tokens) + c, attn))
+                logits = rows[-1]
+            elif seg:
                 logits = model.prefill(seg, len(s.tokens), attn, self.chunk)
+            if seg:
                 dev.append_tokens(seg)
                 s.tokens += seg
             if stop in stops:
@@ -338,7 +378,9 @@ class Scheduler:
         for step in range(n_new):
             token = int(np.argmax(logits)) if sample is None else int(sample(logits))
             out.append(token)
-            if on_token is not None and on_token(token):
+            if on_token is not None and (
+                    on_token(token) if logprobs is None
+                    else on_token(token, token_logprob(logits, token, logprobs))):
                 break
             if step + 1 < n_new:
                 logits = model.forward([token], len(s.tokens) + step, attn)[0]

@@ -1,38 +1,58 @@
 """The HTTP API: the OpenAI API's completions and chat completions, streamed or not, as vLLM's
-and llama.cpp's servers implement them; ``/v1/models``, ``/health``, ``/metrics``.
+and llama.cpp's servers implement them; vLLM's tokenizer routes; ``/v1/models``, ``/health``,
+``/metrics``.
 
 Starlette (the ASGI toolkit FastAPI and vLLM's OpenAI server are built on; small, typed,
 maintained, with streaming responses) served by uvicorn. The request bodies are checked here
 by hand against the API's shapes, each bad field a 400 naming it (``param``), so that the
 error bodies are the API's own and no schema library is needed.
 
-* ``POST /v1/completions``: ``prompt`` (a string, or token ids), ``max_tokens`` (default 16,
-  as the OpenAI API's), ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stream``,
-  ``stream_options.include_usage``; ``n`` must be 1; ``logprobs``, ``echo`` and
-  ``suffix`` are refused.
+* ``POST /v1/completions``: ``prompt`` (a string, token ids, or a list of either: a choice
+  each), ``max_tokens`` (default 16, as the OpenAI API's; 0 with ``echo``), ``temperature``,
+  ``top_p``, ``top_k``, ``seed``, ``stop``, ``min_tokens``, ``ignore_eos``, ``n``,
+  ``logprobs`` (0..20, the legacy shape), ``echo``, ``stream``, ``stream_options``
+  (``include_usage``, ``continuous_usage_stats``).
 * ``POST /v1/chat/completions``: ``messages`` through the chat template
   (:mod:`ringkv.serve.template`), ``max_tokens`` or ``max_completion_tokens`` (default
-  :data:`CHAT_MAX_TOKENS`, within the token memory), the same sampling fields.
+  :data:`~ringkv.serve.request.CHAT_MAX_TOKENS`, within the token memory), the same sampling
+  fields, ``n``, ``logprobs`` and ``top_logprobs`` (the ``content`` shape).
+* Every other field of the OpenAI API or vLLM's server is accepted at its neutral value only,
+  or refused: a 400 naming it (:mod:`ringkv.serve.request`); the ``logprobs`` shapes are
+  :mod:`ringkv.serve.response`'s.
+* Several choices (``n``, a list of prompts): a :class:`~ringkv.serve.engine.Job` each, through
+  the router like any request; choice ``i * n + j`` is prompt ``i``'s sample ``j`` (seeded
+  ``seed + j``); a stream interleaves their chunks, each naming its ``index``.
+* ``POST /tokenize``, ``POST /detokenize``, ``GET /tokenizer_info``: vLLM's tokenizer routes
+  over the byte vocabulary (:mod:`ringkv.serve.tokenize`).
 * Both accept ``session_id`` (a string, an extension: ``extra_body`` in the ``openai``
   client) to pin a conversation (:mod:`ringkv.serve.engine`).
 * Streaming: server-sent events ``data: {json}`` (``text_completion`` /
-  ``chat.completion.chunk`` objects; a chat stream begins with the ``role`` delta and ends
-  with an empty delta carrying ``finish_reason``), then with ``include_usage`` a last chunk
-  with ``"choices": []`` and the ``usage``, then ``data: [DONE]``. An error after the stream
-  began is one ``data: {"error": {...}}`` event before ``[DONE]`` (what vLLM sends; the
-  ``openai`` client raises it as an ``APIError``).
-* ``usage``: ``prompt_tokens``, ``completion_tokens``, ``total_tokens`` and
-  ``prompt_tokens_details.cached_tokens``: the prompt tokens this request did not compute:
-  imported from the device's store, or still in its rings from the conversation's previous
-  turn.
-* The response header ``X-RingKV-Device`` names the device that served the request (for a
-  stream: the one it was sent to first).
-* API keys (``ringkv serve --api-key``): with keys given, every route under ``/v1`` needs
-  ``Authorization: Bearer KEY`` with one of them (what the ``openai`` client sends from its
-  ``api_key``), else 401 ``invalid_api_key`` with ``WWW-Authenticate: Bearer``; ``/health``
-  and ``/metrics`` stay open (for load balancers and Prometheus), as vLLM's do. The check is
-  an ASGI middleware ahead of the routes, so that no route can forget it, and it compares in
-  constant time (``hmac.compare_digest``) against every key.
+  ``chat.completion.chunk`` objects; a chat stream begins with the ``role`` delta of each
+  choice and ends each with an empty delta carrying ``finish_reason``), then with
+  ``include_usage`` a last chunk with ``"choices": []`` and the ``usage`` (with
+  ``continuous_usage_stats`` every chunk carries its choice's usage so far), then ``data:
+  [DONE]``. An error after the stream began is one ``data: {"error": {...}}`` event before
+  ``[DONE]`` (what vLLM sends; the ``openai`` client raises it as an ``APIError``).
+* ``usage``: ``prompt_tokens`` (each prompt once, whatever ``n``), ``completion_tokens``,
+  ``total_tokens`` and ``prompt_tokens_details.cached_tokens``: the prompt tokens this request
+  did not compute: imported from the device's store, or still in its rings from the
+  conversation's previous turn.
+* The response header ``X-RingKV-Device`` names the devices that served the request's choices
+  (for a stream: those they were sent to first).
+* API keys (``ringkv serve --api-key``): with keys given, every route under ``/v1`` and the
+  tokenizer's routes (which vLLM leaves open) need ``Authorization: Bearer KEY`` with one of
+  them (what the ``openai`` client sends from its ``api_key``), else 401 ``invalid_api_key``
+  with ``WWW-Authenticate: Bearer``; ``/health`` and ``/metrics`` stay open (for load
+  balancers and Prometheus), as vLLM's do. The check is an ASGI middleware ahead of the
+  routes, so that no route can forget it, and it compares in constant time
+  (``hmac.compare_digest``) against every key.
+* Many instances (``--valkey``, :mod:`ringkv.serve.cluster`): a request of one prompt whose
+  prefix another live instance holds much more of (``Engine.remote``) is forwarded there as
+  it came and its answer streamed through (``X-RingKV-Instance`` names that instance); one
+  that arrives forwarded (``X-RingKV-Forwarded``) is never forwarded again; an instance that
+  does not answer, or answers 429/503, leaves the request to be served here. When that
+  instance is full (or ``--cluster-move copy``) its record is copied here instead (``GET
+  /v1/ringkv/record``: the card format, a sealed record only to its own tenant).
 * Errors: ``{"error": {"message", "type", "param", "code"}}`` with the status of the
   :class:`~ringkv.host.errors.RingKVError` (400 bad request, 401 no or another API key, 404
   unknown model, 429 every device's queue full, 503 no device ready or the device failed);
@@ -40,9 +60,11 @@ error bodies are the API's own and no schema library is needed.
 """
 
 import asyncio
+import collections
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
 
@@ -54,20 +76,26 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from ringkv.host.errors import NotFound, RingKVError, Unauthorized, UsageError
-from ringkv.host.model.sampling import SamplingParams
+from ringkv.host.model.vocab import text_offsets, tokenizer_config
 
 from .engine import Cancelled, Job
-from .template import chat_prompt, completion_prompt
+from .request import CHAT_MAX_TOKENS, COMPLETION_MAX_TOKENS, choice_params, parse
+from .response import LegacyOffsets, chat_entry, chat_logprobs, legacy_logprobs
+from .tokenize import detokenize_body, tokenize_body
 
 __all__ = ["create_app", "error_body", "ApiKeyGate", "CHAT_MAX_TOKENS",
            "COMPLETION_MAX_TOKENS"]
 
 log = logging.getLogger(__name__)
 
-#: ``max_tokens`` when a request gives none (the OpenAI API's 16 for completions; a chat reply
-#: stops at the end of its message, this bounds one that does not)
-COMPLETION_MAX_TOKENS = 16
-CHAT_MAX_TOKENS = 256
+#: the header of a request one instance forwards to another (``--valkey``): its value is the
+#: sender's epoch, and a forwarded request is served where it arrives, never forwarded again
+FORWARDED = "x-ringkv-forwarded"
+
+
+def _devices(names) -> str:
+    """The ``X-RingKV-Device`` header: the devices that served the choices, in order."""
+    return ",".join(dict.fromkeys(names))
 
 
 def error_body(message, *, type_="invalid_request_error", param=None, code=None) -> dict:
@@ -92,7 +120,11 @@ class ApiKeyGate:
     #: the ``endpoint`` label of a refused request (any other path: ``other``, so that a
     #: client cannot grow the metric's label set)
     ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat",
-                 "/v1/models": "models"}
+                 "/v1/models": "models", "/tokenize": "tokenize", "/detokenize": "detokenize",
+                 "/tokenizer_info": "tokenizer_info"}
+    #: guarded paths besides ``/v1``: the tokenizer's (vLLM leaves them open; here they run
+    #: on the server's CPU for anyone, so they are the key holders')
+    TOKENIZER = ("/tokenize", "/detokenize", "/tokenizer_info")
 
     def __init__(self, app, keys, metrics=None):
         self.app = app
@@ -106,7 +138,8 @@ class ApiKeyGate:
         """None for a request that may pass (``scope["ringkv.tenant"]`` set for ``/v1``), else
         the refusal."""
         if scope["type"] != "http" or not (scope["path"] == "/v1"
-                                           or scope["path"].startswith("/v1/")):
+                                           or scope["path"].startswith("/v1/")
+                                           or scope["path"] in self.TOKENIZER):
             return None
         given = None
         for name, value in scope["headers"]:
@@ -140,6 +173,53 @@ class ApiKeyGate:
         await response(scope, receive, send)
 
 
+class Inbox:
+    """A request's events from the devices' threads to the event loop: ``put`` from any
+    thread, ``await get()`` / ``await get_burst()`` in the loop. One wake-up of the loop per
+    burst, not per event: a token put while a wake-up is pending rides with it, so a loop
+    that falls behind (32 streams, a token each per step) takes the backlog in one go."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._items: collections.deque = collections.deque()
+        self._lock = threading.Lock()
+        self._pending = False
+        self._ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        with self._lock:
+            self._items.append(item)
+            if self._pending:
+                return
+            self._pending = True
+        self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            self._pending = False
+        self._ready.set()
+
+    async def get_burst(self) -> list:
+        """Every event there is, waiting for the first."""
+        while True:
+            with self._lock:
+                if self._items:
+                    out = list(self._items)
+                    self._items.clear()
+                    return out
+                self._ready.clear()
+            await self._ready.wait()
+
+    async def get(self):
+        """The next event."""
+        while True:
+            with self._lock:
+                if self._items:
+                    return self._items.popleft()
+                self._ready.clear()
+            await self._ready.wait()
+
+
 def _dumps(obj) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
@@ -151,6 +231,7 @@ class _Api:
         self.metrics = engine.metrics
         self.created = int(time.time())
         self.max_context = engine.config.max_tokens
+        self._http = None                   # the client of forwarded requests (--valkey)
 
     # -- request checks ------------------------------------------------------------------------
     async def _body(self, request: Request) -> dict:
@@ -169,63 +250,6 @@ class _Api:
             raise NotFound(f"The model `{model}` does not exist; this server serves "
                            f"`{self.model_name}` (GET /v1/models)", param="model")
 
-    def _params(self, body, prompt_len: int, chat: bool) -> SamplingParams:
-        if body.get("n", 1) not in (1, None):
-            raise UsageError("n must be 1 (one choice per request)", param="n")
-        for name in ("logprobs", "echo", "suffix", "top_logprobs", "tools", "functions"):
-            if body.get(name) not in (None, False) and not (name == "logprobs"
-                                                            and body[name] == 0):
-                raise UsageError(f"{name} is not supported by this server", param=name)
-        limit = self.max_context - prompt_len + 1
-        where = "messages" if chat else "prompt"
-        if limit < 1:
-            raise UsageError(f"This model's maximum context length is {self.max_context} "
-                             f"tokens (the device's token memory); the {where} has "
-                             f"{prompt_len}", param=where)
-        key = "max_tokens"
-        if chat and body.get("max_completion_tokens") is not None:
-            key = "max_completion_tokens"
-        max_tokens = body.get(key)
-        if max_tokens is None:
-            max_tokens = min(CHAT_MAX_TOKENS if chat else COMPLETION_MAX_TOKENS, limit)
-        params = {}
-        for name, default in (("temperature", 1.0), ("top_p", 1.0), ("top_k", 0),
-                              ("seed", None), ("stop", ())):
-            value = body.get(name)
-            params[name] = default if value is None else value
-        try:
-            out = SamplingParams(max_tokens=max_tokens, **params)
-        except UsageError as e:
-            if e.param == "max_tokens":
-                e.param = key
-            raise
-        if out.max_tokens > limit:
-            raise UsageError(f"This model's maximum context length is {self.max_context} "
-                             f"tokens; the {where} has {prompt_len} and {key} asks for "
-                             f"{out.max_tokens} more (at most {limit})", param=key)
-        return out
-
-    def _stream_flags(self, body):
-        stream = body.get("stream", False)
-        if stream not in (True, False, None):
-            raise UsageError(f"stream must be a boolean, not {stream!r}", param="stream")
-        options = body.get("stream_options")
-        if options is not None:
-            if not stream:
-                raise UsageError("stream_options is only allowed with stream: true",
-                                 param="stream_options")
-            if not isinstance(options, dict):
-                raise UsageError("stream_options must be an object", param="stream_options")
-        usage = bool((options or {}).get("include_usage", False))
-        return bool(stream), usage
-
-    def _session(self, body):
-        sid = body.get("session_id")
-        if sid is not None and (not isinstance(sid, str) or not sid or len(sid) > 256):
-            raise UsageError("session_id must be a non-empty string (at most 256 characters)",
-                             param="session_id")
-        return sid
-
     # -- the generation endpoints ---------------------------------------------------------------
     async def completions(self, request: Request):
         return await self._generate(request, chat=False)
@@ -241,132 +265,357 @@ class _Api:
             # client sends its body is not)
             t0 = time.perf_counter()
             self._check_model(body)
-            prompt = chat_prompt(body.get("messages")) if chat else \
-                completion_prompt(body.get("prompt"))
-            params = self._params(body, len(prompt.tokens), chat)
-            stream, include_usage = self._stream_flags(body)
-            session = self._session(body)
+            req = parse(body, chat, self.max_context)
+            capacity = sum(w.batch + self.engine.max_queue for w in self.engine.workers)
+            if req.choices > capacity:
+                raise UsageError(f"this request has {req.choices} choices (prompts × n), each "
+                                 f"a request on a device, which run and queue {capacity} at "
+                                 f"most (each device's batch and --max-queue)",
+                                 param="n" if req.n > 1 else "prompt")
         except RingKVError as e:
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def sink(kind, value):
-            loop.call_soon_threadsafe(events.put_nowait, (kind, value))
-
+        events = Inbox(asyncio.get_running_loop())
         tenant = request.scope.get("ringkv.tenant")
-        job = Job(prompt, params, sink, chat=chat, session=session, received=t0,
-                  tenant=self.tenant if tenant is None else tenant)
+        tenant = self.tenant if tenant is None else tenant
+        copied = None                       # (record, its tokens) from another instance
+        if self.engine.cluster is not None and len(req.prompts) == 1 \
+                and FORWARDED not in request.headers:
+            peer, count = self.engine.remote(req.prompts[0], tenant)
+            how = self.engine.cluster.move
+            if peer is not None and (how == "forward" or how == "auto" and peer.room > 0):
+                forwarded = await self._forward(request, peer)
+                if forwarded is not None:
+                    return forwarded
+            elif peer is not None:
+                record = await self._copy(request, peer, req.prompts[0], count, tenant)
+                copied = (record, count) if record is not None else None
+
+        def sink_of(index):
+            def sink(kind, value):
+                events.put((index, kind, value))
+            return sink
+
+        jobs = []
+        # one job per choice, indexed as vLLM's: prompt i's sample j is choice i * n + j
+        for prompt in req.prompts:
+            for j in range(req.n):
+                jobs.append(Job(prompt, choice_params(req.params, j), sink_of(len(jobs)),
+                                chat=chat, session=req.session, received=t0, tenant=tenant,
+                                logprobs=req.logprobs,
+                                prompt_logprobs=req.logprobs if req.echo else None))
+                if copied is not None and not req.echo:
+                    jobs[-1].record, jobs[-1].remote = copied
+        workers = []
         try:
-            worker = self.engine.submit(job)
+            for job in jobs:
+                workers.append(self.engine.submit(job))
         except RingKVError as e:
+            for job in jobs:
+                job.cancelled.set()
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": self.model_name,
                 "system_fingerprint": self.fingerprint}
-        if stream:
+        if req.stream:
             return StreamingResponse(
-                self._sse(job, events, head, chat, include_usage, endpoint, t0),
+                self._sse(req, jobs, events, head, endpoint, t0),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
-                         "X-RingKV-Device": worker.name})
+                         "X-RingKV-Device": _devices(w.name for w in workers)})
+        results, infos = [None] * len(jobs), [[] for _ in jobs]
         try:
-            while True:
-                kind, value = await events.get()
-                if kind == "done":
-                    break
-                if kind == "error":
+            waiting = len(jobs)
+            while waiting:
+                index, kind, value = await events.get()
+                if kind == "token":
+                    if value[1] is not None:
+                        infos[index].append(value[1])
+                elif kind == "done":
+                    results[index] = value
+                    waiting -= 1
+                elif kind == "error":
                     raise value
         except RingKVError as e:
+            for job in jobs:
+                job.cancelled.set()
             self.metrics.requests.labels(endpoint, str(e.http_status)).inc()
             return _error_response(e)
         except BaseException:
-            job.cancelled.set()
+            for job in jobs:
+                job.cancelled.set()
             raise
-        result = value
-        self._finish(endpoint, result, t0)
-        if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": result.text},
-                      "logprobs": None, "finish_reason": result.finish_reason}
-        else:
-            choice = {"index": 0, "text": result.text, "logprobs": None,
-                      "finish_reason": result.finish_reason}
+        self._finish(endpoint, results, t0)
+        choices = [self._choice(req, index, result, infos[index])
+                   for index, result in enumerate(results)]
         body = dict(head, object="chat.completion" if chat else "text_completion",
-                    choices=[choice], usage=self._usage(result))
-        return JSONResponse(body, headers={"X-RingKV-Device": result.device})
+                    choices=choices, usage=self._usage(req, results))
+        return JSONResponse(body, headers={"X-RingKV-Device": _devices(
+            r.device for r in results)})
 
-    def _usage(self, result) -> dict:
-        return {"prompt_tokens": result.prompt_tokens,
-                "completion_tokens": len(result.tokens),
-                "total_tokens": result.prompt_tokens + len(result.tokens),
-                "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
+    def _choice(self, req, index: int, result, infos) -> dict:
+        """Choice ``index`` of a whole answer."""
+        if req.chat:
+            return {"index": index,
+                    "message": {"role": "assistant", "content": result.text},
+                    "logprobs": None if req.logprobs is None else chat_logprobs(
+                        infos, req.token_ids),
+                    "finish_reason": result.finish_reason}
+        echo = req.texts[index // req.n] if req.echo else ""
+        logprobs = None
+        if req.logprobs is not None:
+            tokens, start = list(result.tokens), len(echo)
+            offsets = text_offsets(tokens, start)
+            if req.echo:
+                prompt = list(req.prompts[index // req.n].tokens)
+                offsets = text_offsets(prompt) + offsets
+                tokens, infos = prompt + tokens, list(result.prompt_logprobs) + list(infos)
+            logprobs = legacy_logprobs(tokens, infos, offsets=offsets, token_ids=req.token_ids)
+        return {"index": index, "text": echo + result.text, "logprobs": logprobs,
+                "finish_reason": result.finish_reason}
 
-    def _finish(self, endpoint, result, t0):
+    def _usage(self, req, results) -> dict:
+        """The request's usage: each prompt's tokens once (as vLLM counts them, whatever
+        ``n``), every choice's generated tokens; a prompt's cached tokens are those that none
+        of its samples computed (the least over them)."""
+        prompt = cached = 0
+        for i in range(len(req.prompts)):
+            mine = results[i * req.n:(i + 1) * req.n]
+            prompt += mine[0].prompt_tokens
+            cached += min(r.cached_tokens for r in mine)
+        completion = sum(len(r.tokens) for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+    def _finish(self, endpoint, results, t0):
         m = self.metrics
         total = time.perf_counter() - t0
         m.requests.labels(endpoint, "200").inc()
-        m.prompt_tokens.inc(result.prompt_tokens)
-        m.generation_tokens.inc(len(result.tokens))
         m.duration.observe(total)
-        m.overhead.observe(max(0.0, total - result.scheduler_s - result.queue_s))
-        if log.isEnabledFor(logging.DEBUG) and result.times.get("started") is not None:
-            t = dict(result.times, finished=t0 + total)
-            steps = ("received", "routed", "picked", "got", "started", "ended", "answered",
-                     "finished")
-            log.debug("%s: %s", result.device, ", ".join(
-                f"{a}->{b} {(t[b] - t[a]) * 1e3:.2f} ms" for a, b in zip(steps, steps[1:])))
+        for result in results:
+            m.prompt_tokens.inc(result.prompt_tokens)
+            m.generation_tokens.inc(len(result.tokens))
+            m.overhead.observe(max(0.0, total - result.scheduler_s - result.queue_s))
+            if log.isEnabledFor(logging.DEBUG) and result.times.get("started") is not None:
+                t = dict(result.times, finished=t0 + total)
+                steps = ("received", "routed", "picked", "got", "started", "ended", "answered",
+                         "finished")
+                log.debug("%s: %s", result.device, ", ".join(
+                    f"{a}->{b} {(t[b] - t[a]) * 1e3:.2f} ms" for a, b in zip(steps, steps[1:])))
 
-    async def _sse(self, job, events, head, chat, include_usage, endpoint, t0):
-        def chunk(delta_or_text, finish=None):
+    async def _sse(self, req, jobs, events, head, endpoint, t0):
+        chat = req.chat
+        counts = [0] * len(jobs)            # tokens generated so far, per choice
+        offsets = [LegacyOffsets(len(req.texts[i // req.n]) if req.echo else 0)
+                   for i in range(len(jobs))]
+        results = [None] * len(jobs)
+        usage_field = req.include_usage
+
+        def chunk(index, delta_or_text, finish=None, logprobs=None):
             if chat:
-                choice = {"index": 0, "delta": delta_or_text, "logprobs": None,
+                choice = {"index": index, "delta": delta_or_text, "logprobs": logprobs,
                           "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta_or_text, "logprobs": None,
+                choice = {"index": index, "text": delta_or_text, "logprobs": logprobs,
                           "finish_reason": finish}
             obj = dict(head, choices=[choice])
-            if include_usage:
+            if req.continuous_usage:        # vLLM's: this choice's usage so far
+                p = req.prompts[index // req.n]
+                obj["usage"] = {"prompt_tokens": len(p.tokens),
+                                "completion_tokens": counts[index],
+                                "total_tokens": len(p.tokens) + counts[index]}
+            elif usage_field:
                 obj["usage"] = None
             return f"data: {_dumps(obj)}\n\n"
 
+        def token_logprobs(index, info):
+            if info is None:
+                return None
+            if chat:
+                return {"content": [chat_entry(info, req.token_ids)]}
+            return legacy_logprobs([info.token], [info], token_ids=req.token_ids,
+                                   offsets=[offsets[index].next(info.token)])
+
         done = False
         try:
-            if chat:
-                yield chunk({"role": "assistant", "content": ""})
-            while True:
-                kind, value = await events.get()
-                if kind == "token":
-                    if value:
-                        yield chunk({"content": value} if chat else value)
-                elif kind == "done":
-                    result = value
-                    yield chunk({} if chat else "", result.finish_reason)
-                    if include_usage:
-                        last = dict(head, choices=[], usage=self._usage(result))
-                        yield f"data: {_dumps(last)}\n\n"
-                    self._finish(endpoint, result, t0)
-                    break
-                else:
-                    exc = value
-                    if isinstance(exc, Cancelled):
+            for index in range(len(jobs)):
+                if chat:
+                    yield chunk(index, {"role": "assistant", "content": ""})
+                elif req.echo and req.texts[index // req.n]:
+                    yield chunk(index, req.texts[index // req.n])
+            waiting, ended = len(jobs), False
+            while waiting and not ended:
+                # every event that arrived meanwhile, written in one piece (one write to the
+                # socket for the tokens of several steps or choices, when the loop is behind)
+                out = []
+                for index, kind, value in await events.get_burst():
+                    if kind in ("token", "tail"):
+                        text, info = value if kind == "token" else (value, None)
+                        counts[index] += kind == "token"
+                        if text or info is not None:
+                            out.append(chunk(index, {"content": text} if chat else text,
+                                             logprobs=token_logprobs(index, info)))
+                    elif kind == "done":
+                        results[index] = value
+                        waiting -= 1
+                        out.append(chunk(index, {} if chat else "", value.finish_reason))
+                    else:
+                        exc, ended = value, True
+                        if isinstance(exc, Cancelled):
+                            break
+                        status = getattr(exc, "http_status", 500)
+                        self.metrics.requests.labels(endpoint, str(status)).inc()
+                        body = error_body(exc.one_line() if isinstance(exc, RingKVError)
+                                          else "internal error", type_=getattr(
+                                              exc, "api_type", "server_error"),
+                                          param=getattr(exc, "param", None),
+                                          code=getattr(exc, "api_code", None))
+                        out.append(f"data: {_dumps(body)}\n\n")
                         break
-                    status = getattr(exc, "http_status", 500)
-                    self.metrics.requests.labels(endpoint, str(status)).inc()
-                    body = error_body(exc.one_line() if isinstance(exc, RingKVError)
-                                      else "internal error", type_=getattr(
-                                          exc, "api_type", "server_error"),
-                                      param=getattr(exc, "param", None),
-                                      code=getattr(exc, "api_code", None))
-                    yield f"data: {_dumps(body)}\n\n"
+                    if not waiting:
+                        break
+                if out:
+                    yield "".join(out)
+                if ended and isinstance(exc, Cancelled):
                     break
+            if not waiting:
+                if usage_field:
+                    last = dict(head, choices=[], usage=self._usage(req, results))
+                    yield f"data: {_dumps(last)}\n\n"
+                self._finish(endpoint, results, t0)
             yield "data: [DONE]\n\n"
-            done = True
+            done = not waiting
         finally:
             if not done:
-                job.cancelled.set()        # the client went away: stop generating
+                for job in jobs:            # the client went away, or one choice failed
+                    job.cancelled.set()
+
+    # -- many instances (--valkey) ------------------------------------------------------------
+    async def _forward(self, request: Request, peer):
+        """The request sent as it came to ``peer``, the instance holding its prefix, and its
+        answer passed through as it streams (status, body, the headers a client reads); None
+        when the peer cannot be reached or has no room (429, 503): the request is then served
+        here (the one retry), and the peer is not used again before its next heartbeat."""
+        import httpx
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        headers = {"content-type": "application/json",
+                   FORWARDED: self.engine.cluster.epoch}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        outgoing = self._http.build_request("POST", peer.url + request.url.path,
+                                            content=await request.body(), headers=headers)
+        try:
+            response = await self._http.send(outgoing, stream=True)
+        except httpx.HTTPError as e:
+            log.warning("cluster: instance %s unreachable (%s); serving here", peer.url,
+                        type(e).__name__)
+            self.engine.cluster.forget(peer)
+            self.metrics.cluster_forwards.labels("unreachable").inc()
+            return None
+        if response.status_code in (429, 503):
+            await response.aclose()
+            self.metrics.cluster_forwards.labels("busy").inc()
+            return None
+        self.metrics.cluster_forwards.labels("forwarded").inc()
+        passed = {k: v for k, v in response.headers.items()
+                  if k.lower() in ("content-type", "cache-control", "x-ringkv-device",
+                                   "retry-after", "www-authenticate", "x-accel-buffering")}
+        passed["X-RingKV-Instance"] = peer.url
+
+        async def relay():
+            # closed however the stream ends: a client that goes away closes the connection
+            # to the holder too, which then cancels the request (as it would its own client's)
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            finally:
+                await response.aclose()
+        return StreamingResponse(relay(), status_code=response.status_code, headers=passed)
+
+    async def _copy(self, request: Request, peer, prompt, count: int, tenant):
+        """The record of ``prompt``'s first ``count`` tokens that ``peer`` holds, read from
+        it (``GET /v1/ringkv/record``), or None (evicted there meanwhile, unreachable): the
+        request then computes here what it does not hold."""
+        import httpx
+        hashes = self.engine.hashers[tenant].hashes(prompt.tokens, count, prompt.checkpoints)
+        key = (count, hashes[count - 1])
+        device = peer.keys.get((self.engine.cluster.label(tenant), *key))
+        if device is None:
+            return None
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        headers = {FORWARDED: self.engine.cluster.epoch}
+        if "authorization" in request.headers:
+            headers["authorization"] = request.headers["authorization"]
+        try:
+            response = await self._http.get(
+                peer.url + "/v1/ringkv/record", headers=headers, timeout=30.0,
+                params={"device": device, "count": count, "hash": f"{key[1]:016x}"})
+        except httpx.HTTPError as e:
+            log.warning("cluster: instance %s unreachable (%s); computing here", peer.url,
+                        type(e).__name__)
+            self.engine.cluster.forget(peer)
+            self.metrics.cluster_copies.labels("unreachable").inc()
+            return None
+        if response.status_code != 200:
+            self.metrics.cluster_copies.labels("missing").inc()
+            return None
+        return response.content
+
+    async def record(self, request: Request):
+        """``GET /v1/ringkv/record?device=NAME&count=N&hash=HEX``: a record this instance's
+        device holds, in the card format (self-describing; sealed ones verified by the device
+        that stores them), for another instance of the cluster. A sealed record only to its
+        own tenant (the request's API key's)."""
+        from ringkv.host.record.codec import decode_fields
+        q = request.query_params
+        try:
+            name, key = q["device"], (int(q["count"]), int(q["hash"], 16))
+        except (KeyError, ValueError):
+            return _error_response(UsageError("device, count and hash (hex) are needed"))
+        worker = next((w for w in self.engine.workers if w.name == name), None)
+        data = None
+        if worker is not None:
+            data = await asyncio.get_running_loop().run_in_executor(
+                None, worker.read_record, key)
+        tenant = request.scope.get("ringkv.tenant")
+        tenant = self.tenant if tenant is None else tenant
+        if data is not None and decode_fields(data[:512]).key_id != (tenant or 0):
+            data = None                     # another tenant's: as if it were not here
+        if data is None:
+            return _error_response(NotFound(f"no record {key} on device {name!r}"))
+        return Response(data, media_type="application/octet-stream")
+
+    # -- the tokenizer ---------------------------------------------------------------------------
+    async def tokenize(self, request: Request):
+        try:
+            body = await self._body(request)
+            self._check_model(body)
+            out = tokenize_body(body, self.max_context)
+        except RingKVError as e:
+            self.metrics.requests.labels("tokenize", str(e.http_status)).inc()
+            return _error_response(e)
+        self.metrics.requests.labels("tokenize", "200").inc()
+        return JSONResponse(out)
+
+    async def detokenize(self, request: Request):
+        try:
+            body = await self._body(request)
+            self._check_model(body)
+            out = detokenize_body(body)
+        except RingKVError as e:
+            self.metrics.requests.labels("detokenize", str(e.http_status)).inc()
+            return _error_response(e)
+        self.metrics.requests.labels("detokenize", "200").inc()
+        return JSONResponse(out)
+
+    async def tokenizer_info(self, request: Request):
+        self.metrics.requests.labels("tokenizer_info", "200").inc()
+        return JSONResponse(dict(tokenizer_config(), model_max_length=self.max_context))
 
     # -- the rest -------------------------------------------------------------------------------
     async def models(self, request: Request):
@@ -377,7 +626,12 @@ class _Api:
     async def health(self, request: Request):
         devices = [{"name": w.name, "kind": w.handle.kind, "sealed": w.handle.sealed,
                     "state": w.state, "queue_depth": w.load, "records": len(w.index),
-                    "recoveries": w.recoveries} for w in self.engine.workers]
+                    "recoveries": w.recoveries,
+                    # continuous batching: how many requests it runs at once (1: one at a
+                    # time, as a board holding one conversation), how many it holds resident
+                    "batching": w.batch > 1, "max_batch": w.batch,
+                    "resident_limit": w.info.get("resident", 1),
+                    "resident": len(w.hot)} for w in self.engine.workers]
         ok = any(d["state"] == "ready" for d in devices)
         return JSONResponse({"status": "ok" if ok else "unavailable", "devices": devices},
                             status_code=200 if ok else 503)
@@ -417,10 +671,16 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
         finally:
             if manage_engine:
                 await asyncio.get_running_loop().run_in_executor(None, engine.stop)
+            if api._http is not None:
+                await api._http.aclose()
 
     routes = [Route("/v1/completions", api.completions, methods=["POST"]),
               Route("/v1/chat/completions", api.chat, methods=["POST"]),
               Route("/v1/models", api.models, methods=["GET"]),
+              Route("/v1/ringkv/record", api.record, methods=["GET"]),
+              Route("/tokenize", api.tokenize, methods=["POST"]),
+              Route("/detokenize", api.detokenize, methods=["POST"]),
+              Route("/tokenizer_info", api.tokenizer_info, methods=["GET"]),
               Route("/health", api.health, methods=["GET"]),
               Route("/metrics", api.metrics_text, methods=["GET"])]
     middleware = [Middleware(ApiKeyGate, keys=api_keys, metrics=engine.metrics)] \

@@ -4,7 +4,8 @@ a failure, listed and closed.
 ``--device`` (repeatable):
 
 * ``software`` -- the device in software (:class:`~ringkv.host.device.software.SoftwareDevice`,
-  the golden models), its store in memory;
+  the golden models), its store in memory; its hot tier (``hot_bytes``, ``ringkv serve
+  --hot-bytes``) holds many conversations' rings at once, so the server batches on it;
 * ``software:IMAGE`` -- the same, its store kept in the image file ``IMAGE`` (a restart of the
   server, or a recovery, is a new device on the same image);
 * ``sim`` or ``sim:IMAGE`` -- a simulated board: ``RingKVTop`` built with Verilator and run
@@ -113,9 +114,10 @@ class SoftwareHandle(DeviceHandle):
     kind = "software"
 
     def __init__(self, spec, config, *, image=None, capacity=None, attention_factory=None,
-                 keys=None):
+                 keys=None, hot_bytes=None):
         super().__init__(spec, keys=keys)
         self.config, self.image, self.capacity = config, image, capacity
+        self.hot_bytes = hot_bytes
         self.attention_factory = attention_factory
         self._memory = None
 
@@ -125,14 +127,21 @@ class SoftwareHandle(DeviceHandle):
             # in memory: the store survives a reopen (it is the device's), the rings do not
             if self._memory is None:
                 self._memory = SoftwareDevice(self.config, attention=attention,
-                                              capacity=self.capacity, **self._sealed_kwargs())
+                                              capacity=self.capacity, hot_bytes=self.hot_bytes,
+                                              **self._sealed_kwargs())
             else:
-                self._memory.attention.reset()
-                self._memory.write_tokens([])
+                # the store survives, the hot tier does not (a reopen is a power cycle)
+                for i in range(self._memory.resident_limit):
+                    ctx = self._memory.context(i)
+                    self._memory.bind(ctx)
+                    self._memory.attention.reset()
+                    self._memory.write_tokens([])
+                self._memory.bind(self._memory.context(0))
             return self._memory
         Path(self.image).parent.mkdir(parents=True, exist_ok=True)
         return SoftwareDevice(self.config, attention=attention, capacity=self.capacity,
-                              image=self.image, **self._sealed_kwargs())
+                              image=self.image, hot_bytes=self.hot_bytes,
+                              **self._sealed_kwargs())
 
     def listing(self, device):
         return [h.key for h in device.holdings(tokens=False)]
@@ -234,7 +243,7 @@ class SimHandle(LinkHandle):
 
 
 def parse_device(spec: str, config, *, capacity=None, attention_factory=None, timeout=60.0,
-                 workdir=None, top_kwargs=None, keys=None) -> DeviceHandle:
+                 workdir=None, top_kwargs=None, keys=None, hot_bytes=None) -> DeviceHandle:
     """A :class:`DeviceHandle` for one ``--device`` value (module docstring); ``top_kwargs``:
     a simulated board's ``RingKVTop`` parameters (``ringkv sim``'s: ``DEMO_TOP`` for the demo
     shape); ``keys``: the record key ring of sealed devices (None: open)."""
@@ -243,7 +252,8 @@ def parse_device(spec: str, config, *, capacity=None, attention_factory=None, ti
     kind, _, rest = spec.partition(":")
     if kind == "software":
         return SoftwareHandle(spec, config, image=rest or None, capacity=capacity,
-                              attention_factory=attention_factory, keys=keys)
+                              attention_factory=attention_factory, keys=keys,
+                              hot_bytes=hot_bytes)
     if kind == "sim":
         return SimHandle(spec, config, image=rest or None, workdir=workdir, timeout=timeout,
                          top_kwargs=top_kwargs, keys=keys)

@@ -4,13 +4,18 @@
 
     ringkv serve [--host 127.0.0.1] [--port 8000] [--device SPEC ...] [--config default|demo]
                  [--api-key KEY ...] [--api-key-file FILE]     (or RINGKV_API_KEY=KEY[,KEY])
+                 [--valkey URL [--advertise-url URL]]          (several instances, one index)
+                 [--kv-events tcp://*:5557 [--kv-events-replay tcp://*:5558]]
 
 The model is the trained one shipped for the configuration's shape (``--weights FILE`` for
 another, ``--random`` for the untrained one); devices as :mod:`ringkv.serve.devices` describes.
-With API keys, ``/v1`` needs one of them (:class:`ringkv.serve.app.ApiKeyGate`); they are read
-and checked before any device starts. uvicorn serves the application in this process; Ctrl-C
-or SIGTERM stops it cleanly (uvicorn's own signal handling: open requests end, the workers
-stop, simulators started here are stopped) and the command exits with status 130.
+With ``--valkey`` the instance shares one index with the others
+(:mod:`ringkv.serve.cluster`); with ``--kv-events`` it publishes its devices' records as
+vLLM's KV events (:mod:`ringkv.serve.events`). With API keys, ``/v1`` needs one of them
+(:class:`ringkv.serve.app.ApiKeyGate`); they are read and checked before any device starts.
+uvicorn serves the application in this process; Ctrl-C or SIGTERM stops it cleanly (uvicorn's
+own signal handling: open requests end, the workers stop, simulators started here are
+stopped) and the command exits with status 130.
 """
 
 import argparse
@@ -31,7 +36,7 @@ from ringkv.host.errors import (
 )
 
 __all__ = ["main", "build_parser", "build_server", "listen", "serve_in_thread", "api_keys",
-           "tenancy", "NUMERICS_CHOICES", "API_KEY_ENV"]
+           "tenancy", "NUMERICS_CHOICES", "API_KEY_ENV", "HOT_BYTES"]
 
 NUMERICS_CHOICES = ["ringkv-fx1c", "ringkv-fx1", "ringkv-fx2"]
 
@@ -58,6 +63,27 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be positive, not {text}")
+    return value
+
+
+#: ``--hot-bytes`` by default: 64 MiB, 512 conversations at the default shape
+HOT_BYTES = 64 << 20
+
+_UNITS = {"": 1, "K": 1 << 10, "KI": 1 << 10, "M": 1 << 20, "MI": 1 << 20, "G": 1 << 30,
+          "GI": 1 << 30}
+
+
+def _bytes(text: str) -> int:
+    """A size in bytes: ``65536``, ``64K``, ``64M``, ``1G`` (binary units; ``MiB``, ``MB``
+    read the same)."""
+    t = text.strip().upper().removesuffix("B")
+    digits = t.rstrip("KMGI")
+    unit = t[len(digits):]
+    if not digits.isdigit() or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size in bytes (e.g. 64M): {text!r}")
+    value = int(digits) * _UNITS[unit]
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, not {text!r}")
     return value
 
 
@@ -126,8 +152,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capacity", type=_count(1), default=256,
                    help="records a software device holds (least recently used evicted)")
     p.add_argument("--chunk", type=_count(1), default=64, help="prefill chunk (tokens)")
-    p.add_argument("--max-queue", type=_count(1), default=16,
-                   help="requests queued or running per device; beyond on every device: 429")
+    p.add_argument("--hot-bytes", type=_bytes, default=HOT_BYTES, metavar="SIZE",
+                   help="a software device's hot tier: the conversations whose rings it holds "
+                        "at once, in bytes (K, M, G: binary units; default 64M: 512 "
+                        "conversations of the default shape, 128 KiB each). The card image "
+                        "stays the persistence point")
+    p.add_argument("--max-batch", type=_count(1), default=None, metavar="N",
+                   help="requests a device runs at once (continuous batching; default: as "
+                        "many as its hot tier holds; 1: one request at a time)")
+    p.add_argument("--step-tokens", type=_count(1), default=512, metavar="N",
+                   help="tokens one batched step may compute: a decode token per running "
+                        "request and prefill chunks (default 512)")
+    p.add_argument("--max-queue", type=_count(0), default=16,
+                   help="requests waiting per device beyond those it runs at once "
+                        "(--max-batch); beyond that on every device: 429")
     p.add_argument("--placement", choices=["prefix", "least-loaded", "round-robin"],
                    default="prefix", help="how the router picks a device")
     p.add_argument("--max-imbalance", type=_count(0), default=4,
@@ -156,6 +194,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-file", metavar="FILE",
                    help="the record keys of --sealed ('KEY_ID HEX' a line, owner-only; "
                         "default: RINGKV_KEYS)")
+    p.add_argument("--valkey", metavar="URL",
+                   help="share one exact index with the other instances on this Valkey (or "
+                        "Redis) server (valkey://HOST:PORT, redis://HOST:PORT): a request whose "
+                        "prefix another instance holds is forwarded there")
+    p.add_argument("--advertise-url", metavar="URL",
+                   help="this instance's base URL as the other instances reach it (default: "
+                        "http://HOST:PORT of --host and --port)")
+    p.add_argument("--cluster-interval", type=_seconds, default=1.0, metavar="S",
+                   help="seconds between two heartbeats (and readings of the others' entries)")
+    p.add_argument("--cluster-move", choices=["auto", "forward", "copy"], default="auto",
+                   help="a request whose prefix another instance holds: forwarded there, or "
+                        "that instance's record copied here (auto: forward while it has room "
+                        "for the request, else copy)")
+    p.add_argument("--cluster-ttl", type=_seconds, default=3.0, metavar="S",
+                   help="a heartbeat's time-to-live: an instance that stops beating is no "
+                        "longer routed to after this plus --cluster-interval")
+    p.add_argument("--kv-events", metavar="ENDPOINT",
+                   help="publish the records the devices hold as vLLM's KV events (msgpack "
+                        "batches over a ZMQ PUB socket, e.g. tcp://*:5557) for KV-aware routers")
+    p.add_argument("--kv-events-replay", metavar="ENDPOINT",
+                   help="the replay socket (ZMQ ROUTER, e.g. tcp://*:5558): batches again from "
+                        "a sequence number")
+    p.add_argument("--kv-events-block-size", type=_count(1), default=16, metavar="N",
+                   help="tokens per block in the events (default 16, vLLM's)")
+    p.add_argument("--kv-events-topic", default="", metavar="TOPIC")
     p.add_argument("--timeout", type=_seconds, default=60.0, help="link timeout (s)")
     p.add_argument("--log-level", default="info",
                    choices=["debug", "info", "warning", "error"])
@@ -308,7 +371,8 @@ def build_server(args):
         from ringkv.sim.harness import DEMO_TOP
         top = dict(DEMO_TOP)
     handles = [parse_device(s, config, capacity=args.capacity, attention_factory=backend,
-                            timeout=args.timeout, top_kwargs=top, keys=ring) for s in specs]
+                            timeout=args.timeout, top_kwargs=top, keys=ring,
+                            hot_bytes=args.hot_bytes) for s in specs]
     for i, h in enumerate(handles):
         if h.spec in repeated:
             h.name = f"{h.spec}-{i}"
@@ -318,7 +382,21 @@ def build_server(args):
     engine = Engine(model, config, handles, metrics, chunk=args.chunk,
                     max_queue=args.max_queue, placement=args.placement,
                     max_imbalance=args.max_imbalance,
-                    move_min_tokens=args.move_min_tokens, seeds=seeds)
+                    move_min_tokens=args.move_min_tokens, seeds=seeds,
+                    step_tokens=args.step_tokens, max_batch=args.max_batch)
+    if args.valkey:
+        from .cluster import Cluster, identity
+        engine.cluster = Cluster(engine, args.valkey, args.advertise_url,
+                                 identity(config, model), interval=args.cluster_interval,
+                                 ttl=args.cluster_ttl, move=args.cluster_move)
+    if args.kv_events:
+        from .events import KVEvents
+        engine.events = KVEvents(engine, args.kv_events, args.kv_events_replay,
+                                 block_size=args.kv_events_block_size,
+                                 topic=args.kv_events_topic)
+    elif args.kv_events_replay:
+        raise UsageError("--kv-events-replay replays --kv-events: give both",
+                         param="--kv-events-replay")
     name = args.model_name or ("ringkv-kjv" if model.meta else "ringkv-random")
     app = create_app(engine, model_name=name, api_keys=keys, tenant=tenant,
                      fingerprint="ringkv-" + config.digest().hex()[:12])
@@ -381,6 +459,11 @@ def main(argv=None) -> int:
     elif not _loopback(args.host):
         log.warning("no API key (--api-key, --api-key-file or %s): anyone who reaches "
                     "%s:%d can use the server", API_KEY_ENV, args.host, port)
+    if engine.cluster is not None:
+        if engine.cluster.advertise is None:
+            engine.cluster.advertise = f"http://{args.host}:{port}"
+        log.info("cluster: sharing the index on %s as %s", args.valkey,
+                 engine.cluster.advertise)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=port,
                                            log_level=args.log_level,
                                            access_log=args.log_level == "debug"))

@@ -11,7 +11,10 @@ by where their state came from: ``ringkv_tokens_reused_total`` (imported from a 
 store), ``ringkv_tokens_resident_total`` (still in the rings from the conversation's previous
 turn), ``ringkv_tokens_prefilled_total`` (computed) and, of those,
 ``ringkv_tokens_recomputed_total`` (computed before by the same conversation). Per device
-(label ``device``): ``ringkv_device_hits_total`` (requests that imported a record),
+(label ``device``): ``ringkv_device_hits_total`` (requests that imported a record from the
+store), ``ringkv_device_hot_hits_total`` (that continued a conversation resident in the hot
+tier: nothing imported), ``ringkv_device_resident_conversations`` (the hot tier's idle
+conversations),
 ``ringkv_device_misses_total`` (that found none), ``ringkv_device_prefix_hits_total`` (that
 imported a longest stored prefix), ``ringkv_device_requests_total{path}``,
 ``ringkv_device_exports_total``, ``ringkv_device_recoveries_total``,
@@ -56,7 +59,8 @@ class Metrics:
                                   "(parsing, routing, queueing excluded, streaming)",
                                   buckets=_OVERHEAD, registry=r)
         self.queue_wait = Histogram("ringkv_queue_wait_seconds",
-                                    "from routing to a device's worker taking the request",
+                                    "from routing to the device's process reading the "
+                                    "request (a batching device reads between two steps)",
                                     buckets=_LATENCY, registry=r)
         self.tokens_reused = Counter("ringkv_tokens_reused",
                                      "prompt tokens imported from a device's store", registry=r)
@@ -71,6 +75,13 @@ class Metrics:
         d = ["device"]
         self.device_hits = Counter("ringkv_device_hits", "requests that imported a record", d,
                                    registry=r)
+        self.device_hot_hits = Counter(
+            "ringkv_device_hot_hits", "requests that continued a conversation resident in the "
+            "device's hot tier (no import)", d, registry=r)
+        self.device_resident = Gauge(
+            "ringkv_device_resident_conversations",
+            "conversations resident in the device's hot tier (idle, their turn exported)", d,
+            registry=r)
         self.device_misses = Counter("ringkv_device_misses",
                                      "requests that found no record to import", d, registry=r)
         self.device_prefix_hits = Counter("ringkv_device_prefix_hits",
@@ -94,10 +105,36 @@ class Metrics:
         self.device_records = Gauge("ringkv_device_records",
                                     "records the server's index says the device holds", d,
                                     registry=r)
+        # --valkey (serve/cluster.py): the shared index of several instances
+        self.cluster_up = Gauge("ringkv_cluster_up", "1 while the shared index (Valkey) "
+                                "answers; 0: degraded, serving from this instance's devices "
+                                "only (also 0 without --valkey)", registry=r)
+        self.cluster_errors = Counter("ringkv_cluster_errors", "rounds of publishing and "
+                                      "reading the shared index that failed (Valkey down)",
+                                      registry=r)
+        self.cluster_peers = Gauge("ringkv_cluster_peers", "other instances with a live "
+                                   "heartbeat", registry=r)
+        self.cluster_round = Histogram("ringkv_cluster_round_seconds", "one round of "
+                                       "heartbeat, publishing and reading the others",
+                                       registry=r)
+        self.cluster_lookup = Histogram(
+            "ringkv_cluster_lookup_seconds", "a request's lookup of its longest prefix on the "
+            "other instances", buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1),
+            registry=r)
+        self.cluster_copies = Counter("ringkv_cluster_copies", "records copied from the "
+                                      "instance holding a request's prefix, by outcome "
+                                      "(copied; missing there: evicted meanwhile; "
+                                      "unreachable)", ["outcome"],
+                                      registry=r)
+        self.cluster_forwards = Counter("ringkv_cluster_forwards", "requests sent to the "
+                                        "instance holding their prefix, by outcome (served "
+                                        "there, or failed and served here)", ["outcome"],
+                                        registry=r)
 
     def add_device(self, name: str):
         """Show a device's series from the start (zeros), before its first request."""
-        for m in (self.device_hits, self.device_misses, self.device_prefix_hits,
-                  self.device_exports, self.device_recoveries, self.device_queue,
-                  self.device_up, self.device_records):
+        for m in (self.device_hits, self.device_hot_hits, self.device_resident,
+                  self.device_misses, self.device_prefix_hits, self.device_exports,
+                  self.device_recoveries, self.device_queue, self.device_up,
+                  self.device_records):
             m.labels(name)

@@ -20,7 +20,9 @@ token stream, and the device resumes it from its turn snapshot.
 Every message boundary is a **checkpoint** position: the end of the system message (shared by
 every conversation behind it) and the end of each later message (where an edited or
 regenerated message forks off). A completion's text prompt gets a BOS in front, like
-llama.cpp's server; a prompt given as token ids is taken as it is; a completion prompt's
+llama.cpp's server, and the text ``<BOS>`` in it is a BOS (a special token's text, as a
+Hugging Face tokenizer reads it: :mod:`ringkv.host.model.vocab`; a chat message's text is
+bytes only); a prompt given as token ids is taken as it is; a completion prompt's
 checkpoint is one token before its end, so that the same prompt sent again (another sample,
 another ``max_tokens``) resumes from all of it but that token.
 """
@@ -30,9 +32,10 @@ from dataclasses import dataclass
 
 from ringkv.host.errors import UsageError
 from ringkv.host.model.transformer import BOS, VOCAB
+from ringkv.host.model.vocab import encode
 
-__all__ = ["Prompt", "chat_prompt", "completion_prompt", "TextStream", "END_OF_MESSAGE",
-           "ROLE_LABELS", "GENERATION_PROMPT"]
+__all__ = ["Prompt", "chat_prompt", "completion_prompt", "completion_prompts", "TextStream",
+           "END_OF_MESSAGE", "ROLE_LABELS", "GENERATION_PROMPT"]
 
 END_OF_MESSAGE = "\n\n"
 ROLE_LABELS = {"system": "System", "developer": "System", "user": "User",
@@ -98,27 +101,37 @@ def _with_end_mark(tokens: tuple) -> Prompt:
     return Prompt(tokens, (len(tokens) - 1,) if len(tokens) > 1 else ())
 
 
-def completion_prompt(prompt) -> Prompt:
-    """The ``prompt`` of ``/v1/completions``: a string (BOS in front), a list of token ids
-    (0..255 bytes, 256 BOS), or a list of one of either."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _one_prompt(prompt, param: str) -> Prompt:
     if isinstance(prompt, str):
         if not prompt:
-            raise UsageError("prompt must not be empty", param="prompt")
-        return _with_end_mark((BOS, *prompt.encode("utf-8")))
+            raise UsageError("prompt must not be empty", param=param)
+        return _with_end_mark(tuple(encode(prompt, add_special_tokens=True)))
     if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         bad = [t for t in prompt if not 0 <= t < VOCAB]
         if bad:
             raise UsageError(f"prompt token ids must be 0..{VOCAB - 1} (bytes, {BOS} = BOS), "
-                             f"not {bad[0]}", param="prompt")
+                             f"not {bad[0]}", param=param)
         return _with_end_mark(tuple(prompt))
-    if isinstance(prompt, list) and len(prompt) > 1:
-        raise UsageError("one prompt per request (a batch of prompts is not supported)",
-                         param="prompt")
     raise UsageError("prompt must be a non-empty string or a list of token ids",
-                     param="prompt")
+                     param=param)
+
+
+def completion_prompts(prompt) -> list[Prompt]:
+    """The ``prompt`` of ``/v1/completions``: a string (BOS in front, the text ``<BOS>`` a BOS:
+    :func:`ringkv.host.model.vocab.encode`), a list of token ids (0..255 bytes, 256 BOS), or a
+    list of either (a batch: one prompt each, in order)."""
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        return [_one_prompt(p, "prompt") for p in prompt]
+    return [_one_prompt(prompt, "prompt")]
+
+
+def completion_prompt(prompt) -> Prompt:
+    """One prompt of :func:`completion_prompts` (a list of several is refused)."""
+    prompts = completion_prompts(prompt)
+    if len(prompts) > 1:
+        raise UsageError("one prompt here, not a list of several", param="prompt")
+    return prompts[0]
 
 
 class TextStream:
@@ -127,13 +140,18 @@ class TextStream:
     the text that could still be the start of a stop sequence held back until it cannot.
 
     ``push(token)`` returns ``(text now safe to show, stopped)``; ``finish()`` the rest when
-    the generation ends for another reason. A BOS ends the text (``stopped``)."""
+    the generation ends for another reason. A BOS ends the text (``stopped``) unless
+    ``ignore_eos`` (then it shows nothing). With ``min_tokens`` neither a stop sequence nor a
+    BOS ends the text before its ``min_tokens``-th token (vLLM's rule: a stop sequence that
+    ends at that token or later counts)."""
 
-    def __init__(self, stop=()):
+    def __init__(self, stop=(), *, min_tokens: int = 0, ignore_eos: bool = False):
         self.stops = [s.encode("utf-8") for s in stop]
+        self.min_tokens, self.ignore_eos = min_tokens, ignore_eos
         self.buf = bytearray()            # bytes not yet shown
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.stopped = False
+        self.count = 0                    # tokens pushed
         self.text = []                    # everything shown, for the non-streamed answer
 
     def _emit(self, data: bytes, final=False) -> str:
@@ -144,15 +162,20 @@ class TextStream:
     def push(self, token: int) -> tuple[str, bool]:
         if self.stopped:
             return "", True
+        self.count += 1
+        armed = self.count >= self.min_tokens
         if token >= 256:                  # BOS: the start of another text
+            if self.ignore_eos or not armed:
+                return "", False
             self.stopped = True
             return self._emit(self.buf, final=True), True
         self.buf.append(token)
-        for s in self.stops:
-            at = self.buf.find(s)
-            if at >= 0:
-                self.stopped = True
-                return self._emit(self.buf[:at], final=True), True
+        if armed:
+            # one byte a token: a stop sequence appears first as the end of the buffer
+            for s in self.stops:
+                if self.buf.endswith(s):
+                    self.stopped = True
+                    return self._emit(self.buf[:len(self.buf) - len(s)], final=True), True
         # hold back only a tail that could begin a stop sequence
         keep = 0
         for s in self.stops:

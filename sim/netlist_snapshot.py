@@ -25,6 +25,7 @@ def cores():
     from ringkv.hw.attention.merge import Reciprocal
     from ringkv.hw.link.framing import FrameDecoder, FrameEncoder
     from ringkv.hw.link.uart import UART, divisor_for
+    from ringkv.hw.sdram.controller import SdramController
     from ringkv.hw.seal.mac import MacCore, MacUnit
     from ringkv.hw.storage.dma import DmaEngine
     from ringkv.hw.storage.dma_stream import WritePipeline
@@ -76,6 +77,7 @@ def cores():
                                                 numerics="ringkv-fx1c",
                                                 qkv_fracs=((4, 4, 6), (5, 5, 5))),
         "mac_core": lambda: MacCore(),
+        "sdram_controller": lambda: SdramController(tck_ns=1000 / 60, cl=2, bl=8, ports=2),
         "mac_unit": lambda: MacUnit(),
         # the merge's divider at the default core's width of L (W = 128, P = 4)
         "attention_reciprocal": lambda: Reciprocal(25),

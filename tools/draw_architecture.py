@@ -109,8 +109,8 @@ BOXES: tuple[Box, ...] = (
     # host, row 1
     _cell("serve", ("ringkv.serve",), "OpenAI-compatible server, many devices",
           "host", 0, _H1),
-    _cell("scheduler", ("ringkv.host.scheduler",),
-          "sessions, longest stored prefix, checkpoints", "host", 1, _H1),
+    _cell("scheduler", ("ringkv.host.scheduler", "ringkv.host.batch"),
+          "batching, hot tier, longest stored prefix", "host", 1, _H1),
     _cell("model", ("ringkv.host.model",),
           "numpy Mistral-style model, sampling, weights", "host", 2, _H1),
     _cell("golden", ("ringkv.host.golden",), "golden models, one per hardware block",
@@ -127,9 +127,10 @@ BOXES: tuple[Box, ...] = (
     Box("defs", ("ringkv.defs",), "imported by both sides: configuration, protocol, record "
         "format, numerics, hash", "shared", _COL_X[2], 4.21, _RIGHT - _COL_X[2], 0.7),
     # FPGA
-    _cell("boards", ("ringkv.boards",), "ULX3S-85F board top: PLL 25 to 40 MHz, UART and SD "
-          "pins, LEDs; bitstream build with yosys and nextpnr; pin-level simulation", "fpga",
-          0, _F1, h=_F2 + _ROW_H - _F1),
+    _cell("boards", ("ringkv.boards",), "ULX3S-85F top: PLL, UART, SD pins, LEDs; "
+          "bitstream build; pin-level simulation", "fpga", 0, _F1),
+    _cell("sdram", ("ringkv.hw.sdram",), "SDR SDRAM controller: bank machines, refresher, "
+          "burst ports (not yet in the top)", "fpga", 0, _F2),
     _cell("link", ("ringkv.hw.link",), "UART, CRC-16 frame decoder and encoder", "fpga", 1, _F1),
     _cell("commands", ("ringkv.hw.commands",),
           "dispatcher, a unit per opcode family, recovery", "fpga", 2, _F1),
@@ -151,8 +152,10 @@ STEPS: dict[int, str] = {
     1: "A request arrives: a chat completion at `ringkv.serve`, whose router sends it to the "
        "device holding its longest stored prefix (or a line typed into `ringkv chat`, "
        "`ringkv.cli`); the generated tokens go back the same way.",
-    2: "That device's `ringkv.host.scheduler` picks the path: continue the conversation "
-       "resident in the rings, or look for a stored snapshot or prefix of its tokens.",
+    2: "That device's batching scheduler (`ringkv.host.batch`, on `ringkv.host.scheduler`) "
+       "runs it with the device's other requests, a step at a time, and picks its path: "
+       "continue the conversation resident in the hot tier, or look for a stored snapshot or "
+       "prefix of its tokens.",
     3: "`ringkv.host.device` writes the tokens into the device's token memory and sends "
        "`QUERY n` (the session's own snapshot) or `QUERY_PREFIX` (the longest stored prefix, "
        "then `QUERY` of that).",

@@ -93,7 +93,9 @@ STORAGE_ERRORS = {0: "OK", 1: "TIMEOUT", 2: "CRC", 3: "CARD", 4: "RANGE", 5: "NO
 #: How many shorter prefixes :meth:`FpgaDevice.query_prefix` tries after a directory hit whose
 #: record fails its verification (a hash collision, a corrupt or stale record) before it
 #: answers a miss: each try is one QUERY_PREFIX and one QUERY, and a record that can never
-#: verify is deleted by that QUERY, so the bound only matters for repeated collisions.
+#: verify is deleted by that QUERY, so the bound only matters for repeated collisions and
+#: records under other key ids (``NO_KEY``: the device keeps them for the tenant that holds
+#: the key), whose entries stay.
 PREFIX_RETRIES = 4
 
 _MISS_REASONS = {

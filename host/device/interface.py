@@ -11,20 +11,31 @@ and the devices each import it and never each other.
 """
 
 import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import kv_bytes_of
 
 from ..model.transformer import AttentionBackend
 
-__all__ = ["Device", "QueryResult", "Holding", "snapshot_bytes"]
+__all__ = ["Device", "Context", "QueryResult", "Holding", "snapshot_bytes"]
 
 
 def snapshot_bytes(config: RingKVConfig, count: int) -> int:
     """Bytes a snapshot of ``count`` tokens moves: the tokens and the K/V rings (``EB`` bytes per
     element: int8 for ``ringkv-fx1``, int16 for ``ringkv-fx2``)."""
     return count * (config.token_width // 8) + kv_bytes_of(config, count)
+
+
+@dataclass(eq=False)
+class Context:
+    """One conversation's place on a device: its rings (``attention``, an
+    :class:`~ringkv.host.model.transformer.AttentionBackend`) and its token memory
+    (``tokens``). A device holds :attr:`Device.resident_limit` of them at once; the store and
+    token calls act on the one :meth:`Device.bind` chose. ``number`` is its index."""
+    attention: object
+    tokens: list = field(default_factory=list)
+    number: int = 0
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,30 @@ class Device(abc.ABC):
         record ``replaces`` (a snapshot the session gives up). ``checkpoint`` marks the record's
         kind (a prefix checkpoint rather than a turn snapshot; same format and checks). Return
         ``(key, bytes moved)``."""
+
+    # -- the hot tier: conversations resident at once ------------------------------------------
+    @property
+    def resident_limit(self) -> int:
+        """How many conversations' rings the device holds at once (its hot tier): 1 for a
+        device with one set of rings (the FPGA's block RAM today)."""
+        return 1
+
+    def context(self, number: int) -> Context:
+        """Context ``number`` (``0 .. resident_limit - 1``). A device with one set of rings
+        has only context 0: its own rings (its token memory stays on the device)."""
+        if number != 0:
+            raise ValueError(f"{type(self).__name__} holds one conversation at a time: no "
+                             f"context {number}")
+        ctx = getattr(self, "_only_context", None)
+        if ctx is None or ctx.attention is not self.attention:
+            ctx = self._only_context = Context(self.attention)
+        return ctx
+
+    def bind(self, context: Context) -> None:
+        """Make ``context`` the rings and token memory that the next calls (queries, imports,
+        exports, token writes) act on."""
+        if context is not self.context(0):
+            raise ValueError(f"{type(self).__name__} holds one conversation at a time")
 
     def holdings(self, *, tokens: bool = True) -> list[Holding]:
         """What the device holds, read from its own directory (after any restart or recovery,

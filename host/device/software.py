@@ -60,7 +60,7 @@ from ..golden.directory import GoldenDirectory
 from ..golden.hash import prefix_hashes, sequence_hash
 from ..golden.mac import tenant_seed
 from ..keys import tenant_key_id
-from ..model.transformer import Float64Backend
+from ..model.transformer import FixedBackend, Float64Backend, RingPool
 from ..record import (
     RecordError,
     check_key_ring,
@@ -74,7 +74,7 @@ from ..record import (
     rings_from_image,
     scan_headers,
 )
-from .interface import Device, Holding, QueryResult, snapshot_bytes
+from .interface import Context, Device, Holding, QueryResult, snapshot_bytes
 
 __all__ = ["SoftwareDevice", "MAX_REGIONS", "IMAGE_REGIONS", "MEMORY_REGIONS"]
 
@@ -104,10 +104,13 @@ _MISS_REASONS = {
     RecordStatus.NO_KEY: "no key",
     RecordStatus.BAD_MAC: "bad tag",
 }
-#: Failures after which a record stays in the directory (as the gateware's QUERY keeps it): a
-#: hash collision (another session's tokens may still hit it), a storage fault, or a record
-#: under a key this request does not hold (another tenant's, or a key to be set again: LRU ages
-#: it out).
+#: Failures after which a record stays in the directory (as the gateware's QUERY keeps it,
+#: ``hw/commands/snapshot.py``): a hash collision (another session's tokens may still hit it),
+#: a storage fault, or a record refused with ``NO_KEY`` (the requester lacks its key, but the
+#: tenant that holds the key may still use it, and one tenant's request must never free
+#: another tenant's record; LRU ages it out like any record). Every other failure can never
+#: verify and frees the record (``BAD_MAC`` too: the key id selects the key, so a bad tag is a
+#: forgery or a corruption).
 _KEEP = (RecordStatus.TOKEN_MISMATCH, RecordStatus.STORAGE, RecordStatus.NO_KEY)
 
 #: Flushes a file's data to the medium (``fdatasync`` where the system has it, else ``fsync``).
@@ -225,6 +228,29 @@ def _integer_rings(attention, config) -> bool:
             and rings.shape == (c.layers, c.kv_heads, 2, c.window, c.head_dim))
 
 
+def _rings_bytes(config, attention) -> int:
+    """Bytes of one context's rings as ``attention`` keeps them."""
+    pool = getattr(attention, "pool", None)
+    if pool is not None or isinstance(attention, FixedBackend):
+        return RingPool.slot_bytes(config)
+    c = config
+    return 8 * c.layers * c.kv_heads * 2 * c.window * c.head_dim        # float64 rings
+
+
+def _hot_tier(config, attention, hot_bytes) -> list:
+    """The device's contexts: ``attention`` alone without a hot tier; else as many as
+    ``hot_bytes`` holds, in a :class:`RingPool` for the fixed-point core (its lanes), or
+    backends of ``attention``'s type."""
+    if hot_bytes is None:
+        return [Context(attention, [], 0)]
+    if isinstance(attention, FixedBackend):
+        pool = RingPool(config, RingPool.slots_for_bytes(config, hot_bytes), attention.lanes)
+        return [Context(pool.backend(i), [], i) for i in range(pool.slots)]
+    slots = max(1, hot_bytes // _rings_bytes(config, attention))
+    return [Context(attention if i == 0 else type(attention)(config), [], i)
+            for i in range(slots)]
+
+
 def _check_image_file(path: Path, span: int) -> int | None:
     """Refuse a file that is not a card image; return its size in regions (rounded up), or
     ``None`` for a new (missing or empty) file."""
@@ -284,6 +310,15 @@ class SoftwareDevice(Device):
       give another tenant's directory keys; sharing records between tenants takes the same key.
       Open mode ignores tenants and uses the open seed (``hash_seed``).
 
+    * ``hot_bytes``: the hot tier, in bytes: the device then holds as many conversations'
+      rings at once as fit (:attr:`resident_limit`; the fixed-point core's in one
+      :class:`~ringkv.host.model.transformer.RingPool`, int8 words: 128 KiB a conversation at
+      the default shape), each a :class:`~ringkv.host.device.interface.Context` with its own
+      token memory; :meth:`bind` chooses the one the store and token calls act on. ``None``
+      (the default): one context, ``attention`` itself. The card (or the memory store) stays
+      the cold tier and the persistence point: a resident conversation is only a copy of
+      rings whose last turn was exported.
+
     ``export`` refuses, like the FPGA's ``EXPORT`` (``BAD_ARG``), rings that do not hold exactly
     ``len(tokens)`` tokens or a token memory that does not begin with ``tokens``.
     :attr:`recovery` is the :class:`~ringkv.host.record.RecoveryPlan` of the image at opening
@@ -293,7 +328,7 @@ class SoftwareDevice(Device):
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, attention=None,
                  capacity: int | None = None, image=None, regions: int | None = None,
                  durable: bool = True, path=None, sealed: bool = False, keys=None,
-                 tenants=None):
+                 tenants=None, hot_bytes: int | None = None):
         if path is not None:
             if image is not None and Path(image) != Path(path):
                 raise ValueError("image and path name the same file: give one of them")
@@ -304,8 +339,12 @@ class SoftwareDevice(Device):
                                     or not 2 <= regions <= MAX_REGIONS):
             raise ValueError(f"regions must be a power of two between 2 and {MAX_REGIONS}, "
                              f"not {regions!r}")
+        if hot_bytes is not None and (not isinstance(hot_bytes, int) or hot_bytes < 1):
+            raise ValueError(f"hot_bytes must be a positive number of bytes, not {hot_bytes!r}")
         self.config = config
-        self.attention = attention if attention is not None else Float64Backend(config)
+        attention = attention if attention is not None else Float64Backend(config)
+        self._contexts = _hot_tier(config, attention, hot_bytes)
+        self._ctx = self._contexts[0]
         self.image = Path(image) if image is not None else None
         self.seed = hash_seed(config)
         self.sealed = bool(sealed)
@@ -313,7 +352,6 @@ class SoftwareDevice(Device):
         self.tenants = dict(tenants or {})
         self._seeds = {kid: tenant_seed(key, config.digest()) for kid, key in self._ring.items()}
         self.layout = RecordLayout(config)
-        self.tokens: list[int] = []
         self.counters = {"queries": 0, "hits": 0, "misses": 0, "prefix_queries": 0,
                          "prefix_hits": 0, "prefix_misses": 0, "probes": 0, "imports": 0,
                          "exports": 0, "checkpoints": 0, "evictions": 0, "bytes_in": 0,
@@ -497,6 +535,50 @@ class SoftwareDevice(Device):
         mode = f"sealed, key ids {sorted(self._ring)}" if self.sealed else "open"
         return f"SoftwareDevice({self.config.digest().hex()[:12]}, {mode})"
 
+    # -- the hot tier ----------------------------------------------------------------------------
+    @property
+    def attention(self):
+        """The rings of the bound context (:meth:`bind`)."""
+        return self._ctx.attention
+
+    @attention.setter
+    def attention(self, backend):
+        self._ctx.attention = backend
+
+    @property
+    def tokens(self) -> list:
+        """The token memory of the bound context."""
+        return self._ctx.tokens
+
+    @tokens.setter
+    def tokens(self, tokens):
+        self._ctx.tokens = list(tokens)
+
+    @property
+    def resident_limit(self) -> int:
+        return len(self._contexts)
+
+    @property
+    def hot_bytes(self) -> int:
+        """Bytes of the hot tier's rings (all contexts)."""
+        pool = getattr(self._contexts[0].attention, "pool", None)
+        if pool is not None:
+            return pool.nbytes
+        return len(self._contexts) * _rings_bytes(self.config, self._contexts[0].attention)
+
+    def context(self, number: int) -> Context:
+        if not 0 <= number < len(self._contexts):
+            raise ValueError(f"context {number!r} is not one of the device's "
+                             f"{len(self._contexts)}")
+        return self._contexts[number]
+
+    def bind(self, context: Context) -> None:
+        if not (0 <= context.number < len(self._contexts)
+                and context is self._contexts[context.number]):
+            raise ValueError("bind takes one of this device's own contexts")
+        self._ctx = context
+        self._imported = None
+
     def key_of(self, tokens, *, tenant=None) -> tuple:
         return (len(tokens), sequence_hash(list(tokens), self._tenant(tenant)[1]))
 
@@ -583,8 +665,9 @@ class SoftwareDevice(Device):
         counts them; a probe is not a use); of the stored keys, the longest whose record
         verifies wins and is imported at once. A record of other tokens (a hash collision)
         is skipped for the next shorter one, and so is a record that fails its checks (it is
-        deleted, as the device's ``QUERY`` deletes it); a record of a foreign configuration
-        makes the query a miss."""
+        deleted, as the device's ``QUERY`` deletes it, unless :data:`_KEEP` keeps it: a
+        collision, a storage fault, ``NO_KEY``); a record of a foreign configuration makes the
+        query a miss."""
         if not isinstance(limit, int) or limit < 0:
             raise ValueError(f"limit must be a non-negative number of tokens, not {limit!r}")
         tokens = [int(t) for t in tokens]

@@ -83,7 +83,8 @@ __all__ = [
     "NUMERICS", "QKV_FRAC", "OUT_FRAC",
     "quantize", "dequantize_out", "exp2_fx", "lane_state", "weight_term", "reciprocal_fx",
     "acc_shift", "beta_shift_amount", "beta_fx", "round_output", "merge_lanes",
-    "attend_fx", "attend_float", "lane_segments", "FixedRingCore", "run_ops", "nrmse",
+    "attend_fx", "attend_indexed", "attend_rows", "ring_sources", "attend_float",
+    "lane_segments", "FixedRingCore", "run_ops", "nrmse",
 ]
 
 # the default numerics' constants (ringkv-fx1)
@@ -115,10 +116,20 @@ def exp2_fx(y):
     y = np.asarray(y, dtype=np.int64)
     if np.any(y < 0):
         raise ValueError("exp2_fx argument must be non-negative")
-    table = np.array(EXP_TABLE, dtype=np.int64)
     hi = y >> 8
-    out = table[y & 255] >> np.minimum(hi, 16)
+    out = _EXP_TABLE[y & 255] >> np.minimum(hi, 16)
     return np.where(hi >= 16, 0, out)
+
+
+_EXP_TABLE = np.array(EXP_TABLE, dtype=np.int64)
+_EXP_TABLE32 = _EXP_TABLE.astype(np.int32)
+
+
+def _exp2_fx32(y):
+    """:func:`exp2_fx` of an int32 array known to be non-negative (the vectorized core's hot
+    loop: half the memory traffic of int64; every value fits, ``y < 2**31``, ``2**15``)."""
+    hi = y >> 8
+    return np.where(hi >= 16, 0, _EXP_TABLE32[y & 255] >> np.minimum(hi, 16))
 
 
 def lane_state(q, k, v, cs, numerics=None):
@@ -218,6 +229,111 @@ def attend_fx(q, k_ring, v_ring, valid, lanes, cs, numerics=None):
                       if hi > lo else None)
     return merge_lanes(states, len(q), k_ring.shape[1], numerics)
 
+
+def _bitlength_array(x):
+    """``int(v).bit_length()`` of every element of a non-negative int64 array (exact below
+    2**53: ``frexp`` of the exactly converted value)."""
+    return np.frexp(np.asarray(x, dtype=np.float64))[1].astype(np.int64)
+
+
+def attend_indexed(k_src, v_src, index, valid, q, cs, lanes, numerics=None):
+    """:func:`attend_fx` for many queries over many rings at once, integer for integer.
+
+    ``k_src``/``v_src`` (B, S, d): the words each of ``B`` rings can hold (its slots before a
+    chunk, then the chunk's own K/V); ``index`` (B, T, W): for each of a ring's ``T`` queries,
+    the source of each of its ``W`` slots as that query sees them (:func:`ring_sources`);
+    ``valid`` (B, T): the query attends slots ``0 .. valid - 1``; ``q`` (B, T, G, d); ``cs``
+    the score constant (a scalar, or one per ring). Returns the int16 outputs (B, T, G, d):
+    query ``t`` of ring ``b`` gives ``attend_fx(q[b, t], k_src[b, index[b, t]],
+    v_src[b, index[b, t]], valid[b, t], lanes, cs)`` (tested bit for bit).
+
+    The same datapath vectorized: the scores of every query against every source are one
+    float64 product, then each query picks its slots' scores through ``index``; the lanes'
+    ``p @ v`` is one product of the weights scattered back onto their sources. Both products
+    are exact: every operand and partial sum is an integer below 2**53 (``|dot| <= d *
+    2**(2 EW - 2)``; ``p * v <= 2**15 * 2**(EW - 1)`` summed over at most ``S`` sources); the
+    merge runs on int64 (every intermediate below 2**40). A chunk's queries need no copy of
+    the ring per query: a chunk of 64 tokens over a ring of 128 slots reads 192 sources.
+    """
+    nx = numerics_of(numerics)
+    k_src = np.asarray(k_src, dtype=np.float64)
+    n_rings, n_src, d = k_src.shape
+    index = np.asarray(index, dtype=np.int64)
+    _, n_q, window = index.shape
+    seg = window // lanes
+    q = np.asarray(q, dtype=np.float64)
+    g = q.shape[2]
+    valid = np.asarray(valid, dtype=np.int64).reshape(n_rings, n_q)
+    cs = np.broadcast_to(np.asarray(cs, dtype=np.int64), (n_rings,))
+    # scores of every query against every source, exact, then each query's slots
+    dot = np.matmul(q.reshape(n_rings, n_q * g, d), k_src.transpose(0, 2, 1))
+    dot = dot.astype(np.int64).reshape(n_rings, n_q, g, n_src)
+    # s fits 32 bits (|s| < 2**17 in units 2**-8): the (B, T, G, L, S) arrays are int32
+    s = (((dot >> nx.dot_shift) * cs[:, None, None, None]) >> CS_SHIFT).astype(np.int32)
+    s = np.take_along_axis(s, index[:, :, None, :], axis=3)          # (B, T, G, W)
+    s = s.reshape(n_rings, n_q, g, lanes, seg)
+    slot = np.arange(window, dtype=np.int64).reshape(lanes, seg)
+    mask = slot < valid[..., None, None]                              # (B, T, L, S)
+    live = mask[..., 0]                                               # (B, T, L)
+    low = np.iinfo(np.int64).min
+    m_lane = np.where(mask[:, :, None], s, np.iinfo(np.int32).min).max(axis=4)
+    y = np.where(mask[:, :, None], m_lane[..., None] - s, 0)
+    p = np.where(mask[:, :, None], _exp2_fx32(y), 0)                  # (B, T, G, L, S)
+    l_lane = p.sum(axis=4, dtype=np.int64)                            # (B, T, G, L)
+    m_lane = m_lane.astype(np.int64)
+    # p @ v per lane: the weights put back on their sources (a query's slots are distinct
+    # sources), one exact float64 product
+    weights = np.zeros((n_rings, n_q, g, lanes, n_src))
+    src = index.reshape(n_rings, n_q, 1, lanes, seg)
+    np.put_along_axis(weights, np.broadcast_to(src, p.shape), p.astype(np.float64), axis=4)
+    acc = np.matmul(weights.reshape(n_rings, n_q * g * lanes, n_src),
+                    np.asarray(v_src, dtype=np.float64))
+    acc = acc.astype(np.int64).reshape(n_rings, n_q, g, lanes, d)
+    # the merge (merge_lanes), lanes as an axis; an empty lane takes no part
+    livel = live[:, :, None, :]                                       # (B, T, 1, L)
+    m = np.where(livel, m_lane, low).max(axis=3)                      # (B, T, G)
+    alpha = np.where(livel, exp2_fx(np.where(livel, m[..., None] - m_lane, 0)), 0)
+    total = ((l_lane * alpha) >> P_FRAC).sum(axis=3)                  # (B, T, G)
+    any_live = live.any(axis=2)[..., None]                            # (B, T, 1)
+    total = np.where(any_live, total, 1)
+    e = _bitlength_array(total)
+    recip = (np.int64(1) << (e + 16)) // total
+    sh = np.maximum(_bitlength_array(l_lane) - nx.acc_shift_bits, 0)  # (B, T, G, L)
+    amt = np.maximum(e[..., None] + nx.beta_shift - sh, 0)
+    beta = np.where(livel, np.minimum((alpha * recip[..., None]) >> amt, BETA_MAX), 0)
+    summed = ((acc >> sh[..., None]) * beta[..., None]).sum(axis=3)   # (B, T, G, d)
+    out = np.clip((summed + (1 << 16)) >> 17, -32768, 32767)
+    return np.where(any_live[..., None], out, 0)
+
+
+def attend_rows(k, v, valid, q, cs, lanes, numerics=None):
+    """:func:`attend_fx` on many independent rows: row ``i`` is ``q[i]`` (G, d) over its own
+    ring ``k[i]``, ``v[i]`` (W, d), slots ``0 .. valid[i] - 1``; ``cs`` a scalar or one per
+    row. Returns (N, G, d): :func:`attend_indexed` with each ring its own sources."""
+    k = np.asarray(k)
+    n, window, _ = k.shape
+    index = np.broadcast_to(np.arange(window), (n, 1, window))
+    return attend_indexed(k, v, index, np.asarray(valid).reshape(n, 1),
+                          np.asarray(q)[:, None], cs, lanes, numerics)[:, 0]
+
+
+def ring_sources(count, head, chunk, window):
+    """Where each slot of a ring reads from while a chunk of ``chunk`` tokens is written.
+
+    The sources are ``[the ring's W slots before the chunk | the chunk's tokens]``; token
+    ``t`` goes to slot ``(head + 1 + t) % W`` (``count``/``head``: the ring's metadata before
+    the chunk). Returns ``(index (C, W), valid (C,), count, head)``: ``index[t, s]`` is the
+    source slot ``s`` holds once token ``t`` is written (the latest chunk token written there,
+    else the old slot), ``valid[t] = min(count + t + 1, W)`` (the slots token ``t`` attends,
+    as :meth:`FixedRingCore.attend`); ``index[C - 1]`` is the ring after the chunk, and
+    ``count``/``head`` its metadata (the count wraps at 32 bits)."""
+    t = np.arange(chunk, dtype=np.int64)[:, None]
+    s = np.arange(window, dtype=np.int64)[None, :]
+    first = (s - int(head) - 1) % window                  # the first chunk token on slot s
+    latest = first + ((t - first) // window) * window     # the latest at or before t
+    index = np.where(t >= first, window + latest, s)
+    valid = np.minimum(int(count) + t[:, 0] + 1, window)
+    return index, valid, (int(count) + chunk) & 0xFFFFFFFF, (int(head) + chunk) % window
 
 class FixedRingCore:
     """The whole core, bit-exact: rings, metadata, commands and the ring access port.

@@ -1,7 +1,8 @@
 """``ringkv.host.model``: the small Mistral-style model the host runs in numpy -- the network
-and its attention backends (:mod:`.transformer`), sampling (:mod:`.sampling`), the ``fx1c``
-calibration (:mod:`.calibrate`), the training corpus (:mod:`.corpus`) and the shipped trained
-weights (``weights/``).
+and its attention backends (:mod:`.transformer`), sampling (:mod:`.sampling`), log
+probabilities (:mod:`.logprobs`), the byte vocabulary as text and its Hugging Face tokenizer
+files (:mod:`.vocab`, ``weights/tokenizer/``), the ``fx1c`` calibration (:mod:`.calibrate`), the
+training corpus (:mod:`.corpus`) and the shipped trained weights (``weights/``).
 
 It may import the standard library, numpy, ``ringkv.defs``, ``ringkv.host.golden`` (the
 attention datapath a backend runs) and ``ringkv.host.errors``; never a device driver

@@ -1,6 +1,6 @@
 """Choosing the next token from the model's logits: greedy or sampled, with the parameters of
 the OpenAI API (``temperature``, ``top_p``, ``top_k``, ``seed``) and a request's length and
-stop conditions (``max_tokens``, ``stop``).
+stop conditions (``max_tokens``, ``stop``, and vLLM's ``min_tokens`` and ``ignore_eos``).
 
 :class:`SamplingParams` holds and checks a request's values (a bad one is a
 :class:`~ringkv.host.errors.UsageError` naming the field); :class:`Sampler` is the callable the
@@ -18,6 +18,13 @@ scheduler asks for each token (``Scheduler.request(..., sample=)``).
   an import restores the rings exactly). Without a seed the generator is seeded from the
   operating system.
 
+* ``min_tokens``: while fewer tokens than that have been generated, BOS (the model's end of
+  text) cannot be drawn: its logit is set to minus infinity before the choice (vLLM's
+  ``MinTokensLogitsProcessor``); the stop sequences are not looked for before the
+  ``min_tokens``-th token either (:class:`~ringkv.serve.template.TextStream`).
+  ``ignore_eos``: a generated BOS does not end the generation (nor, in a chat, the end of the
+  message); only ``max_tokens`` and the request's own ``stop`` sequences do.
+
 numpy only (the host layer): the vocabulary is 257 entries, so a sort per token costs
 microseconds next to the model's milliseconds.
 """
@@ -28,11 +35,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import UsageError
+from .transformer import BOS
 
 __all__ = ["SamplingParams", "Sampler", "MAX_STOP", "TEMPERATURE_MAX"]
 
-#: stop sequences a request may give (the OpenAI API's limit)
-MAX_STOP = 4
+#: stop sequences a request may give: the OpenAI API allows 4, vLLM sets no limit (lm-eval and
+#: other tools send more than 4); bounded here because every generated token is checked
+#: against every sequence
+MAX_STOP = 64
 #: the OpenAI API's range of ``temperature`` is 0..2
 TEMPERATURE_MAX = 2.0
 
@@ -50,7 +60,8 @@ class SamplingParams:
     """A request's sampling and stopping values, checked (:meth:`checked`).
 
     ``top_k`` 0 or -1 means no cut (vLLM's convention); ``stop`` is a tuple of non-empty
-    strings (at most :data:`MAX_STOP`); ``max_tokens`` at least 1."""
+    strings (at most :data:`MAX_STOP`); ``max_tokens`` at least 0 (0: only with ``echo``, the
+    server checks); ``min_tokens`` 0..``max_tokens``."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -58,6 +69,8 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     stop: tuple = ()
+    min_tokens: int = 0
+    ignore_eos: bool = False
 
     def __post_init__(self):
         t = _number("temperature", self.temperature)
@@ -74,8 +87,15 @@ class SamplingParams:
         if self.seed is not None:
             _number("seed", self.seed, integer=True)
         n = _number("max_tokens", self.max_tokens, integer=True)
-        if n < 1:
-            raise UsageError(f"max_tokens must be at least 1, not {n!r}", param="max_tokens")
+        if n < 0:
+            raise UsageError(f"max_tokens must be at least 0, not {n!r}", param="max_tokens")
+        m = _number("min_tokens", self.min_tokens, integer=True)
+        if not 0 <= m <= n:
+            raise UsageError(f"min_tokens must be 0..max_tokens ({n}), not {m!r}",
+                             param="min_tokens")
+        if not isinstance(self.ignore_eos, bool):
+            raise UsageError(f"ignore_eos must be a boolean, not {self.ignore_eos!r}",
+                             param="ignore_eos")
         stop = self.stop
         if isinstance(stop, str):
             stop = (stop,)
@@ -96,17 +116,23 @@ class SamplingParams:
 
 class Sampler:
     """``sampler(logits) -> token``: one token per call by :class:`SamplingParams` (see the
-    module docstring). ``draws`` counts the uniform numbers taken (one per sampled token)."""
+    module docstring). ``draws`` counts the uniform numbers taken (one per sampled token),
+    ``calls`` the tokens chosen (for ``min_tokens``)."""
 
     def __init__(self, params: SamplingParams):
         self.params = params
         seed = None if params.seed is None else params.seed % 2 ** 64
         self.rng = np.random.default_rng(seed)
         self.draws = 0
+        self.calls = 0
 
     def __call__(self, logits) -> int:
         p = self.params
         logits = np.asarray(logits, dtype=np.float64)
+        if self.calls < p.min_tokens and len(logits) > BOS:
+            logits = logits.copy()
+            logits[BOS] = -np.inf
+        self.calls += 1
         if p.greedy:
             return int(np.argmax(logits))
         # most likely first; equal logits keep the lower token id first (stable sort)

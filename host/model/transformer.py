@@ -32,12 +32,20 @@ import numpy as np
 from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.numerics import numerics_of
 
-from ..golden.fixed import FixedRingCore, dequantize_out, quantize
+from ..golden.fixed import (
+    FixedRingCore,
+    attend_indexed,
+    attend_rows,
+    dequantize_out,
+    quantize,
+    ring_sources,
+)
 from ..golden.ring import RingKVCache
 from ..golden.swa import swa_attention
 
 __all__ = ["AttentionBackend", "Float64Backend", "FixedBackend", "Model", "BOS", "VOCAB",
            "encode_text", "decode_text", "show_text", "rms_norm", "rope", "limit_blas_threads",
+           "batch_matmul", "ROW_TILE", "RingPool",
            "weights_path", "WEIGHTS_DIR"]
 
 BOS = 256
@@ -123,6 +131,32 @@ def rope(x, positions, theta=10000.0):
     return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
+#: Rows per matrix product (:func:`batch_matmul`).
+ROW_TILE = 16
+
+
+def batch_matmul(x, w):
+    """``x @ w`` with every row's result independent of the other rows of ``x``.
+
+    A BLAS matrix product does not promise that: OpenBLAS picks its kernels and blocking by the
+    number of rows (one row goes to ``gemv``, and the rounding of a row differs between
+    ``gemm`` calls of 2, 17 or 200 rows by a few units in the last place), so a request's
+    logits would depend on which other requests shared its batch, and a greedy token or a
+    quantized K/V word could flip. Here every product is made of ``ROW_TILE``-row ``gemm``
+    calls (one batched ``matmul`` over the tiles, the last one padded with zeros): each row is
+    computed by the same call shape whatever its neighbours, so a request's tokens are the same
+    alone or in any batch (``tests/host/model/test_model_batch.py`` checks this property of the
+    installed BLAS: row results independent of their tile position and of the other rows).
+    Costs about 1.4x one ``gemm`` over the whole batch at 256 rows, nothing at 16.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    n, k = x.shape
+    tiles = -(-n // ROW_TILE)
+    if tiles * ROW_TILE != n:
+        x = np.concatenate([x, np.zeros((tiles * ROW_TILE - n, k))])
+    return np.matmul(x.reshape(tiles, ROW_TILE, k), w).reshape(tiles * ROW_TILE, -1)[:n]
+
+
 class AttentionBackend(Protocol):
     """Per-layer sliding-window attention with the ring-buffer KV cache (the accelerator).
 
@@ -176,31 +210,149 @@ class FixedBackend:
     ``ringkv-fx1c`` int8 q/k/v with layer ``l``'s scales ``config.qkv_fracs[l]``, output
     2**-(Fv + 8)."""
 
-    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, lanes: int = 4):
+    def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, lanes: int = 4, *,
+                 pool: "RingPool | None" = None, slot: int | None = None):
         self.config = config
         self.numerics = numerics_of(config.numerics)
         self.fracs = self.numerics.layer_fracs(config.layers, config.qkv_fracs)
         self.lanes = lanes
+        if (pool is None) != (slot is None):
+            raise ValueError("a pooled backend needs both its pool and its slot")
+        self.pool, self.slot = pool, slot
         self.reset()
 
     def reset(self):
         c = self.config
         self.core = FixedRingCore.for_config(c, self.lanes)
+        if self.pool is not None:
+            # the core's state is the pool's slot (views): a batch of decode steps over many
+            # backends of one pool reads and writes every ring in a few array operations
+            core, pool, i = self.core, self.pool, self.slot
+            pool.rings[i] = 0
+            pool.count[i] = 0
+            pool.head[i] = c.window - 1
+            core.rings, core.count, core.head = pool.rings[i], pool.count[i], pool.head[i]
 
     @property
     def n(self) -> int:
         return int(self.core.count[0])
 
-    def prefill(self, layer, q, k, v):
-        c, nx = self.config, self.numerics
-        g = c.group
+    def _rows(self, layer, q, k, v):
+        """Write a chunk's K/V into the rings of ``layer`` and return what its queries attend,
+        one ring per KV head: ``(sources k, sources v, index, valid, q, finish)`` for
+        :func:`attend_indexed` (sources ``(Hkv, W + C, d)``: the ring before the chunk, then
+        the chunk) and ``finish(outputs (Hkv, C, G, d)) -> (C, Hq, d)``, the dequantized
+        output."""
+        c, nx, core = self.config, self.numerics, self.core
+        g, w, hk = c.group, c.window, c.kv_heads
         fr = self.fracs[layer]
         qi, ki, vi = (quantize(np.asarray(x), nx, f) for x, f in zip((q, k, v), fr))
-        out = np.empty(np.shape(q))
-        for h in range(c.kv_heads):
-            o = self.core.attend(layer, h, qi[:, h * g:(h + 1) * g], ki[:, h], vi[:, h])
-            out[:, h * g:(h + 1) * g] = dequantize_out(o, nx, fr[2])
-        return out
+        n = len(ki)
+        ksrc = np.concatenate([core.rings[layer, :, 0], ki.transpose(1, 0, 2)], axis=1)
+        vsrc = np.concatenate([core.rings[layer, :, 1], vi.transpose(1, 0, 2)], axis=1)
+        index = np.empty((hk, n, w), dtype=np.int64)
+        valid = np.empty((hk, n), dtype=np.int64)
+        for h in range(hk):
+            ring = layer * hk + h
+            index[h], valid[h], core.count[ring], core.head[ring] = ring_sources(
+                core.count[ring], core.head[ring], n, w)
+            core.rings[layer, h, 0] = ksrc[h, index[h, -1]]
+            core.rings[layer, h, 1] = vsrc[h, index[h, -1]]
+        qs = qi.reshape(n, hk, g, c.head_dim).transpose(1, 0, 2, 3)
+
+        def finish(o):
+            return dequantize_out(o.transpose(1, 0, 2, 3).reshape(n, c.q_heads, c.head_dim),
+                                  nx, fr[2])
+        return ksrc, vsrc, index, valid, qs, finish
+
+    def prefill(self, layer, q, k, v):
+        """A chunk (C tokens) of ``layer``: each token's K/V written, then its queries attend
+        the ring (:meth:`FixedRingCore.attend`'s result, integer for integer, computed for the
+        whole chunk and every KV head at once by :func:`attend_indexed`)."""
+        ksrc, vsrc, index, valid, qs, finish = self._rows(layer, q, k, v)
+        return finish(attend_indexed(ksrc, vsrc, index, valid, qs,
+                                     self.core.cs_layers[layer], self.lanes, self.numerics))
+
+    @staticmethod
+    def _decode_pooled(layer, items):
+        """Decode steps (one token each) of backends of one pool, as one array program:
+        each backend's K/V written into its slot, every ring gathered, :func:`attend_rows`
+        once. Equal to each backend's own :meth:`prefill` of its token."""
+        first = items[0][0]
+        pool, c, nx = first.pool, first.config, first.numerics
+        g, w, hk = c.group, c.window, c.kv_heads
+        fr = first.fracs[layer]
+        slots = np.array([b.slot for b, *_ in items])
+        qi, ki, vi = (quantize(np.concatenate([np.asarray(it[j]).reshape(1, -1, c.head_dim)
+                                               for it in items]), nx, f)
+                      for j, f in zip((1, 2, 3), fr))               # (B, H, d)
+        rings = slice(layer * hk, (layer + 1) * hk)
+        count, head = pool.count[slots, rings], pool.head[slots, rings]     # (B, Hkv)
+        head = (head + 1) % w
+        count = (count + 1) & 0xFFFFFFFF
+        pool.head[slots, rings], pool.count[slots, rings] = head, count
+        heads = np.arange(hk)[None, :]
+        pool.rings[slots[:, None], layer, heads, 0, head] = ki
+        pool.rings[slots[:, None], layer, heads, 1, head] = vi
+        kv = pool.rings[slots, layer, :, 0].reshape(-1, w, c.head_dim)
+        vv = pool.rings[slots, layer, :, 1].reshape(-1, w, c.head_dim)
+        o = attend_rows(kv, vv, np.minimum(count, w).reshape(-1),
+                        qi.reshape(-1, g, c.head_dim), first.core.cs_layers[layer],
+                        first.lanes, nx)
+        out = dequantize_out(o.reshape(len(items), 1, c.q_heads, c.head_dim), nx, fr[2])
+        return list(out)
+
+    @staticmethod
+    def attend_many(layer, items):
+        """:meth:`prefill` of several backends' chunks in one batch (``items``: ``(backend, q,
+        k, v)``, each its own rings): one :func:`attend_rows` over every row of every backend
+        of the same core shape, numerics and score constant. Returns the outputs in order,
+        each equal to that backend's own :meth:`prefill`."""
+        outs = [None] * len(items)
+        pools: dict = {}
+        for i, (b, q, *_rest) in enumerate(items):
+            if b.pool is not None and len(q) == 1:
+                pools.setdefault(id(b.pool), []).append(i)
+        pooled = set()
+        for members in pools.values():
+            if len(members) > 1:
+                for i, o in zip(members, FixedBackend._decode_pooled(
+                        layer, [items[i] for i in members])):
+                    outs[i] = o
+                pooled.update(members)
+        rest = [i for i in range(len(items)) if i not in pooled]
+        plans = {i: items[i][0]._rows(layer, *items[i][1:]) for i in rest}
+        groups: dict = {}
+        for i in rest:
+            b = items[i][0]
+            key = (b.lanes, b.numerics.name, int(b.core.cs_layers[layer]), b.config.window,
+                   b.config.head_dim, b.config.group)
+            groups.setdefault(key, []).append(i)
+        for (lanes, numerics, cs, window, dim, group), members in groups.items():
+            # one product for all: sources and queries padded to the longest chunk (a padded
+            # query attends slot 0 of its ring and is dropped)
+            n_src = max(plans[i][0].shape[1] for i in members)
+            n_q = max(plans[i][2].shape[1] for i in members)
+            rings = sum(plans[i][0].shape[0] for i in members)
+            ksrc = np.zeros((rings, n_src, dim), dtype=np.int64)
+            vsrc = np.zeros((rings, n_src, dim), dtype=np.int64)
+            index = np.broadcast_to(np.arange(window), (rings, n_q, window)).copy()
+            valid = np.ones((rings, n_q), dtype=np.int64)
+            qs = np.zeros((rings, n_q, group, dim), dtype=np.int64)
+            at = 0
+            for i in members:
+                ks, vs, ix, va, qq, _ = plans[i]
+                h, s_, t = ks.shape[0], ks.shape[1], ix.shape[1]
+                ksrc[at:at + h, :s_], vsrc[at:at + h, :s_] = ks, vs
+                index[at:at + h, :t], valid[at:at + h, :t], qs[at:at + h, :t] = ix, va, qq
+                at += h
+            o = attend_indexed(ksrc, vsrc, index, valid, qs, cs, lanes, numerics)
+            at = 0
+            for i in members:
+                h, t = plans[i][0].shape[0], plans[i][2].shape[1]
+                outs[i] = plans[i][5](o[at:at + h, :t])
+                at += h
+        return outs
 
     def decode(self, layer, q, k, v):
         return self.prefill(layer, np.asarray(q)[None], np.asarray(k)[None],
@@ -214,6 +366,49 @@ class FixedBackend:
         self.core.rings[...] = rings
         self.core.count[...] = count
         self.core.head[...] = head
+
+
+class RingPool:
+    """The rings of many conversations in one array: the hot tier of a software device.
+
+    ``slots`` conversations, each the attention core's whole state (rings ``[layer, kv_head,
+    K/V, slot, dim]`` in the core's element width: int8 for ``ringkv-fx1``/``fx1c``, int16
+    for ``ringkv-fx2``, as in block RAM and on the card; ``count`` and ``head`` per ring).
+    :meth:`backend` gives slot ``i`` as a :class:`FixedBackend` whose core lives in the pool,
+    so that a batch of decode steps over many conversations is a handful of array operations
+    (:meth:`FixedBackend.attend_many`). :func:`slots_for_bytes` sizes a pool by its bytes.
+    """
+
+    def __init__(self, config: RingKVConfig, slots: int, lanes: int = 4):
+        if not isinstance(slots, int) or slots < 1:
+            raise ValueError(f"a ring pool needs at least one slot, not {slots!r}")
+        c, nx = config, numerics_of(config.numerics)
+        self.config, self.slots, self.lanes = config, slots, lanes
+        dtype = np.int8 if nx.elem_bits == 8 else np.int16
+        self.rings = np.zeros((slots, c.layers, c.kv_heads, 2, c.window, c.head_dim), dtype)
+        self.count = np.zeros((slots, c.layers * c.kv_heads), dtype=np.int64)
+        self.head = np.full((slots, c.layers * c.kv_heads), c.window - 1, dtype=np.int64)
+
+    @staticmethod
+    def slot_bytes(config: RingKVConfig) -> int:
+        """Bytes of one slot: the K/V rings in the element width and their metadata."""
+        c = config
+        return (c.layers * c.kv_heads * 2 * c.window * c.head_dim
+                * numerics_of(c.numerics).elem_bytes + 16 * c.layers * c.kv_heads)
+
+    @classmethod
+    def slots_for_bytes(cls, config: RingKVConfig, budget: int) -> int:
+        """How many slots fit in ``budget`` bytes (at least one)."""
+        return max(1, int(budget) // cls.slot_bytes(config))
+
+    @property
+    def nbytes(self) -> int:
+        return self.rings.nbytes + self.count.nbytes + self.head.nbytes
+
+    def backend(self, slot: int) -> FixedBackend:
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"slot {slot!r} is not one of the pool's {self.slots}")
+        return FixedBackend(self.config, self.lanes, pool=self, slot=slot)
 
 
 class Model:
@@ -286,34 +481,67 @@ class Model:
     def _qkv(self, i, x, positions):
         c = self.config
         n = rms_norm(x, self.w[f"l{i}.n1"])
-        q = (n @ self.w[f"l{i}.wq"]).reshape(-1, c.q_heads, c.head_dim)
-        k = (n @ self.w[f"l{i}.wk"]).reshape(-1, c.kv_heads, c.head_dim)
-        v = (n @ self.w[f"l{i}.wv"]).reshape(-1, c.kv_heads, c.head_dim)
+        q = batch_matmul(n, self.w[f"l{i}.wq"]).reshape(-1, c.q_heads, c.head_dim)
+        k = batch_matmul(n, self.w[f"l{i}.wk"]).reshape(-1, c.kv_heads, c.head_dim)
+        v = batch_matmul(n, self.w[f"l{i}.wv"]).reshape(-1, c.kv_heads, c.head_dim)
         return rope(q, positions), rope(k, positions), v
 
     def _rest(self, i, x, o):
-        x = x + o.reshape(len(x), -1) @ self.w[f"l{i}.wo"]
+        x = x + batch_matmul(o.reshape(len(x), -1), self.w[f"l{i}.wo"])
         n = rms_norm(x, self.w[f"l{i}.n2"])
-        a = n @ self.w[f"l{i}.w1"]
-        return x + ((a / (1 + np.exp(-a))) * (n @ self.w[f"l{i}.w3"])) @ self.w[f"l{i}.w2"]
+        a = batch_matmul(n, self.w[f"l{i}.w1"])
+        return x + batch_matmul((a / (1 + np.exp(-a))) * batch_matmul(n, self.w[f"l{i}.w3"]),
+                                self.w[f"l{i}.w2"])
 
     def _logits(self, x):
-        return rms_norm(x, self.w["norm"]) @ self.w["out"]
+        return batch_matmul(rms_norm(x, self.w["norm"]), self.w["out"])
 
     def forward(self, tokens, pos: int, backend: AttentionBackend):
         """Logits (C, VOCAB) of a chunk of tokens at positions ``pos..pos+C-1``; the backend
         must already hold positions ``0..pos-1``. A chunk of one uses ``decode``."""
-        tokens = np.asarray(tokens, dtype=np.int64)
-        positions = np.arange(pos, pos + len(tokens))
+        return self.forward_batch([(tokens, pos, backend)], all_logits=[True])[0]
+
+    def forward_batch(self, items, all_logits=None):
+        """One step over many sequences: ``items`` = ``[(tokens, pos, backend), ...]``, each a
+        chunk of its own sequence on its own backend (a decode step is a chunk of one).
+
+        The matrix products run once over every row of the batch (:func:`batch_matmul`: a
+        row's result does not depend on the others); attention runs per sequence on its own
+        rings, all :class:`FixedBackend` chunks of a layer in one vectorized call
+        (:meth:`FixedBackend.attend_many`). Returns per item the logits of its last token
+        (VOCAB,), or of every token (C, VOCAB) where ``all_logits[i]``; each equal, bit for
+        bit, to :meth:`forward` of that item alone."""
+        if not items:
+            return []
+        all_logits = all_logits or [False] * len(items)
+        sizes = [len(t) for t, _, _ in items]
+        if min(sizes) < 1:
+            raise ValueError("every sequence of a step needs at least one token")
+        tokens = np.concatenate([np.asarray(t, dtype=np.int64) for t, _, _ in items])
+        positions = np.concatenate([np.arange(p, p + n) for (_, p, _), n in zip(items, sizes)])
+        cuts = np.cumsum(sizes)[:-1]
         x = self.w["emb"][tokens]
+        fixed = all(type(b) is FixedBackend for _, _, b in items) and len(items) > 1
         for i in range(self.config.layers):
             q, k, v = self._qkv(i, x, positions)
-            if len(tokens) == 1:
-                o = backend.decode(i, q[0], k[0], v[0])[None]
+            qs, ks, vs = (np.split(a, cuts) for a in (q, k, v))
+            if fixed:
+                outs = FixedBackend.attend_many(i, [(b, qq, kk, vv) for (_, _, b), qq, kk, vv
+                                                    in zip(items, qs, ks, vs)])
             else:
-                o = backend.prefill(i, q, k, v)
-            x = self._rest(i, x, o)
-        return self._logits(x)
+                outs = [b.decode(i, qq[0], kk[0], vv[0])[None] if len(qq) == 1
+                        else b.prefill(i, qq, kk, vv)
+                        for (_, _, b), qq, kk, vv in zip(items, qs, ks, vs)]
+            x = self._rest(i, x, np.concatenate(outs))
+        ends = np.cumsum(sizes)
+        rows = [np.arange(e - n, e) if full else np.array([e - 1])
+                for e, n, full in zip(ends, sizes, all_logits)]
+        logits = self._logits(x[np.concatenate(rows)])
+        out, at = [], 0
+        for r, full in zip(rows, all_logits):
+            out.append(logits[at:at + len(r)] if full else logits[at])
+            at += len(r)
+        return out
 
     def prefill(self, tokens, pos: int, backend, chunk: int = 64):
         """Chunked prefill of ``tokens`` at ``pos..``; returns the last position's logits."""

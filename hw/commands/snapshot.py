@@ -4,8 +4,11 @@ A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.Rin
 
 * ``QUERY n``: hash the first n tokens, look ``(n, hash)`` up, and on a directory hit have the
   DMA verify and import the record; ``HIT`` only if everything matched. A record that can never
-  verify is deleted from the directory (its region returns to the allocator); a token mismatch
-  (a hash collision) or a storage error (maybe transient) keeps it.
+  verify (empty, foreign format or configuration, bad header, stale, bad payload CRC, bad tag)
+  is deleted from the directory (its region returns to the allocator); a token mismatch (a
+  hash collision), a storage error (maybe transient) or ``NO_KEY`` (a record under another key
+  id: another tenant may hold its key, so one tenant's request must not free it) keeps it, and
+  LRU ages it out. The LOOKUP has refreshed its stamp, as on every directory hit.
 * ``EXPORT n kind``: ``kind`` (:class:`~ringkv.defs.record.RecordKind`: 0 turn snapshot, 1
   checkpoint; another value is ``BAD_ARG``) goes into the record header. Every ring must hold
   the n tokens with one head (checked first: a refusal changes nothing); hash, look up the
@@ -107,8 +110,9 @@ class SnapshotUnit(CommandUnit):
         with m.State("QUERY_IMPORTED"):
             status = dma_resp.status
             m.d.sync += [s_rec.eq(status), self.s_seq.eq(dma_resp.seq)]
+            # kept: a hash collision, a storage fault, another key id's record (not ours to free)
             drop = ((status != RecordStatus.OK) & (status != RecordStatus.TOKEN_MISMATCH)
-                    & (status != RecordStatus.STORAGE))
+                    & (status != RecordStatus.STORAGE) & (status != RecordStatus.NO_KEY))
             with m.If(status == RecordStatus.OK):
                 m.d.sync += d.hits.eq(d.hits + 1)
             with m.If(drop):

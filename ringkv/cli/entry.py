@@ -19,18 +19,19 @@ import sys
 
 from ringkv.host.errors import ArgumentParser, ExitCode, RingKVError, error_lines
 
-from . import bench, board, build, chat, demo, serve, sim, storage
+from . import bench, board, build, chat, demo, serve, sim, storage, tokenizer
 from .common import global_options
 
 __all__ = ["main", "build_parser", "setup_logging", "COMMANDS", "EXIT_CODES"]
 
 #: ``ringkv --help``'s first line
-DESCRIPTION = "``ringkv`` command line: demo, chat, serve, sim, bench, build, board, storage."
+DESCRIPTION = ("``ringkv`` command line: demo, chat, serve, sim, bench, build, board, storage, "
+               "tokenizer.")
 
 #: ``command -> module`` (its ``add_parser`` and ``run``), in the order ``ringkv --help`` lists
 #: them. sim, serve, bench, build, board and storage parse their own options (``rest``).
 COMMANDS = {"demo": demo, "chat": chat, "sim": sim, "serve": serve, "bench": bench,
-            "build": build, "board": board, "storage": storage}
+            "build": build, "board": board, "storage": storage, "tokenizer": tokenizer}
 
 #: Exit statuses of every ``ringkv`` command (``ringkv --help``, README).
 EXIT_CODES = f"""exit status:

@@ -12,6 +12,10 @@ from bench.run import groups, load, run_group
 #: groups whose smallest configuration still builds a whole top (Verilator at the default
 #: shape, a bitstream, the gate-level board, yosys on the board top): ``make test-all``
 HEAVY = {"board", "board_bram", "model", "system"}
+#: groups whose smallest configuration starts many server processes (serve_cluster: seven
+#: `ringkv serve` instances and a Valkey, about 70 s on 2 cores; the cluster itself is tested
+#: in `make test` by tests/serve/test_cluster.py): `make test-all`
+SLOW_GROUPS = {"serve_cluster"}
 
 
 def test_groups_found():
@@ -19,8 +23,22 @@ def test_groups_found():
         <= set(groups())
 
 
-@pytest.mark.parametrize("group", [pytest.param(g, marks=pytest.mark.slow) if g in HEAVY else g
-                                   for g in groups()])
+def _marks(group):
+    if group in HEAVY | SLOW_GROUPS:
+        return [pytest.mark.slow]
+    if group in ("peer", "guidellm"):
+        # llama.cpp's server (`make peer`) and guidellm's own environment (`make guidellm`),
+        # built only on request: never part of `make test`
+        missing = load(group).missing()
+        return [pytest.mark.slow,
+                pytest.mark.skipif(missing is not None,
+                                   reason=f"{missing}: built only on request, never by make "
+                                          f"test (the issue keeps llama.cpp and guidellm's "
+                                          f"torch out of it)")]
+    return []
+
+
+@pytest.mark.parametrize("group", [pytest.param(g, marks=_marks(g)) for g in groups()])
 def test_bench_group_smoke(group):
     results = run_group(group, smoke=True)
     assert results, f"bench group {group} returned no results"

@@ -9,7 +9,8 @@ def test_serve_bench_runs_at_a_tiny_size():
     from bench import bench_serve as b
     results = b.run(smoke=True)
     names = {r["name"] for r in results}
-    for key in ("one_device", "four_devices", "four_devices_round-robin",
+    for key in ("one_device", "one_device_one_at_a_time", "four_devices",
+                "four_devices_one_at_a_time", "four_devices_round-robin",
                 "one_device_infinite_store"):
         for figure in ("ttft_p50_s", "ttft_p99_s", "tokens_per_s", "cached_fraction",
                        "overhead_ms"):
@@ -24,7 +25,13 @@ def test_serve_bench_runs_at_a_tiny_size():
             # requests may each land on a device that has none of its turns yet
             if p["devices"] == 1:
                 assert p["cached_tokens"] > 0, r["name"]
-    assert "prefix_vs_round_robin" in b.markdown(results)
+    for name in ("serve.one_device.batched_vs_one_at_a_time",
+                 "serve.four_devices.batched_vs_one_at_a_time",
+                 "serve.model_limit.step_tokens_per_s", "serve.model_limit.matmul_tokens_per_s",
+                 "serve.clients1.batched.tokens_per_s", "serve.clients2.one_at_a_time.ttft_p50_s"):
+        assert name in names
+    text = b.markdown(results)
+    assert "prefix_vs_round_robin" in text and "against the number of clients" in text
 
 
 def test_serve_overhead_raises_the_server_and_its_device_process_above_the_load():

@@ -40,6 +40,19 @@ def test_bench_lists_its_groups(capsys):
     assert "storage" in capsys.readouterr().out.split()
 
 
+def test_tokenizer_prints_where_the_tokenizer_files_are(capsys):
+    """``ringkv tokenizer``: the directory to hand to a tool that loads a Hugging Face
+    tokenizer (``--file``: tokenizer.json itself), the files there."""
+    import json
+    from pathlib import Path
+    assert main(["tokenizer"]) == 0
+    folder = Path(capsys.readouterr().out.strip())
+    assert json.loads((folder / "tokenizer_config.json").read_text())["bos_token"] == "<BOS>"
+    assert main(["tokenizer", "--file"]) == 0
+    path = Path(capsys.readouterr().out.strip())
+    assert path == folder / "tokenizer.json" and json.loads(path.read_text())["model"]
+
+
 def test_version_and_exit_codes_in_help(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--version"])

@@ -93,6 +93,7 @@ CASES = [
     ("chat tokens zero", ["chat", "--tokens", "0"], ExitCode.USAGE, "--tokens"),
     ("chat timeout negative", ["chat", "--timeout", "-1"], ExitCode.USAGE, "--timeout"),
     ("demo image without software", ["demo", "--image", "{demo}"], ExitCode.USAGE, "--image"),
+    ("tokenizer unknown option", ["tokenizer", "--bogus"], ExitCode.USAGE, "--bogus"),
     ("storage without image", ["storage", "fsck"], ExitCode.USAGE, "IMAGE"),
     ("storage ls --repair", ["storage", "ls", "{demo}", "--repair"], ExitCode.USAGE,
      "--repair"),

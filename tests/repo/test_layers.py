@@ -8,7 +8,7 @@
       ├── sim/     defs, hw, host (simulation harness, device models, test helpers)
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
-      │     ├── link/, store/, attention/, seal/   defs (+ the shared hw.enums / hw.protocol)
+      │     ├── link/, store/, attention/, seal/, sdram/  defs (+ shared hw.enums, hw.protocol)
       │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC)
       │     └── commands/, top.py                  every subsystem
       └── host/    defs + numpy + pyserial: the host knows the device only through the protocol
@@ -52,6 +52,8 @@ RULES = {
     "ringkv.hw.store": ({"ringkv.defs", "ringkv.hw.store", "ringkv.hw.enums"}, AMARANTH),
     "ringkv.hw.attention": ({"ringkv.defs", "ringkv.hw.attention"}, AMARANTH),
     "ringkv.hw.seal": ({"ringkv.defs", "ringkv.hw.seal"}, AMARANTH),
+    # the SDRAM controller: its own pieces and the definitions (chip table) only
+    "ringkv.hw.sdram": ({"ringkv.defs", "ringkv.hw.sdram", "ringkv.hw.enums"}, AMARANTH),
     # the DMA drives the ring port, the token memory's read port and the MAC: their ports only
     "ringkv.hw.storage": ({"ringkv.defs", "ringkv.hw.storage", "ringkv.hw.enums",
                            "ringkv.hw.attention.ring_port", "ringkv.hw.store.token_memory",
@@ -75,7 +77,11 @@ RULES = {
     # the server: the host's scheduler and devices, the simulator harness for `--device sim`,
     # and its web stack; never the gateware (it knows a device through the host's driver)
     "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
-                     {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy"}),
+                     {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy",
+                      # --valkey: the shared index's client, the forwarding HTTP client
+                      "valkey", "httpx",
+                      # --kv-events: vLLM's wire (ZMQ, msgpack through msgspec)
+                      "zmq", "msgspec"}),
     # the command line (ringkv/cli/: one module per command) may use everything
     "ringkv.cli": (None, None),
     "ringkv": (None, None),

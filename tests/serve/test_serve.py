@@ -2,7 +2,6 @@
 clients nobody here wrote: the official ``openai`` package and plain HTTP (httpx), streaming
 and not, on software devices with the trained demo-shape model (real text)."""
 
-import contextlib
 import json
 import socket
 import time
@@ -10,42 +9,13 @@ import time
 import httpx
 import openai
 import pytest
+from serve_helpers import SYSTEM, http, running
 
 from ringkv.host.errors import UsageError
 from ringkv.host.model.transformer import FixedBackend
 from ringkv.host.scheduler import plain_run
-from ringkv.serve.main import api_keys, build_parser, build_server, serve_in_thread
+from ringkv.serve.main import api_keys, build_parser, build_server
 from ringkv.serve.template import chat_prompt
-
-SYSTEM = "You are a scribe of the King James Bible. Answer in its words."
-
-#: plain HTTP with a timeout for a loaded machine (httpx's default is 5 s)
-http = httpx.Client(timeout=120)
-
-
-class Running:
-    def __init__(self, base, engine, name):
-        self.base, self.engine, self.name = base, engine, name
-        self.client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
-                                    timeout=120)
-
-    def metric(self, line_start: str) -> float:
-        text = http.get(self.base + "/metrics").text
-        return sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                   if x.startswith(line_start))
-
-
-@contextlib.contextmanager
-def running(*argv):
-    args = build_parser().parse_args(["--config", "demo", *argv])
-    engine, app, name = build_server(args)
-    server, thread, base = serve_in_thread(app)
-    assert engine.wait_ready(60)
-    try:
-        yield Running(base, engine, name)
-    finally:
-        server.should_exit = True
-        thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +123,8 @@ def test_streaming_with_the_openai_client_and_plain_http(srv):
     ({"prompt": "x", "temperature": 3}, 400, "temperature"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "stop": ["s"] * 65}, 400, "stop"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
     ({"prompt": "x", "model": "gpt-4o"}, 404, "model"),
     ({"prompt": "x" * 1100}, 400, "prompt"),
     ({"prompt": "x" * 1000, "max_tokens": 100}, 400, "max_tokens"),
@@ -248,7 +218,7 @@ def test_a_pinned_session_continues_and_forks_at_an_edit(srv):
 
 
 def test_overload_is_429_and_a_client_that_leaves_frees_the_device():
-    with running("--device", "software", "--max-queue", "1") as srv:
+    with running("--device", "software", "--max-batch", "1", "--max-queue", "0") as srv:
         with http.stream("POST", srv.base + "/v1/completions", json={
                 "prompt": "And", "max_tokens": 1000, "temperature": 0.7,
                 "stream": True}) as r:
@@ -369,7 +339,8 @@ def test_a_conversation_moves_with_its_record_when_its_device_is_full(tmp_path, 
     sealed devices copy the tenant's sealed record the same way."""
     extra = ["--sealed", "--key-file", _private(tmp_path / "k", "5 " + "5a" * 32 + "\n")] \
         if sealed else []
-    with running("--device", "software", "--device", "software", "--max-queue", "1",
+    with running("--device", "software", "--device", "software", "--max-batch", "1",
+                     "--max-queue", "0",
                  *extra) as srv:
         msgs = [{"role": "system", "content": SYSTEM},
                 {"role": "user", "content": "Who went up to the mountain of God?"}]
@@ -621,6 +592,9 @@ def test_ringkv_serve_refuses_bad_options_and_a_port_in_use(tmp_path):
         cases = [(["--port", "99999"], 2, "--port: must be 0..65535"),
                  (["--capacity", "0"], 2, "--capacity: must be at least 1"),
                  (["--timeout", "-1"], 2, "--timeout: must be positive"),
+                 (["--hot-bytes", "lots"], 2, "--hot-bytes: not a size in bytes (e.g. 64M)"),
+                 (["--max-batch", "0"], 2, "--max-batch: must be at least 1"),
+                 (["--step-tokens", "0"], 2, "--step-tokens: must be at least 1"),
                  (["--host", "no.such.host.invalid"], 2, "--host"),
                  (["--api-key-file", str(tmp_path / "no-keys")], 2,
                   "--api-key-file " + str(tmp_path / "no-keys") + ": not found"),

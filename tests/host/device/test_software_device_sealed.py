@@ -15,6 +15,7 @@ from softdev_helpers import (
 )
 
 from ringkv.defs.record import SECTOR, RecordStatus, put_field
+from ringkv.host.device.interface import QueryResult
 from ringkv.host.device.software import SoftwareDevice
 from ringkv.host.errors import KeyRequired, UsageError
 from ringkv.host.golden.hash import sequence_hash
@@ -65,6 +66,28 @@ def test_memory_store_keeps_tenants_apart_too(model):
     key_a, _ = dev.export(toks, tenant="a")
     assert dev.query(toks, tenant="a").hit and not dev.query(toks, tenant="b").hit
     assert dev._verify(dev._lookup(key_a), key_a, toks, 2)[0] is RecordStatus.NO_KEY
+
+
+@pytest.mark.parametrize("store", ["card", "memory"])
+def test_no_key_record_stays_for_its_tenant(model, store):
+    """A record refused with ``NO_KEY`` stays in the directory (the gateware's rule): tenant
+    B holds A's key bytes under another key id, so B's seed and directory keys are A's; B's
+    QUERY and QUERY_PREFIX of A's record are misses ("no key") that keep it, in its region,
+    and A's QUERY then hits. One tenant's request never frees another tenant's record."""
+    attention = fixed() if store == "card" else Float64Backend(SMALL)
+    dev = SoftwareDevice(SMALL, attention=attention, sealed=True, keys={1: KEY_A, 3: KEY_A},
+                         tenants={"a": 1, "b": 3})
+    assert (dev.card is None) == (store == "memory")
+    toks = tokens_of(8, 20)
+    compute(dev, toks, model)
+    key_a, _ = dev.export(toks, tenant="a")
+    assert dev.key_of(toks, tenant="b") == key_a
+    link = dev._keys[key_a]
+    assert dev.query(toks, tenant="b") == QueryResult(False, *key_a, "no key")
+    res = dev.query_prefix(toks + [9], len(toks) + 1, tenant="b")
+    assert (res.hit, res.count, res.reason) == (False, 0, "no key")
+    assert dev._keys[key_a] == link and list(dev.directory.live) == [link]
+    assert dev.query(toks, tenant="a") == QueryResult(True, *key_a, "")
 
 
 def test_no_key_refused(model):

@@ -50,10 +50,12 @@ def test_cuts_top_k_and_top_p():
 
 @pytest.mark.parametrize("field, value, words", [
     ("temperature", 2.5, "between 0 and 2"), ("temperature", "hot", "a number"),
-    ("top_p", 0, "(0, 1]"), ("top_k", -2, "top_k must be"), ("max_tokens", 0, "at least 1"),
+    ("top_p", 0, "(0, 1]"), ("top_k", -2, "top_k must be"), ("max_tokens", -1, "at least 0"),
     ("max_tokens", 1.5, "an integer"), ("seed", "x", "an integer"),
-    ("stop", ["a", "b", "c", "d", "e"], "at most 4"), ("stop", [""], "not be empty"),
-    ("stop", 5, "a string or a list"),
+    ("stop", ["s"] * 65, "at most 64"), ("stop", [""], "not be empty"),
+    ("stop", 5, "a string or a list"), ("min_tokens", 17, "0..max_tokens (16)"),
+    ("min_tokens", -1, "0..max_tokens"), ("min_tokens", 1.0, "an integer"),
+    ("ignore_eos", 1, "a boolean"),
 ])
 def test_bad_values_name_the_field(field, value, words):
     with pytest.raises(UsageError) as e:

@@ -456,8 +456,64 @@ def test_sealed_import_takes_only_the_tenants_verified_record():
             r = SNAPSHOT_RESPONSE.unpack(frame.payload)
             assert r["hash"] == h and r["dir_status"] == 0      # the directory hit
             assert r["record_status"] == status.value, (r, status)
+            # asked again: a NO_KEY record is still in the directory (another key's record:
+            # kept, LRU ages it out); a forged one (BAD_MAC) was freed: a directory miss
+            frame = await link.request(ctx, Op.QUERY, sreq(Op.QUERY, n=5, slot=SLOT_A))
+            r = SNAPSHOT_RESPONSE.unpack(frame.payload)
+            if status is RecordStatus.BAD_MAC:
+                assert r["dir_status"] != 0 and r["record_status"] == NO_RECORD, r
+            else:
+                assert r["dir_status"] == 0 and r["record_status"] == status.value, r
 
     run_top(top, image, scenario)
+
+
+def test_no_key_record_stays_for_its_tenant():
+    """A record refused with ``NO_KEY`` stays in the directory, so one tenant's request never
+    frees another tenant's record. Slot B holds A's key bytes under another key id, so B's
+    seed, and with it B's directory keys, are A's: B's QUERY_PREFIX finds A's entry (a probe
+    does not verify), B's QUERY of it is a MISS with ``NO_KEY`` (decided at the header) that
+    leaves the entry where it was (its link and region, one live record), twice, and then
+    A's QUERY is a HIT. B's QUERY refreshes the entry's stamp: the directory's LOOKUP does
+    that on every hit, before the DMA reads the header (``docs/blocks/directory.md``)."""
+    top = make_top(sealed=True)
+    rng = np.random.default_rng(13)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=10)]
+
+    async def dir_read(ctx, link, k):
+        return DIR_RESPONSE.unpack(await link.call(ctx, Op.DIR_READ, req(Op.DIR_READ, link=k)))
+
+    async def scenario(ctx, link):
+        await link.call(ctx, Op.KEY_SET, key_set_req(SLOT_A, ID_A, KEY_A))
+        await link.call(ctx, Op.KEY_SET, key_set_req(SLOT_B, ID_B, KEY_A))
+        await fill_session(ctx, link, tokens, rng)
+        e = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.EXPORT, sreq(
+            Op.EXPORT, n=10, slot=SLOT_A)))
+        assert e["hash"] == sequence_hash(tokens, tenant_seed(KEY_A, DIGEST))
+        p = PREFIX_RESPONSE.unpack(await link.call(ctx, Op.QUERY_PREFIX, sreq(
+            Op.QUERY_PREFIX, n=10, slot=SLOT_B), Status.HIT))
+        assert (p["count"], p["hash"], p["link"], p["region"]) == (10, e["hash"], e["link"],
+                                                                    e["region"])
+        before = await dir_read(ctx, link, e["link"])
+        for _ in range(2):
+            frame = await link.request(ctx, Op.QUERY, sreq(Op.QUERY, n=10, slot=SLOT_B))
+            r = SNAPSHOT_RESPONSE.unpack(frame.payload)
+            assert Status(frame.status) is Status.MISS
+            assert (r["dir_status"], r["record_status"], r["link"], r["region"]) == (
+                0, RecordStatus.NO_KEY.value, e["link"], e["region"]), r
+            after = await dir_read(ctx, link, e["link"])
+            assert (after["count"], after["hash"], after["region"]) == (10, e["hash"],
+                                                                       e["region"])
+            assert after["stamp"] > before["stamp"]          # the lookup's refresh
+            before = after
+        alloc = RESPONSES[Op.ALLOC_STATUS].unpack(await link.call(ctx, Op.ALLOC_STATUS))
+        assert alloc["live"] == 1
+        r = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.QUERY, sreq(
+            Op.QUERY, n=10, slot=SLOT_A), Status.HIT))
+        assert (r["link"], r["region"], r["record_status"]) == (e["link"], e["region"],
+                                                                RecordStatus.OK.value)
+
+    run_top(top, image_for(top), scenario)
 
 
 # -- the MAC arbiter -----------------------------------------------------------------------------
@@ -625,6 +681,39 @@ def test_fpga_device_tenants(caplog):
                                                   r"build") as e:
                 call()
             assert "--sealed" in e.value.hint
+
+
+def test_fpga_device_no_key_keeps_the_record():
+    """``FpgaDevice`` over a sealed top: tenant B's key id holds tenant A's key bytes (the
+    same seed, the same directory keys), so B's ``query`` and ``query_prefix`` of A's record
+    reach it and miss with "no key"; the record stays (one live directory entry, its region),
+    and A's ``query`` then hits, as on the software device."""
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
+    from ringkv.host.keys import KeyRing
+    from ringkv.sim.top_bench import SimPort
+
+    ring = KeyRing({ID_A: KEY_A, ID_B: KEY_A}, "test")
+    rng = np.random.default_rng(14)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=10)]
+    hash_a = sequence_hash(tokens, tenant_seed(KEY_A, DIGEST))
+    top = make_top(sealed=True)
+    with SimPort(top, image_for(top)) as port:
+        dev = FpgaDevice(Link(port, timeout=120, retries=0), CFG, max_payload=1024,
+                         sealed=True, keys=ring, tenants={"a": ID_A, "b": ID_B})
+        dev.wait_ready()
+        dev.write_tokens(tokens)
+        for layer in range(CFG.layers):
+            dev.prefill(layer, *(rng.standard_normal((10, heads, CFG.head_dim)) * 0.5
+                                 for heads in (CFG.q_heads, CFG.kv_heads, CFG.kv_heads)))
+        assert dev.export(tokens, tenant="a")[0] == (10, hash_a)
+        [(count, h, region)] = dev.directory()
+        assert (count, h) == (10, hash_a)
+        assert dev.query(tokens, tenant="b") == QueryResult(False, 10, hash_a, "no key")
+        got = dev.query_prefix(tokens + [1, 2], 12, tenant="b")
+        assert (got.hit, got.count, got.reason) == (False, 0, "no key")
+        assert dev.directory() == [(10, hash_a, region)]
+        assert dev.query(tokens, tenant="a") == QueryResult(True, 10, hash_a, "")
 
 
 # -- the MAC arbiter, model-checked --------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""SDRAM controller: data-bus efficiency on sequential bursts and on random 32-byte accesses
+(exact clocks, Amaranth simulator on the pin-level model), and synthesis on the LFE5U-85F."""
+
+import random
+
+from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
+from ringkv.defs.sdram import DEFAULT_CHIP
+from ringkv.host.golden.sdram import SdramGolden, refresh_ceiling, refresh_interval
+from ringkv.hw.sdram.controller import SdramController
+from ringkv.sim.sdram_model import SdramModel
+from ringkv.sim.sdram_traffic import run_traffic
+
+TITLE = "SDRAM controller"
+
+
+def _script(kind: str, rng, chip, bl: int, words: int):
+    """``seq_read``/``seq_write``: one stream of ``words`` from word 0 in commands of 64
+    bursts; ``rand_read``/``rand_write``/``rand_mixed``: 32-byte accesses (16 words) at
+    random 32-byte-aligned addresses over the whole chip."""
+    out = []
+    if kind.startswith("seq"):
+        step = 64 * bl
+        for addr in range(0, words, step):
+            if kind == "seq_write":
+                data = [rng.randrange(1 << 16) for _ in range(step)]
+                out.append(("w", addr, data, [0] * step))
+            else:
+                out.append(("r", addr, step))
+        return out
+    for _ in range(words // 16):
+        addr = rng.randrange(chip.words // 16) * 16
+        write = kind == "rand_write" or (kind == "rand_mixed" and rng.random() < 0.5)
+        if write:
+            data = [rng.randrange(1 << 16) for _ in range(16)]
+            out.append(("w", addr, data, [0] * 16))
+        else:
+            out.append(("r", addr, 16))
+    return out
+
+
+def measure(kind: str, *, mhz: float, cl: int, bl: int = 8, words: int, ports: int = 1,
+            seed: int = 0) -> dict:
+    """Run the traffic; efficiency = words moved / clocks from the first to the last word on
+    DQ (refreshes, row misses and turnarounds inside count against it)."""
+    chip = DEFAULT_CHIP.scaled(power_up_ns=1000)     # a short power-up: not measured
+    tck = 1000 / mhz
+    ctrl = SdramController(chip, tck_ns=tck, cl=cl, bl=bl, ports=ports,
+                           fifo_depth=max(64, 4 * bl))
+    rng = random.Random(seed)
+    scripts = [_script(kind, rng, chip, bl, words // ports) for _ in range(ports)]
+    if kind.startswith("seq") and ports > 1:
+        raise ValueError("sequential runs use one port")
+    model = SdramModel(chip, tck, seed=seed)
+    # the tail lets the last write bursts leave their FIFO after the port's last transfer
+    result = run_traffic(ctrl, scripts, model=model, seed=seed, tail=300)
+    for p, script in enumerate(scripts):   # every read checked against the golden model
+        golden, reads = SdramGolden(), iter(result.reads[p])
+        for op in script:
+            if op[0] == "w":
+                golden.write(op[1], op[2], op[3])
+            else:
+                addr, got = next(reads)
+                assert golden.matches(addr, got), f"{kind}: read at {addr} differs"
+    assert model.violations == []
+    moved = sum(len(op[2]) if op[0] == "w" else op[2] for script in scripts for op in script)
+    assert len(model.data_clocks) == moved, (kind, len(model.data_clocks), moved)
+    clocks = model.data_clocks[-1] - model.data_clocks[0] + 1
+    return {"words": len(model.data_clocks), "clocks": clocks,
+            "efficiency": len(model.data_clocks) / clocks,
+            "refresh_interval": refresh_interval(chip, tck),
+            "ceiling": refresh_ceiling(chip.timing(tck), refresh_interval(chip, tck))}
+
+
+CASES = [(60, 2), (60, 3), (100, 2), (100, 3)]
+KINDS = ("seq_read", "seq_write", "rand_read", "rand_write", "rand_mixed")
+
+
+def run(smoke: bool = False):
+    results = []
+    cases = CASES[:1] if smoke else CASES
+    for mhz, cl in cases:
+        for kind in KINDS:
+            words = (1024 if kind.startswith("seq") else 256) if smoke else (
+                8192 if kind.startswith("seq") else 2048)
+            r = measure(kind, mhz=mhz, cl=cl, words=words)
+            results.append({"name": f"sdram.efficiency.{kind}", "unit": "fraction",
+                            "value": round(r["efficiency"], 4),
+                            "params": {"chip": DEFAULT_CHIP.name, "mhz": mhz, "cl": cl, "bl": 8,
+                                       "ports": 1, "words": r["words"], "clocks": r["clocks"],
+                                       "refresh_interval_clocks": r["refresh_interval"],
+                                       "refresh_ceiling": round(r["ceiling"], 4)}})
+    if not smoke:
+        r = measure("rand_mixed", mhz=60, cl=2, words=2048, ports=2)
+        results.append({"name": "sdram.efficiency.rand_mixed", "unit": "fraction",
+                        "value": round(r["efficiency"], 4),
+                        "params": {"chip": DEFAULT_CHIP.name, "mhz": 60, "cl": 2, "bl": 8,
+                                   "ports": 2, "words": r["words"], "clocks": r["clocks"],
+                                   "refresh_interval_clocks": r["refresh_interval"],
+                                   "refresh_ceiling": round(r["ceiling"], 4)}})
+    ctrl = SdramController(DEFAULT_CHIP, tck_ns=1000 / 60, cl=2, bl=8, ports=2)
+    synth = synth_or_elaborate(ctrl, "sdram_controller", smoke=smoke, freq_mhz=60)
+    if synth is not None:
+        results.append(synth_result("sdram_controller",
+                                    {"chip": DEFAULT_CHIP.name, "cl": 2, "bl": 8, "ports": 2},
+                                    synth))
+    return results
+
+
+def markdown(results):
+    eff = [r for r in results if r["name"].startswith("sdram.efficiency")]
+    rows = [[r["name"].split(".")[-1], r["params"]["mhz"], r["params"]["cl"],
+             r["params"]["ports"], r["params"]["words"], r["params"]["clocks"],
+             f"{100 * r['value']:.1f} %", f"{100 * r['params']['refresh_ceiling']:.1f} %"]
+            for r in eff]
+    text = ("Data-bus efficiency: 16-bit words moved per clock, from the first word on DQ to the "
+            "last (refreshes, row misses, bus turnarounds included), MT48LC16M16A2-6A timings, "
+            "burst length 8, one command of 64 bursts at a time for the sequential runs "
+            "(`seq_*`, from word 0 over 16 rows) and 32-byte accesses (16 words) at random "
+            "aligned addresses for the random ones. Exact clocks from the Amaranth simulator on "
+            "the pin-level model (no violation; every read equal to the golden model). "
+            "`ceiling`: every clock a word but the clocks the refresher holds the bus "
+            "(tRP + tRFC per refresh interval; `ringkv.host.golden.sdram.refresh_ceiling`)."
+            "\n\n")
+    text += table(["traffic", "MHz", "CL", "ports", "words", "clocks", "efficiency", "ceiling"],
+                  rows)
+    text += "\n\nSynthesis (out of context, 2 ports, CL 2, BL 8, target 60 MHz):\n\n"
+    text += table(SYNTH_HEADER, synth_rows(results))
+    return text

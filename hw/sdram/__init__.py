@@ -1,0 +1,20 @@
+"""``ringkv.hw.sdram``: an SDR SDRAM controller of our own -- the PHY at the pins, the power-up
+sequence, the refresher, one bank machine per bank with its open row, the command multiplexer
+and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``).
+
+It may import Amaranth, the standard library, ``ringkv.defs`` and the shared shapes of
+``ringkv.hw.enums``: it knows none of the other subsystems (``tests/repo/test_layers.py``).
+Inside the package, modules import each other, never these re-exports.
+"""
+
+from .arbiter import PortArbiter, UserPortSignature
+from .bank import BankMachine
+from .controller import SdramController
+from .init import SdramInit
+from .multiplexer import Multiplexer
+from .phy import DfiSignature, SdramPhy, SdramPinsSignature
+from .refresher import Refresher
+
+__all__ = ["SdramController", "SdramPhy", "SdramInit", "Refresher", "BankMachine",
+           "Multiplexer", "PortArbiter", "UserPortSignature", "SdramPinsSignature",
+           "DfiSignature"]

@@ -1,0 +1,285 @@
+"""SDRAM controller in the Amaranth simulator, on the pin-level model, against the golden model.
+
+Every test runs the whole controller on :class:`ringkv.sim.sdram_model.SdramModel` (strict
+unless a broken variant is expected), with random idle on every port's command and write-data
+streams and random backpressure on its read stream, and compares what the ports read with
+:class:`ringkv.host.golden.sdram.SdramGolden`. Chips are scaled down where a datasheet figure
+would make the run long (a 0.5 to 2 us power-up instead of 100 to 200 us; a refresh period of a
+few refreshes instead of 8192 in 64 ms); the rules are the same.
+"""
+
+import random
+
+import pytest
+from amaranth.sim import Simulator
+from conftest import examples
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ringkv.defs.sdram import CHIPS, DEFAULT_CHIP, mode_register
+from ringkv.host.golden.sdram import SdramGolden, init_commands, refresh_interval
+from ringkv.hw.sdram.controller import BUGS, SdramController, refresh_interval_clocks
+from ringkv.hw.sdram.init import INIT_BUGS
+from ringkv.sim.sdram_model import SdramModel, amaranth_sdram
+from ringkv.sim.sdram_traffic import run_traffic
+from ringkv.sim.streams import tick_until
+
+
+def small(name="MT48LC16M16A2-7E", **changes):
+    return CHIPS[name].scaled(**{"power_up_ns": 500, **changes})
+
+
+def overlapping_script(rng, chip, bl, n, base, region=8):
+    """Writes and reads on a small region with many rows: overwrites, masks, row misses."""
+    out = []
+    for _ in range(n):
+        count = rng.randrange(1, 4)
+        addr = (base + rng.randrange(region) * rng.choice((1, chip.cols, 2 * chip.cols,
+                                                           chip.cols * chip.banks))) % chip.words
+        addr &= ~(bl - 1)
+        addr = min(addr, chip.words - count * bl)
+        if rng.random() < 0.55:
+            data = [rng.randrange(1 << 16) for _ in range(count * bl)]
+            out.append(("w", addr, data, [rng.choice((0, 0, 1, 2, 3)) for _ in data]))
+        else:
+            out.append(("r", addr, count * bl))
+    return out
+
+
+def thrash_script(rng, chip, bl, n, base):
+    """Single bursts on three rows of one bank (the first twice as often): a row miss most of
+    the time (ACTIVE, PRECHARGE, ACTIVE at the tRAS/tRP/tRC limits) and a hit now and then,
+    also after a refresh closed the row."""
+    out = []
+    for _ in range(n):
+        addr = (base + rng.choice((0, 0, 1, 2)) * chip.cols * chip.banks
+                + rng.randrange(0, 32, bl)) % chip.words
+        if rng.random() < 0.5:
+            data = [rng.randrange(1 << 16) for _ in range(bl)]
+            out.append(("w", addr, data, [0] * bl))
+        else:
+            out.append(("r", addr, bl))
+    return out
+
+
+def check_reads(scripts, result) -> int:
+    """Mismatched reads against the golden model (each port has its own region)."""
+    bad = 0
+    for p, script in enumerate(scripts):
+        golden = SdramGolden()
+        reads = iter(result.reads[p])
+        for op in script:
+            if op[0] == "w":
+                golden.write(op[1], op[2], op[3])
+            else:
+                addr, got = next(reads)
+                assert addr == op[1] and len(got) == op[2]
+                bad += not golden.matches(addr, got)
+    return bad
+
+
+def run(ctrl, scripts, *, strict=True, seed=0, idle=0.3, stall=0.3, **kw):
+    model = SdramModel(ctrl.chip, ctrl.tck_ns, strict=strict, seed=seed)
+    result = run_traffic(ctrl, scripts, model=model, seed=seed, idle=idle, stall=stall, **kw)
+    return result, check_reads(scripts, result)
+
+
+def port_scripts(rng, chip, bl, ports, n):
+    # each port in its own quarter of the chip, so that the golden model of a port is exact
+    quarter = chip.words // 4
+    return [overlapping_script(rng, chip, bl, n, base=p * quarter + rng.randrange(quarter))
+            for p in range(ports)]
+
+
+# -- parameters ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kwargs, exc, message", [
+    (dict(cl=4), ValueError, "CAS latency must be 2 or 3, not 4"),
+    (dict(bl=3), ValueError, "Burst length must be 1, 2, 4 or 8, not 3"),
+    (dict(ports=0), ValueError, "Ports must be between 1 and 16, not 0"),
+    (dict(cl=2, tck_ns=7.0), ValueError,
+     "MT48LC16M16A2-6A at CAS latency 2 needs a clock period of at least 7.5 ns, not 7.0"),
+    (dict(fifo_depth=24), ValueError,
+     "FIFO depth must be a power of two between 16 and 4096, not 24"),
+    (dict(chip="MT48LC16M16A2"), TypeError, "Chip must be a SdramChip, not 'MT48LC16M16A2'"),
+    (dict(_bug="nope"), ValueError, "Unknown bug 'nope'"),
+    (dict(tck_ns=0), ValueError, "Clock period must be positive, not 0"),
+])
+def test_bad_parameters(kwargs, exc, message):
+    with pytest.raises(exc, match=message.replace("(", r"\(")):
+        SdramController(**kwargs)
+
+
+# -- power-up, refresh -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, cl", [("MT48LC16M16A2-6A", 2), ("IS42S16160G-7", 3),
+                                      ("AS4C32M16SB-7", 3)])
+def test_power_up_sequence_matches_golden(name, cl):
+    """The commands up to ``ready`` are the golden sequence, clock for clock, and the model
+    accepts them (the model sees a command two clocks after the gateware chose it: the
+    command register and the PHY; its clock 0 is the first edge)."""
+    chip = small(name, power_up_ns=400)
+    ctrl = SdramController(chip, tck_ns=10.0, cl=cl, bl=4)
+    result, _ = run(ctrl, [[]])
+    want = init_commands(chip.timing(10.0), mode_register(cl, 4), chip.init_refreshes)
+    got = [(clock - 1, cmd, a) for clock, cmd, _, a in result.model.commands]
+    assert got == [w for w in want if w[1] is not None]
+    # ``ready`` rises in the golden clock; the testbench sees it at the edge that ends it
+    assert result.start == want[-1][0] + 1 and result.model.ready
+
+
+def test_refresh_interval_matches_golden():
+    """Refreshes come every golden interval (7/8 of 64 ms / 8192, here scaled), and the model's
+    refresh-period rule holds over more than two periods while traffic runs."""
+    chip = small(refreshes=4, refresh_ns=4 * 1500)
+    ctrl = SdramController(chip, tck_ns=7.5, cl=3, bl=2, ports=1)
+    assert refresh_interval_clocks(chip, 7.5) == refresh_interval(chip, 7.5) == 175
+    rng = random.Random(5)
+    scripts = port_scripts(rng, chip, 2, 1, 150)
+    result, bad = run(ctrl, scripts, idle=0.0, stall=0.0)
+    refs = [c for c, cmd, _, _ in result.model.commands if cmd.name == "REFRESH"]
+    refs = refs[chip.init_refreshes:]
+    assert len(refs) >= 6 and bad == 0
+    # a refresh may wait for its grant (bursts in flight drain first), but the timer never
+    # drifts: the k-th is due (k + 1) intervals after the power-up sequence ends
+    start = result.model.init_done_at
+    assert all(0 <= c - start - (k + 1) * 175 < 40 for k, c in enumerate(refs))
+
+
+# -- random traffic against the golden model --------------------------------------------------
+
+CONFIGS = [("MT48LC16M16A2-6A", 7.5, 2, 8), ("MT48LC16M16A2-7E", 7.5, 3, 2),
+           ("IS42S16160G-7", 10.0, 2, 4), ("AS4C32M16SB-7", 7.0, 3, 1),
+           ("MT48LC16M16A2-6A", 16.0, 3, 8)]
+
+
+@settings(max_examples=examples(fast=2, thorough=20), deadline=None)
+@given(config=st.sampled_from(CONFIGS), ports=st.integers(1, 3), seed=st.integers(0, 2**30),
+       idle=st.sampled_from((0.0, 0.3)), stall=st.sampled_from((0.0, 0.5)))
+def test_random_traffic_against_golden(config, ports, seed, idle, stall):
+    """Random writes (random byte masks) and reads, overlapping, across rows and banks, on every
+    port at once with random idle and backpressure: every read equals the golden model and the
+    pin-level model finds no violation (strict: the first one fails the test)."""
+    name, tck, cl, bl = config
+    chip = small(name, refreshes=8, refresh_ns=8 * 2500)
+    ctrl = SdramController(chip, tck_ns=tck, cl=cl, bl=bl, ports=ports)
+    rng = random.Random(seed)
+    scripts = port_scripts(rng, chip, bl, ports, 24)
+    result, bad = run(ctrl, scripts, seed=seed, idle=idle, stall=stall)
+    assert bad == 0 and result.model.violations == []
+
+
+@pytest.mark.slow       # 9 s; make test has the sequential bench smoke (tests/benchmarks), which
+                        # checks every word against the golden model too
+def test_sequential_read_after_write_one_port():
+    """One long sequential write then read across two rows (two banks), no backpressure: the
+    data comes back exactly."""
+    chip = small("MT48LC16M16A2-6A")
+    ctrl = SdramController(chip, tck_ns=10.0, cl=2, bl=8)
+    rng = random.Random(3)
+    data = [rng.randrange(1 << 16) for _ in range(2 * chip.cols)]
+    script = [("w", 256, data, [0] * len(data)), ("r", 256, len(data) // 2),
+              ("r", 256 + len(data) // 2, len(data) // 2)]
+    result, bad = run(ctrl, [script], idle=0.0, stall=0.0)
+    assert bad == 0 and result.reads[0][0][1] + result.reads[0][1][1] == data
+
+
+# -- broken variants: each caught -------------------------------------------------------------
+
+#: bug -> (chip, clock period, burst length, what catches it: a model rule or "data")
+BROKEN = {
+    "power_up": ("MT48LC16M16A2-7E", 7.5, 2, "power_up"),
+    "no_precharge": ("MT48LC16M16A2-7E", 7.5, 2, "init_precharge"),
+    "refreshes": ("MT48LC16M16A2-7E", 7.5, 2, "init_refresh"),
+    "no_mode": ("MT48LC16M16A2-7E", 7.5, 2, "init_mode"),
+    "tmrd": ("MT48LC16M16A2-7E", 7.5, 2, "tmrd"),
+    "refresh_interval": ("MT48LC16M16A2-7E", 7.5, 2, "refresh_interval"),
+    "trfc": ("MT48LC16M16A2-7E", 7.5, 2, "trfc"),
+    "trcd": ("MT48LC16M16A2-7E", 7.5, 2, "trcd"),
+    "trp": ("MT48LC16M16A2-7E", 7.5, 2, "trp"),
+    "tras": ("MT48LC16M16A2-7E", 7.5, 2, "tras"),
+    "trc": ("MT48LC16M16A2-7E", 7.5, 2, "trc"),
+    "twr": ("MT48LC16M16A2-7E", 7.5, 2, "twr"),
+    "closed_bank": ("MT48LC16M16A2-7E", 7.5, 2, "closed_bank"),
+    "open_bank": ("MT48LC16M16A2-7E", 7.5, 2, "open_bank"),
+    "trrd": ("MT48LC16M16A2-7E", 7.5, 2, "trrd"),
+    "turnaround": ("MT48LC16M16A2-7E", 7.5, 2, "bus"),
+    "burst_length": ("MT48LC16M16A2-7E", 7.5, 2, "bus"),
+    "cas_latency": ("MT48LC16M16A2-7E", 10.0, 2, "data"),
+    "dqm": ("MT48LC16M16A2-7E", 7.5, 2, "data"),
+}
+
+
+def test_every_bug_has_a_case():
+    assert sorted(BROKEN) == sorted(BUGS)
+
+
+@pytest.mark.parametrize("bug", BUGS)
+def test_broken_variant_caught(bug):
+    """Each deliberately broken controller fails: the model names the rule it broke, or (CAS
+    latency, DQM) the data read back differs from the golden model. The same traffic on the
+    correct controller passes (the test can fail)."""
+    name, tck, bl, caught_by = BROKEN[bug]
+    chip = small(name, refreshes=4, refresh_ns=4 * 1000)
+    rng = random.Random(11)
+    # the power-up's mistakes show at the first ACTIVE: a few bursts are enough
+    # (a hit on a row that a refresh closed needs a few refreshes: more bursts)
+    n = 3 if bug in INIT_BUGS else 48 if bug == "closed_bank" else 24
+    scripts = [overlapping_script(rng, chip, bl, n, base=0),
+               thrash_script(rng, chip, bl, n, base=chip.words // 2 + chip.cols)]
+    kw = dict(tck_ns=tck, cl=3 if tck < 7.5 or bug != "cas_latency" else 2, bl=bl, ports=2)
+    result, bad = run(SdramController(chip, _bug=bug, **kw), scripts, strict=False,
+                      tail=600 if bug == "refresh_interval" else 0)
+    rules = {rule for _, rule, _ in result.model.violations}
+    if caught_by == "data":
+        assert bad > 0
+    else:
+        assert caught_by in rules, rules
+
+
+def test_broken_variants_traffic_passes_on_the_correct_controller():
+    chip = small(refreshes=4, refresh_ns=4 * 1000)
+    rng = random.Random(11)
+    scripts = [overlapping_script(rng, chip, 2, 24, base=0),
+               thrash_script(rng, chip, 2, 24, base=chip.words // 2 + chip.cols)]
+    result, bad = run(SdramController(chip, tck_ns=7.5, cl=3, bl=2, ports=2), scripts,
+                      tail=600)
+    assert bad == 0 and result.model.violations == []
+
+
+def test_default_chip_is_the_ulx3s_micron_part():
+    assert DEFAULT_CHIP.name == "MT48LC16M16A2-6A" and DEFAULT_CHIP.words * 2 == 32 << 20
+
+
+@pytest.mark.parametrize("cl", [2, 3])
+def test_read_latency(cl):
+    """First word on ``r`` ``CL + 6`` clocks after the command's transfer on an open row, and
+    ``tRCD`` more on a closed bank (the docstring's and docs/blocks/sdram.md's figures)."""
+    chip = small("MT48LC16M16A2-6A")
+    ctrl = SdramController(chip, tck_ns=10.0, cl=cl, bl=8)
+    model = SdramModel(chip, 10.0)
+    out = {}
+
+    async def bench(ctx):
+        await tick_until(ctx, ctrl.ready)
+        await ctx.tick().repeat(100)      # past the first refresh: every bank closed
+        port = ctrl.port[0]
+        for addr, key in ((0, "closed"), (8, "open")):
+            ctx.set(port.cmd.valid, 1)
+            ctx.set(port.cmd.payload, {"addr": addr, "write": 0, "count": 1})
+            await tick_until(ctx, port.cmd.ready)
+            ctx.set(port.cmd.valid, 0)
+            ctx.set(port.r.ready, 1)
+            clocks = 1
+            while not (await ctx.tick().sample(port.r.valid))[2]:
+                clocks += 1
+            out[key] = clocks
+            await ctx.tick().repeat(20)
+
+    sim = Simulator(ctrl)
+    sim.add_clock(1e-8)
+    sim.add_testbench(amaranth_sdram(model, ctrl.pins), background=True)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out == {"open": cl + 6, "closed": cl + 6 + chip.timing(10.0).rcd}
+    assert model.violations == []
