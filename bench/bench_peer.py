@@ -46,7 +46,6 @@ setup is recorded with its results. ``RINGKV_LLAMA_SERVER``: another llama-serve
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
 import subprocess
@@ -154,27 +153,19 @@ def _prompt_text(messages) -> str:
 async def _complete(client, base, messages, seed, max_tokens=None, temperature=0.8):
     """:func:`bench.bench_serve._chat` for llama-server: one streamed ``/v1/completions`` of
     the templated prompt; (reply, ttft s, usage with ``prompt_tokens_details.cached_tokens``)."""
-    from bench.bench_serve import MAX_TOKENS
+    from bench.bench_serve import MAX_TOKENS, sse_events
     t0 = time.perf_counter()
     ttft, parts, usage, timings = None, [], None, None
     body = {"prompt": _prompt_text(messages), "max_tokens": max_tokens or MAX_TOKENS,
             "temperature": temperature, "seed": seed, "stop": ["\n\n"],
             "stream": True, "stream_options": {"include_usage": True}}
-    async with client.stream("POST", base + "/v1/completions", json=body) as r:
-        if r.status_code != 200:
-            raise RuntimeError(f"HTTP {r.status_code}: {await r.aread()}")
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if "error" in event:
-                raise RuntimeError(event["error"]["message"])
-            for choice in event.get("choices") or ():
-                if choice.get("text"):
-                    ttft = ttft if ttft is not None else time.perf_counter() - t0
-                    parts.append(choice["text"])
-            usage = event.get("usage") or usage
-            timings = event.get("timings") or timings
+    async for event in sse_events(client, base + "/v1/completions", body):
+        for choice in event.get("choices") or ():
+            if choice.get("text"):
+                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                parts.append(choice["text"])
+        usage = event.get("usage") or usage
+        timings = event.get("timings") or timings
     usage = dict(usage or {})
     details = dict(usage.get("prompt_tokens_details") or {})
     if "cached_tokens" not in details and timings:

@@ -1,5 +1,9 @@
 """SDRAM controller: data-bus efficiency on sequential bursts and on random 32-byte accesses
-(exact clocks, Amaranth simulator on the pin-level model), and synthesis on the LFE5U-85F."""
+(exact clocks, Amaranth simulator on the pin-level model), and synthesis on the LFE5U-85F;
+the SDRAM sector store (``hw/storage/sdram_store.py``, the DMA's storage port over one SDRAM
+port): exact clocks of a write and a read of 1, 8 and 256 sectors (256 sectors = 128 KB, the
+K/V of one conversation at the default shape: what a switch to a conversation resident in
+SDRAM moves through the port), against the issue's 1 ms switch target."""
 
 import random
 
@@ -8,6 +12,7 @@ from ringkv.defs.sdram import DEFAULT_CHIP
 from ringkv.host.golden.sdram import SdramGolden, refresh_ceiling, refresh_interval
 from ringkv.hw.sdram.controller import SdramController
 from ringkv.sim.sdram_model import SdramModel
+from ringkv.sim.sdram_store_sim import transfer_clocks
 from ringkv.sim.sdram_traffic import run_traffic
 
 TITLE = "SDRAM controller"
@@ -97,6 +102,7 @@ def run(smoke: bool = False):
                                    "ports": 2, "words": r["words"], "clocks": r["clocks"],
                                    "refresh_interval_clocks": r["refresh_interval"],
                                    "refresh_ceiling": round(r["ceiling"], 4)}})
+    results += _store(smoke)
     ctrl = SdramController(DEFAULT_CHIP, tck_ns=1000 / 60, cl=2, bl=8, ports=2)
     synth = synth_or_elaborate(ctrl, "sdram_controller", smoke=smoke, freq_mhz=60)
     if synth is not None:
@@ -104,6 +110,25 @@ def run(smoke: bool = False):
                                     {"chip": DEFAULT_CHIP.name, "cl": 2, "bl": 8, "ports": 2},
                                     synth))
     return results
+
+
+STORE_COUNTS = (1, 8, 256)
+
+
+def _store(smoke: bool) -> list:
+    """The sector store's exact clocks at 60 MHz, CL 2, BL 8 (a short power-up, not measured)."""
+    mhz, counts = 60, (1, 8) if smoke else STORE_COUNTS
+    chip = DEFAULT_CHIP.scaled(power_up_ns=1000)
+    clocks = transfer_clocks(dict(chip=chip, tck_ns=1000 / mhz, cl=2, bl=8), counts)
+    out = []
+    for (op, count), n in sorted(clocks.items(), key=lambda kv: (kv[0][1], kv[0][0] != "w")):
+        out.append({"name": f"sdram.store.{'write' if op == 'w' else 'read'}{count}_clocks",
+                    "unit": "clocks", "value": n,
+                    "params": {"chip": DEFAULT_CHIP.name, "mhz": mhz, "cl": 2, "bl": 8,
+                               "sectors": count, "bytes": 512 * count,
+                               "ms": round(n / (mhz * 1e3), 4),
+                               "port_efficiency": round(512 * count / n, 5)}})
+    return out
 
 
 def markdown(results):
@@ -123,6 +148,19 @@ def markdown(results):
             "\n\n")
     text += table(["traffic", "MHz", "CL", "ports", "words", "clocks", "efficiency", "ceiling"],
                   rows)
+    store = [r for r in results if r["name"].startswith("sdram.store.")]
+    if store:
+        text += ("\n\nThe SDRAM sector store (`hw/storage/sdram_store.py`: the DMA's storage "
+                 "port over one SDRAM port; 1 byte a clock on the port, half of what the 16-bit "
+                 "SDRAM moves): exact clocks from the command offered to the status taken, a "
+                 "write then a read of the same sectors, the controller on the pin-level model "
+                 "(every read equal to what was written). 256 sectors (128 KB) are the K/V of "
+                 "one conversation at the default shape: issue #35's switch target is under "
+                 "1 ms.\n\n")
+        text += table(["transfer", "sectors", "clocks", "ms at 60 MHz", "bytes per clock"],
+                      [["write" if ".write" in r["name"] else "read",
+                        r["params"]["sectors"], r["value"], r["params"]["ms"],
+                        r["params"]["port_efficiency"]] for r in store])
     text += "\n\nSynthesis (out of context, 2 ports, CL 2, BL 8, target 60 MHz):\n\n"
     text += table(SYNTH_HEADER, synth_rows(results))
     return text

@@ -85,7 +85,7 @@ def _run(configs, requests, clients):
             records, wall = asyncio.run(serve._load(base, serve.TURNS, requests=requests,
                                                     clients=clients,
                                                     max_tokens=SIM_MAX_TOKENS))
-            overhead, n = serve._overhead(base)
+            overhead, n, _ = serve._overhead(base)
             load_end = os.getloadavg()[0]
             if devices == 2:
                 greedy[label] = _greedy(base)

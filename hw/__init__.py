@@ -4,7 +4,8 @@ subpackage per subsystem.
 ============================ ===========================================================
 ``ringkv.hw.link``            UART, frame decoder and encoder
 ``ringkv.hw.commands``        the command processor: dispatcher and one unit per opcode family
-``ringkv.hw.store``           hash engine, cache directory (lists, region FIFOs), token memory
+``ringkv.hw.store``           hash engine, cache directory (lists, region FIFOs), hot tier,
+                             token memory
 ``ringkv.hw.storage``         storage port, SD PHY and controllers, DMA, record header
 ``ringkv.hw.attention``       sliding-window attention core, lanes, merge, ring port
 ``ringkv.hw.seal``            record MAC and key slots
@@ -37,12 +38,20 @@ from .storage import (
     SDSPIController,
     StoragePortSignature,
 )
-from .store import BucketLists, CacheDirectory, FreeLinks, HashEngine, RegionAllocator, TokenMemory
+from .store import (
+    BucketLists,
+    CacheDirectory,
+    FreeLinks,
+    HashEngine,
+    HotTier,
+    RegionAllocator,
+    TokenMemory,
+)
 from .top import RingKVTop
 
 __all__ = ["UART", "UARTReceiver", "UARTTransmitter", "FrameDecoder", "FrameEncoder",
            "Dispatcher", "HashEngine", "CacheDirectory", "BucketLists", "RegionAllocator",
-           "FreeLinks", "TokenMemory", "StoragePortSignature", "SDNativeController",
+           "FreeLinks", "HotTier", "TokenMemory", "StoragePortSignature", "SDNativeController",
            "SDSPIController", "DmaEngine", "HeaderEncoder", "HeaderParser", "AttentionCore",
            "AttentionLane", "RingPortSignature", "RingPortArbiter", "MacCore", "MacUnit",
            "KeySlots", "RingKVTop"]

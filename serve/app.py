@@ -67,6 +67,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -173,14 +174,54 @@ class ApiKeyGate:
         await response(scope, receive, send)
 
 
+class _LoopWaker:
+    """The wake-ups of one event loop's inboxes, coalesced: the first inbox that needs the loop
+    schedules one callback (``call_soon_threadsafe``: a write to the loop's self-pipe and, on
+    the loop's side, a read of it), and every inbox that needs it before that callback runs
+    rides with it. A device's step ends 32 streams' tokens in one burst of messages: one
+    wake-up of the loop for all of them, not one per request."""
+
+    def __init__(self, loop):
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._due: list = []
+
+    def wake(self, inbox) -> None:
+        with self._lock:
+            self._due.append(inbox)
+            if len(self._due) > 1:
+                return
+        self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        with self._lock:
+            due, self._due = self._due, []
+        for inbox in due:
+            inbox._wake()
+
+
+#: one :class:`_LoopWaker` per event loop (a server has one; tests may start several)
+_wakers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_wakers_lock = threading.Lock()
+
+
+def _waker(loop) -> _LoopWaker:
+    with _wakers_lock:
+        waker = _wakers.get(loop)
+        if waker is None:
+            waker = _wakers[loop] = _LoopWaker(loop)
+        return waker
+
+
 class Inbox:
     """A request's events from the devices' threads to the event loop: ``put`` from any
     thread, ``await get()`` / ``await get_burst()`` in the loop. One wake-up of the loop per
     burst, not per event: a token put while a wake-up is pending rides with it, so a loop
-    that falls behind (32 streams, a token each per step) takes the backlog in one go."""
+    that falls behind (32 streams, a token each per step) takes the backlog in one go; and
+    the inboxes of one loop share their wake-ups (:class:`_LoopWaker`)."""
 
     def __init__(self, loop):
-        self._loop = loop
+        self._waker = _waker(loop)
         self._items: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._pending = False
@@ -192,7 +233,7 @@ class Inbox:
             if self._pending:
                 return
             self._pending = True
-        self._loop.call_soon_threadsafe(self._wake)
+        self._waker.wake(self)
 
     def _wake(self) -> None:
         with self._lock:
@@ -666,6 +707,11 @@ def create_app(engine, *, model_name: str, fingerprint: str = "", manage_engine=
     async def lifespan(app):
         if manage_engine:
             engine.start()
+        # the first streamed answer would import anyio's asyncio backend (starlette's task
+        # group around a streaming response): some 40 ms in that request; taken here instead
+        import anyio
+        async with anyio.create_task_group():
+            pass
         try:
             yield
         finally:

@@ -9,19 +9,45 @@ gives neither (a syntax error, a missing solver) raises with the tool's output. 
 checks only the last step (the assertions of earlier steps are assumed; faster, for
 properties whose violation persists); the default checks every step.
 
-The directory's and the record MAC's formal tests use it
-(``tests/hw/store/test_directory_formal.py``, ``tests/hw/seal/test_mac_formal.py``); a core of
-one's own is checked the same way.
+The directory's, the hot tier's and the record MAC's formal tests use it
+(``tests/hw/store/test_directory_formal.py``, ``test_hot_tier_formal.py``,
+``tests/hw/seal/test_mac_formal.py``); a core of one's own is checked the same way.
+``CommandHarness`` puts a block with a command stream ``i`` and a response stream ``o`` under
+free inputs.
 """
 
 import subprocess
 from pathlib import Path
 
 from amaranth.back import rtlil
+from amaranth.hdl import Elaboratable, Module, Signal
 
 from .toolchain import setup_environ
 
-__all__ = ["bmc"]
+__all__ = ["bmc", "CommandHarness"]
+
+
+class CommandHarness(Elaboratable):
+    """``dut`` (a block with a command stream ``i`` and a response stream ``o``, its formal
+    properties inside) under free inputs: each command field named in ``inputs`` (``{field:
+    Signal}``, e.g. narrowed to a small configuration's range plus one bit) comes from a port
+    of the harness, and ``i.valid`` and ``o.ready`` are free (any idle and backpressure)."""
+
+    def __init__(self, dut, inputs: dict):
+        self.dut = dut
+        self.inputs = dict(inputs)
+        self.valid = Signal()
+        self.ready = Signal()
+
+    def ports(self):
+        return [*self.inputs.values(), self.valid, self.ready]
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        m.d.comb += [dut.i.valid.eq(self.valid), dut.o.ready.eq(self.ready)]
+        m.d.comb += [getattr(dut.i.payload, name).eq(sig) for name, sig in self.inputs.items()]
+        return m
 
 
 def bmc(harness, workdir, depth: int, *, skip: bool = False, solver: str = "yices") -> str:

@@ -43,6 +43,7 @@ def cores():
     from ringkv.hw.store.directory_alloc import FreeLinks, RegionAllocator
     from ringkv.hw.store.directory_lists import BucketLists
     from ringkv.hw.store.hash_engine import HashEngine
+    from ringkv.hw.store.hot_tier import HotTier
     from ringkv.hw.store.token_memory import TokenMemory
     from ringkv.hw.top import RingKVTop
 
@@ -54,6 +55,7 @@ def cores():
         "directory_region_allocator": lambda: RegionAllocator(regions=128, b_threshold=64),
         "directory_free_links": lambda: FreeLinks(links=128),
         "directory_lists": lambda: BucketLists(buckets=64, links=128),
+        "hot_tier": lambda: HotTier(regions=128, slots=24),
         "frame_decoder": lambda: FrameDecoder(),
         "frame_encoder": lambda: FrameEncoder(),
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),

@@ -21,12 +21,15 @@ from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from ringkv.hw.attention.ring_port import RingPortSignature
+from ringkv.hw.sdram.phy import SdramPinsSignature
 from ringkv.hw.seal.key_slots import KeyWrite
 from ringkv.hw.seal.mac import MacUnit
 from ringkv.hw.storage.dma import DmaEngine
 from ringkv.hw.storage.sdnative import SDBusSignature, SDNativeController
 from ringkv.hw.storage.sdspi import SDSPIController, SPISignature
 from ringkv.hw.store.token_memory import TokenMemory
+
+from .sdram_store_sim import SdramStoreTop
 
 __all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
 
@@ -93,7 +96,11 @@ class DmaHarness(wiring.Component):
     port goes to an SD-SPI controller inside the harness and the SPI pins (``spi``) and
     ``sd_ready`` are the top-level ports instead of ``storage``: the board's storage path in SPI
     mode. With ``sd4`` (a dict of :class:`~ringkv.hw.storage.sdnative.SDNativeController`
-    parameters) the same with the native 4-bit controller, its bus on ``sdbus``.
+    parameters) the same with the native 4-bit controller, its bus on ``sdbus``. With ``sdram``
+    (``{"controller": {...}, "store": {...}}``: the parameters of
+    :class:`~ringkv.sim.sdram_store_sim.SdramStoreTop`) the storage is the SDRAM sector store on
+    an SDRAM controller, its pins on ``pins`` (``SdramPinsSignature``) and the end of its
+    power-up on ``sd_ready``.
 
     With ``mac=True`` the engine's ``mac``, ``key_ids`` and ``key_set`` go to a
     :class:`~ringkv.hw.seal.mac.MacUnit` (the record MAC and its key slots), whose slots are written
@@ -102,20 +109,23 @@ class DmaHarness(wiring.Component):
     Without ``mac`` they are left open (the engine's open transfers never use them).
     """
 
-    def __init__(self, config, regions, *, sd=None, sd4=None, mac=False):
-        if sd is not None and sd4 is not None:
-            raise ValueError("give sd (SPI mode) or sd4 (native mode), not both")
+    def __init__(self, config, regions, *, sd=None, sd4=None, sdram=None, mac=False):
+        if sum(x is not None for x in (sd, sd4, sdram)) > 1:
+            raise ValueError("give one of sd (SPI mode), sd4 (native mode) or sdram")
         self._config = config
         self.dma = DmaEngine(config, regions)
         self.mac = MacUnit() if mac else None
         self.rings = RingMemoryModel(config)
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
         self.sd = (SDSPIController(**sd) if sd is not None else
-                   SDNativeController(**sd4) if sd4 is not None else None)
+                   SDNativeController(**sd4) if sd4 is not None else
+                   SdramStoreTop(sdram["controller"], sdram.get("store")) if sdram is not None
+                   else None)
         dma_sig = self.dma.signature.members
         storage = ({"storage": dma_sig["storage"]} if self.sd is None else
                    {"spi": Out(SPISignature()), "sd_ready": Out(1)} if sd is not None else
-                   {"sdbus": Out(SDBusSignature()), "sd_ready": Out(1)})
+                   {"sdbus": Out(SDBusSignature()), "sd_ready": Out(1)} if sd4 is not None else
+                   {"pins": Out(SdramPinsSignature(self.sd.ctrl.chip)), "sd_ready": Out(1)})
         super().__init__({
             "cmd": dma_sig["cmd"],
             "resp": dma_sig["resp"],
@@ -143,6 +153,8 @@ class DmaHarness(wiring.Component):
             connect(m, dma.storage, self.sd.storage)
             if isinstance(self.sd, SDSPIController):
                 connect(m, flipped(self.spi), self.sd.spi)
+            elif isinstance(self.sd, SdramStoreTop):
+                connect(m, flipped(self.pins), self.sd.pins)
             else:
                 connect(m, flipped(self.sdbus), self.sd.sd)
             m.d.comb += self.sd_ready.eq(self.sd.ready)

@@ -29,19 +29,28 @@ STORAGE_CMD_FIELDS = [(name, field.width) for name, field in StorageCommand]
 _STATUS_FIELDS = [(name, field.width) for name, field in StorageStatus]
 
 
-async def storage_write(ctx, port, lba, data, *, count=None, rng=None, idle=0.0):
+def _status_ready(ctx, port, rng, hold, data_done):
+    """``status.ready`` for the next clock: high during the data phase (the port's rule), then
+    withheld with probability ``hold``."""
+    take = not (data_done and rng is not None and hold > 0 and rng.random() < hold)
+    ctx.set(port.status.ready, int(take))
+    return take
+
+
+async def storage_write(ctx, port, lba, data, *, count=None, rng=None, idle=0.0, hold=0.0):
     """Write ``data`` at ``lba`` through ``port`` (the controller's ``storage`` interface).
 
     ``count`` sectors are asked for (default ``len(data) // 512``: a test may ask for more or
     fewer than it sends). With ``rng``, each clock is idle with probability ``idle`` (the
-    command too). Returns ``(StorageError, bytes the controller took)``.
+    command too), and once every byte is sent ``status.ready`` is withheld with probability
+    ``hold``. Returns ``(StorageError, bytes the controller took)``.
     """
     count = len(data) // 512 if count is None else count
     await stream_put(ctx, port.cmd, {"op": StorageOp.WRITE, "lba": lba, "count": count},
                      rng=rng, idle=idle)
     i = 0
-    ctx.set(port.status.ready, 1)
     while True:
+        st_ready = _status_ready(ctx, port, rng, hold, i == len(data))
         if i < len(data):
             if rng is not None and rng.random() < idle:
                 ctx.set(port.wdata.valid, 0)
@@ -54,28 +63,29 @@ async def storage_write(ctx, port, lba, data, *, count=None, rng=None, idle=0.0)
             i += 1
             if i == len(data):
                 ctx.set(port.wdata.valid, 0)
-        if st_valid:
+        if st_valid and st_ready:
             ctx.set(port.wdata.valid, 0)
             ctx.set(port.status.ready, 0)
             return StorageError(st.error), i
 
 
-async def storage_read(ctx, port, lba, count, *, rng=None, stall=0.0):
+async def storage_read(ctx, port, lba, count, *, rng=None, stall=0.0, hold=0.0):
     """Read ``count`` sectors at ``lba`` through ``port``; ``ready`` on the read bytes is
-    withheld with probability ``stall`` per clock (and the command idles as often).
+    withheld with probability ``stall`` per clock (and the command idles as often), and once
+    all ``count * 512`` bytes are in, ``status.ready`` with probability ``hold``.
     Returns ``(StorageError, the bytes received)``."""
     await stream_put(ctx, port.cmd, {"op": StorageOp.READ, "lba": lba, "count": count},
                      rng=rng, idle=stall)
     out = bytearray()
-    ctx.set(port.status.ready, 1)
     while True:
+        st_ready = _status_ready(ctx, port, rng, hold, len(out) == count * 512)
         take = not (rng is not None and rng.random() < stall)
         ctx.set(port.rdata.ready, int(take))
         _, _, valid, byte, st_valid, st = await ctx.tick().sample(
             port.rdata.valid, port.rdata.payload, port.status.valid, port.status.payload)
         if take and valid:
             out.append(byte)
-        if st_valid:
+        if st_valid and st_ready:
             ctx.set(port.rdata.ready, 0)
             ctx.set(port.status.ready, 0)
             return StorageError(st.error), bytes(out)

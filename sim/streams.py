@@ -3,13 +3,22 @@
 ``stream_put`` / ``stream_get`` follow the ``amaranth.lib.stream`` rules: ``valid`` is raised
 without waiting for ``ready`` and the payload holds until the transfer. Both take an optional
 ``random.Random`` and probability to insert idle cycles (source) or withhold ``ready`` (sink),
-so every test can run with backpressure.
+so every test can run with backpressure. ``run_commands`` runs a whole list of commands
+through a block with a command stream ``i`` and a response stream ``o`` (the directory, the
+hot tier).
 """
+
+import enum
+import random
+
+from amaranth.hdl import Shape
+from amaranth.lib import data
+from amaranth.sim import Simulator
 
 from ringkv.defs.mac import KEY_ID_BYTES
 
 __all__ = ["tick_until", "stream_put", "stream_get", "stream_put_all", "stream_get_n",
-           "write_key"]
+           "write_key", "run_commands"]
 
 
 async def tick_until(ctx, cond, *signals):
@@ -70,3 +79,41 @@ async def write_key(ctx, stream, slot, key_id, key, *, rng=None, idle=0.0):
     for index, byte in enumerate(raw):
         await stream_put(ctx, stream, {"slot": slot, "index": index, "data": byte, "clear": 0},
                          rng=rng, idle=idle)
+
+
+def run_commands(dut, commands, *, seed=0, idle=0.0, stall=0.0):
+    """Simulate ``dut``, a block that takes one command on ``i`` and answers one response on
+    ``o`` (struct payloads), for each of ``commands`` (dicts of field values: ints or enum
+    members; missing fields are 0), with random idle on ``i`` and stall on ``o`` drawn from
+    ``random.Random(seed)``. Returns ``(responses, clocks)``: the responses as dicts of ints,
+    and for each command the clocks from its transfer to ``o.valid``. The first command waits
+    for ``i.ready`` (a reset sweep), so the clocks measure the commands alone."""
+    from .cocotb_streams import pack_fields, unpack_fields
+
+    def fields(layout):
+        return [(name, Shape.cast(field.shape).width) for name, field in layout]
+
+    cmd_layout, resp_layout = dut.i.payload.shape(), dut.o.payload.shape()
+    cmd_fields, resp_fields = fields(cmd_layout), fields(resp_layout)
+    rng = random.Random(seed)
+    responses, clocks = [], []
+
+    async def bench(ctx):
+        await tick_until(ctx, dut.i.ready)
+        for cmd in commands:
+            word = pack_fields(cmd_fields, {k: v.value if isinstance(v, enum.Enum) else v
+                                            for k, v in cmd.items()})
+            await stream_put(ctx, dut.i, data.Const(cmd_layout, word), rng=rng, idle=idle)
+            waited = 1
+            while not ctx.get(dut.o.valid):
+                await ctx.tick()
+                waited += 1
+            payload = await stream_get(ctx, dut.o, rng=rng, stall=stall)
+            clocks.append(waited)
+            responses.append(unpack_fields(resp_fields, payload.as_value().value))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return responses, clocks

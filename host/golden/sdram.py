@@ -1,16 +1,22 @@
 """Golden models of the SDRAM controller's pieces (``ringkv.hw.sdram``), independent of the
 gateware: what the ports read back (:class:`SdramGolden`), how a command splits into bursts
 (:func:`split_command`), the power-up sequence (:func:`init_commands`), the refresh interval
-(:func:`refresh_interval`) and a bank machine's decisions (:class:`BankGolden`). The chip's rules
-themselves are checked by the pin-level model, ``ringkv.sim.sdram_model``.
+(:func:`refresh_interval`), a bank machine's decisions (:class:`BankGolden`) and where the
+SDRAM sector store (``ringkv.hw.storage.sdram_store``) keeps a sector's bytes
+(:func:`sector_words`). The chip's rules themselves are checked by the pin-level model,
+``ringkv.sim.sdram_model``.
 """
 
 import math
 
+from ringkv.defs.record import SECTOR
 from ringkv.defs.sdram import Cmd, SdramChip, SdramTiming
 
 __all__ = ["SdramGolden", "split_command", "init_commands", "refresh_interval",
-           "refresh_ceiling", "BankGolden"]
+           "refresh_ceiling", "BankGolden", "SECTOR_WORDS", "sector_words"]
+
+#: 16-bit words per 512-byte sector in the SDRAM sector store
+SECTOR_WORDS = SECTOR // 2
 
 
 class SdramGolden:
@@ -37,6 +43,17 @@ class SdramGolden:
             if (lo is not None and word & 0xFF != lo) or (hi is not None and word >> 8 != hi):
                 return False
         return True
+
+
+def sector_words(lba: int, data: bytes, *, base: int = 0) -> dict[int, int]:
+    """Word address -> word of the sectors ``data`` (a whole number of them) written at sector
+    ``lba`` of the SDRAM sector store whose sector 0 is at word ``base``: sector ``s`` is the
+    256 words from ``base + s * 256``, and byte ``2 * i`` of it is the low byte of word ``i``,
+    byte ``2 * i + 1`` the high byte (little endian)."""
+    if len(data) % SECTOR:
+        raise ValueError(f"data must be whole sectors of {SECTOR} bytes, not {len(data)} bytes")
+    first = base + lba * SECTOR_WORDS
+    return {first + i: data[2 * i] | data[2 * i + 1] << 8 for i in range(len(data) // 2)}
 
 
 def split_command(chip: SdramChip, bl: int, addr: int, count: int) -> list[tuple[int, int, int]]:

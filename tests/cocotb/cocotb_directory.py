@@ -7,14 +7,12 @@ import random
 from collections import Counter
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import RisingEdge
 
 from ringkv.defs.directory import Op, Status
 from ringkv.host.golden.directory import GoldenDirectory, random_commands
 from ringkv.hw.store.directory import command_layout, layout_fields, response_layout
 from ringkv.sim.cocotb_run import cocotb_params
-from ringkv.sim.cocotb_streams import StreamSink, StreamSource, pack_fields, unpack_fields
+from ringkv.sim.cocotb_streams import check_commands
 
 
 def _probe(g):
@@ -40,20 +38,8 @@ async def random_operations(dut):
     cmds += final
     expected += [golden.command(c) for c in final]
 
-    Clock(dut.clk, 10, unit="ns").start()
-    source = StreamSource(dut, "i", dut.clk, idle=p["idle"], rng=random.Random(p["seed"] + 1))
-    sink = StreamSink(dut, "o", dut.clk, stall=p["stall"], rng=random.Random(p["seed"] + 2))
-    dut.rst.value = 1
-    for _ in range(2):
-        await RisingEdge(dut.clk)
-    dut.rst.value = 0
-
-    sender = cocotb.start_soon(source.send_all(pack_fields(cmd_fields, c) for c in cmds))
-    for n, (cmd, want) in enumerate(zip(cmds, expected)):
-        got = unpack_fields(resp_fields, await sink.recv())
-        assert got == want, f"command {n} {cmd}: got {got}, expected {want}"
-    await sender
-    await sink.expect_idle(4)
+    await check_commands(dut, cmd_fields, resp_fields, cmds, expected, seed=p["seed"],
+                         idle=p["idle"], stall=p["stall"])
 
     # The run must have covered what it claims to (a test that cannot fail is a defect).
     ops = Counter((Op(r["op"]).name if r["op"] < 8 else "BAD", Status(r["status"]).name)

@@ -9,7 +9,8 @@
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
       │     ├── link/, store/, attention/, seal/, sdram/  defs (+ shared hw.enums, hw.protocol)
-      │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC)
+      │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC) and the
+      │     │               SDRAM user port (sdram.arbiter) of its SDRAM sector store
       │     └── commands/, top.py                  every subsystem
       └── host/    defs + numpy + pyserial: the host knows the device only through the protocol
             ├── golden/     defs only: independent models
@@ -54,10 +55,11 @@ RULES = {
     "ringkv.hw.seal": ({"ringkv.defs", "ringkv.hw.seal"}, AMARANTH),
     # the SDRAM controller: its own pieces and the definitions (chip table) only
     "ringkv.hw.sdram": ({"ringkv.defs", "ringkv.hw.sdram", "ringkv.hw.enums"}, AMARANTH),
-    # the DMA drives the ring port, the token memory's read port and the MAC: their ports only
+    # the DMA drives the ring port, the token memory's read port and the MAC, the SDRAM
+    # sector store an SDRAM controller's user port: their ports only
     "ringkv.hw.storage": ({"ringkv.defs", "ringkv.hw.storage", "ringkv.hw.enums",
                            "ringkv.hw.attention.ring_port", "ringkv.hw.store.token_memory",
-                           "ringkv.hw.seal.mac"}, AMARANTH),
+                           "ringkv.hw.seal.mac", "ringkv.hw.sdram.arbiter"}, AMARANTH),
     "ringkv.hw.commands": ({"ringkv.defs", "ringkv.hw"}, AMARANTH),
     # the host: the package (scheduler) sees all of it; the rest in the order of the docstring
     "ringkv.host": ({"ringkv.defs", "ringkv.host"}, HOST_3P),
@@ -78,6 +80,8 @@ RULES = {
     # and its web stack; never the gateware (it knows a device through the host's driver)
     "ringkv.serve": ({"ringkv.defs", "ringkv.host", "ringkv.sim", "ringkv.serve"},
                      {"starlette", "uvicorn", "prometheus_client", "platformdirs", "numpy",
+                      # starlette's own async layer (its task group imported at start)
+                      "anyio",
                       # --valkey: the shared index's client, the forwarding HTTP client
                       "valkey", "httpx",
                       # --kv-events: vLLM's wire (ZMQ, msgpack through msgspec)

@@ -10,36 +10,15 @@ from ringkv.defs.directory import NIL, Op, Status
 from ringkv.host.golden.directory import GoldenDirectory, random_commands
 from ringkv.hw.store.directory import CacheDirectory, layout_fields
 from ringkv.sim.cocotb_streams import pack_fields, unpack_fields
-from ringkv.sim.streams import stream_get, stream_put, tick_until
+from ringkv.sim.streams import run_commands, stream_get, stream_put, tick_until
 
 SMALL = dict(buckets=4, links=8, regions=8, count_width=8, hash_width=16, stamp_width=8)
 
 
 def rtl_directory(params, commands, *, seed=0, idle=0.0, stall=0.0, timing=False):
     """Run ``commands`` through the gateware; return the response dicts (and cycle counts)."""
-    dut = CacheDirectory(**params)
-    cmd_fields, resp_fields = layout_fields(dut.cmd_layout), layout_fields(dut.resp_layout)
-    rng = random.Random(seed)
-    responses, cycles = [], []
-
-    async def bench(ctx):
-        # Wait out the reset sweep so that cycle counts measure the commands alone.
-        await tick_until(ctx, dut.i.ready)
-        for cmd in commands:
-            word = pack_fields(cmd_fields, _ints(cmd))
-            await stream_put(ctx, dut.i, data.Const(dut.cmd_layout, word), rng=rng, idle=idle)
-            start = 0
-            while not ctx.get(dut.o.valid):
-                await ctx.tick()
-                start += 1
-            payload = await stream_get(ctx, dut.o, rng=rng, stall=stall)
-            cycles.append(start + 1)
-            responses.append(unpack_fields(resp_fields, payload.as_value().value))
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    responses, cycles = run_commands(CacheDirectory(**params), commands, seed=seed, idle=idle,
+                                     stall=stall)
     return (responses, cycles) if timing else responses
 
 

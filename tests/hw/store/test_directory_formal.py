@@ -18,12 +18,12 @@ query that is much harder than the four apart (docs/blocks/directory.md has the 
 """
 
 import pytest
-from amaranth.hdl import Elaboratable, Module, Signal
+from amaranth.hdl import Signal
 from conftest import requires_yices, requires_yowasp
 
 from ringkv.hw.store.directory import BUGS, CHECKS, CacheDirectory
 from ringkv.sim.cocotb_run import BUILD_ROOT
-from ringkv.sim.formal import bmc
+from ringkv.sim.formal import CommandHarness, bmc
 
 FORMAL = dict(buckets=2, links=4, regions=4, count_width=1, hash_width=1, stamp_width=2)
 # Which property each deliberately broken variant must violate, and a depth that reaches it:
@@ -32,28 +32,16 @@ BROKEN = {"region_leak": ("regions", 8), "region_dup": ("regions", 5),
           "link_dup": ("free_links", 5), "lost_head": ("reach", 5), "stale_prev": ("links", 12)}
 
 
-class DirectoryHarness(Elaboratable):
-    def __init__(self, **params):
-        self.dut = CacheDirectory(formal=True, **params)
-        links, regions = params["links"], params["regions"]
-        self.inputs = {
-            "op": Signal(4), "evict": Signal(), "link": Signal(range(2 * links)),
-            "count": Signal(params["count_width"]), "hash": Signal(params["hash_width"]),
-            "region": Signal(range(2 * regions)), "now": Signal(params["stamp_width"]),
-            "max_age": Signal(params["stamp_width"]),
-        }
-        self.valid = Signal()
-        self.ready = Signal()
-
-    def ports(self):
-        return [*self.inputs.values(), self.valid, self.ready]
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.dut = dut = self.dut
-        m.d.comb += [dut.i.valid.eq(self.valid), dut.o.ready.eq(self.ready)]
-        m.d.comb += [getattr(dut.i.payload, name).eq(sig) for name, sig in self.inputs.items()]
-        return m
+def directory_harness(**params):
+    """The directory under free inputs, its command fields one bit wider than their ranges."""
+    links, regions = params["links"], params["regions"]
+    dut = CacheDirectory(formal=True, **params)
+    return CommandHarness(dut, {
+        "op": Signal(4), "evict": Signal(), "link": Signal(range(2 * links)),
+        "count": Signal(params["count_width"]), "hash": Signal(params["hash_width"]),
+        "region": Signal(range(2 * regions)), "now": Signal(params["stamp_width"]),
+        "max_age": Signal(params["stamp_width"]),
+    })
 
 
 def run_sby(name, depth, *, bug=None, checks=CHECKS, params=FORMAL, solver="yices",
@@ -61,7 +49,7 @@ def run_sby(name, depth, *, bug=None, checks=CHECKS, params=FORMAL, solver="yice
     """Run one bounded check; return ``"PASS"`` or ``"FAIL"`` (anything else raises).
 
     ``skip=False`` checks every step instead of only the last (slower, same coverage)."""
-    harness = DirectoryHarness(_bug=bug, _checks=checks, **params)
+    harness = directory_harness(_bug=bug, _checks=checks, **params)
     return bmc(harness, BUILD_ROOT / "formal" / f"directory_{name}", depth, skip=skip,
                solver=solver)
 

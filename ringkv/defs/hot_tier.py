@@ -1,0 +1,96 @@
+"""The hot tier's interface, defined once for the gateware and its golden model.
+
+Opcodes (:class:`Op`), statuses (:class:`Status`), slot states (:class:`SlotState`), field
+widths, the command and response fields (:func:`command_fields`, :func:`response_fields`) and
+the parameter rules (:func:`check_hot_tier_params`) of
+:class:`ringkv.hw.store.hot_tier.HotTier`, the map from the directory's card regions to SDRAM
+slots; the golden model :class:`ringkv.host.golden.hot_tier.GoldenHotTier` depends on these,
+not on the RTL.
+"""
+
+import enum
+
+from .checks import check_int, check_pow2
+from .directory import REGION_FIELD_WIDTH
+
+__all__ = ["Op", "Status", "SlotState", "OP_BITS", "STATUS_BITS", "STATE_BITS",
+           "SLOT_FIELD_WIDTH", "REGION_FIELD_WIDTH", "COUNT_FIELD_WIDTH", "MAX_SLOTS",
+           "command_fields", "response_fields", "check_hot_tier_params"]
+
+#: Width of the ``slot`` fields (commands and responses): out-of-range slots are expressible.
+SLOT_FIELD_WIDTH = 16
+#: Width of the ``count`` response field (COUNT: valid slots).
+COUNT_FIELD_WIDTH = 16
+#: The most slots a hot tier may have (32 MB of SDRAM holds about 250 default records).
+MAX_SLOTS = 1024
+
+OP_BITS = 4
+STATUS_BITS = 4
+STATE_BITS = 2
+
+
+class Op(enum.Enum):
+    """Command opcodes (``command_layout().op``)."""
+    LOOKUP = 0
+    ALLOC = 1
+    COMMIT = 2
+    ABORT = 3
+    DROP = 4
+    CLEAR = 5
+    READ = 6
+    COUNT = 7
+
+
+class Status(enum.Enum):
+    """Response status (``response_layout().status``). A lookup hit is ``OK``."""
+    OK = 0
+    MISS = 1
+    FULL = 2
+    BAD_REGION = 3
+    BAD_SLOT = 4
+    BAD_OP = 5
+
+
+class SlotState(enum.Enum):
+    """A slot's state (READ's ``state``): free (in the pool), reserved by ALLOC for a write
+    in progress (not found by LOOKUP, not evictable), or valid (a committed copy)."""
+    FREE = 0
+    RESERVED = 1
+    VALID = 2
+
+
+def command_fields(stamp_width=32) -> dict:
+    """The command payload's fields from the LSB: ``{name: width}`` (``op`` is an :class:`Op`).
+
+    Fields an operation does not use are ignored.
+    """
+    return {
+        "op": OP_BITS,
+        "region": REGION_FIELD_WIDTH,     # LOOKUP, ALLOC, COMMIT, ABORT, DROP
+        "slot": SLOT_FIELD_WIDTH,         # COMMIT, ABORT, READ
+        "now": stamp_width,               # LOOKUP (a hit), ALLOC, COMMIT
+    }
+
+
+def response_fields(stamp_width=32) -> dict:
+    """The response payload's fields from the LSB: ``{name: width}`` (``status`` is a
+    :class:`Status`, ``op`` an :class:`Op`, ``state`` a :class:`SlotState`). Fields an
+    operation does not report are zero."""
+    return {
+        "status": STATUS_BITS,
+        "op": OP_BITS,                    # the command's opcode, echoed
+        "evicted": 1,                     # ALLOC: a valid slot was evicted to make room
+        "slot": SLOT_FIELD_WIDTH,         # LOOKUP hit, ALLOC, COMMIT, ABORT, DROP, READ
+        "victim_region": REGION_FIELD_WIDTH,  # ALLOC with evicted=1: the evicted slot's region
+        "state": STATE_BITS,              # READ
+        "region": REGION_FIELD_WIDTH,     # READ
+        "stamp": stamp_width,             # READ
+        "count": COUNT_FIELD_WIDTH,       # COUNT: valid slots
+    }
+
+
+def check_hot_tier_params(regions, slots, stamp_width):
+    """Check the parameters shared by the RTL and the golden model."""
+    check_pow2("Region count", regions, low=2, high=1 << REGION_FIELD_WIDTH)
+    check_int("Slot count", slots, low=2, high=MAX_SLOTS)
+    check_int("Stamp width", stamp_width, low=1, high=32, unit=" bits")
