@@ -250,6 +250,10 @@ class DmaEngine(wiring.Component):
         seg = Signal(RecordSegment)
         pay_left = Signal(34)             # payload bytes left in the segment
         total_left = Signal(26)           # bytes (payload + padding) left in the segment
+        # ``total_left != 0`` as a register of its own, kept with every write of total_left:
+        # the 26-bit compare in front of the byte issue (and from there the header CRC's
+        # enable) was one of the DMA's longest paths at the board's 60 MHz.
+        total_nz = Signal()
         hdr_pos = cursor.hdr_pos
         m.d.comb += [cursor.segment.eq(seg), cursor.valid_slots.eq(v), cursor.first_slot.eq(s0)]
 
@@ -407,14 +411,15 @@ class DmaEngine(wiring.Component):
                                                       StorageOp.READ)),
                              st.cmd.payload.lba.eq(seg_lba), st.cmd.payload.count.eq(seg_count)]
                 with m.If(st.cmd.ready):
-                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR)]
+                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
+                                 total_nz.eq(seg_count != 0)]
                     m.d.comb += cursor.start.eq(1)
                     m.next = "SEGMENT_DATA"
             with m.State("SEGMENT_DATA"):
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
                 with m.If(exporting):
-                    with m.If((total_left != 0) & wpipe.room):
-                        m.d.sync += total_left.eq(total_left - 1)
+                    with m.If(total_nz & wpipe.room):
+                        m.d.sync += [total_left.eq(total_left - 1), total_nz.eq(total_left != 1)]
                         m.d.comb += wpipe.issue.eq(1)
                         with m.If(seg == RecordSegment.HDR):
                             m.d.comb += [wpipe.source.eq(ByteSource.CONST),
@@ -433,9 +438,9 @@ class DmaEngine(wiring.Component):
                         with m.Else():         # padding to the sector
                             m.d.comb += [wpipe.source.eq(ByteSource.CONST), wpipe.const.eq(0)]
                 with m.Else():
-                    m.d.comb += st.rdata.ready.eq(total_left != 0)
-                    with m.If(st.rdata.valid & (total_left != 0)):
-                        m.d.sync += total_left.eq(total_left - 1)
+                    m.d.comb += st.rdata.ready.eq(total_nz)
+                    with m.If(st.rdata.valid & total_nz):
+                        m.d.sync += [total_left.eq(total_left - 1), total_nz.eq(total_left != 1)]
                         with m.If(seg == RecordSegment.HDR):
                             m.d.comb += [hcrc.valid.eq(1), hcrc.data.eq(rbyte), hparse.valid.eq(1),
                                          cursor.step.eq(1)]
@@ -449,7 +454,7 @@ class DmaEngine(wiring.Component):
                             with m.Elif(importing):
                                 m.d.comb += self.ring.ring_we.eq(1)
                                 m.d.sync += kv_started.eq(1)
-                data_done = (total_left == 0) & wpipe.empty
+                data_done = ~total_nz & wpipe.empty
                 with m.If(st.status.valid):
                     with m.If((st.status.payload.error != StorageError.OK) | ~data_done):
                         m.d.sync += status.eq(RecordStatus.STORAGE)
