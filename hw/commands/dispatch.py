@@ -200,13 +200,22 @@ class Dispatcher:
         self.tok_i = Signal(32)              # tokens done (stream ops) / item index
 
         # ---- hash feeder -------------------------------------------------------------------
+        # The feeder's stream (``h_valid`` and the token read on port 0) reaches the hash
+        # engine through a register slice: the token memory's block RAM has no output register
+        # (5.8 ns clock-to-out), and its data crossing the chip into the engine's two carry
+        # chains in the same clock was the board's critical path (docs/BOARD.md). One clock
+        # more per hash run; ``h_ready`` (the slice's ``i.ready``, a flip-flop) is the feeder's
+        # backpressure.
         self.h_n = Signal(32)
         self.h_i = Signal(32)
         self.h_valid, self.h_first, self.h_last = Signal(), Signal(), Signal()
         self.hash_val = Signal(64)
-        m.d.comb += [hasher.i.valid.eq(self.h_valid), hasher.i.payload.token.eq(self.rd0.data),
-                     hasher.i.payload.first.eq(self.h_first),
-                     hasher.i.payload.last.eq(self.h_last), hasher.o.ready.eq(1)]
+        m.submodules.hash_in = hash_in = StreamRegister(hasher.i.payload.shape())
+        wiring.connect(m, hash_in.o, hasher.i)
+        self.h_ready = hash_in.i.ready
+        m.d.comb += [hash_in.i.valid.eq(self.h_valid), hash_in.i.payload.token.eq(self.rd0.data),
+                     hash_in.i.payload.first.eq(self.h_first),
+                     hash_in.i.payload.last.eq(self.h_last), hasher.o.ready.eq(1)]
         m.d.sync += [self.h_valid.eq(0), self.h_first.eq(0), self.h_last.eq(0)]
 
         # ---- directory, allocator mirror, commit sequence ---------------------------------
@@ -373,7 +382,8 @@ class Dispatcher:
                 m.next = next_state
 
     def hash_call(self, name, next_state):
-        """Hash the first ``h_n`` tokens (``h_n >= 1``) into ``hash_val``: ``n + 2`` clocks."""
+        """Hash the first ``h_n`` tokens (``h_n >= 1``) into ``hash_val``: ``n + 3`` clocks
+        (the read, the slice ``hash_in``, the engine)."""
         m, h_i, h_n = self.m, self.h_i, self.h_n
         with m.State(name):
             m.d.comb += [self.rd0.addr.eq(h_i), self.rd0.en.eq(1)]

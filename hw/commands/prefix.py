@@ -16,23 +16,24 @@ the tenant's seed, so it finds only that tenant's records.
 
 Datapath (all four run at once, one token per clock where nothing stalls)::
 
-    token memory (read port 0) ─► HashEngine ─► key FIFO ─► CacheDirectory.probe
+    token memory (read port 0) ─► slice ─► HashEngine ─► key FIFO ─► CacheDirectory.probe
       feeder: one read per clock   {hash, count, last}   (4 entries)   PROBE run: one key per
-      while the engine takes it    of every prefix                    clock on an empty bucket,
+      while the slice takes it     of every prefix                    clock on an empty bucket,
                                                                       2 + links compared else
 
 The directory's PROBE run (``hw/store/directory.py``) is a lookup per key without the command
 handshake and without the stamp write: a key whose bucket is empty costs 1 clock, any other
 ``2 + c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
-last (longest) key that hit. The feeder holds its token under the hash engine's backpressure
-(token memory read data holds while ``en`` is low), the hash engine holds its output while the
+last (longest) key that hit. The feeder holds its token under the backpressure of the register
+slice before the hash engine (``Dispatcher.h_ready``; token memory read data holds while ``en``
+is low), the hash engine holds its output while the
 FIFO is full, so no key is lost whatever the directory's pace, and the FIFO keeps keys on offer
 so the directory never waits for one after the first.
 
 No hang: the feeder issues exactly ``n`` tokens (the first marked ``first``, the ``n``-th
 ``last``), each becomes one key, the directory's run ends at the key marked ``last`` and
 answers, and every stage waits only on the next one, which always drains (the directory takes
-a key within ``2 + links`` clocks); so the request ends within ``14 + n * (2 + links)``
+a key within ``2 + links`` clocks); so the request ends within ``15 + n * (2 + links)``
 clocks.
 
 Latency: ``QUERY_PREFIX_FIXED + sum(cost of each key)`` clocks from the request's header to its
@@ -103,7 +104,7 @@ class PrefixUnit(CommandUnit):
                 with m.If(dr.i.ready):
                     m.d.sync += self.issued.eq(1)
             # feeder: a token memory read whenever the hash engine takes the pending token
-            with m.If(~d.h_valid | hasher.i.ready):
+            with m.If(~d.h_valid | d.h_ready):
                 with m.If(h_i != h_n):
                     m.d.comb += [d.rd0.addr.eq(h_i), d.rd0.en.eq(1)]
                     m.d.sync += [d.h_valid.eq(1), d.h_first.eq(h_i == 0),

@@ -2,7 +2,7 @@
 
 A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. Tokens
 arrive as ``token_bytes`` little-endian bytes each, one byte per clock; TOKENS_READ sends them back
-at 2 clocks per token plus one per byte; HASH_QUERY runs the hash feeder (``n + 2`` clocks).
+at 2 clocks per token plus one per byte; HASH_QUERY runs the hash feeder (``n + 3`` clocks).
 """
 
 from amaranth import Cat, Mux, Signal

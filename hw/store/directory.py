@@ -102,7 +102,7 @@ class CacheDirectory(wiring.Component):
     One command at a time; cycles from the command transfer to ``o.valid`` (exact figures in
     ``docs/BENCHMARKS.md``): lookup 3 + k for a hit at chain position k (0 = head) and
     2 + n for a miss after a chain of n links; insert 2 (empty bucket) or 3; delete, touch,
-    read 2; expire ``2 * links + e + 2`` for e expired links; an insert that must evict scans the
+    read 3; expire ``2 * links + e + 2`` for e expired links; an insert that must evict scans the
     link pool (``links + 7``, or ``links + 8`` into a non-empty bucket); clear
     ``max(buckets, links) + 1``; a PROBE run takes each key in 1 clock when its bucket is
     empty, else in ``2 + c`` clocks for ``c`` links compared, and answers 1 clock after the
@@ -198,6 +198,7 @@ class CacheDirectory(wiring.Component):
         chase = Signal()                     # LK_CMP walks on: read address := next pointer
         pr_last = Signal()                   # PROBE: the key being probed is the run's last
         link_raddr = Signal(lb)
+        link_live = Signal()                 # LINK_OP: the link's valid bit, read in LINK_READ
 
         m.d.comb += [
             meta.raddr.eq(link_raddr), lists.link_addr.eq(link_raddr), stamp.raddr.eq(link_raddr),
@@ -282,7 +283,7 @@ class CacheDirectory(wiring.Component):
                         with m.Case(Op.INSERT, Op.INSERT_EXISTING):
                             m.next = "INSERT_CHECK"
                         with m.Case(Op.DELETE, Op.TOUCH, Op.READ):
-                            m.next = "LINK_OP"
+                            m.next = "LINK_READ"
                         with m.Case(Op.EXPIRE):
                             m.next = "EXPIRE_ISSUE"
                         with m.Case(Op.CLEAR):
@@ -405,11 +406,20 @@ class CacheDirectory(wiring.Component):
                 # The tables' read ports see EV_UNLINK's writes one clock later.
                 m.next = "INSERT_CHECK"
 
+            with m.State("LINK_READ"):
+                # The link's rows are on the tables' outputs (addressed in IDLE); its valid bit
+                # goes into a register, and LINK_OP decides on that: the block RAM's output
+                # straight into the unlink's write enables (lists, free links, FIFO B) was the
+                # directory's longest path. The rows are read again for LINK_OP.
+                m.d.comb += link_raddr.eq(cmd.link[:lb])
+                m.d.sync += link_live.eq(meta.rdata.valid)
+                m.next = "LINK_OP"
+
             with m.State("LINK_OP"):
                 link = cmd.link[:lb]
                 with m.If(cmd.link >= nl):
                     m.d.sync += resp.status.eq(Status.BAD_LINK)
-                with m.Elif(~meta.rdata.valid):
+                with m.Elif(~link_live):
                     m.d.sync += resp.status.eq(Status.NOT_LIVE)
                 with m.Else():
                     m.d.sync += resp.link.eq(cmd.link)
