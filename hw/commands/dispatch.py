@@ -196,6 +196,11 @@ class Dispatcher:
         self.scan_busy = Signal()
 
         # ---- token memory read port 0: shared by the hash feeder and TOKENS_READ -----------
+        # Its address is always ``h_i`` (the hash feeder's next token, TOKENS_READ's next
+        # token): a register, not a mux by state, in front of the port's address and the
+        # compare with the write address that keeps a read in a write's clock reading the old
+        # token (yosys' emulation of the non-transparent read on a block RAM); only ``en`` is
+        # the states' decode.
         self.rd0 = tokens.read_port(0)
         self.tok_i = Signal(32)              # tokens done (stream ops) / item index
 
@@ -208,6 +213,7 @@ class Dispatcher:
         # backpressure.
         self.h_n = Signal(32)
         self.h_i = Signal(32)
+        m.d.comb += self.rd0.addr.eq(self.h_i)
         self.h_valid, self.h_first, self.h_last = Signal(), Signal(), Signal()
         self.hash_val = Signal(64)
         m.submodules.hash_in = hash_in = StreamRegister(hasher.i.payload.shape())
@@ -386,7 +392,7 @@ class Dispatcher:
         (the read, the slice ``hash_in``, the engine)."""
         m, h_i, h_n = self.m, self.h_i, self.h_n
         with m.State(name):
-            m.d.comb += [self.rd0.addr.eq(h_i), self.rd0.en.eq(1)]
+            m.d.comb += self.rd0.en.eq(1)
             m.d.sync += [self.h_valid.eq(1), self.h_first.eq(h_i == 0),
                          self.h_last.eq(h_i == h_n - 1), h_i.eq(h_i + 1)]
             with m.If(h_i == h_n - 1):

@@ -62,7 +62,7 @@ class TokenUnit(CommandUnit):
             with m.Elif(d.early(n == 0)):
                 d.respond(Status.OK)
             with m.Else():
-                m.d.sync += d.tok_i.eq(off)
+                m.d.sync += d.h_i.eq(off)       # read port 0's address (dispatch.py)
                 d.respond(Status.OK, d.early((n * TB)[:16]), "TOKENS")
         with m.Case(Op.HASH_QUERY.value):
             n = arg(Op.HASH_QUERY, "n")
@@ -112,7 +112,7 @@ class TokenUnit(CommandUnit):
 
         # ---- TOKENS_READ: 2 clocks per token + TB bytes ----
         with m.State("TOKENS_READ_ISSUE"):
-            m.d.comb += [d.rd0.addr.eq(tok_i), d.rd0.en.eq(1)]
+            m.d.comb += d.rd0.en.eq(1)             # at h_i (dispatch.py)
             m.d.sync += tok_b.eq(0)
             m.next = "TOKENS_READ_SEND"
         with m.State("TOKENS_READ_SEND"):
@@ -123,7 +123,7 @@ class TokenUnit(CommandUnit):
                 with m.If(d.idx == d.rlen - 1):
                     m.next = "IDLE"
                 with m.Elif(tok_b == TB - 1):
-                    m.d.sync += tok_i.eq(tok_i + 1)
+                    m.d.sync += d.h_i.eq(d.h_i + 1)
                     m.next = "TOKENS_READ_ISSUE"
 
         # ---- HASH_QUERY ----

@@ -196,6 +196,7 @@ class CacheDirectory(wiring.Component):
         lk_link = Signal(lb)
         lk_region = Signal(rb)
         chase = Signal()                     # LK_CMP walks on: read address := next pointer
+        head_sel = Signal()                  # LOOKUP_HEAD, PROBE_HEAD: read address := head
         pr_last = Signal()                   # PROBE: the key being probed is the run's last
         link_raddr = Signal(lb)
         link_live = Signal()                 # LINK_OP: the link's valid bit, read in LINK_READ
@@ -251,6 +252,7 @@ class CacheDirectory(wiring.Component):
             with m.Else():
                 m.next = "RESPOND"
 
+        m.d.sync += head_sel.eq(0)          # set below with the moves into the HEAD states
         with m.FSM(init="IDLE" if formal else "INIT") as fsm:
             with m.State("INIT"):
                 # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
@@ -279,6 +281,7 @@ class CacheDirectory(wiring.Component):
                                  exp_ge.eq(self.i.payload.now >= self.i.payload.max_age)]
                     with m.Switch(self.i.payload.op):
                         with m.Case(Op.LOOKUP):
+                            m.d.sync += head_sel.eq(1)
                             m.next = "LOOKUP_HEAD"
                         with m.Case(Op.INSERT, Op.INSERT_EXISTING):
                             m.next = "INSERT_CHECK"
@@ -297,8 +300,7 @@ class CacheDirectory(wiring.Component):
                             m.next = "RESPOND"
 
             with m.State("LOOKUP_HEAD"):
-                m.d.comb += link_raddr.eq(lists.head[:lb])
-                m.d.sync += cur.eq(lists.head[:lb])
+                m.d.sync += cur.eq(lists.head[:lb])     # read address: head_sel, below the FSM
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
                     m.next = "RESPOND"
@@ -491,7 +493,8 @@ class CacheDirectory(wiring.Component):
                     with m.If(self.probe.valid):
                         p = self.probe.payload
                         m.d.sync += [cmd.count.eq(p.count), cmd.hash.eq(p.hash),
-                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0)]
+                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0),
+                                     head_sel.eq(1)]
                         m.next = "PROBE_HEAD"
                     with m.Else():
                         m.next = "PROBE_NEXT"
@@ -504,7 +507,7 @@ class CacheDirectory(wiring.Component):
 
             with m.State("PROBE_HEAD"):
                 # an empty bucket is a miss in this clock, and the next key is taken at once
-                m.d.comb += link_raddr.eq(lists.head[:lb])
+                # (read address: head_sel, below the FSM)
                 m.d.sync += cur.eq(lists.head[:lb])
                 with m.If(is_nil(lists.head)):
                     next_key()
@@ -534,6 +537,12 @@ class CacheDirectory(wiring.Component):
         # output to the others' read address, not the whole per-state address mux.
         with m.If(chase):
             m.d.comb += link_raddr.eq(lists.next[:lb])
+        # ``head_sel`` likewise: high exactly in the LOOKUP_HEAD and PROBE_HEAD clocks (set with
+        # the transition into them, cleared in every other), so the bucket head passes one more
+        # 2:1 mux from the head table's output to the tables' read address, not the per-state
+        # address mux (logic_depth's longest directory path after the link ops' cut).
+        with m.If(head_sel):
+            m.d.comb += link_raddr.eq(lists.head[:lb])
 
         if formal:
             m.d.comb += Assume(~ResetSignal())
