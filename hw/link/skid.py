@@ -41,6 +41,9 @@ class StreamRegister(wiring.Component):
                 m.d.sync += [main.eq(skid), main_v.eq(1), skid_v.eq(0)]
             with m.Else():
                 m.d.sync += [main.eq(self.i.payload), main_v.eq(take_in)]
-        with m.Elif(take_in):                       # output stalled: park the new payload
-            m.d.sync += [skid.eq(self.i.payload), skid_v.eq(1)]
+        with m.Elif(~skid_v):                       # output stalled: park the new payload
+            # (taken whether or not it is valid, as the output entry's is: the payload registers'
+            # enables do not wait for the producer's ``valid``, only ``skid_v`` and ``main_v``
+            # do; a command slice's ``valid`` is a state decode, its payload a few hundred bits)
+            m.d.sync += [skid.eq(self.i.payload), skid_v.eq(self.i.valid)]
         return m
