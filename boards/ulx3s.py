@@ -44,6 +44,7 @@ from amaranth.lib import io, wiring
 
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.protocol import StorageKind
+from ringkv.hw.link.skid import StreamRegister
 from ringkv.hw.link.uart import UART
 from ringkv.hw.storage.sdnative import SDNativeController
 from ringkv.hw.storage.sdspi import SDSPIController
@@ -241,7 +242,24 @@ class ULX3STop(Elaboratable):
             m.d.comb += [sd_clk.o.eq(sd.spi.sclk), sd_copi.o.eq(sd.spi.mosi),
                          sd_cs.o.eq(~sd.spi.cs_n), sd_cs.oe.eq(1),
                          sd.spi.miso.eq(sd_cipo.i)]
-        wiring.connect(m, top.storage, sd.storage)
+        # The storage port through a register slice per stream (one clock each way): the DMA's
+        # state decode (its command's valid, its read data's ready) no longer runs on into the
+        # SD controller's FSMs, nor the controller's into the DMA's (the leading paths of the
+        # 60 MHz netlist after the dispatcher's and the directory's cuts, docs/BOARD.md). The
+        # DMA takes every read byte it has asked for in the clock it is offered, so the
+        # status still reaches it after the last byte.
+        for name in ("cmd", "wdata"):
+            port = getattr(top.storage, name)
+            m.submodules[f"storage_{name}"] = reg = StreamRegister(
+                port.signature.members["payload"].shape)
+            wiring.connect(m, port, reg.i)
+            wiring.connect(m, reg.o, getattr(sd.storage, name))
+        for name in ("rdata", "status"):
+            port = getattr(sd.storage, name)
+            m.submodules[f"storage_{name}"] = reg = StreamRegister(
+                port.signature.members["payload"].shape)
+            wiring.connect(m, port, reg.i)
+            wiring.connect(m, reg.o, getattr(top.storage, name))
         # STORAGE_INFO: the controller's state (SPI mode: no high speed, capacity unknown)
         m.d.comb += [top.storage_info.ready.eq(sd.ready),
                      top.storage_info.card_type.eq(sd.card_type)]
