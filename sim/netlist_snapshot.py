@@ -39,6 +39,7 @@ def cores():
         SPIByteEngine,
     )
     from ringkv.hw.storage.sdspi import SDSPIController
+    from ringkv.hw.storage.tiered import TieredStorage
     from ringkv.hw.store.directory import CacheDirectory
     from ringkv.hw.store.directory_alloc import FreeLinks, RegionAllocator
     from ringkv.hw.store.directory_lists import BucketLists
@@ -56,6 +57,7 @@ def cores():
         "directory_free_links": lambda: FreeLinks(links=128),
         "directory_lists": lambda: BucketLists(buckets=64, links=128),
         "hot_tier": lambda: HotTier(regions=128, slots=24),
+        "tiered_storage": lambda: TieredStorage(regions=128, sectors_per_region=321, slots=24),
         "frame_decoder": lambda: FrameDecoder(),
         "frame_encoder": lambda: FrameEncoder(),
         "uart": lambda: UART(divisor_for(40_000_000, 3_000_000)),

@@ -20,13 +20,16 @@ from amaranth import Module, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
+from ringkv.defs.record import RecordLayout
 from ringkv.hw.attention.ring_port import RingPortSignature
 from ringkv.hw.sdram.phy import SdramPinsSignature
 from ringkv.hw.seal.key_slots import KeyWrite
 from ringkv.hw.seal.mac import MacUnit
 from ringkv.hw.storage.dma import DmaEngine
+from ringkv.hw.storage.port import StoragePortSignature
 from ringkv.hw.storage.sdnative import SDBusSignature, SDNativeController
 from ringkv.hw.storage.sdspi import SDSPIController, SPISignature
+from ringkv.hw.storage.tiered import TieredStorage
 from ringkv.hw.store.token_memory import TokenMemory
 
 from .sdram_store_sim import SdramStoreTop
@@ -107,9 +110,21 @@ class DmaHarness(wiring.Component):
     through ``key_write``: the sealed transfers. ``mac_hold`` (In 1) makes the unit refuse the
     engine's ``cmd`` while high, as while it serves another user (the tenant-seed derivation).
     Without ``mac`` they are left open (the engine's open transfers never use them).
+
+    With ``tiered`` (a dict of :class:`~ringkv.hw.storage.tiered.TieredStorage` parameters
+    besides ``regions`` and ``sectors_per_region``, which come from the engine) the engine's
+    storage port goes to a tiered storage: its ``card`` side to the SD controller of ``sd`` or
+    ``sd4`` if given, else the port ``card``; its ``sdram`` side to the SDRAM store of
+    ``sdram`` if given (then ``sd_ready`` is the SDRAM's power-up; with a card controller too,
+    both), else the port ``sdram``.
     """
 
-    def __init__(self, config, regions, *, sd=None, sd4=None, sdram=None, mac=False):
+    def __init__(self, config, regions, *, sd=None, sd4=None, sdram=None, mac=False,
+                 tiered=None):
+        if tiered is not None:
+            self._init_tiered(config, regions, sd, sd4, sdram, mac, tiered)
+            return
+        self.tier = None
         if sum(x is not None for x in (sd, sd4, sdram)) > 1:
             raise ValueError("give one of sd (SPI mode), sd4 (native mode) or sdram")
         self._config = config
@@ -126,7 +141,41 @@ class DmaHarness(wiring.Component):
                    {"spi": Out(SPISignature()), "sd_ready": Out(1)} if sd is not None else
                    {"sdbus": Out(SDBusSignature()), "sd_ready": Out(1)} if sd4 is not None else
                    {"pins": Out(SdramPinsSignature(self.sd.ctrl.chip)), "sd_ready": Out(1)})
-        super().__init__({
+        super().__init__(self._members(config, dma_sig, storage, mac))
+
+    def _init_tiered(self, config, regions, sd, sd4, sdram, mac, tiered):
+        if sd is not None and sd4 is not None:
+            raise ValueError("give one of sd (SPI mode) or sd4 (native mode)")
+        self._config = config
+        self.dma = DmaEngine(config, regions)
+        self.mac = MacUnit() if mac else None
+        self.rings = RingMemoryModel(config)
+        self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
+        self.tier = TieredStorage(regions=regions,
+                                  sectors_per_region=RecordLayout(config).sectors_per_region,
+                                  kv_sector=RecordLayout(config).kv_sector, **tiered)
+        self.sd = (SDSPIController(**sd) if sd is not None else
+                   SDNativeController(**sd4) if sd4 is not None else None)
+        self.sdram_top = (SdramStoreTop(sdram["controller"], sdram.get("store"))
+                          if sdram is not None else None)
+        ports = {}
+        if self.sd is None:
+            ports["card"] = Out(StoragePortSignature())
+        elif sd is not None:
+            ports["spi"] = Out(SPISignature())
+        else:
+            ports["sdbus"] = Out(SDBusSignature())
+        if self.sdram_top is None:
+            ports["sdram"] = Out(StoragePortSignature())
+        else:
+            ports["pins"] = Out(SdramPinsSignature(self.sdram_top.ctrl.chip))
+        if self.sd is not None or self.sdram_top is not None:
+            ports["sd_ready"] = Out(1)
+        super().__init__(self._members(config, self.dma.signature.members, ports, mac))
+
+    @staticmethod
+    def _members(config, dma_sig, storage, mac):
+        return {
             "cmd": dma_sig["cmd"],
             "resp": dma_sig["resp"],
             **storage,
@@ -137,7 +186,7 @@ class DmaHarness(wiring.Component):
             "tok_clear": In(1),
             "tok_count": Out(range(config.max_tokens + 1)),
             **({"key_write": In(stream.Signature(KeyWrite)), "mac_hold": In(1)} if mac else {}),
-        })
+        }
 
     def elaborate(self, platform):
         m = Module()
@@ -146,7 +195,9 @@ class DmaHarness(wiring.Component):
         m.submodules.tmem = tmem = self.tmem
         connect(m, flipped(self.cmd), dma.cmd)
         connect(m, flipped(self.resp), dma.resp)
-        if self.sd is None:
+        if self.tier is not None:
+            self._elaborate_tiered(m, dma)
+        elif self.sd is None:
             connect(m, flipped(self.storage), dma.storage)
         else:
             m.submodules.sd = self.sd
@@ -177,3 +228,28 @@ class DmaHarness(wiring.Component):
         m.d.comb += [tmem.clear.eq(self.tok_clear), self.tok_count.eq(tmem.count),
                      self.busy.eq(dma.busy)]
         return m
+
+    def _elaborate_tiered(self, m, dma):
+        m.submodules.tier = tier = self.tier
+        connect(m, dma.storage, tier.storage)
+        ready = []
+        if self.sd is None:
+            connect(m, flipped(self.card), tier.card)
+        else:
+            m.submodules.sd = self.sd
+            connect(m, tier.card, self.sd.storage)
+            if isinstance(self.sd, SDSPIController):
+                connect(m, flipped(self.spi), self.sd.spi)
+            else:
+                connect(m, flipped(self.sdbus), self.sd.sd)
+            ready.append(self.sd.ready)
+        if self.sdram_top is None:
+            connect(m, flipped(self.sdram), tier.sdram)
+        else:
+            m.submodules.sdram_top = self.sdram_top
+            connect(m, tier.sdram, self.sdram_top.storage)
+            connect(m, flipped(self.pins), self.sdram_top.pins)
+            ready.append(self.sdram_top.ready)
+        if ready:
+            both = ready[0] if len(ready) == 1 else ready[0] & ready[1]
+            m.d.comb += self.sd_ready.eq(both)

@@ -112,8 +112,11 @@ class SimByteLink:
 
 def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=None,
             storage_idle=0.0, storage_stall=0.0, storage_dead=False, storage_log=None, vcd=None,
-            wait_ready=True, monitors=()):
+            wait_ready=True, monitors=(), sdram_image=None, sdram_log=None):
     """Simulate ``top`` with ``image`` on its storage port; ``await scenario(ctx, link)``.
+
+    ``sdram_image``: ``top`` is a :class:`~ringkv.sim.tiered_sim.TieredTop` (its ``storage``
+    the card side) and this image serves its ``sdram`` side (``sdram_log`` its commands).
 
     ``wait_ready``: the scenario starts when the power-on recovery scan has ended
     (``top.recovering`` low); ``link.ready_cycles`` is then the clocks it took.
@@ -136,6 +139,10 @@ def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=
         await scenario(ctx, link)
 
     sim.add_testbench(storage, background=True)
+    if sdram_image is not None:
+        async def sdram(ctx):
+            await serve_storage(ctx, top.sdram, sdram_image, log=sdram_log)
+        sim.add_testbench(sdram, background=True)
     sim.add_testbench(link.tx_process, background=True)
     for monitor in monitors:
         sim.add_testbench(monitor, background=True)

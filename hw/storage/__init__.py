@@ -1,13 +1,15 @@
 """``ringkv.hw.storage``: records on the card -- the sector storage port, the SD PHY pieces, the
 native 4-bit and SPI SD controllers, the SDRAM sector store (the hot tier behind the same port),
-and the DMA engine that moves a record (header, tokens, K/V rings) between the storage and the
+the tiered storage (card and SDRAM behind one port, copies routed by the hot tier's map), and
+the DMA engine that moves a record (header, tokens, K/V rings) between the storage and the
 attention core's rings.
 
 It may import Amaranth, the standard library, ``ringkv.defs``, ``ringkv.hw.enums``, and of the
 other subsystems only the ports the DMA drives: the attention core's ring port
 (``ringkv.hw.attention.ring_port``), the token memory's read port
 (``ringkv.hw.store.token_memory``) and the record MAC's port (``ringkv.hw.seal.mac``); and the
-SDRAM controller's user port (``ringkv.hw.sdram.arbiter``) that the SDRAM sector store drives
+SDRAM controller's user port (``ringkv.hw.sdram.arbiter``) that the SDRAM sector store drives,
+and the hot tier (``ringkv.hw.store.hot_tier``) that the tiered storage holds and routes by
 (``tests/repo/test_layers.py``).
 
 The storage port's names (``StoragePortSignature``, ``StorageOp``, ``StorageError``, ...) are
@@ -32,10 +34,11 @@ from .sdnative import SDNativeController
 from .sdphy import SDClocker, SDCmdReader, SDCmdWriter, SDDataPHY, SPIByteEngine
 from .sdram_store import SdramSectorStore
 from .sdspi import SDSPIController
+from .tiered import TieredStorage
 
 __all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
            "StoragePortSignature", "StorageInfoSignature", "CardType",
            "SDNativeController", "SDSPIController", "SDClocker", "SDCmdWriter", "SDCmdReader",
            "SDDataPHY", "SPIByteEngine", "DmaEngine", "DmaOp", "RecordStatus", "RecordKind",
            "RecordCursor", "RecordTap", "WritePipeline", "TokenChecker", "HeaderEncoder",
-           "HeaderParser", "SdramSectorStore"]
+           "HeaderParser", "SdramSectorStore", "TieredStorage"]

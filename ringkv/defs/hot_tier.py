@@ -15,7 +15,8 @@ from .directory import REGION_FIELD_WIDTH
 
 __all__ = ["Op", "Status", "SlotState", "OP_BITS", "STATUS_BITS", "STATE_BITS",
            "SLOT_FIELD_WIDTH", "REGION_FIELD_WIDTH", "COUNT_FIELD_WIDTH", "MAX_SLOTS",
-           "command_fields", "response_fields", "check_hot_tier_params"]
+           "command_fields", "response_fields", "check_hot_tier_params",
+           "BOARD_SLOT_TOKEN_SECTORS", "slot_sectors", "residents"]
 
 #: Width of the ``slot`` fields (commands and responses): out-of-range slots are expressible.
 SLOT_FIELD_WIDTH = 16
@@ -23,6 +24,29 @@ SLOT_FIELD_WIDTH = 16
 COUNT_FIELD_WIDTH = 16
 #: The most slots a hot tier may have (32 MB of SDRAM holds about 250 default records).
 MAX_SLOTS = 1024
+
+#: The board's compact slots (``TieredStorage``'s ``slot_token_sectors``): a slot holds the
+#: header, the first 16 token sectors (4,096 tokens at 2 bytes) and the K/V, 273 sectors at the
+#: default shape, so 32 MB of SDRAM holds 240 conversations (issue #35's target; 17 token
+#: sectors would hold 239) and 64 MB 480; a longer conversation's tokens stay on the card.
+BOARD_SLOT_TOKEN_SECTORS = 16
+
+
+def slot_sectors(layout, slot_token_sectors=None) -> int:
+    """Sectors of an SDRAM slot for records of ``layout`` (a
+    :class:`~ringkv.defs.record.RecordLayout`): the header, ``slot_token_sectors`` token
+    sectors (``None``: all of them) and the K/V."""
+    if slot_token_sectors is None:
+        return layout.sectors_per_region
+    return 1 + slot_token_sectors + layout.kv_sectors_max
+
+
+def residents(sdram_bytes: int, layout, slot_token_sectors=None, *, sdram_base=0) -> int:
+    """Conversations resident in ``sdram_bytes`` of SDRAM (slots from SDRAM-store sector
+    ``sdram_base``), at most :data:`MAX_SLOTS`."""
+    return min(MAX_SLOTS, (sdram_bytes // 512 - sdram_base)
+               // slot_sectors(layout, slot_token_sectors))
+
 
 OP_BITS = 4
 STATUS_BITS = 4

@@ -56,3 +56,16 @@ def test_serve_overhead_raises_the_server_and_its_device_process_above_the_load(
                        and p["policy"] == [policy] for p in params["priorities"])
     else:
         assert "serve.overhead.raised.mean_ms" not in by
+
+
+def test_overhead_quantiles_from_the_histograms_buckets():
+    """``bench_serve._quantile_ms`` reads a quantile from the server's cumulative buckets the
+    way Prometheus' ``histogram_quantile`` does: linear within the bucket it falls in."""
+    from bench.bench_serve import _quantile_ms
+    # 10 requests at most 1 ms, 10 more up to 2 ms, 0 more up to 5 ms
+    buckets = {"0.0005": 0.0, "0.001": 10.0, "0.002": 20.0, "0.005": 20.0, "+Inf": 20.0}
+    assert _quantile_ms(buckets, 0.5) == 1.0
+    assert _quantile_ms(buckets, 0.75) == 1.5
+    assert _quantile_ms(buckets, 0.25) == 0.75            # halfway into (0.5, 1] ms
+    assert _quantile_ms({"0.001": 0.0, "+Inf": 4.0}, 0.5) == 1.0   # beyond the last bound
+    assert _quantile_ms({"0.001": 0.0, "+Inf": 0.0}, 0.5) is None

@@ -9,8 +9,9 @@
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
       │     ├── link/, store/, attention/, seal/, sdram/  defs (+ shared hw.enums, hw.protocol)
-      │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC) and the
-      │     │               SDRAM user port (sdram.arbiter) of its SDRAM sector store
+      │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC), the
+      │     │               SDRAM user port (sdram.arbiter) of its SDRAM sector store and the
+      │     │               hot tier (store.hot_tier) its tiered storage decides by
       │     └── commands/, top.py                  every subsystem
       └── host/    defs + numpy + pyserial: the host knows the device only through the protocol
             ├── golden/     defs only: independent models
@@ -56,10 +57,12 @@ RULES = {
     # the SDRAM controller: its own pieces and the definitions (chip table) only
     "ringkv.hw.sdram": ({"ringkv.defs", "ringkv.hw.sdram", "ringkv.hw.enums"}, AMARANTH),
     # the DMA drives the ring port, the token memory's read port and the MAC, the SDRAM
-    # sector store an SDRAM controller's user port: their ports only
+    # sector store an SDRAM controller's user port: their ports only; the tiered storage
+    # holds the hot tier (card region -> SDRAM slot), the one block it routes by
     "ringkv.hw.storage": ({"ringkv.defs", "ringkv.hw.storage", "ringkv.hw.enums",
                            "ringkv.hw.attention.ring_port", "ringkv.hw.store.token_memory",
-                           "ringkv.hw.seal.mac", "ringkv.hw.sdram.arbiter"}, AMARANTH),
+                           "ringkv.hw.seal.mac", "ringkv.hw.sdram.arbiter",
+                           "ringkv.hw.store.hot_tier"}, AMARANTH),
     "ringkv.hw.commands": ({"ringkv.defs", "ringkv.hw"}, AMARANTH),
     # the host: the package (scheduler) sees all of it; the rest in the order of the docstring
     "ringkv.host": ({"ringkv.defs", "ringkv.host"}, HOST_3P),
@@ -297,6 +300,8 @@ def test_the_cycle_check_catches_one():
      "ringkv.hw.attention.core"),
     ("hw/storage/dma.py", "from ..commands.dispatch import Dispatcher\n", "ringkv.hw.commands"),
     ("hw/storage/sdphy.py", "from ..store import HashEngine\n", "ringkv.hw.store.HashEngine"),
+    ("hw/storage/tiered.py", "from ..store.directory import CacheDirectory\n",
+     "ringkv.hw.store.directory"),
     ("hw/enums.py", "from .top import RingKVTop\n", "ringkv.hw.top"),
     # between the host's parts
     ("host/golden/fixed.py", "from ..model.transformer import Model\n", "ringkv.host.model"),
@@ -319,6 +324,7 @@ def test_the_check_catches_a_violation(path, source, needle):
                           "from ..store.token_memory import TokenReadSignature\n"
                           "from ..seal.mac import MacPortSignature\nfrom ..enums import shaped\n"),
     ("hw/commands/recovery.py", "from ..storage.dma import DmaOp\nfrom ..store import Op\n"),
+    ("hw/storage/tiered.py", "from ..store.hot_tier import HotTier, Op\n"),
     ("hw/link/framing.py", "from ..protocol import CRC16\n"),
     ("host/device/link.py", "import serial\nimport numpy as np\nfrom .frames import Decoder\n"),
     ("host/device/software.py", "from ..record import encode_record\n"

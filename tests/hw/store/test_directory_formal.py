@@ -45,12 +45,13 @@ def directory_harness(**params):
 
 
 def run_sby(name, depth, *, bug=None, checks=CHECKS, params=FORMAL, solver="yices",
-            skip=True) -> str:
+            last_step_only=True) -> str:
     """Run one bounded check; return ``"PASS"`` or ``"FAIL"`` (anything else raises).
 
-    ``skip=False`` checks every step instead of only the last (slower, same coverage)."""
+    ``last_step_only=False`` checks every step instead of only the last (slower, same coverage)."""
     harness = directory_harness(_bug=bug, _checks=checks, **params)
-    return bmc(harness, BUILD_ROOT / "formal" / f"directory_{name}", depth, skip=skip,
+    return bmc(harness, BUILD_ROOT / "formal" / f"directory_{name}", depth,
+               last_step_only=last_step_only,
                solver=solver)
 
 

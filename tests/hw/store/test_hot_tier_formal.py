@@ -51,7 +51,7 @@ def hot_tier_harness(**params):
 def run_sby(name, depth, *, params=FORMAL, **kwargs) -> str:
     """One bounded check (``_bug``/``_checks`` in ``kwargs``): ``"PASS"`` or ``"FAIL"``."""
     harness = hot_tier_harness(**params, **kwargs)
-    return bmc(harness, BUILD_ROOT / "formal" / f"hot_tier_{name}", depth, skip=True)
+    return bmc(harness, BUILD_ROOT / "formal" / f"hot_tier_{name}", depth, last_step_only=True)
 
 
 @requires_yowasp

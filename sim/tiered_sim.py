@@ -1,0 +1,650 @@
+"""The tiered storage in the Amaranth simulator: the harness of ``tests/hw/storage/test_tiered.py``
+and of the figures in ``docs/blocks/tiered_storage.md``.
+
+:func:`run_tiered` drives a :class:`~ringkv.hw.storage.tiered.TieredStorage`'s ``storage`` port
+with a script of reads and writes (``("r", lba, count)``, ``("w", lba, data)``), serves its
+``card`` and ``sdram`` ports from two :class:`~ringkv.sim.sector_model.SectorImage`\\ s with
+:func:`serve_sectors` (random idle and stalls, errors on demand), and watches every stream: per
+operation it returns the status, the bytes, which backend got a command (with its payload), and
+the block's own clocks (``setup``: the command's transfer on ``storage`` to the backend's
+``cmd.valid``; ``tail``: the later backend status of a write to both tiers to the initiator's
+``status.valid``), for comparison with :class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
+
+A power cut is the end of a run (``cut_at``: the simulation stops at that clock, wherever it
+is); the next run on the same card image, with a new block and the SDRAM image overwritten
+with noise (:func:`lose_sdram`), is the power coming back.
+"""
+
+import random
+from dataclasses import dataclass, field
+
+from amaranth import Array, Cat, Const, Elaboratable, Module, Signal
+from amaranth.hdl import Assert
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.sim import Simulator
+
+from ringkv.hw.storage.port import (
+    SECTOR_BYTES,
+    StorageError,
+    StorageInfoSignature,
+    StorageOp,
+    StoragePortSignature,
+)
+from ringkv.hw.storage.tiered import TieredStorage
+from ringkv.hw.store.hot_tier import Op, Status
+
+from .sector_model import SectorImage
+from .storage_host import storage_read, storage_write
+from .streams import tick_until
+
+__all__ = ["serve_sectors", "run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
+           "random_script", "import_clocks", "TieredTop", "TieredFormalHarness"]
+
+
+class TieredTop(wiring.Component):
+    """A :class:`~ringkv.hw.top.RingKVTop` whose storage port goes through a
+    :class:`~ringkv.hw.storage.tiered.TieredStorage` (the simulation option of issue #35's hot
+    tier; the top itself is unchanged): ports ``rx``, ``tx``, ``storage_info`` as the top's,
+    ``storage`` the tiered storage's card side (so a bench that serves a top's ``storage``
+    serves the card), ``sdram`` its SDRAM side. ``recovering``, ``config``, ``regions``,
+    ``base_lba`` and ``record_layout`` are the top's. ``tier`` holds the tiered storage's
+    parameters besides ``regions``, ``sectors_per_region``, ``base_lba`` and ``kv_sector`` (the
+    top's and its record layout's; ``slot_token_sectors`` makes the slots compact)."""
+
+    def __init__(self, top, **tier):
+        self.top = top
+        self.tier = TieredStorage(regions=top.regions,
+                                  sectors_per_region=top.record_layout.sectors_per_region,
+                                  base_lba=top.base_lba,
+                                  kv_sector=top.record_layout.kv_sector, **tier)
+        super().__init__({
+            "rx": top.signature.members["rx"],
+            "tx": top.signature.members["tx"],
+            "storage": Out(StoragePortSignature()),
+            "storage_info": In(StorageInfoSignature()),
+            "sdram": Out(StoragePortSignature()),
+        })
+        #: the top's observation point: high while its recovery scan runs
+        self.recovering = top.recovering
+
+    config = property(lambda self: self.top.config)
+    regions = property(lambda self: self.top.regions)
+    base_lba = property(lambda self: self.top.base_lba)
+    record_layout = property(lambda self: self.top.record_layout)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.top, m.submodules.tier = self.top, self.tier
+        wiring.connect(m, wiring.flipped(self.rx), self.top.rx)
+        wiring.connect(m, wiring.flipped(self.tx), self.top.tx)
+        wiring.connect(m, wiring.flipped(self.storage_info), self.top.storage_info)
+        wiring.connect(m, self.top.storage, self.tier.storage)
+        wiring.connect(m, wiring.flipped(self.storage), self.tier.card)
+        wiring.connect(m, wiring.flipped(self.sdram), self.tier.sdram)
+        return m
+
+
+async def serve_sectors(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
+                        fail=None, log=None):
+    """Serve storage port ``port`` (an initiator's member) from ``image`` forever, at up to
+    one byte per clock: ``idle``/``stall`` the chances of a bubble before a byte or status it
+    sends and of a withheld ``ready`` on what it takes. ``fail(op, lba, count)`` (optional) is
+    asked at each command: ``None``, or the number of data bytes after which the transfer
+    ends early with ``CARD`` (a write's sector in progress is not stored, earlier ones are;
+    ``0``: no data phase at all). ``log`` receives ``(op, lba, count)`` per command."""
+
+    def chance(p):
+        return rng is not None and p > 0 and rng.random() < p
+
+    async def status(error):
+        while chance(idle):
+            await ctx.tick()
+        ctx.set(port.status.valid, 1)
+        ctx.set(port.status.payload, {"error": error})
+        await tick_until(ctx, port.status.ready)
+        ctx.set(port.status.valid, 0)
+
+    while True:
+        while chance(stall):
+            await ctx.tick()
+        ctx.set(port.cmd.ready, 1)
+        (cmd,) = await tick_until(ctx, port.cmd.valid, port.cmd.payload)
+        ctx.set(port.cmd.ready, 0)
+        op, lba, count = StorageOp(cmd.op), cmd.lba, cmd.count
+        if log is not None:
+            log.append((op, lba, count))
+        if not image.in_range(lba, count):
+            await status(StorageError.RANGE)
+            continue
+        budget = fail(op, lba, count) if fail is not None else None
+        moved = 0
+        if op == StorageOp.READ:
+            for byte in image.read(lba, count):
+                if budget is not None and moved == budget:
+                    break
+                while chance(idle):
+                    await ctx.tick()
+                ctx.set(port.rdata.valid, 1)
+                ctx.set(port.rdata.payload, byte)
+                await tick_until(ctx, port.rdata.ready)
+                ctx.set(port.rdata.valid, 0)
+                moved += 1
+        else:
+            for s in range(count):
+                sector = bytearray()
+                while len(sector) < SECTOR_BYTES and (budget is None or moved < budget):
+                    while chance(stall):
+                        ctx.set(port.wdata.ready, 0)
+                        await ctx.tick()
+                    ctx.set(port.wdata.ready, 1)
+                    (byte,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
+                    ctx.set(port.wdata.ready, 0)
+                    sector.append(byte)
+                    moved += 1
+                if len(sector) < SECTOR_BYTES:
+                    break
+                image.write(lba + s, bytes(sector))
+        await status(StorageError.CARD if budget is not None and moved == budget
+                     and moved < count * SECTOR_BYTES else StorageError.OK)
+
+
+@dataclass
+class Observed:
+    """One operation as seen on the block's ports."""
+    status: StorageError | None = None
+    data: bytes = b""                  # a read's bytes
+    card: tuple | None = None          # (op, lba, count) of the card's command, if any
+    sdram: tuple | None = None         # ... of the SDRAM's
+    setup: int | None = None           # clocks: storage cmd transfer -> first backend cmd.valid
+    tail: int | None = None            # write to both: later backend status -> status.valid
+    card_status: StorageError | None = None
+    sdram_status: StorageError | None = None
+    expect: bytes | None = None        # a read: the card's bytes when it ended (None: beyond)
+
+
+@dataclass
+class TieredRun:
+    ops: list = field(default_factory=list)    # Observed per operation started
+    cut: bool = False                          # the run ended by a power cut
+    clocks: int = 0
+
+
+def lose_sdram(image: SectorImage, rng):
+    """The SDRAM after a power cut: noise."""
+    for lba in range(image.sectors):
+        image.write(lba, rng.randbytes(SECTOR_BYTES))
+
+
+def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, seed=0,
+               idle=0.0, stall=0.0, hold=0.0, card_fail=None, sdram_fail=None, cut_at=None,
+               max_cycles=5_000_000, bug=None) -> TieredRun:
+    """Run ``script`` on a fresh ``TieredStorage(**params)`` (``bug``: a broken variant) whose
+    backends are ``card`` and ``sdram``. ``idle``/``stall``/``hold``: the chances of an idle
+    clock or a withheld ready on every stream, the storage port's (:mod:`ringkv.sim.storage_host`)
+    and the backends' (:func:`serve_sectors`). ``card_fail``/``sdram_fail``: the backends'
+    ``fail``. ``cut_at``: stop (a power cut) at that clock after the hot tier's reset sweep."""
+    dut = TieredStorage(**params, _bug=bug)
+    run = TieredRun()
+    rng = random.Random(seed)
+    clock = {"n": 0}
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(_server(dut.card, card, random.Random(rng.random()), idle, stall,
+                              card_fail), background=True)
+    sim.add_testbench(_server(dut.sdram, sdram, random.Random(rng.random()), idle, stall,
+                              sdram_fail), background=True)
+    cur = {"op": None, "t0": None, "last_status": None, "done": 0}
+
+    async def monitor(ctx):
+        st, cp, sp = dut.storage, dut.card, dut.sdram
+        sigs = (st.cmd.valid, st.cmd.ready, cp.cmd.valid, cp.cmd.ready, cp.cmd.payload,
+                sp.cmd.valid, sp.cmd.ready, sp.cmd.payload, cp.status.valid, cp.status.ready,
+                cp.status.payload, sp.status.valid, sp.status.ready, sp.status.payload,
+                st.status.valid)
+        prev_c = prev_s = prev_st = 0
+        async for _, _, *v in ctx.tick().sample(*sigs):
+            (c_valid, c_ready, cc_valid, cc_ready, cc_p, sc_valid, sc_ready, sc_p, cs_valid,
+             cs_ready, cs_p, ss_valid, ss_ready, ss_p, st_valid) = v
+            clock["n"] += 1
+            n = clock["n"]
+            o = cur["op"]
+            if c_valid and c_ready:
+                cur["t0"] = n
+            if o is not None:
+                if cc_valid and not prev_c:
+                    o.card = (StorageOp(cc_p.op), cc_p.lba, cc_p.count)
+                    o.setup = n - cur["t0"] if o.setup is None else o.setup
+                if sc_valid and not prev_s:
+                    o.sdram = (StorageOp(sc_p.op), sc_p.lba, sc_p.count)
+                    o.setup = n - cur["t0"] if o.setup is None else o.setup
+                if cs_valid and cs_ready:
+                    o.card_status = StorageError(cs_p.error)
+                    cur["last_status"] = n
+                if ss_valid and ss_ready:
+                    o.sdram_status = StorageError(ss_p.error)
+                    cur["last_status"] = n
+                if st_valid and not prev_st and o.card and o.sdram:
+                    o.tail = n - cur["last_status"]
+            prev_c, prev_s, prev_st = cc_valid, sc_valid, st_valid
+
+    async def bench(ctx):
+        # the hot tier's reset sweep
+        await ctx.tick().repeat(max(params["regions"], params.get("slots", 256)) + 2)
+        clock["start"] = clock["n"]
+        for op in script:
+            o = Observed()
+            cur["op"] = o
+            run.ops.append(o)
+            if op[0] == "r":
+                o.status, o.data = await storage_read(ctx, dut.storage, op[1], op[2], rng=rng,
+                                                      stall=stall, hold=hold)
+                if card.in_range(op[1], op[2]):
+                    o.expect = card.read(op[1], op[2])
+            else:
+                o.status, _ = await storage_write(ctx, dut.storage, op[1], op[2], rng=rng,
+                                                  idle=idle, hold=hold)
+            await ctx.tick()
+            cur["op"] = None
+
+    async def cutter(ctx):
+        await ctx.tick().repeat(max(params["regions"], params.get("slots", 256)) + 2 + cut_at)
+        run.cut = True
+
+    async def limit(ctx):
+        for _ in range(max_cycles):
+            await ctx.tick()
+        raise TimeoutError(f"the script not done after {max_cycles} clocks")
+
+    sim.add_process(monitor)
+    sim.add_testbench(limit, background=True)
+    sim.add_testbench(cutter if cut_at is not None else bench)
+    if cut_at is not None:
+        sim.add_testbench(bench, background=True)
+    sim.run()
+    run.clocks = clock["n"]
+    return run
+
+
+def _server(port, image, rng, idle, stall, fail):
+    async def serve(ctx):
+        await serve_sectors(ctx, port, image, rng=rng, idle=idle, stall=stall, fail=fail)
+    return serve
+
+
+def check_run(golden, script, run: TieredRun) -> list[str]:
+    """Every difference between ``run`` and the golden model ``golden`` (stepped here, from the
+    state it is in), and every read that returned other bytes than the card held: an empty list
+    for a correct run. An operation cut short by a power cut is left out."""
+    from ringkv.host.golden.tiered import READ, WRITE
+
+    found = []
+    for k, (op, o) in enumerate(zip(script, run.ops)):
+        if o.status is None:              # cut short by the power cut
+            break
+        count = op[2] if op[0] == "r" else len(op[2]) // SECTOR_BYTES
+        kind = READ if op[0] == "r" else WRITE
+        route = golden.command(kind, op[1], count)
+        where = f"op {k} {op[0]} lba {op[1]} count {count}"
+        want_card = (StorageOp(kind), op[1], count) if route.tier != "sdram" else None
+        want_sd = ((StorageOp(kind), route.sdram_lba, count) if route.tier != "card"
+                   else None)
+        if (o.card, o.sdram) != (want_card, want_sd):
+            # the golden model cannot follow a run that went elsewhere: stop here
+            return found + [f"{where}: card {o.card} sdram {o.sdram}, golden {route.tier} "
+                            f"{want_card} {want_sd}"]
+        if o.setup != route.setup:
+            found.append(f"{where}: setup {o.setup} clocks, golden {route.setup}")
+        want_status = o.card_status if route.tier != "sdram" else o.sdram_status
+        if route.tier == "both":
+            want_status, tail = golden.finish(o.card_status.value, o.sdram_status.value)
+            if o.tail != tail:
+                found.append(f"{where}: tail {o.tail} clocks, golden {tail}")
+        if o.status != StorageError(want_status):
+            found.append(f"{where}: status {o.status}, golden {StorageError(want_status)}")
+        if kind == READ and o.status == StorageError.OK and o.data != o.expect:
+            found.append(f"{where}: read returned other bytes than the card holds "
+                         f"(from {route.tier})")
+    return found
+
+
+def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
+    """``n`` random operations in the tiered storage's use: the DMA's exports into a region
+    (tokens, K/V, header last; sometimes cut short or with another write between), its
+    imports (header, tokens, K/V of the last export's shape), and raw reads and writes of any
+    sector: single sectors, over two regions, outside the record area, ``count == 0``, past
+    the card's end. ``data(n_sectors)`` gives the bytes of a write (default random)."""
+    spr, base, regions = params["sectors_per_region"], params.get("base_lba", 0), params["regions"]
+    data = data or (lambda n: rng.randbytes(n * SECTOR_BYTES))
+    # a region's record: tokens from sector 1, K/V from ``kv`` (a fixed sector, as the DMA's:
+    # ``params["kv_sector"]`` if given)
+    kv = params.get("kv_sector") or max(2, spr // 2)
+    shapes = {}
+    script = []
+
+    def region_lba(r):
+        return base + r * spr
+
+    while len(script) < n:
+        roll = rng.random()
+        r = rng.choice([0, regions - 1, rng.randrange(regions)])
+        if roll < 0.35:
+            t = rng.randint(1, kv - 1)
+            k = rng.randint(1, spr - kv)
+            steps = [("w", region_lba(r) + 1, data(t)), ("w", region_lba(r) + kv, data(k)),
+                     ("w", region_lba(r), data(1))]
+            if rng.random() < 0.15:
+                steps = steps[:rng.randint(1, 2)]
+            if rng.random() < 0.15:
+                other = rng.randrange(card_sectors)
+                steps.insert(rng.randint(0, len(steps) - 1), ("w", other, data(1)))
+            script += steps
+            shapes[r] = (t, k)
+        elif roll < 0.65 and shapes:
+            r = rng.choice(sorted(shapes))
+            t, k = shapes[r]
+            script += [("r", region_lba(r), 1), ("r", region_lba(r) + 1, t),
+                       ("r", region_lba(r) + kv, k)]
+        elif roll < 0.80:
+            lba = rng.randrange(card_sectors + 2)
+            script.append(("r", lba, rng.choice([0, 1, 1, 2, spr])))
+        elif roll < 0.90:
+            lba = rng.randrange(card_sectors)
+            script.append(("w", lba, data(1)))
+        elif roll < 0.95:
+            lba = region_lba(r) + spr - 1
+            script.append(("w", lba, data(2)))             # over two regions (or the end)
+        else:
+            script.append(("w", rng.randrange(card_sectors), b""))     # count 0
+    return script
+
+
+#: the SD native controller and the card model of the figures (as ``bench/bench_storage.py``'s
+#: ``SD4_BENCH`` and ``SD4_CARD``: SD CLK = clk / 2 once initialised)
+SD4_FIGURES = dict(init_half_period=2, half_period=1, resp_timeout=64, data_timeout=1 << 12,
+                   busy_timeout=1 << 12, init_retries=8)
+SD4_CARD_FIGURES = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
+
+
+def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
+                  slot_token_sectors=None) -> dict:
+    """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
+    through a tiered storage whose card side is the SD native controller on the bit-level
+    4-bit card model and whose SDRAM side is the SDRAM sector store on the SDRAM controller and
+    the pin-level SDRAM model, one system clock of ``mhz`` for all (Amaranth simulator).
+
+    Three records go to regions 0, 1, 2 with two slots, so region 0's copy is evicted: its
+    import reads the card (``import_card``), region 2's reads the slot (``import_sdram``); both
+    must hit and restore the rings. Clocks from the DMA command's transfer to its response's.
+    ``slot_token_sectors``: the tier's compact slots (``None``: whole regions).
+    Returns ``{"export": [...], "import_card", "import_sdram", "sectors"}``."""
+    import numpy as np
+
+    from ringkv.defs.hot_tier import slot_sectors
+    from ringkv.defs.record import RecordLayout, RecordStatus
+    from ringkv.defs.sdram import DEFAULT_CHIP
+    from ringkv.hw.storage.dma import DmaOp
+    from ringkv.sim.ring_model import DmaHarness
+
+    from .sd4_model import SDCard4, amaranth_sd4_card
+    from .sdram_model import SdramModel, amaranth_sdram
+    from .streams import stream_get, stream_put
+
+    rng = random.Random(seed)
+    chip = chip or DEFAULT_CHIP.scaled(power_up_ns=500)
+    tck = 1000.0 / mhz
+    lay = RecordLayout(config)
+    regions, spr = 4, lay.sectors_per_region
+    h = DmaHarness(config, regions, tiered=dict(slots=2, slot_token_sectors=slot_token_sectors),
+                   sd4=SD4_FIGURES,
+                   sdram={"controller": dict(chip=chip, tck_ns=tck, cl=2),
+                          "store": dict(sectors=2 * slot_sectors(lay, slot_token_sectors))})
+    card = SDCard4(SectorImage(None, ((regions * spr + 1023) // 1024) * 1024),
+                   **SD4_CARD_FIGURES)
+    sdram = SdramModel(chip, tck, seed=seed)
+    sim = Simulator(h)
+    sim.add_clock(tck * 1e-9)
+    sim.add_testbench(amaranth_sdram(sdram, h.pins), background=True)
+
+    async def card_proc(ctx):
+        await amaranth_sd4_card(ctx, h.sdbus, card)
+    sim.add_testbench(card_proc, background=True)
+    clock = {"n": 0}
+    out = {"export": []}
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock["n"] += 1
+
+    async def op(ctx, payload):
+        await stream_put(ctx, h.cmd, payload)
+        start = clock["n"]
+        resp = await stream_get(ctx, h.resp)
+        return RecordStatus(resp.status.value), clock["n"] - start
+
+    async def load(ctx, rings, n, head, tokens):
+        # rings and metadata through the ring model's tap, tokens into token memory
+        from ringkv.host.record import ring_image
+        ctx.set(h.tap.we, 1)
+        for i, byte in enumerate(ring_image(config, rings)):
+            ctx.set(h.tap.addr, i)
+            ctx.set(h.tap.wdata, int(byte))
+            await ctx.tick()
+        ctx.set(h.tap.we, 0)
+        ctx.set(h.tap.meta_we, 1)
+        for ring in range(config.layers * config.kv_heads):
+            ctx.set(h.tap.meta_ring, ring)
+            ctx.set(h.tap.meta_wcount, n)
+            ctx.set(h.tap.meta_whead, head)
+            await ctx.tick()
+        ctx.set(h.tap.meta_we, 0)
+        ctx.set(h.tok_clear, 1)
+        await ctx.tick()
+        ctx.set(h.tok_clear, 0)
+        ctx.set(h.tok_append.valid, 1)
+        for tok in tokens:
+            ctx.set(h.tok_append.payload, tok)
+            await ctx.tick()
+        ctx.set(h.tok_append.valid, 0)
+
+    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
+    from ringkv.host.record import ring_dtype
+    dt = ring_dtype(config)
+    records = []
+    for _ in range(3):
+        rings = np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
+                              dtype=dt).reshape(shape).copy()
+        tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+        records.append((rings, tokens))
+
+    async def bench(ctx):
+        await tick_until(ctx, h.sd_ready)
+        for r, (rings, tokens) in enumerate(records):
+            await load(ctx, rings, count, 0, tokens)
+            status, clocks = await op(ctx, {"op": DmaOp.EXPORT, "region": r, "hash": r + 1,
+                                            "seq": r + 1})
+            assert status == RecordStatus.OK, status
+            out["export"].append(clocks)
+        for r, key in ((0, "import_card"), (2, "import_sdram")):
+            await load(ctx, np.zeros_like(records[r][0]), 0, 0, records[r][1])
+            status, clocks = await op(ctx, {"op": DmaOp.IMPORT, "region": r, "count": count,
+                                            "hash": r + 1})
+            assert status == RecordStatus.OK, (key, status)
+            out[key] = clocks
+
+    sim.add_process(counter)
+    sim.add_testbench(bench)
+    sim.run()
+    if card.violations or card.crc_errors or sdram.violations:
+        raise RuntimeError(f"violations: {card.violations} {card.crc_errors} "
+                           f"{sdram.violations}")
+    out["sectors"] = 1 + lay.token_sectors(count) + lay.kv_sectors(count)
+    return out
+
+
+class TieredFormalHarness(Elaboratable):
+    """A small :class:`~ringkv.hw.storage.tiered.TieredStorage` (``formal=True``: 2 regions of
+    2 sectors from card sector 0, 2 slots from SDRAM sector 0, 2-bit stamps) under free inputs,
+    with a shadow of what each sector holds, for :func:`ringkv.sim.formal.bmc`.
+
+    Free: the initiator's commands (``lba`` 0..7: the 4 sectors of the record area and 4
+    beyond; ``count`` 0..3), every ``valid`` and ``ready`` on every stream, the backends'
+    statuses and errors; assumed only that a backend answers a command it has taken, once, and
+    sends read bytes only then (a storage-port target's contract).
+
+    The shadow, per card sector and per SDRAM sector (abstract data: which write last wrote
+    it, and whether that write ended ``OK`` on that medium): a write's id is the count of write
+    commands the initiator has given; a backend's write command sets its sectors' tag to that
+    id and their ``ok`` to 0, its ``OK`` status sets ``ok``. Two sectors with the same tag,
+    both ``ok``, hold the same bytes (the tee gives both media the same bytes: the simulation
+    tests check that).
+
+    Properties (``checks``): ``read`` -- whenever the SDRAM side is offered a read command,
+    each of its sectors holds, ``ok``, the same write as the card sector the initiator asked for
+    (so the bytes served from SDRAM are the card's); ``copies`` -- at every clock, every sector
+    inside the written extents of a slot the hot tier holds valid (as its responses tell: a
+    COMMIT makes a slot valid, an ALLOC, ABORT, DROP or CLEAR not) equals its region's card
+    sector in the same sense.
+
+    ``compact``: compact slots -- regions of 3 sectors (the header, a gap sector, a K/V sector:
+    ``kv_sector=2``, ``slot_token_sectors=0``) in slots of 2; the shadow maps a slot's sectors to
+    its region's (the K/V sector one down) and the ``read`` property compares the card sector
+    asked for with the SDRAM sector read."""
+
+    REGIONS, SLOTS = 2, 2
+    #: ``full``: the state after two exports: region s committed in slot s (the hot tier's
+    #: ``_full`` start), slot 0 with its header sector written (extent [0, 1): SDRAM sector 1
+    #: holds no write of the card's), slot 1 with both (extent [0, 2)); every card sector and
+    #: the written SDRAM sectors hold write 0, OK
+    FULL_EXTENTS = [[(0, 1)], [(0, 2)]]
+    #: ``full`` with compact slots: slot 0 with its header, slot 1 with header and K/V (region
+    #: offsets: the extents are kept in the card's offsets)
+    FULL_EXTENTS_COMPACT = [[(0, 1)], [(0, 1), (2, 3)]]
+
+    def __init__(self, *, bug=None, checks=("read", "copies"), full=False, compact=False):
+        self.compact = bool(compact)
+        self.SPR = 3 if compact else 2
+        self.SLOT_SPR = 2
+        #: region offset -> slot offset (``None``: the gap)
+        self.slot_offset = [0, None, 1] if compact else [0, 1]
+        extents = self.FULL_EXTENTS_COMPACT if compact else self.FULL_EXTENTS
+        self.dut = TieredStorage(regions=self.REGIONS, sectors_per_region=self.SPR,
+                                 slots=self.SLOTS, stamp_width=2, formal=True, _bug=bug,
+                                 _full=full, _extents_init=extents if full else None,
+                                 kv_sector=2 if compact else None,
+                                 slot_token_sectors=0 if compact else None)
+        self.checks = tuple(checks)
+        self.full = bool(full)
+        self.free = {
+            "op": Signal(), "lba": Signal(3), "count": Signal(2), "cmd_valid": Signal(),
+            "wvalid": Signal(), "rready": Signal(), "sready": Signal(),
+        }
+        for side in ("card", "sdram"):
+            for name in ("cmd_ready", "wready", "rvalid", "svalid"):
+                self.free[f"{side}_{name}"] = Signal(name=f"{side}_{name}")
+            self.free[f"{side}_error"] = Signal(3, name=f"{side}_error")
+
+    def ports(self):
+        return list(self.free.values())
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        f = self.free
+        st = dut.storage
+        m.d.comb += [st.cmd.valid.eq(f["cmd_valid"]), st.cmd.payload.op.eq(f["op"]),
+                     st.cmd.payload.lba.eq(f["lba"]), st.cmd.payload.count.eq(f["count"]),
+                     st.wdata.valid.eq(f["wvalid"]), st.rdata.ready.eq(f["rready"]),
+                     st.status.ready.eq(f["sready"])]
+        n_sectors = {"card": self.REGIONS * self.SPR, "sdram": self.SLOTS * self.SLOT_SPR}
+        write_id = Signal(4)
+        cur_lba = Signal(3)
+        with m.If(st.cmd.valid & st.cmd.ready):
+            m.d.sync += cur_lba.eq(st.cmd.payload.lba)
+            with m.If(st.cmd.payload.op == StorageOp.WRITE):
+                m.d.sync += write_id.eq(write_id + 1)
+        tags, oks = {}, {}
+        for side in ("card", "sdram"):
+            port = getattr(dut, side)
+            busy = Signal(name=f"{side}_busy")
+            write = Signal(name=f"{side}_write")
+            lo = Signal(3, name=f"{side}_lo")
+            n = Signal(2, name=f"{side}_n")
+            sectors = n_sectors[side]
+            tags[side] = [Signal(4, name=f"{side}_tag{k}") for k in range(sectors)]
+            held = [self.full and (side == "card" or k != 1) for k in range(sectors)]
+            oks[side] = [Signal(name=f"{side}_ok{k}", init=held[k]) for k in range(sectors)]
+            m.d.comb += [port.cmd.ready.eq(f[f"{side}_cmd_ready"] & ~busy),
+                         port.wdata.ready.eq(f[f"{side}_wready"] & busy),
+                         port.rdata.valid.eq(f[f"{side}_rvalid"] & busy & ~write),
+                         port.status.valid.eq(f[f"{side}_svalid"] & busy),
+                         port.status.payload.error.eq(f[f"{side}_error"])]
+            c = port.cmd.payload
+            with m.If(port.cmd.valid & port.cmd.ready):
+                m.d.sync += [busy.eq(1), write.eq(c.op == StorageOp.WRITE), lo.eq(c.lba),
+                             n.eq(c.count)]
+                with m.If(c.op == StorageOp.WRITE):
+                    for k in range(sectors):
+                        with m.If((c.lba <= k) & (k < c.lba + c.count)):
+                            m.d.sync += [tags[side][k].eq(write_id), oks[side][k].eq(0)]
+            with m.If(port.status.valid & port.status.ready):
+                m.d.sync += busy.eq(0)
+                with m.If(write & (port.status.payload.error == StorageError.OK)):
+                    for k in range(sectors):
+                        with m.If((lo <= k) & (k < lo + n)):
+                            m.d.sync += oks[side][k].eq(1)
+
+        def same(sd_sector, card_sector):
+            """SDRAM sector ``sd_sector`` holds the card sector's write (indices: Values)."""
+            out = Signal()
+            sd_tag = Array(tags["sdram"])[sd_sector]
+            sd_ok = Array(oks["sdram"])[sd_sector]
+            card_tag = Array(tags["card"])[card_sector]
+            card_ok = Array(oks["card"])[card_sector]
+            m.d.comb += out.eq(sd_ok & card_ok & (sd_tag == card_tag))
+            return out
+
+        if "read" in self.checks:
+            sp = dut.sdram.cmd
+            with m.If(sp.valid & (sp.payload.op == StorageOp.READ)):
+                for i in range(self.SPR):
+                    with m.If(i < sp.payload.count):
+                        m.d.comb += [Assert(sp.payload.lba + i < n_sectors["sdram"]),
+                                     Assert(cur_lba + i < n_sectors["card"]),
+                                     Assert(same((sp.payload.lba + i)[:3],
+                                                 (cur_lba + i)[:3]))]
+
+        # the hot tier's slots, as its responses tell
+        hot = dut.hot
+        valid = [Signal(name=f"shadow_valid{s}", init=self.full) for s in range(self.SLOTS)]
+        region_of = [Signal(name=f"shadow_region{s}", init=s if self.full else 0)
+                     for s in range(self.SLOTS)]
+        h_op, h_region, h_slot = Signal(4), Signal(), Signal()
+        with m.If(hot.i.valid & hot.i.ready):
+            m.d.sync += [h_op.eq(hot.i.payload.op), h_region.eq(hot.i.payload.region),
+                         h_slot.eq(hot.i.payload.slot)]
+        resp = hot.o.payload
+        with m.If(hot.o.valid & hot.o.ready & (resp.status == Status.OK)):
+            with m.Switch(h_op):
+                with m.Case(Op.COMMIT):
+                    m.d.sync += [Array(valid)[resp.slot[:1]].eq(1),
+                                 Array(region_of)[resp.slot[:1]].eq(h_region)]
+                with m.Case(Op.ALLOC, Op.DROP):
+                    m.d.sync += Array(valid)[resp.slot[:1]].eq(0)
+                with m.Case(Op.ABORT):
+                    m.d.sync += Array(valid)[h_slot].eq(0)
+                with m.Case(Op.CLEAR):
+                    m.d.sync += [v.eq(0) for v in valid]
+        if "copies" in self.checks:
+            for s in range(self.SLOTS):
+                for o in range(self.SPR):
+                    written = Cat(*[(e.lo <= o) & (o < e.hi)
+                                    for e in dut.extent_rows[s]]).any()
+                    if self.slot_offset[o] is None:
+                        # the gap: no extent may hold it
+                        m.d.comb += Assert(~(valid[s] & written))
+                        continue
+                    with m.If(valid[s] & written):
+                        m.d.comb += Assert(same(Const(s * self.SLOT_SPR + self.slot_offset[o], 3),
+                                                region_of[s] * self.SPR + o))
+        return m
