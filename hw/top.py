@@ -136,8 +136,9 @@ class RingKVTop(wiring.Component):
 
     No hang: every wait has a bound or is guaranteed by a block's contract. Draining and
     argument collection are bounded by the frame's length (the decoder has checked it); the
-    hash engine is fixed latency (``n + 3`` clocks with its input slice); the directory answers every command (its
-    worst case is an evicting insert, ``links + 10`` clocks); the DMA answers every command
+    hash engine is fixed latency (``n + 3`` clocks with its input slice); the directory
+    answers every command (its worst case is an expiry of every link, ``4 * links + 2``
+    clocks); the DMA answers every command
     once the storage port answers (the storage contract: a dead card ends in ``TIMEOUT``); the
     attention core answers every command the dispatcher has checked (layer, count, lengths).
     The only unbounded waits are on the link itself: ``tx.ready`` (the host must read) and

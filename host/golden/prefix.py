@@ -10,15 +10,15 @@ Cycles, from the request's header to its answer (the response's ``cycles``)::
 
     cycles = QUERY_PREFIX_FIXED + sum over k = 1..n of cost(k)
     cost(k) = 1          if the bucket of prefix k's hash is empty
-              2 + c(k)   otherwise, c(k) = links compared: j + 1 for a hit at chain position
+              3 + c(k)   otherwise, c(k) = links compared: j + 1 for a hit at chain position
                          j (0 = the bucket's head), the chain's length for a miss
 
 :data:`QUERY_PREFIX_FIXED` clocks are the constant part: the argument check, the first key's way
 through token memory, the hash engine's input slice, the hash engine and key FIFO, the
-directory's command handshake and answer, and the dispatcher's answer state. The directory is the pipeline's bottleneck (it takes at most
-one key per clock, the hash engine delivers one per clock and the key FIFO keeps the next on
-offer), so no other term appears: ``tests/hw/top/test_prefix.py`` checks the formula exactly against
-the gateware.
+directory's command handshake and answer, and the dispatcher's answer state. The directory
+is the pipeline's bottleneck (it takes at most one key per clock, the hash engine delivers one
+per clock and the key FIFO keeps the next on offer), so no other term appears:
+``tests/hw/top/test_prefix.py`` checks the formula exactly against the gateware.
 """
 
 from ringkv.defs.protocol import Status

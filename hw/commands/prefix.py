@@ -19,11 +19,11 @@ Datapath (all four run at once, one token per clock where nothing stalls)::
     token memory (read port 0) ─► slice ─► HashEngine ─► key FIFO ─► CacheDirectory.probe
       feeder: one read per clock   {hash, count, last}   (4 entries)   PROBE run: one key per
       while the slice takes it     of every prefix                    clock on an empty bucket,
-                                                                      2 + links compared else
+                                                                      3 + links compared else
 
 The directory's PROBE run (``hw/store/directory.py``) is a lookup per key without the command
 handshake and without the stamp write: a key whose bucket is empty costs 1 clock, any other
-``2 + c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
+``3 + c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
 last (longest) key that hit. The feeder holds its token under the backpressure of the register
 slice before the hash engine (``Dispatcher.h_ready``; token memory read data holds while ``en``
 is low), the hash engine holds its output while the
@@ -33,7 +33,7 @@ so the directory never waits for one after the first.
 No hang: the feeder issues exactly ``n`` tokens (the first marked ``first``, the ``n``-th
 ``last``), each becomes one key, the directory's run ends at the key marked ``last`` and
 answers, and every stage waits only on the next one, which always drains (the directory takes
-a key within ``2 + links`` clocks); so the request ends within ``15 + n * (2 + links)``
+a key within ``3 + links`` clocks); so the request ends within ``15 + n * (3 + links)``
 clocks.
 
 Latency: ``QUERY_PREFIX_FIXED + sum(cost of each key)`` clocks from the request's header to its
