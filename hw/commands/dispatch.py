@@ -187,7 +187,7 @@ class Dispatcher:
         self.mode = Signal(range(len(self.modes)))
         self.idx = Signal(17)                # response byte / item index
         self.cycles_at = Signal(64)          # STATS snapshot; start of QUERY/EXPORT
-        #: A unit (the recovery unit) raises ``not_ready`` (comb, from ``op``) to have
+        #: A unit (the recovery unit) raises ``not_ready`` (comb, from ``op`` and its state) to have
         #: ``DISPATCH`` answer ``NOT_READY`` with ``not_ready_word`` (a RESPONSES-sized record)
         #: instead of running the op; ``scan_busy`` while it owns the directory and the DMA.
         self.not_ready = Signal()
