@@ -193,7 +193,8 @@ def _run_script(build_dir: Path, script: str, log_path: Path, progress: _Progres
 def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 4096,
           build_dir=None, seed: int = 1, storage: str = "sd4", out=None,
           heartbeat_s: float = 60.0, constrain_mhz: float | None = None,
-          config=None, lanes: int = 4, macs: int = 8, sealed: bool = False) -> dict:
+          config=None, lanes: int = 4, macs: int = 8, sealed: bool = False,
+          sdram: str | None = "32MB", sdram_phase: float | None = None) -> dict:
     """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
     ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
     (default standard error); the tools' output to ``<build_dir>/build.log``.
@@ -202,7 +203,8 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     and ``macs``: the device's shape (default: the board's, ``TRAINED_CONFIG`` at P=4, M=8; a
     reduced one builds in minutes, as the benchmark's smoke run does). ``sealed``: the sealed
     device (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenants, the record
-    MAC)."""
+    MAC). ``sdram``: the SDRAM part (``"32MB"``, ``"64MB"``; None: none), ``sdram_phase`` its
+    clock's phase in degrees (None: the planned one; ``docs/BOARD.md``, "SDRAM bring-up")."""
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {sorted(BOARDS)}")
     setup_environ()
@@ -215,9 +217,15 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     platform = getattr(ulx3s, BOARDS[board])()
     shape = {} if config is None else {"config": config}
     top = ULX3STop(**shape, sys_mhz=sys_mhz, regions=regions, storage=storage, lanes=lanes,
-                   macs=macs, sealed=sealed)
+                   macs=macs, sealed=sealed, sdram=sdram, sdram_phase=sdram_phase)
     name = "ringkv_ulx3s"
     real_mhz = top.sys_hz / 1e6
+    if top.sdram_plan is not None:
+        sp = top.sdram_plan
+        progress.say(f"SDRAM ({sdram}, CL {sp.cl}): clock {sp.phase_deg:.0f} degrees "
+                     f"({sp.delay_ns:.2f} ns) behind the system clock; margins (assumed ECP5 "
+                     f"figures) " + ", ".join(f"{k} {v:.2f} ns" for k, v in sp.margins.items())
+                     + ("" if sp.closes else " -- NEGATIVE: see docs/BOARD.md, SDRAM bring-up"))
     if constrain_mhz is None:
         constrain_mhz = round(real_mhz * (1 + OVERCONSTRAIN_PCT / 100), 2)
     if constrain_mhz < real_mhz:
@@ -244,6 +252,11 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     figures["phase_s"] = phases
     figures["build_s"] = round(sum(phases.values()), 1)
     figures["seed"] = seed
+    if top.sdram_plan is not None:
+        figures["sdram"] = {"part": sdram, "cl": top.sdram_plan.cl,
+                            "phase_deg": round(top.sdram_plan.phase_deg, 1),
+                            "margins_ns": {k: round(v, 2)
+                                           for k, v in top.sdram_plan.margins.items()}}
     (build_dir / "figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     return figures
 
@@ -335,13 +348,21 @@ def main(argv=None):
                              "clock")
     parser.add_argument("--heartbeat", type=float, default=60.0,
                         help="seconds between progress lines within a long phase")
+    parser.add_argument("--sdram", default="32MB", choices=["32MB", "64MB", "none"],
+                        help="the SDRAM fitted (default 32MB: any of the 32 MB parts; 64MB: "
+                             "the AS4C32M16SB boards; none: no SDRAM, no hot tier)")
+    parser.add_argument("--sdram-phase", type=float, default=None, metavar="DEG",
+                        help="the SDRAM clock's phase behind the system clock, in degrees "
+                             "(default: the middle of the planned window; docs/BOARD.md)")
     args = parser.parse_args(argv)
     _check_options(args)
     try:
         result = build(args.board, sys_mhz=args.sys_mhz, regions=args.regions, seed=args.seed,
                        storage=args.storage, heartbeat_s=args.heartbeat,
                        constrain_mhz=args.constrain_mhz, sealed=args.sealed,
-                       build_dir=args.build_dir)
+                       build_dir=args.build_dir,
+                       sdram=None if args.sdram == "none" else args.sdram,
+                       sdram_phase=args.sdram_phase)
     except BuildFailed as e:
         print(f"BUILD FAILED: {e}", file=sys.stderr)
         return 1

@@ -19,23 +19,38 @@ accuracy targets and fits the block RAM; ``docs/BENCHMARKS.md``):
   ``SDCardResources`` declares the 4-bit resource's CMD pin as output only, while the card
   answers on CMD. ``storage="spi"`` keeps SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on
   CMD, CIPO on DAT0) through :class:`ringkv.hw.storage.sdspi.SDSPIController` at ``sd_mhz``;
+* the SDRAM (``sdram="32MB"``, the default; ``"64MB"`` for the boards with the 64 MB part;
+  ``None`` for none): amaranth-boards' ``sdram`` resource through
+  :class:`ringkv.hw.sdram.controller.SdramController` at the system clock (its PHY in the I/O
+  cells' registers, the SDRAM clock from the ``EHXPLLL``'s second output ``CLKOS``, behind the
+  system clock by the phase of :func:`sdram_clock_plan`: ``docs/BOARD.md``), with two ports:
+  the SDRAM sector store (:class:`ringkv.hw.storage.sdram_store.SdramSectorStore`) on the
+  top's ``sdram`` port (``RingKVTop(tier=...)``: the
+  :class:`ringkv.hw.storage.tiered.TieredStorage` inside the top, between its DMA and the SD
+  controller; the hot tier: compact slots, as many as fit), and the self-test
+  (:class:`ringkv.hw.sdram.bist.SdramBist`) behind the top's ``SDRAM_TEST`` (the top holds the
+  tier in reset while it runs: its copies are gone, the card keeps the records);
 * LEDs: 0 = PLL locked (clock alive), 1 = SD card initialised, 2 = SDHC/SDXC, 3 = heartbeat,
   4 = link activity (a byte received or sent in the last ~50 ms), 5 = link error (a UART
   framing error or overrun, or a frame-layer error: bad CRC, timeout, bad length, unknown
-  opcode, in the last ~0.4 s).
+  opcode, in the last ~0.4 s), 6 = the SDRAM's power-up sequence done.
 
 **The simulation seam** (``clock="sim"``, used only by :mod:`ringkv.sim.board_harness`): the
 ``EHXPLLL`` is left out and the ``clk25`` pin drives the system clock directly; the
 testbench drives that pin at the PLL's *output* frequency (``sys_hz``), and ``locked`` rises
 after :data:`SIM_LOCK_CYCLES` clocks as a PLL's lock output would. Everything else (the
 reset hold after lock, the UART and its fractional divisor, the SD controller, the LEDs, the
-pin buffers of the platform) is the same elaborated design as the bitstream's.
+pin buffers of the platform) is the same elaborated design as the bitstream's. The SDRAM's
+clock domain is the system clock itself there (no phase: the pin-level SDRAM model takes the
+commands launched at one edge and returns read data for the edge ``CL`` later, the timing the
+phase is chosen to give; ``sim/sdram_model.py``).
 
 Built by ``ringkv build --board ulx3s-85f`` (:mod:`ringkv.boards.build`). This path is
 synthesized, placed, routed and timed here, but untested on hardware.
 """
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 
 from amaranth import *
@@ -43,15 +58,21 @@ from amaranth.build import Attrs, Pins, Resource, Subsignal
 from amaranth.lib import io, wiring
 
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
+from ringkv.defs.hot_tier import BOARD_SDRAM_PART
 from ringkv.defs.protocol import StorageKind
+from ringkv.defs.sdram import SdramChip, board_chip
 from ringkv.hw.link.skid import StreamRegister
 from ringkv.hw.link.uart import UART
+from ringkv.hw.sdram.bist import SdramBist
+from ringkv.hw.sdram.controller import SdramController
 from ringkv.hw.storage.sdnative import SDNativeController
+from ringkv.hw.storage.sdram_store import SdramSectorStore
 from ringkv.hw.storage.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
 
 __all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "STORAGE_MODES", "SIM_LOCK_CYCLES", "CLOCKS",
-           "ACTIVITY_CYCLES", "ERROR_CYCLES"]
+           "ACTIVITY_CYCLES", "ERROR_CYCLES", "IoTiming", "ECP5_IO", "T_AC_CL2",
+           "SdramClockPlan", "sdram_clock_plan", "SDRAM_BL"]
 
 #: the micro-SD slot in native mode with CMD bidirectional (amaranth-boards' ``sd_card_4bit``
 #: has CMD output only); the same pins as amaranth-boards' ULX3S ``SDCardResources``. The
@@ -72,6 +93,9 @@ SIM_LOCK_CYCLES = 16
 POR_HOLD_CYCLES = 2**8
 #: The clock sources of :class:`ULX3STop`: the board's PLL, or the simulation seam.
 CLOCKS = ("pll", "sim")
+#: the part named in the hot tier's parameters for each of ``BOARD_CHIPS`` (only its size counts:
+#: the 32 MB entry is the slowest of three parts of one geometry)
+_TIER_PART = {"32MB": BOARD_SDRAM_PART, "64MB": "AS4C32M16SB-7"}
 
 
 def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
@@ -101,6 +125,96 @@ def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
     return best[1]
 
 
+@dataclass(frozen=True)
+class IoTiming:
+    """The FPGA's side of the SDRAM interface timing, in ns (:func:`sdram_clock_plan`).
+
+    ``tco_min``/``tco_max``: an I/O cell's output register to its pad (the command, address
+    and data pads and, through the ``ODDRX1F``, the SDRAM clock's pad: the same kind of cell,
+    so the clock and the command pads move together); ``in_setup``/``in_hold``: the input
+    register at the pad; ``skew``: what may separate the clock's pad and trace from a command
+    or data pad's (pad to pad within the chip, trace length mismatch); ``trace``: one way along
+    the board. Read paths add ``tco`` of the clock and two traces to the SDRAM's access time."""
+    tco_min: float
+    tco_max: float
+    in_setup: float
+    in_hold: float
+    skew: float
+    trace: float
+
+
+#: The ECP5 figures used (LFE5U-85F, speed grade 6, LVCMOS33, 4 mA): **assumed, not
+#: transcribed** -- Lattice's ECP5 data sheet (FPGA-DS-02012, "External Switching
+#: Characteristics") could not be read on this machine; these are wide, conservative
+#: bounds (a slow clock-to-pad of 7 ns, an input register needing 1 ns before and 3 ns after
+#: its edge). Check them before trusting a margin below 1 ns (``docs/BOARD.md``).
+ECP5_IO = IoTiming(tco_min=2.0, tco_max=7.0, in_setup=1.0, in_hold=3.0, skew=1.0, trace=0.5)
+#: The SDRAM's access time at CAS latency 2 (ns): the chip table's ``t_ac`` is the CL 3 figure;
+#: at CL 2 the parts' data sheets give up to 7.5 ns (Micron -6A as recalled, not transcribed),
+#: taken for all of them.
+T_AC_CL2 = 7.5
+#: The SDRAM's burst length on the board (the sector store's and the self-test's bursts).
+SDRAM_BL = 8
+
+
+@dataclass(frozen=True)
+class SdramClockPlan:
+    """The SDRAM clock's phase behind the system clock: ``window`` (ns, the delays at which
+    every margin is >= 0), the chosen ``delay_ns`` (a whole number of the PLL's phase steps,
+    1/8 of a VCO period) and ``phase_deg``, the ``margins`` (ns) at it, and the ``EHXPLLL``
+    settings relative to ``CLKOP`` (``steps``: phase steps; CPHASE += steps // 8, FPHASE =
+    steps % 8). ``closes``: every margin >= 0 (with :data:`ECP5_IO`'s assumed figures)."""
+    tck_ns: float
+    cl: int
+    window: tuple
+    delay_ns: float
+    phase_deg: float
+    steps: int
+    margins: dict
+
+    @property
+    def closes(self) -> bool:
+        return min(self.margins.values()) >= 0
+
+
+def sdram_clock_plan(chip: SdramChip, tck_ns: float, cl: int, *, vco_mhz: float,
+                     phase_deg: float | None = None, io_timing: IoTiming = ECP5_IO
+                     ) -> SdramClockPlan:
+    """The phase of the SDRAM clock behind the system clock (the controller, its PHY's I/O
+    registers and the SDRAM at one frequency; a command leaves its register at the system
+    clock's edge and the SDRAM takes it at its own next edge, ``delay`` later; read data of
+    CAS latency ``CL`` is taken by the input register at the system clock's edge ``CL`` after
+    the READ left):
+
+    * command and write data setup at the SDRAM: ``delay - tIS - skew >= 0``;
+    * their hold: ``T - delay - tIH - skew >= 0``;
+    * read setup at the FPGA: the SDRAM's edge comes ``delay + tco`` after the FPGA's, its data
+      ``tAC`` later and two traces away: ``T - delay - tco_max - 2 trace - tAC - in_setup >= 0``;
+    * read hold: ``delay + tco_min + 2 trace + tOH - in_hold >= 0``.
+
+    ``phase_deg`` None: the middle of the window, rounded to the PLL's steps (when the window
+    is empty, ``hi < lo``, the same middle is the delay that loses least on the two conditions
+    that bound it: :attr:`SdramClockPlan.closes` is then False and the margins say by how
+    much); else that phase, rounded likewise, whatever its margins."""
+    io_ = io_timing
+    t_ac = chip.t_ac if cl == 3 else max(chip.t_ac, T_AC_CL2)
+    lo = max(chip.t_is + io_.skew, io_.in_hold - io_.tco_min - 2 * io_.trace - chip.t_oh)
+    hi = min(tck_ns - chip.t_ih - io_.skew,
+             tck_ns - io_.tco_max - 2 * io_.trace - t_ac - io_.in_setup)
+    step = 1000 / (8 * vco_mhz)
+    wanted = (lo + hi) / 2 if phase_deg is None else (phase_deg % 360) / 360 * tck_ns
+    steps = round(wanted / step)
+    delay = steps * step
+    margins = {
+        "command_setup": delay - chip.t_is - io_.skew,
+        "command_hold": tck_ns - delay - chip.t_ih - io_.skew,
+        "read_setup": tck_ns - delay - io_.tco_max - 2 * io_.trace - t_ac - io_.in_setup,
+        "read_hold": delay + io_.tco_min + 2 * io_.trace + chip.t_oh - io_.in_hold,
+    }
+    return SdramClockPlan(tck_ns=tck_ns, cl=cl, window=(lo, hi), delay_ns=delay,
+                          phase_deg=delay / tck_ns * 360, steps=steps, margins=margins)
+
+
 #: LED 4 stays lit this many clocks after a byte on the link (~52 ms at 40 MHz).
 ACTIVITY_CYCLES = 1 << 21
 #: LED 5 stays lit this many clocks after a link error (~0.42 s at 40 MHz).
@@ -119,12 +233,16 @@ def _stretch(m, event, cycles: int):
 
 class ULX3STop(Elaboratable):
     """The board top level; see the module docstring. ``sealed``: the sealed device
-    (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenant slots, the record MAC)."""
+    (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenant slots, the record MAC).
+    ``sdram``: the SDRAM part (:data:`ringkv.defs.sdram.BOARD_CHIPS` or a part's name; None:
+    no SDRAM), ``sdram_cl`` its CAS latency, ``sdram_phase`` the SDRAM clock's phase in degrees
+    (None: :func:`sdram_clock_plan`'s)."""
 
     def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = 40.0,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
-                 clock: str = "pll", sealed: bool = False):
+                 clock: str = "pll", sealed: bool = False, sdram: str | None = "32MB",
+                 sdram_cl: int = 2, sdram_phase: float | None = None):
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
         self.clock = clock
@@ -145,10 +263,33 @@ class ULX3STop(Elaboratable):
         # (the smallest half period at or below 400 kHz: 50 at 40 MHz, 75 at 60 MHz)
         self.sd_init_half = max(self.sd_half, math.ceil(self.sys_hz / (2 * 400e3) - 1e-9))
         kind = StorageKind.SD_NATIVE if storage == "sd4" else StorageKind.SD_SPI
+        # the SDRAM's hot tier inside the top (RingKVTop's tier: STORAGE_INFO reports it, the
+        # directory's deletes drop their copies, SDRAM_TEST holds it in reset)
+        if sdram is not None:
+            board_chip(sdram)                   # a part of BOARD_CHIPS or CHIPS, else an error
+        tier = None if sdram is None else {"part": _TIER_PART.get(sdram, sdram)}
         self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs,
                              storage_kind=kind,
                              sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)),
-                             sealed=sealed)
+                             sealed=sealed, tier=tier, sdram_test=sdram is not None)
+        self._sdram_setup(sdram, sdram_cl, sdram_phase)
+
+    def _sdram_setup(self, sdram, cl, phase):
+        """The SDRAM's part, clock plan and hot tier (``sdram_chip`` None: no SDRAM)."""
+        self.sdram_chip = self.sdram_plan = self.tier_params = None
+        if sdram is None:
+            return
+        self.sdram_chip = chip = board_chip(sdram)
+        self.sdram_cl = cl
+        self.sdram_tck_ns = 1000 / self.pll["f_out_mhz"]
+        # the controller's own checks (CAS latency at this clock, ...) before any elaboration;
+        # this instance is never elaborated (the real one takes the platform's pins)
+        probe = SdramController(chip, tck_ns=self.sdram_tck_ns, cl=cl, bl=SDRAM_BL, ports=2)
+        probe._MustUse__silence = True
+        self.sdram_plan = sdram_clock_plan(chip, self.sdram_tck_ns, cl,
+                                           vco_mhz=self.pll["f_vco_mhz"], phase_deg=phase)
+        #: the hot tier's parameters (:attr:`RingKVTop.tier <ringkv.hw.top.RingKVTop.tier>`)
+        self.tier_params = self.top.tier
 
     def _clock_source(self, m, platform, clk):
         """Drive ``clk`` at ``sys_hz``; return the lock signal. The one place where the
@@ -162,10 +303,18 @@ class ULX3STop(Elaboratable):
             lock_count = Signal(range(SIM_LOCK_CYCLES + 1))
             m.d.comb += [clk.eq(clk25.i), ClockSignal("pll_sim").eq(clk25.i),
                          locked.eq(lock_count == SIM_LOCK_CYCLES)]
+            if self.sdram_chip is not None:
+                m.d.comb += ClockSignal("sdram").eq(clk25.i)   # no phase: see the docstring
             with m.If(~locked):
                 m.d.pll_sim += lock_count.eq(lock_count + 1)
             return locked
         p = self.pll
+        # the SDRAM clock: CLKOS, CLKOP's divider, sdram_plan.steps phase steps behind it
+        sdram = {} if self.sdram_chip is None else dict(
+            a_FREQUENCY_PIN_CLKOS=f"{p['f_out_mhz']:g}", p_CLKOS_ENABLE="ENABLED",
+            p_CLKOS_DIV=p["CLKOP_DIV"],
+            p_CLKOS_CPHASE=p["CLKOP_DIV"] // 2 - 1 + self.sdram_plan.steps // 8,
+            p_CLKOS_FPHASE=self.sdram_plan.steps % 8, o_CLKOS=ClockSignal("sdram"))
         m.submodules.pll = Instance(
             "EHXPLLL",
             a_FREQUENCY_PIN_CLKI="25",
@@ -180,13 +329,16 @@ class ULX3STop(Elaboratable):
             p_FEEDBK_PATH="CLKOP", p_CLKFB_DIV=p["CLKFB_DIV"],
             i_RST=0, i_STDBY=0, i_CLKI=clk25.i, o_CLKOP=clk, i_CLKFB=clk,
             i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=1, i_PHASESTEP=1, i_PHASELOADREG=1,
-            i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked)
+            i_PLLWAKESYNC=0, i_ENCLKOP=0, o_LOCK=locked, **sdram)
         return locked
 
     def elaborate(self, platform):
         m = Module()
         cd_sync = ClockDomain("sync")
         m.domains += cd_sync
+        if self.sdram_chip is not None:
+            # the SDRAM clock (only the PHY's ODDRX1F runs on it: the pin's clock)
+            m.domains.sdram = ClockDomain("sdram", reset_less=True)
         pll_clk = cd_sync.clk   # the PLL drives the domain's clock net directly
         locked = self._clock_source(m, platform, pll_clk)
         # Reset held for POR_HOLD_CYCLES after lock.
@@ -242,6 +394,8 @@ class ULX3STop(Elaboratable):
             m.d.comb += [sd_clk.o.eq(sd.spi.sclk), sd_copi.o.eq(sd.spi.mosi),
                          sd_cs.o.eq(~sd.spi.cs_n), sd_cs.oe.eq(1),
                          sd.spi.miso.eq(sd_cipo.i)]
+        if self.sdram_chip is not None:
+            self._sdram(m, platform)
         # The storage port through a register slice per stream (one clock each way): the DMA's
         # state decode (its command's valid, its read data's ready) no longer runs on into the
         # SD controller's FSMs, nor the controller's into the DMA's (the leading paths of the
@@ -272,9 +426,28 @@ class ULX3STop(Elaboratable):
         frame_error = top.decoder.error.valid & top.decoder.error.ready
         link_error = _stretch(m, uart.error | frame_error, ERROR_CYCLES)
         leds = []
-        for i in range(6):
+        for i in range(6 if self.sdram_chip is None else 7):
             m.submodules[f"led_{i}"] = led = io.Buffer("o", platform.request("led", i, dir="-"))
             leds.append(led)
         m.d.comb += [leds[0].o.eq(locked), leds[1].o.eq(sd.ready), leds[2].o.eq(sd.sdhc),
                      leds[3].o.eq(beat[-1]), leds[4].o.eq(activity), leds[5].o.eq(link_error)]
+        if self.sdram_chip is not None:
+            m.d.comb += leds[6].o.eq(self.sdram_ready)
         return m
+
+    def _sdram(self, m, platform):
+        """The SDRAM controller on the board's pins, its sector store on the top's ``sdram``
+        port (the hot tier's SDRAM side, inside the top), the self-test on its second port."""
+        chip = self.sdram_chip
+        pads = platform.request("sdram", 0, dir="-")
+        m.submodules.sdram = ctrl = SdramController(chip, tck_ns=self.sdram_tck_ns,
+                                                    cl=self.sdram_cl, bl=SDRAM_BL, ports=2,
+                                                    pads=pads)
+        m.submodules.sdram_store = store = SdramSectorStore.for_controller(ctrl)
+        m.submodules.sdram_bist = bist = SdramBist(chip, bl=SDRAM_BL,
+                                                   clocks_per_ms=round(self.sys_hz / 1000))
+        wiring.connect(m, store.sdram, ctrl.port[0])
+        wiring.connect(m, bist.port, ctrl.port[1])
+        wiring.connect(m, self.top.sdram_test, bist.bist)
+        wiring.connect(m, self.top.sdram, store.storage)
+        self.sdram_ready = ctrl.ready

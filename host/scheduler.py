@@ -44,7 +44,9 @@ A session's *computed* tokens are those whose K/V went through the rings; the la
 token of a turn is *pending* and is fed at the start of the next turn. Every decision is one
 entry of :attr:`Scheduler.events` (a dict: path, tokens, ``reused`` (tokens imported),
 ``prefilled`` (tokens through chunked prefill), ``recomputed`` (of those, the tokens this
-session had computed before), checkpoints exported, bytes moved, and the device's counters).
+session had computed before), checkpoints exported, bytes moved, and the device's counters;
+on a device that models the SDRAM hot tier ``import_clocks``, the storage clocks of the
+request's imports: an import from SDRAM costs the SDRAM's clocks, from the card the card's).
 Every generated token is the same as without any reuse (:func:`plain_run`): an import gives
 the rings bit for bit as they were exported, and a checkpoint is exported at a chunk boundary.
 
@@ -97,6 +99,15 @@ _NOTHING_STORED = ("no record", "no stored prefix")
 #: Default of ``Scheduler(keep_turns=)``: turn snapshots a session keeps (an edit can go back
 #: this many turns and still import; further back it reuses a checkpoint or recomputes).
 KEEP_TURNS = 4
+
+
+def _import_clocks(device):
+    """The device's storage clocks of its imports so far, where it models them (a
+    :class:`~ringkv.host.device.software.SoftwareDevice` with an SDRAM hot tier: an import
+    from SDRAM costs the SDRAM's clocks, from the card the card's); else None (the FPGA
+    reports its own clocks in its counters' ``device_cycles``)."""
+    return getattr(device, "counters", {}).get("import_clocks") if getattr(
+        device, "tier", None) is not None else None
 
 
 @dataclass
@@ -263,6 +274,7 @@ class Scheduler:
         event = {"session": sid, "path": None, "rewind": rewind, "exported": None,
                  "imported_bytes": 0, "exported_bytes": 0, "reused": 0, "prefilled": 0,
                  "recomputed": 0, "checkpoints": [], "deleted": [], "reason": ""}
+        clocks = _import_clocks(dev)
         if rewind is not None and rewind < len(s.tokens):
             # the rings are past the cut: what is kept of the stream is fed again, after
             # whatever prefix of it the device still has
@@ -300,6 +312,8 @@ class Scheduler:
                 self._export_turn(sid, s, event)
             event["exported"] = event["exported"] or sid
         event.update(after=len(s.tokens), generated=len(out), device=dev.stats())
+        if clocks is not None:
+            event["import_clocks"] = _import_clocks(dev) - clocks
         self.events.append(event)
         return out
 

@@ -7,6 +7,8 @@
                               │       ├─► CacheDirectory (+ allocator; its probe stream fed
                               │       │   by the HashEngine through a key FIFO: QUERY_PREFIX)
                               │       ├─► DmaEngine ─── storage port (muxed with SECTOR_READ)
+                              │       │      │    └─ (tier: TieredStorage ─┬─ storage: card
+                              │       │      │                            └─ sdram)
                               │       │      └─ ring port ─► AttentionCore ring/meta
                               │       │                      (muxed with RING_READ)
                               │       └─► AttentionCore (cmd / i / o / status)
@@ -28,6 +30,7 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.hash import hash_seed
+from ringkv.defs.hot_tier import TIER_KEYS, tier_parameters
 from ringkv.defs.mac import KEY_SLOTS, SEED_BYTES
 from ringkv.defs.protocol import (
     DEFAULT_MAX_PAYLOAD,
@@ -48,15 +51,18 @@ from .commands.keys import KeyUnit, MacArbiter
 from .commands.link import LinkUnit
 from .commands.prefix import PrefixUnit
 from .commands.recovery import RecoveryUnit
+from .commands.sdram import SdramTestUnit
 from .commands.snapshot import SnapshotUnit
 from .commands.storage import StorageUnit
 from .commands.tokens import TokenUnit
 from .link.framing import FrameDecoder, FrameEncoder, PayloadByte
 from .link.skid import StreamRegister
+from .sdram.bist import BistSignature
 from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
 from .storage.dma import DmaEngine
 from .storage.port import StorageInfoSignature, StoragePortSignature
+from .storage.tiered import TieredStorage
 from .store.directory import CacheDirectory
 from .store.hash_engine import HashEngine
 from .store.token_memory import TokenMemory
@@ -65,9 +71,10 @@ __all__ = ["RingKVTop", "UNITS"]
 
 #: The dispatcher's command units, one per command family; together they execute every
 #: opcode of the build's requests (:func:`ringkv.defs.protocol.build_requests`; checked at
-#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``).
+#: construction). ``KeyUnit`` is a sealed build's only (``SEALED``), ``SdramTestUnit`` a
+#: build's with the SDRAM self-test only (``SDRAM``).
 UNITS = (LinkUnit, TokenUnit, DirectoryUnit, SnapshotUnit, PrefixUnit, AttentionUnit,
-         StorageUnit, RecoveryUnit, KeyUnit)
+         StorageUnit, RecoveryUnit, KeyUnit, SdramTestUnit)
 
 
 class RingKVTop(wiring.Component):
@@ -110,6 +117,19 @@ class RingKVTop(wiring.Component):
         (an open device accepts unauthenticated records), and an open build has no MAC at all
         (its gateware is the device's before sealing existed, with the key opcodes answered
         ``UNKNOWN_OP``).
+    tier : dict or None
+        The SDRAM hot tier (issue #35; ``docs/blocks/tiered_storage.md``): ``None`` (the
+        default) for none; a dict of :func:`ringkv.defs.hot_tier.tier_parameters`' keywords
+        (``{}``: the ULX3S's 32 MB part, compact slots of ``BOARD_SLOT_TOKEN_SECTORS`` token
+        sectors, as many slots as fit, at most ``regions``) puts a
+        :class:`~ringkv.hw.storage.tiered.TieredStorage` between the DMA and the card: the top
+        then has an ``sdram`` port (to the SDRAM sector store; slot ``s`` from its sector
+        ``s * slot_sectors``), the directory's deletes drop their regions' copies, and
+        ``STORAGE_INFO`` reports the tier. :attr:`tier` is the resolved dict.
+    sdram_test : bool
+        The build executes ``SDRAM_TEST`` (:data:`~ringkv.defs.protocol.SDRAM_OPS`) through its
+        ``sdram_test`` port (default: no; the ULX3S top with its SDRAM sets it and connects
+        the port to its :class:`~ringkv.hw.sdram.bist.SdramBist`).
 
     Ports
     -----
@@ -117,7 +137,10 @@ class RingKVTop(wiring.Component):
     ``storage`` (:class:`~ringkv.hw.storage.StoragePortSignature`, initiator side),
     ``storage_info`` (:class:`~ringkv.hw.storage.StorageInfoSignature`, flipped: the SD
     controller's ready, card type, high speed and capacity, for ``STORAGE_INFO``; all 0 when
-    nothing drives them).
+    nothing drives them); with a tier, ``sdram`` (:class:`~ringkv.hw.storage.StoragePortSignature`,
+    initiator side: the SDRAM sector store), and ``storage`` is the card behind it; with
+    ``sdram_test``, ``sdram_test`` (:class:`~ringkv.hw.sdram.bist.BistSignature`, requester
+    side).
 
     Behaviour
     ---------
@@ -154,7 +177,8 @@ class RingKVTop(wiring.Component):
                  buckets: int | None = None, lanes: int = 4, macs: int = 8,
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
-                 sd_clock_hz: int = 0, sealed: bool = False):
+                 sd_clock_hz: int = 0, sealed: bool = False, tier: dict | None = None,
+                 sdram_test: bool = False):
         check_type("config", config, RingKVConfig)
         check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
@@ -178,8 +202,11 @@ class RingKVTop(wiring.Component):
         check_int("sd_clock_hz", sd_clock_hz, low=0, high=(1 << 32) - 1)
         check_type("sealed", sealed, bool)
         self._sealed = sealed
-        self._units = tuple(u for u in UNITS if sealed or not u.SEALED)
-        requests = build_requests(sealed)
+        check_type("sdram_test", sdram_test, bool)
+        self._sdram_test = sdram_test
+        self._units = tuple(u for u in UNITS if (sealed or not u.SEALED)
+                            and (sdram_test or not u.SDRAM))
+        requests = build_requests(sealed, sdram_test)
         handled = [o for unit in self._units for o in unit.OPS]
         if sorted(handled, key=lambda o: o.value) != sorted(requests, key=lambda o: o.value):
             raise AssertionError(f"command units {sorted(o.name for o in handled)} do not "
@@ -190,6 +217,22 @@ class RingKVTop(wiring.Component):
         self._max_payload, self._base_lba = max_payload, base_lba
         self._storage_kind, self._sd_clock_hz = storage_kind, sd_clock_hz
         self._layout = RecordLayout(config)
+        tier_bug = None
+        if tier is not None:
+            check_type("tier", tier, dict)
+            unknown = sorted(set(tier) - set(TIER_KEYS) - {"_bug"})
+            if unknown:
+                raise ValueError(f"unknown tier keys {unknown}; known: {list(TIER_KEYS)}")
+            tier_bug = tier.get("_bug")          # a test's broken variant of the block
+            tier = tier_parameters(self._layout, regions,
+                                   **{k: v for k, v in tier.items() if k != "_bug"})
+        self._tier = tier
+        if tier is not None:
+            self.tier_storage = TieredStorage(
+                regions=regions, sectors_per_region=self._layout.sectors_per_region,
+                base_lba=base_lba, kv_sector=self._layout.kv_sector, slots=tier["slots"],
+                slot_token_sectors=tier["slot_token_sectors"],
+                stamp_width=tier["stamp_width"], _bug=tier_bug)
         # children built here so that their parameter checks run at construction
         self.decoder = FrameDecoder(max_payload=max_payload, timeout=timeout)
         self.encoder = FrameEncoder()
@@ -212,12 +255,21 @@ class RingKVTop(wiring.Component):
             #: dispatcher's registers, a simulation observation point).
             self.tenant_seeds = [Signal(8 * SEED_BYTES, name=f"tenant_seed{k}")
                                  for k in range(KEY_SLOTS)]
-        super().__init__({
+        ports = {
             "rx": In(stream.Signature(8)),
             "tx": Out(stream.Signature(8)),
             "storage": Out(StoragePortSignature()),
             "storage_info": In(StorageInfoSignature()),
-        })
+        }
+        if tier is not None:
+            ports["sdram"] = Out(StoragePortSignature())
+        if sdram_test:
+            ports["sdram_test"] = Out(BistSignature())
+        super().__init__(ports)
+        #: The storage port the DMA and SECTOR_READ drive (not a port): ``storage`` itself, or
+        #: with a tier the tiered storage's target side.
+        self.initiator = (self.storage if tier is None
+                          else StoragePortSignature().create(path=("initiator",)))
         #: High while the recovery scan runs (not a port: a simulation observation point;
         #: the link's STORAGE_STATUS reports the same).
         self.recovering = Signal()
@@ -232,6 +284,10 @@ class RingKVTop(wiring.Component):
     storage_kind = property(lambda self: self._storage_kind)
     sd_clock_hz = property(lambda self: self._sd_clock_hz)
     sealed = property(lambda self: self._sealed)
+    #: the SDRAM hot tier's parameters (:func:`ringkv.defs.hot_tier.tier_parameters`), or None
+    tier = property(lambda self: self._tier)
+    #: the build executes SDRAM_TEST (its ``sdram_test`` port exists)
+    has_sdram_test = property(lambda self: self._sdram_test)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):
@@ -255,6 +311,24 @@ class RingKVTop(wiring.Component):
         dec_port = SimpleNamespace(header=dec.header, error=dec.error, data=rx_bytes.o)
         enc_port = SimpleNamespace(header=enc.header, data=tx_bytes.i)
         wiring.connect(m, dma.tokens, tm.read_port(1))
+        if self._tier is not None:
+            tier = self.tier_storage
+            if self._sdram_test:
+                # SDRAM_TEST overwrites the SDRAM: from its command to its result the tier is
+                # held in reset (its copies dropped, as at a power cut: reads go to the card);
+                # the dispatcher runs nothing else meanwhile, so the DMA is idle
+                testing = Signal()
+                cmd, result = self.sdram_test.cmd, self.sdram_test.result
+                with m.If(cmd.valid & cmd.ready):
+                    m.d.sync += testing.eq(1)
+                with m.Elif(result.valid & result.ready):
+                    m.d.sync += testing.eq(0)
+                m.submodules.tier = ResetInserter(testing)(tier)
+            else:
+                m.submodules.tier = tier
+            wiring.connect(m, self.initiator, tier.storage)
+            wiring.connect(m, tier.card, wiring.flipped(self.storage))
+            wiring.connect(m, tier.sdram, wiring.flipped(self.sdram))
         if self._sealed:
             # keys: written by the key unit, read only by the MAC; the MAC shared by the DMA
             # and the seed derivation; the DMA sees the slots' ids and set bits

@@ -16,6 +16,9 @@ as the simulation's ports:
 * the UART pins ``uart_0__rx__io``/``uart_0__tx__io`` meet a bit-serial line model at the
   board's baud rate (:class:`ringkv.sim.cocotb_board.UartLine`: 8N1, mid-bit sampling,
   framing errors counted), bridged to a TCP socket exactly as :mod:`ringkv.sim.harness`;
+* the SDRAM pins (the top's SDRAM, ``sdram="32MB"`` by default) meet the strict pin-level
+  SDRAM model (:class:`ringkv.sim.cocotb_board.CocotbSdramPads`), with the faults of
+  ``--sdram-faults`` (a stuck DQ line, shorted address lines, weak cells) if any;
 * the SD pins meet a bit-level card model over the image file, chosen by the top's storage
   kind (:data:`ringkv.sim.cocotb_board.SD_ADAPTERS`): ``"sd4"``, the bitstream's default, the
   4-bit card of :mod:`ringkv.sim.sd4_model` on the native-mode pins; ``"spi"``, the SPI-mode
@@ -45,6 +48,7 @@ from .harness import SimDevice, check_cut_after, check_image, check_port, progre
 from .toolchain import setup_environ
 
 __all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GATE_PAD_MODEL",
+           "ODDR_MODEL",
            "ecp5_share", "gate_netlist", "mult18x18d_model", "ecp5_cells_sim",
            "check_dp16kd_clocks", "DP16KD_BODY", "GateBoardDevice",
            "build_board", "serve_board", "BoardDevice", "main"]
@@ -163,6 +167,8 @@ def expose_bidir_pads(text: str, top: str = BOARD_TOP, pad: str = "BB") -> str:
 IO_MODELS = Path(__file__).resolve().parent / "ecp5_io_sim.v"
 #: The gate-level build's pad model (the netlist's TRELLIS_IO renamed to RINGKV_GATE_PAD).
 GATE_PAD_MODEL = Path(__file__).resolve().parent / "ecp5_gate_sim.v"
+#: The output DDR register (the SDRAM clock's ``ODDRX1F``), for both builds.
+ODDR_MODEL = Path(__file__).resolve().parent / "ecp5_oddr_sim.v"
 
 
 def ecp5_share() -> Path:
@@ -347,7 +353,7 @@ def _recipe(config, top_kwargs) -> str:
     ``ringkv.boards``), this module (the pad split, the Verilator options), the pad models and
     the tools' versions. A build made from the same recipe is reused without elaborating."""
     sources = sources_digest(("ringkv.hw", "ringkv.defs", "ringkv.boards"),
-                              files=(__file__, IO_MODELS),
+                              files=(__file__, IO_MODELS, ODDR_MODEL),
                               dists=("amaranth", "amaranth-boards", "verilator", "cocotb"))
     return json.dumps({"config": config.canonical().decode(), "top": top_kwargs,
                        "sources": sources, "args": BUILD_ARGS}, sort_keys=True)
@@ -403,7 +409,11 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             "macs": top_kwargs.get("macs", defaults["macs"]), "gate": gate,
             # clocks from the first edge until the top is out of reset (the clock seam's
             # LOCK, then the power-on reset hold): the server opens its port after them
-            "reset_cycles": SIM_LOCK_CYCLES + POR_HOLD_CYCLES}
+            "reset_cycles": SIM_LOCK_CYCLES + POR_HOLD_CYCLES,
+            # the SDRAM model's part and clock (None: a top without its SDRAM)
+            "sdram": None if getattr(top, "sdram_chip", None) is None else {
+                "part": top_kwargs.get("sdram", defaults["sdram"]),
+                "tck_ns": top.sdram_tck_ns}}
     with open(build_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if gate:
@@ -413,7 +423,8 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             share = ecp5_share()
             check_dp16kd_clocks(source.read_text())
             models = [ecp5_cells_sim(build_dir / "ecp5_cells_sim.v"),
-                      mult18x18d_model(build_dir / "mult18x18d_sim.v"), GATE_PAD_MODEL]
+                      mult18x18d_model(build_dir / "mult18x18d_sim.v"), GATE_PAD_MODEL,
+                      ODDR_MODEL]
             args = BUILD_ARGS + ["-Wno-ASSIGNIN"]   # inout pads on input ports, undriven
             includes = [share]
         else:
@@ -422,7 +433,7 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             text = expose_bidir_pads(board_verilog(top, build_dir / "platform.v").read_text())
             if old != text:
                 source.write_text(text)
-            models, args, includes = [IO_MODELS], BUILD_ARGS, []
+            models, args, includes = [IO_MODELS, ODDR_MODEL], BUILD_ARGS, []
         current = source.read_text() if not gate else (build_dir / "gate.key").read_text()
         binary = build_dir / BOARD_TOP
         vlt = build_dir / "pins_public.vlt"
@@ -451,11 +462,12 @@ def serve_board(image, *, config: RingKVConfig = TRAINED_CONFIG, port: int = 0,
                 once: bool = False, prebuilt: bool = False, cut_after: int | None = None,
                 test_module: str = "ringkv.sim.cocotb_board", testcase=None,
                 extra_env: dict | None = None, gate: bool = False, card: dict | None = None,
-                **top_kwargs):
+                sdram_faults: dict | None = None, **top_kwargs):
     """Build if needed, then run the simulated board until killed (or one connection).
 
     ``test_module`` other than the server runs a cocotb test module on the same build (the
-    board's cocotb tests); it finds the build's facts in ``RINGKV_BOARD``."""
+    board's cocotb tests); it finds the build's facts in ``RINGKV_BOARD``. ``sdram_faults``:
+    keyword arguments of the SDRAM model's faults (``{"dq_stuck": [5, 0]}``)."""
     build_dir = _build_dir(config, top_kwargs, gate)
     info = None
     if prebuilt and (build_dir / BOARD_TOP).exists() and (build_dir / "info.json").exists():
@@ -468,6 +480,7 @@ def serve_board(image, *, config: RingKVConfig = TRAINED_CONFIG, port: int = 0,
     env = {"RINGKV_BOARD": json.dumps({**info, "image": str(Path(image).resolve()),
                                        "port": port, "once": once, "cut_after": cut_after,
                                        "card": card or {},
+                                       "sdram_faults": sdram_faults or {},
                                        "config": config.__dict__}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
            "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING"),
@@ -484,8 +497,11 @@ class BoardDevice(SimDevice):
 
     MODULE = "ringkv.sim.board_harness"
 
-    def __init__(self, image, *, card: dict | None = None, **kwargs):
+    def __init__(self, image, *, card: dict | None = None, sdram_faults: dict | None = None,
+                 **kwargs):
         args = ["--card", json.dumps(card)] if card else []
+        if sdram_faults:
+            args += ["--sdram-faults", json.dumps(sdram_faults)]
         super().__init__(image, server_args=args, **kwargs)
 
 
@@ -524,6 +540,9 @@ def main(argv=None, *, gate: bool = False):
     parser.add_argument("--card", default="{}",
                         help='the SD card model\'s keyword arguments as JSON ({"sdhc": false}: '
                              'an SDSC card)')
+    parser.add_argument("--sdram-faults", default="{}",
+                        help='faults of the SDRAM model as JSON ({"dq_stuck": [5, 0]}: DQ5 '
+                             'stuck low; "a_short": [11, 12]; "retention_clocks": N)')
     args = parser.parse_args(argv)
     import inspect
 
@@ -532,8 +551,9 @@ def main(argv=None, *, gate: bool = False):
     try:
         config = named_config(args.config, args.numerics)
         top, card = json.loads(args.top), json.loads(args.card)
-        if not isinstance(top, dict) or not isinstance(card, dict):
-            raise ValueError("--top and --card are JSON objects")
+        faults = json.loads(args.sdram_faults)
+        if not all(isinstance(x, dict) for x in (top, card, faults)):
+            raise ValueError("--top, --card and --sdram-faults are JSON objects")
         regions = top.get("regions", inspect.signature(ULX3STop).parameters["regions"].default)
         sectors = regions * RecordLayout(config).sectors_per_region
         board_top(config, **top)        # ULX3STop's own parameter checks, before any build
@@ -551,7 +571,7 @@ def main(argv=None, *, gate: bool = False):
     try:
         serve_board(image, config=config, port=args.port, once=args.once,
                     prebuilt=args.prebuilt, cut_after=args.cut_after, gate=args.gate,
-                    card=card, **top)
+                    card=card, sdram_faults=faults, **top)
     except RuntimeError as e:            # the simulator exited non-zero
         raise RingKVError(f"the board simulator stopped: {e}") from None
     return 0

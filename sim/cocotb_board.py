@@ -23,6 +23,10 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
   ``async run()`` that serves the card until a :class:`~ringkv.sim.sector_model.PowerCut`
   (then the process exits with :data:`~ringkv.sim.cocotb_server.POWER_CUT_EXIT`, as the
   byte-level server does) or a protocol violation (exit status 1).
+* The SDRAM pins (``sdram_0__*``, when the top has its SDRAM: ``sdram`` in the parameters)
+  meet the strict pin-level SDRAM model (:class:`CocotbSdramPads` on
+  :class:`~ringkv.sim.sdram_model.SdramModel`, with the faults of ``sdram_faults``, if any):
+  any violation of the chip's rules stops the simulated board (exit status 1).
 """
 
 import json
@@ -37,13 +41,16 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import FallingEdge, First, RisingEdge, Timer
 
+from ringkv.defs.sdram import board_chip
+
 from .cocotb_server import POWER_CUT_EXIT, _Socket
 from .sd4_model import SDCard4
 from .sdcard_model import CocotbSDCard, SDCardSPI
+from .sdram_model import SdramModel, SdramPins, SdramViolation
 from .sector_model import PowerCut, SectorImage
 
 __all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "start_board",
-           "serve", "PINS"]
+           "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
 
 #: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
 PINS = {"clk": "clk25_0__io", "rx": "uart_0__rx__io", "tx": "uart_0__tx__io",
@@ -221,6 +228,84 @@ def _sd4_card(dut, image, cut_after, card=None):
 SD_ADAPTERS = {"sd4": _sd4_card, "spi": _spi_card}
 
 
+#: The SDRAM model's pins and the board top's pads (amaranth-boards' ``sdram`` resource; the
+#: pads of CS#, RAS#, CAS#, WE# are at their electrical, active-low, levels).
+SDRAM_PADS = {"cs_n": "cs", "ras_n": "ras", "cas_n": "cas", "we_n": "we", "cke": "clk_en",
+              "ba": "ba", "a": "a", "dqm": "dqm"}
+
+
+class CocotbSdramPads:
+    """The pin-level SDRAM model on the board top's SDRAM pads (``sdram_0__*__io``).
+
+    At every falling edge of the system clock it reads what the I/O cells' registers launched
+    at the rising edge before (the command pads; DQ's FPGA side from the split ``BB`` pads'
+    ``__fpga_o``/``__fpga_oe``) and steps the model; the model's DQ, if it drives, goes on the
+    pads' external side for the input registers at the next rising edge (else 0: a floating
+    bus reads anything). The 16 DQ output enables must agree (the PHY drives them from one
+    register); the first violation raises :class:`~ringkv.sim.sdram_model.SdramViolation`.
+
+    Speed: while no burst is in flight and CS# is high (no command), it waits for CS# to fall
+    or DQ's output enables to change instead of waking at every clock, and advances the model
+    over the clocks between at once (:meth:`~ringkv.sim.sdram_model.SdramModel.advance`: the
+    same refresh and row-open checks); the controller refreshes every ~270 clocks, so an idle
+    SDRAM costs a wake-up per refresh, not one per clock."""
+
+    def __init__(self, dut, model: SdramModel, clk, period_ps: int, prefix: str = "sdram_0"):
+        self.model, self.clk, self.period_ps = model, clk, period_ps
+        self.pads = {k: getattr(dut, f"{prefix}__{v}__io") for k, v in SDRAM_PADS.items()}
+        self.dq = getattr(dut, f"{prefix}__dq__io")
+        self.dq_o = getattr(dut, f"{prefix}__dq__io__fpga_o")
+        self.dq_oe = getattr(dut, f"{prefix}__dq__io__fpga_oe")
+        self.dq.value = 0
+        self.driven = 0
+
+    async def run(self):
+        from cocotb.triggers import Edge
+        from cocotb.utils import get_sim_time
+
+        model, falling = self.model, FallingEdge(self.clk)
+        cs, oe_pad = self.pads["cs_n"], self.dq_oe
+        last = None                         # sim time (ps) of the last step
+        while True:
+            if model.quiet and self.driven == 0 and int(cs.value) == 1 and last is not None:
+                await First(FallingEdge(cs), Edge(oe_pad))
+            await falling
+            now = get_sim_time("ps")
+            if last is not None:
+                model.advance(round((now - last) / self.period_ps) - 1)
+            last = now
+            values = {k: int(p.value) for k, p in self.pads.items()}
+            oe = int(oe_pad.value)
+            if oe not in (0, 0xFFFF):
+                raise SdramViolation(model.cycle + 1, "bus", f"DQ output enables {oe:#06x} "
+                                     f"disagree")
+            drive = model.step(SdramPins(**values, dq=int(self.dq_o.value), dq_oe=oe & 1))
+            value = 0 if drive is None else drive
+            if value != self.driven:
+                self.dq.value = value
+                self.driven = value
+
+
+def _sdram(dut, params):
+    """The SDRAM model on the pads, or None (a top without its SDRAM)."""
+    sdram = params.get("sdram")
+    if not sdram:
+        return None
+    model = SdramModel(board_chip(sdram["part"]), sdram["tck_ns"],
+                       **{k: tuple(v) if isinstance(v, list) else v
+                          for k, v in (params.get("sdram_faults") or {}).items()})
+    return CocotbSdramPads(dut, model, getattr(dut, PINS["clk"]),
+                           round(10**12 / params["sys_hz"]))
+
+
+async def _serve_sdram(sdram):
+    try:
+        await sdram.run()
+    except SdramViolation as bad:       # strict: the simulated board stops, loudly
+        print(f"RINGKV-SIM SDRAM violation: {bad}", file=sys.stderr, flush=True)
+        os._exit(1)
+
+
 async def _serve_card(card):
     try:
         await card.run()
@@ -242,6 +327,9 @@ def start_board(dut, params: dict, on_bytes=None):
     card = SD_ADAPTERS[params.get("storage", "spi")](dut, image, params.get("cut_after"),
                                                      params.get("card"))
     cocotb.start_soon(_serve_card(card))
+    sdram = _sdram(dut, params)
+    if sdram is not None:
+        cocotb.start_soon(_serve_sdram(sdram))
     cocotb.start_soon(line.run())
     return line, image, card
 

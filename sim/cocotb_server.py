@@ -4,7 +4,9 @@ Started by :func:`ringkv.sim.harness.serve` (``ringkv sim``), never by pytest di
 test ``serve`` listens on ``127.0.0.1:port``, moves the bytes of one connection at a time into
 the top's ``rx`` stream and its ``tx`` stream back to the socket, and serves the ``storage``
 port from the image file (:class:`~ringkv.sim.sector_model.SectorImage`, fsync'd per sector:
-killing the simulator is a power cut, restarting it on the same image a power cycle). With
+killing the simulator is a power cut, restarting it on the same image a power cycle). A top
+with an SDRAM hot tier (``sdram_sectors`` not 0) has its ``sdram`` port served the same way
+from memory: the SDRAM's contents are lost with the process, as at a power cut. With
 ``cut_after`` the power fails by itself after that many bytes written to storage: the sector
 being written is torn and the process exits at once.
 
@@ -110,6 +112,9 @@ async def serve(dut):
     image = SectorImage(params["image"], params["sectors"])
     storage = _EventStorage(dut, "storage", dut.clk, image, cut_after=params.get("cut_after"))
     cocotb.start_soon(_storage(storage))
+    if params.get("sdram_sectors"):
+        sdram = _EventStorage(dut, "sdram", dut.clk, SectorImage(None, params["sdram_sectors"]))
+        cocotb.start_soon(sdram.run())
     try:
         sock = _Socket(params["port"])
     except OSError as e:

@@ -20,3 +20,4 @@ module RINGKV_GATE_PAD(inout B, input I, input T, output O);
     end
   endgenerate
 endmodule
+

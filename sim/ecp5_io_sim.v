@@ -29,3 +29,26 @@ endmodule
 module BB (input I, input T, output O, inout B);
   assign O = T ? B : I;
 endmodule
+
+// The I/O cells' registers that amaranth's FFBuffer and DDRBuffer put at the SDRAM's pins
+// (the PHY of hw/sdram/phy.py): OFS1P3DX (output or output-enable register), IFS1P3DX (input
+// register), both with SP (clock enable) and CD (asynchronous clear, tied to 0 by amaranth);
+// FD1S3AX (the DDR buffer's output-enable delay). The SDRAM clock's ODDRX1F is in
+// ecp5_oddr_sim.v (the gate-level build uses it too). Zero delay, two states; the registers
+// start at 0 as the device's after configuration.
+module OFS1P3DX (input D, input SP, input SCLK, input CD, output reg Q);
+  initial Q = 1'b0;
+  always @(posedge SCLK or posedge CD)
+    if (CD) Q <= 1'b0; else if (SP) Q <= D;
+endmodule
+
+module IFS1P3DX (input D, input SP, input SCLK, input CD, output reg Q);
+  initial Q = 1'b0;
+  always @(posedge SCLK or posedge CD)
+    if (CD) Q <= 1'b0; else if (SP) Q <= D;
+endmodule
+
+module FD1S3AX (input D, input CK, output reg Q);
+  initial Q = 1'b0;
+  always @(posedge CK) Q <= D;
+endmodule

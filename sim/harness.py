@@ -5,7 +5,13 @@ it under cocotb with the storage port served from an image file, and prints
 ``socket://127.0.0.1:PORT`` — the URL that :class:`ringkv.host.device.link.Link` (pyserial's
 ``serial_for_url``) connects to, exactly as it would open ``/dev/ttyUSB0`` for the board.
 ``--sealed`` (``sealed=True`` here) builds the sealed top (``RingKVTop(sealed=True)``: key
-slots, tenant slots, the record MAC; docs/blocks/mac.md), a build of its own.
+slots, tenant slots, the record MAC; docs/blocks/mac.md), a build of its own. ``--sdram
+[PART]`` (``tier=`` in ``--top``) builds the top with its SDRAM hot tier
+(``RingKVTop(tier=...)``, docs/blocks/tiered_storage.md), a build of its own: the card is still
+the image file, and the SDRAM is served at the sector level, one byte per clock, from memory
+(lost when the simulator stops, as the SDRAM's contents at a power cut; the pin-level SDRAM
+model and controller run in the Amaranth and cocotb tests of the SDRAM blocks, not here: a
+Python call per clock would hold up the event-driven server).
 
 :class:`SimDevice` runs the same thing as a child process for scripts and tests: it starts the
 simulator, waits for the URL, and ``stop()`` / ``kill()`` end it (``kill`` is a power cut: the
@@ -44,7 +50,7 @@ from .verilog import write_verilog
 
 __all__ = ["build_top", "serve", "SimDevice", "main", "TOP_NAME", "DEMO_TOP", "build_key",
            "check_image", "check_port", "check_cut_after", "progress", "sources_digest",
-           "top_parameters"]
+           "top_parameters", "sdram_sectors"]
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +184,25 @@ def build_top(config: RingKVConfig = DEFAULT_CONFIG, *, sealed: bool = False,
     return build_dir, sectors
 
 
+def _tier(config: RingKVConfig, top_kwargs: dict) -> dict | None:
+    """The top's hot tier (``tier`` of ``top_kwargs``) resolved, without elaborating
+    (:func:`ringkv.defs.hot_tier.tier_parameters`); None without one."""
+    tier = top_kwargs.get("tier")
+    if tier is None:
+        return None
+    from ringkv.defs.hot_tier import tier_parameters
+    from ringkv.defs.record import RecordLayout
+    regions = top_kwargs.get("regions", _sectors_defaults()["regions"])
+    params = {k: v for k, v in tier.items() if k != "_bug"}
+    return tier_parameters(RecordLayout(config), regions, **params)
+
+
+def sdram_sectors(config: RingKVConfig, top_kwargs: dict) -> int:
+    """Sectors of SDRAM the top's hot tier uses (``tier`` of ``top_kwargs``), 0 without one."""
+    tier = _tier(config, top_kwargs)
+    return 0 if tier is None else tier["sdram_sectors"]
+
+
 def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: bool = False,
           prebuilt: bool = False, cut_after: int | None = None, sealed: bool = False,
           **top_kwargs):
@@ -196,7 +221,8 @@ def serve(image, *, config: RingKVConfig = DEFAULT_CONFIG, port: int = 0, once: 
     runner = get_runner("verilator")
     env = {"RINGKV_SERVE": json.dumps({"image": str(Path(image).resolve()), "port": port,
                                        "sectors": sectors, "once": once,
-                                       "cut_after": cut_after}),
+                                       "cut_after": cut_after,
+                                       "sdram_sectors": sdram_sectors(config, top_kwargs)}),
            "COCOTB_LOG_LEVEL": os.environ.get("COCOTB_LOG_LEVEL", "WARNING"),
            "GPI_LOG_LEVEL": os.environ.get("GPI_LOG_LEVEL", "WARNING")}
     try:
@@ -397,14 +423,18 @@ class SimDevice:
         self.stop()
 
 
-def _sectors(config: RingKVConfig, top_kwargs: dict) -> int:
-    """Sectors of the top's storage (``base_lba`` + its regions), without elaborating it."""
+def _sectors_defaults() -> dict:
+    """``RingKVTop``'s keyword defaults."""
     import inspect
 
-    from ringkv.defs.record import RecordLayout
     from ringkv.hw.top import RingKVTop
-    defaults = {k: p.default for k, p in inspect.signature(RingKVTop).parameters.items()}
-    kw = {**defaults, **top_kwargs}
+    return {k: p.default for k, p in inspect.signature(RingKVTop).parameters.items()}
+
+
+def _sectors(config: RingKVConfig, top_kwargs: dict) -> int:
+    """Sectors of the top's storage (``base_lba`` + its regions), without elaborating it."""
+    from ringkv.defs.record import RecordLayout
+    kw = {**_sectors_defaults(), **top_kwargs}
     return kw["base_lba"] + kw["regions"] * RecordLayout(config).sectors_per_region
 
 
@@ -434,6 +464,13 @@ def main(argv=None):
     parser.add_argument("--sealed", action="store_true",
                         help="the sealed device: key slots, tenant slots and the record MAC "
                              "(docs/blocks/mac.md), a build of its own; default: open")
+    parser.add_argument("--sdram", nargs="?", const="", default=None, metavar="PART",
+                        help="the SDRAM hot tier between the DMA and the card "
+                             "(docs/blocks/tiered_storage.md), a build of its own: PART an "
+                             "SDRAM part of ringkv.defs.sdram.CHIPS (default the ULX3S's "
+                             "32 MB MT48LC16M16A2-6A), compact slots of 16 token sectors, as "
+                             "many slots as fit (at most the regions); --top's \"tier\" sets "
+                             "the rest (slots, slot_token_sectors, sdram_bytes)")
     parser.add_argument("--once", action="store_true", help="exit after one connection")
     parser.add_argument("--prebuilt", action="store_true",
                         help="(kept for scripts: a matching build is always reused)")
@@ -457,6 +494,11 @@ def main(argv=None):
         raise UsageError("--sealed contradicts --top's \"sealed\": false",
                          hint="give --sealed alone (or --top with \"sealed\": true)",
                          param="sealed")
+    if args.sdram is not None:
+        tier = top.get("tier") or {}
+        if not isinstance(tier, dict):
+            raise UsageError("bad --top: \"tier\" is a JSON object", param="top")
+        top["tier"] = {**tier, **({"part": args.sdram} if args.sdram else {})}
     top = top_parameters(top, args.sealed)
     try:
         _top(config, top)               # RingKVTop's own parameter checks, before any build
@@ -469,8 +511,12 @@ def main(argv=None):
     image = Path(args.image).resolve()
     if args.create:
         image.write_bytes(b"")
+    tier, t = "", _tier(config, top)
+    if t is not None:
+        tier = (f"; SDRAM hot tier: {t['part']}, {t['sdram_bytes'] >> 20} MiB, {t['slots']} "
+                f"slots of {t['slot_sectors']} sectors (SDRAM served from memory)")
     print(f"ringkv sim: image {image} ({what}); config digest {config.digest().hex()[:16]}; "
-          + ("sealed (key slots, tenants, record MAC)" if sealed else "open"),
+          + ("sealed (key slots, tenants, record MAC)" if sealed else "open") + tier,
           file=sys.stderr, flush=True)
     serve(image, config=config, port=args.port, once=args.once, prebuilt=args.prebuilt,
           cut_after=args.cut_after, sealed=sealed, **top)

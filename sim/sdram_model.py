@@ -39,6 +39,14 @@ Rules (``RULES``; each violation is recorded with its clock and rule, and raises
   when no write burst takes data; or leaves DQ undriven in a write burst word that DQM does
   not mask.
 
+Faults (for tests that a memory test finds a broken board; none by default): ``dq_stuck =
+(bit, level)`` holds one DQ line at a level both ways (what is stored and what is read);
+``a_short = (i, j)`` wires address lines A``i`` and A``j`` together (each reads as
+``A[i] & A[j]``, a wired AND) in every command; ``retention_clocks`` makes a weak chip: a row
+whose cells were last restored (by an ACTIVE of the row, or by the AUTO REFRESH whose internal
+row counter reaches it: one row, in all banks, per refresh) more than that many clocks ago has
+lost its data when it is next opened or refreshed (its words read back as garbage).
+
 DQM: on writes it masks the byte at once (bit 0 the low byte), on reads two clocks later (the
 datasheets' DQM read latency of 2): a masked read byte is not driven. A read of a word never
 written returns a fixed pseudo-random value, as a powered-up chip returns garbage.
@@ -115,8 +123,15 @@ class SdramModel:
     unwritten words and of undriven bytes.
     """
 
-    def __init__(self, chip: SdramChip, tck_ns: float, *, strict: bool = True, seed: int = 0):
+    def __init__(self, chip: SdramChip, tck_ns: float, *, strict: bool = True, seed: int = 0,
+                 dq_stuck: tuple[int, int] | None = None, a_short: tuple[int, int] | None = None,
+                 retention_clocks: int | None = None):
         self.chip = chip
+        self.dq_stuck = None if dq_stuck is None else (int(dq_stuck[0]), int(dq_stuck[1]))
+        self.a_short = None if a_short is None else (int(a_short[0]), int(a_short[1]))
+        self.retention_clocks = retention_clocks
+        self.restored: dict[tuple[int, int], int] = {}   # (bank, row) -> clock last restored
+        self.refresh_row = 0                               # the chip's internal row counter
         self.t = chip.timing(tck_ns)
         self.tck_ns = tck_ns
         self.strict = strict
@@ -166,6 +181,11 @@ class SdramModel:
         """Take the pins of one clock; return DQ as the SDRAM drives it (``None``: not)."""
         self.cycle += 1
         n = self.cycle
+        if self.a_short is not None:
+            i, j = self.a_short
+            both = (pins.a >> i) & (pins.a >> j) & 1
+            a = pins.a & ~(1 << i) & ~(1 << j) | both << i | both << j
+            pins = SdramPins(**{**pins.__dict__, "a": a})
         cmd = pins.cmd if pins.cke else Cmd.INHIBIT
         if cmd not in (Cmd.INHIBIT, Cmd.NOP):
             self.commands.append((n, cmd, pins.ba, pins.a))
@@ -217,6 +237,7 @@ class SdramModel:
             if self.last_act_bank != pins.ba:
                 self._since(self.last_act, t.rrd, "trrd", "ACTIVE after ACTIVE to another bank")
             bank.open, bank.row, bank.act = True, pins.a & (self.chip.rows - 1), n
+            self._restore(pins.ba, bank.row)
             self.last_act, self.last_act_bank = n, pins.ba
         elif cmd in (Cmd.READ, Cmd.WRITE):
             self._column(cmd, bank, pins)
@@ -230,6 +251,9 @@ class SdramModel:
                     self._violate("refresh_open", f"REFRESH with bank {b} open")
                 self._since(other.pre, t.rp, "trp", f"REFRESH after PRECHARGE of bank {b}")
             self.last_ref = n
+            for b in range(self.chip.banks):
+                self._restore(b, self.refresh_row)
+            self.refresh_row = (self.refresh_row + 1) % self.chip.rows
             if self.init_done_at is None:
                 self.init_refreshes += 1
                 self._check_init_done()
@@ -245,6 +269,17 @@ class SdramModel:
             self._violate("burst", "BURST TERMINATE is not used by our controller")
 
     last_act_bank = -1
+
+    def _restore(self, bank: int, row: int):
+        """A row's cells restored now (ACTIVE, or AUTO REFRESH); a weak chip
+        (``retention_clocks``) has lost the row's data if its last restore is too old."""
+        if self.retention_clocks is None:
+            return
+        last = self.restored.get((bank, row))
+        if last is not None and self.cycle - last > self.retention_clocks:
+            for key in [k for k in self.memory if k[0] == bank and k[1] == row]:
+                del self.memory[key]
+        self.restored[(bank, row)] = self.cycle
 
     def _check_init_done(self):
         if (self.init_done_at is None and self.mode is not None
@@ -322,7 +357,7 @@ class SdramModel:
             for byte in (0, 1):
                 if mask >> byte & 1:
                     value = value & ~(0xFF << 8 * byte) | (self.garbage() & 0xFF) << 8 * byte
-            out = value
+            out = self._stuck(value)
             self.data_clocks.append(n)
         target = self.write_words.pop(n, None)
         if pins.dq_oe and (word is not None or tail):
@@ -336,10 +371,39 @@ class SdramModel:
                 if old is None:
                     old = self.garbage()
                 keep = (0xFF if pins.dqm & 1 else 0) | (0xFF00 if pins.dqm & 2 else 0)
-                self.memory[target] = (old & keep) | (pins.dq & ~keep & 0xFFFF)
+                self.memory[target] = self._stuck((old & keep) | (pins.dq & ~keep & 0xFFFF))
         elif pins.dq_oe and word is None and not tail:
             self._violate("bus", "the controller drives DQ outside a write burst")
         return out
+
+    @property
+    def quiet(self) -> bool:
+        """No burst in flight: the coming clocks need no data from the pins until the next
+        command (an adapter may then wait for one and :meth:`advance` over the clocks
+        between)."""
+        return not (self.read_words or self.write_words or self.read_tail)
+
+    def advance(self, clocks: int):
+        """``clocks`` clocks of INHIBIT with DQ undriven by either side, at once (only while
+        :attr:`quiet`): the same checks as that many :meth:`step` calls (the refresh
+        deadline, a row open too long), reported at the last of them."""
+        if clocks <= 0:
+            return
+        if not self.quiet:
+            raise RuntimeError("advance() with a burst in flight")
+        self.cycle += clocks
+        self._refresh_deadline()
+        for bank in self.banks:
+            if bank.open and self.cycle - bank.act > self.t.ras_max:
+                self._violate("tras", f"row open {self.cycle - bank.act} clocks, at most "
+                              f"{self.t.ras_max}")
+                bank.act = self.cycle
+
+    def _stuck(self, value: int) -> int:
+        if self.dq_stuck is None:
+            return value
+        bit, level = self.dq_stuck
+        return value & ~(1 << bit) | (level & 1) << bit
 
     # -- inspection ----------------------------------------------------------------------------
     def word(self, bank: int, row: int, col: int) -> int | None:

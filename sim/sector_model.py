@@ -16,7 +16,10 @@ written bytes after which the "power" fails (:class:`PowerCut` is raised: the se
 written is torn, holding the bytes received so far), ``dead`` to make the medium stop
 answering (the server then reports ``TIMEOUT``, as the SD controller does), and (Amaranth
 server) ``error_after``: after that many written bytes the target stops the data phase early and
-answers ``CARD`` at once (once; the storage contract's early error status).
+answers ``CARD`` at once (once; the storage contract's early error status), and ``fail``: a
+per-command failure hook (``fail(op, lba, count)``: ``None``, or the data bytes after which
+that transfer, a read or a write, ends early with ``CARD``). The tiered storage's tests serve
+both of its backends with it (``sim/tiered_sim.py``).
 """
 
 import os
@@ -105,14 +108,18 @@ class _Budget:
 
 
 async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
-                        cut_after=None, dead=False, log=None, error_after=None):
-    """Serve storage port ``port`` (the initiator's ``storage`` member) forever.
+                        cut_after=None, dead=False, log=None, error_after=None, fail=None):
+    """Serve storage port ``port`` (an initiator's storage-port member) forever, at up to one
+    byte per clock.
 
     Run it with ``sim.add_testbench(..., background=True)``. ``log`` (a list) receives
     ``(op, lba, count)`` of each command. ``dead`` (a bool, or a callable asked at each
     command: the card can go and come back) makes every command end in ``TIMEOUT``.
     ``error_after``: the write data byte after which the target answers ``CARD`` at once
     (the rest of that transfer's data is not taken; the sector being written is not stored).
+    ``fail(op, lba, count)`` (optional) is asked at each command in range: ``None``, or the
+    number of data bytes after which that transfer ends early with ``CARD`` (a write's sector
+    in progress is not stored, earlier ones are; ``0``: no data phase at all).
     """
     budget = _Budget(cut_after)
     error_budget = [error_after]
@@ -144,21 +151,34 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
         if not image.in_range(lba, count):
             await status(StorageError.RANGE)
             continue
+        # Within a transfer ``valid`` (``ready``) stays high from one byte to the next unless
+        # an idle (stall) clock comes between them: the design sees the same value at every
+        # clock edge as if it were dropped and raised again between two edges, and the
+        # simulator does not settle the whole design twice more per byte (each ``ctx.set``
+        # that changes a value does): the top's tests run about 15 % faster.
+        fail_at = fail(StorageOp(op), lba, count) if fail is not None else None
         if op == StorageOp.READ:
             data = image.read(lba, count)
+            if fail_at is not None and fail_at < len(data):
+                data = data[:fail_at]
             for byte in data:
                 while chance(idle):
+                    ctx.set(port.rdata.valid, 0)
                     await ctx.tick()
                 ctx.set(port.rdata.valid, 1)
                 ctx.set(port.rdata.payload, byte)
                 await tick_until(ctx, port.rdata.ready)
-                ctx.set(port.rdata.valid, 0)
+            ctx.set(port.rdata.valid, 0)
+            if fail_at is not None and fail_at < count * SECTOR_BYTES:
+                await status(StorageError.CARD)
+                continue
         else:
             failed = False
+            moved = 0
             for s in range(count):
                 sector = bytearray()
                 for _ in range(SECTOR_BYTES):
-                    if error_budget[0] == 0:
+                    if error_budget[0] == 0 or (fail_at is not None and moved == fail_at):
                         failed = True
                         break
                     while chance(stall):
@@ -166,19 +186,22 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
                         await ctx.tick()
                     ctx.set(port.wdata.ready, 1)
                     (byte,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
-                    ctx.set(port.wdata.ready, 0)
                     if budget.take():
+                        ctx.set(port.wdata.ready, 0)
                         image.write(lba + s, bytes(sector))
                         raise PowerCut(f"power cut in sector {lba + s} after {len(sector)} "
                                        f"bytes")
                     sector.append(byte)
+                    moved += 1
                     if error_budget[0] is not None:
                         error_budget[0] -= 1
                 if failed:
                     break
                 image.write(lba + s, bytes(sector))
+            ctx.set(port.wdata.ready, 0)
             if failed:
-                error_budget[0] = None
+                if error_budget[0] == 0:
+                    error_budget[0] = None       # error_after fails once
                 await status(StorageError.CARD)
                 continue
         await status(StorageError.OK)

@@ -32,6 +32,11 @@ on the software device (:func:`software_run`: the device of ``ringkv demo --soft
 simulation of the board top (:mod:`ringkv.sim.board_harness`: UART pins at 3 Mbaud, SD pins
 on the bit-level card model) instead of the byte-stream top.
 
+``sdram`` (``ringkv demo --sdram [PART]``): the devices have the SDRAM hot tier
+(``RingKVTop(tier={"part": PART})``, a build of its own; the software device's twin models the
+same tier, its SDRAM lost at the power cut as the simulator's), and the run ends with the
+tier's residents, which must equal the software device's.
+
 ``config`` chooses the device (default :data:`~ringkv.defs.config.DEMO_CONFIG`); with
 ``numerics="ringkv-fx2"`` the same scenario runs on a top built with the int16 attention core
 (``ringkv demo --numerics ringkv-fx2``).
@@ -129,16 +134,18 @@ def short_scenario(seed=1):
 SCENARIO = scenario()
 
 
-def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16):
+def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16,
+                 tier=None):
     """The scenario with the software device in the FPGA's place (golden models: the
     fixed-point core's model as the rings, a store of ``regions`` records): the same scheduler;
-    a power cut keeps the store, a move starts a device whose store holds only the moved
-    session's record. Returns the scheduler and the generated tokens per request."""
+    a power cut keeps the store (and loses the SDRAM hot tier's copies, with ``tier``), a move
+    starts a device whose store holds only the moved session's record. Returns the scheduler
+    and the generated tokens per request."""
     from ringkv.host.device.software import SoftwareDevice
 
     def device():
         return SoftwareDevice(config, attention=FixedBackend(config, lanes=lanes),
-                              capacity=regions)
+                              capacity=regions, tier=tier)
 
     dev = device()
     sched = Scheduler(model, dev, chunk=chunk)
@@ -146,10 +153,13 @@ def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16
     for label, _, sid, tokens, n_new, *opts in steps:
         if sid is None:
             sched.resident = None
+            if label == "power cut":
+                dev.lose_sdram()
             if label.startswith("move"):
                 key = sched.sessions[label.split()[1]].key
                 moved = device()
                 moved.write_record(dev.read_record(key))    # the record, copied as bytes
+                moved.lose_sdram()      # the simulated device B starts on the copied image
                 dev = sched.device = moved
             continue
         outs.append(sched.request(sid, tokens, n_new, **(opts[0] if opts else {})))
@@ -157,9 +167,11 @@ def software_run(steps, config, model, *, regions=REGIONS, lanes=LANES, chunk=16
 
 
 def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=None,
-                    board=None) -> int:
+                    board=None, sdram=None) -> int:
     steps = SCENARIO if steps is None else steps
     from ringkv.sim.harness import SimDevice, build_top
+    if board is not None and sdram is not None:
+        raise ValueError("the board top has no SDRAM hot tier yet: sdram needs board=None")
     if board is not None:    # the board top at its pins, same scenario and parameters
         from ringkv.sim.board_harness import BoardDevice as SimDevice
         from ringkv.sim.board_harness import build_board as build_top
@@ -172,7 +184,8 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
     devices = {}
     keep = False
     try:
-        status = _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top)
+        status = _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top,
+                      sdram)
         keep = status != 0 and temporary       # the simulators' logs tell what went wrong
         if keep:
             say(f"the simulators' logs are in {workdir}")
@@ -186,17 +199,22 @@ def run_system_demo(*, workdir=None, verbose=True, seed=0, steps=None, config=No
             shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top) -> int:
+def _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top,
+         sdram=None) -> int:
     image_a, image_b = workdir / "device-a.img", workdir / "device-b.img"
     for image in (image_a, image_b):
         image.unlink(missing_ok=True)
     top_kwargs = {"regions": REGIONS, "lanes": LANES, "macs": MACS}
+    tier = None if sdram is None else ({"part": sdram} if sdram else {})
+    if tier is not None:
+        top_kwargs["tier"] = tier
     say("RingKV end-to-end demo: host model + simulated FPGA (Verilator"
         + (f", pin-level {board} top" if board else "") + "), config "
         f"layers={config.layers} Hq={config.q_heads} Hkv={config.kv_heads} "
         f"d={config.head_dim} W={config.window} numerics {config.numerics}, {REGIONS} storage "
         f"regions, "
-        f"P={LANES} lanes x M={MACS} MACs")
+        f"P={LANES} lanes x M={MACS} MACs"
+        + ("" if tier is None else ", SDRAM hot tier"))
     t0 = time.monotonic()
     build_top(config, **top_kwargs)
     say(f"Verilator model ready ({time.monotonic() - t0:.0f} s); work dir {workdir}\n",
@@ -212,7 +230,8 @@ def _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top
     reference = plain_run(model, [(sid, toks, n, opts) for _, _, sid, toks, n, opts in plan],
                           lambda: FixedBackend(config, lanes=LANES), chunk=16)
     # what the software device decides for the same scenario (ringkv demo --software's device)
-    twin = [(e["path"], e["reused"]) for e in software_run(steps, config, model)[0].events]
+    twin_sched = software_run(steps, config, model, tier=tier)[0]
+    twin = [(e["path"], e["reused"]) for e in twin_sched.events]
     say(f"  done in {time.monotonic() - t1:.0f} s; starting device A ...", flush=True)
 
     def start(name, image):
@@ -288,6 +307,15 @@ def _run(steps, config, board, workdir, devices, say, seed, SimDevice, build_top
         note = event_notes(e)
         if note:
             say(note)
+    if tier is not None:
+        from ringkv.host.device.board_check import describe_tier
+        info, soft = fpga.storage_info(), twin_sched.device.hot_tier()
+        say(f"\n{describe_tier(info)}; the software device's twin: {soft['hot_residents']} "
+            f"(imports wholly from SDRAM there: {twin_sched.device.counters['imports_sdram']} "
+            f"of {twin_sched.device.counters['imports']})")
+        if info["hot_residents"] != soft["hot_residents"]:
+            failures.append(f"{info['hot_residents']} SDRAM residents, the software device "
+                            f"{soft['hot_residents']}")
     for dev, fpga in devices.values():
         fpga.link.close()
         dev.stop()

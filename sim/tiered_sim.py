@@ -2,9 +2,12 @@
 and of the figures in ``docs/blocks/tiered_storage.md``.
 
 :func:`run_tiered` drives a :class:`~ringkv.hw.storage.tiered.TieredStorage`'s ``storage`` port
-with a script of reads and writes (``("r", lba, count)``, ``("w", lba, data)``), serves its
-``card`` and ``sdram`` ports from two :class:`~ringkv.sim.sector_model.SectorImage`\\ s with
-:func:`serve_sectors` (random idle and stalls, errors on demand), and watches every stream: per
+with a script of reads and writes (``("r", lba, count)``, ``("w", lba, data)``) and of the
+directory's requests (``("d", region)``: a deleted record's region on ``drop``; ``("n",)``:
+the residents' count), serves its ``card`` and ``sdram`` ports from two
+:class:`~ringkv.sim.sector_model.SectorImage`\\ s with
+:func:`~ringkv.sim.sector_model.serve_storage` (random idle and stalls, errors on demand through
+its per-command ``fail`` hook), and watches every stream: per
 operation it returns the status, the bytes, which backend got a command (with its payload), and
 the block's own clocks (``setup``: the command's transfer on ``storage`` to the backend's
 ``cmd.valid``; ``tail``: the later backend status of a write to both tiers to the initiator's
@@ -20,133 +23,18 @@ from dataclasses import dataclass, field
 
 from amaranth import Array, Cat, Const, Elaboratable, Module, Signal
 from amaranth.hdl import Assert
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
-from ringkv.hw.storage.port import (
-    SECTOR_BYTES,
-    StorageError,
-    StorageInfoSignature,
-    StorageOp,
-    StoragePortSignature,
-)
+from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
 from ringkv.hw.storage.tiered import TieredStorage
 from ringkv.hw.store.hot_tier import Op, Status
 
-from .sector_model import SectorImage
+from .sector_model import SectorImage, serve_storage
 from .storage_host import storage_read, storage_write
-from .streams import tick_until
+from .streams import stream_get, stream_put, tick_until
 
-__all__ = ["serve_sectors", "run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
-           "random_script", "import_clocks", "TieredTop", "TieredFormalHarness"]
-
-
-class TieredTop(wiring.Component):
-    """A :class:`~ringkv.hw.top.RingKVTop` whose storage port goes through a
-    :class:`~ringkv.hw.storage.tiered.TieredStorage` (the simulation option of issue #35's hot
-    tier; the top itself is unchanged): ports ``rx``, ``tx``, ``storage_info`` as the top's,
-    ``storage`` the tiered storage's card side (so a bench that serves a top's ``storage``
-    serves the card), ``sdram`` its SDRAM side. ``recovering``, ``config``, ``regions``,
-    ``base_lba`` and ``record_layout`` are the top's. ``tier`` holds the tiered storage's
-    parameters besides ``regions``, ``sectors_per_region``, ``base_lba`` and ``kv_sector`` (the
-    top's and its record layout's; ``slot_token_sectors`` makes the slots compact)."""
-
-    def __init__(self, top, **tier):
-        self.top = top
-        self.tier = TieredStorage(regions=top.regions,
-                                  sectors_per_region=top.record_layout.sectors_per_region,
-                                  base_lba=top.base_lba,
-                                  kv_sector=top.record_layout.kv_sector, **tier)
-        super().__init__({
-            "rx": top.signature.members["rx"],
-            "tx": top.signature.members["tx"],
-            "storage": Out(StoragePortSignature()),
-            "storage_info": In(StorageInfoSignature()),
-            "sdram": Out(StoragePortSignature()),
-        })
-        #: the top's observation point: high while its recovery scan runs
-        self.recovering = top.recovering
-
-    config = property(lambda self: self.top.config)
-    regions = property(lambda self: self.top.regions)
-    base_lba = property(lambda self: self.top.base_lba)
-    record_layout = property(lambda self: self.top.record_layout)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.top, m.submodules.tier = self.top, self.tier
-        wiring.connect(m, wiring.flipped(self.rx), self.top.rx)
-        wiring.connect(m, wiring.flipped(self.tx), self.top.tx)
-        wiring.connect(m, wiring.flipped(self.storage_info), self.top.storage_info)
-        wiring.connect(m, self.top.storage, self.tier.storage)
-        wiring.connect(m, wiring.flipped(self.storage), self.tier.card)
-        wiring.connect(m, wiring.flipped(self.sdram), self.tier.sdram)
-        return m
-
-
-async def serve_sectors(ctx, port, image: SectorImage, *, rng=None, idle=0.0, stall=0.0,
-                        fail=None, log=None):
-    """Serve storage port ``port`` (an initiator's member) from ``image`` forever, at up to
-    one byte per clock: ``idle``/``stall`` the chances of a bubble before a byte or status it
-    sends and of a withheld ``ready`` on what it takes. ``fail(op, lba, count)`` (optional) is
-    asked at each command: ``None``, or the number of data bytes after which the transfer
-    ends early with ``CARD`` (a write's sector in progress is not stored, earlier ones are;
-    ``0``: no data phase at all). ``log`` receives ``(op, lba, count)`` per command."""
-
-    def chance(p):
-        return rng is not None and p > 0 and rng.random() < p
-
-    async def status(error):
-        while chance(idle):
-            await ctx.tick()
-        ctx.set(port.status.valid, 1)
-        ctx.set(port.status.payload, {"error": error})
-        await tick_until(ctx, port.status.ready)
-        ctx.set(port.status.valid, 0)
-
-    while True:
-        while chance(stall):
-            await ctx.tick()
-        ctx.set(port.cmd.ready, 1)
-        (cmd,) = await tick_until(ctx, port.cmd.valid, port.cmd.payload)
-        ctx.set(port.cmd.ready, 0)
-        op, lba, count = StorageOp(cmd.op), cmd.lba, cmd.count
-        if log is not None:
-            log.append((op, lba, count))
-        if not image.in_range(lba, count):
-            await status(StorageError.RANGE)
-            continue
-        budget = fail(op, lba, count) if fail is not None else None
-        moved = 0
-        if op == StorageOp.READ:
-            for byte in image.read(lba, count):
-                if budget is not None and moved == budget:
-                    break
-                while chance(idle):
-                    await ctx.tick()
-                ctx.set(port.rdata.valid, 1)
-                ctx.set(port.rdata.payload, byte)
-                await tick_until(ctx, port.rdata.ready)
-                ctx.set(port.rdata.valid, 0)
-                moved += 1
-        else:
-            for s in range(count):
-                sector = bytearray()
-                while len(sector) < SECTOR_BYTES and (budget is None or moved < budget):
-                    while chance(stall):
-                        ctx.set(port.wdata.ready, 0)
-                        await ctx.tick()
-                    ctx.set(port.wdata.ready, 1)
-                    (byte,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
-                    ctx.set(port.wdata.ready, 0)
-                    sector.append(byte)
-                    moved += 1
-                if len(sector) < SECTOR_BYTES:
-                    break
-                image.write(lba + s, bytes(sector))
-        await status(StorageError.CARD if budget is not None and moved == budget
-                     and moved < count * SECTOR_BYTES else StorageError.OK)
+__all__ = ["run_tiered", "TieredRun", "Observed", "lose_sdram", "check_run",
+           "random_script", "import_clocks", "TieredFormalHarness"]
 
 
 @dataclass
@@ -161,6 +49,7 @@ class Observed:
     card_status: StorageError | None = None
     sdram_status: StorageError | None = None
     expect: bytes | None = None        # a read: the card's bytes when it ended (None: beyond)
+    residents: int | None = None       # ("n",): the count on ``residents``
 
 
 @dataclass
@@ -236,7 +125,14 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
             o = Observed()
             cur["op"] = o
             run.ops.append(o)
-            if op[0] == "r":
+            if op[0] == "d":
+                await stream_put(ctx, dut.drop, op[1])
+                o.status = StorageError.OK
+            elif op[0] == "n":
+                await stream_put(ctx, dut.residents_req, 0)
+                o.residents = await stream_get(ctx, dut.residents)
+                o.status = StorageError.OK
+            elif op[0] == "r":
                 o.status, o.data = await storage_read(ctx, dut.storage, op[1], op[2], rng=rng,
                                                       stall=stall, hold=hold)
                 if card.in_range(op[1], op[2]):
@@ -268,7 +164,7 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
 
 def _server(port, image, rng, idle, stall, fail):
     async def serve(ctx):
-        await serve_sectors(ctx, port, image, rng=rng, idle=idle, stall=stall, fail=fail)
+        await serve_storage(ctx, port, image, rng=rng, idle=idle, stall=stall, fail=fail)
     return serve
 
 
@@ -282,6 +178,15 @@ def check_run(golden, script, run: TieredRun) -> list[str]:
     for k, (op, o) in enumerate(zip(script, run.ops)):
         if o.status is None:              # cut short by the power cut
             break
+        where = f"op {k} {op[0]}"
+        if op[0] in "dn":
+            if o.card or o.sdram:
+                found.append(f"{where}: a backend command {o.card} {o.sdram}")
+            if op[0] == "d":
+                golden.drop(op[1])
+            elif o.residents != golden.residents():
+                found.append(f"{where}: {o.residents} residents, golden {golden.residents()}")
+            continue
         count = op[2] if op[0] == "r" else len(op[2]) // SECTOR_BYTES
         kind = READ if op[0] == "r" else WRITE
         route = golden.command(kind, op[1], count)
@@ -308,12 +213,14 @@ def check_run(golden, script, run: TieredRun) -> list[str]:
     return found
 
 
-def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
+def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None, drops=False):
     """``n`` random operations in the tiered storage's use: the DMA's exports into a region
     (tokens, K/V, header last; sometimes cut short or with another write between), its
     imports (header, tokens, K/V of the last export's shape), and raw reads and writes of any
     sector: single sectors, over two regions, outside the record area, ``count == 0``, past
-    the card's end. ``data(n_sectors)`` gives the bytes of a write (default random)."""
+    the card's end. ``data(n_sectors)`` gives the bytes of a write (default random).
+    ``drops``: also the directory's deletes (``("d", region)``, between an export's writes
+    too) and residents' counts (``("n",)``)."""
     spr, base, regions = params["sectors_per_region"], params.get("base_lba", 0), params["regions"]
     data = data or (lambda n: rng.randbytes(n * SECTOR_BYTES))
     # a region's record: tokens from sector 1, K/V from ``kv`` (a fixed sector, as the DMA's:
@@ -338,6 +245,9 @@ def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
             if rng.random() < 0.15:
                 other = rng.randrange(card_sectors)
                 steps.insert(rng.randint(0, len(steps) - 1), ("w", other, data(1)))
+            if drops and rng.random() < 0.2:
+                steps.insert(rng.randint(0, len(steps)),
+                             ("d", rng.choice([r, rng.randrange(regions)])))
             script += steps
             shapes[r] = (t, k)
         elif roll < 0.65 and shapes:
@@ -356,6 +266,8 @@ def random_script(rng, params: dict, card_sectors: int, n: int, *, data=None):
             script.append(("w", lba, data(2)))             # over two regions (or the end)
         else:
             script.append(("w", rng.randrange(card_sectors), b""))     # count 0
+        if drops and rng.random() < 0.15:
+            script.append(("d", rng.randrange(regions)) if rng.random() < 0.6 else ("n",))
     return script
 
 
@@ -388,7 +300,6 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
 
     from .sd4_model import SDCard4, amaranth_sd4_card
     from .sdram_model import SdramModel, amaranth_sdram
-    from .streams import stream_get, stream_put
 
     rng = random.Random(seed)
     chip = chip or DEFAULT_CHIP.scaled(power_up_ns=500)
@@ -488,9 +399,10 @@ class TieredFormalHarness(Elaboratable):
     with a shadow of what each sector holds, for :func:`ringkv.sim.formal.bmc`.
 
     Free: the initiator's commands (``lba`` 0..7: the 4 sectors of the record area and 4
-    beyond; ``count`` 0..3), every ``valid`` and ``ready`` on every stream, the backends'
-    statuses and errors; assumed only that a backend answers a command it has taken, once, and
-    sends read bytes only then (a storage-port target's contract).
+    beyond; ``count`` 0..3), the directory's drops (any region, at any time) and residents'
+    requests, every ``valid`` and ``ready`` on every stream, the backends' statuses and
+    errors; assumed only that a backend answers a command it has taken, once, and sends read
+    bytes only then (a storage-port target's contract).
 
     The shadow, per card sector and per SDRAM sector (abstract data: which write last wrote
     it, and whether that write ended ``OK`` on that medium): a write's id is the count of write
@@ -538,6 +450,8 @@ class TieredFormalHarness(Elaboratable):
         self.free = {
             "op": Signal(), "lba": Signal(3), "count": Signal(2), "cmd_valid": Signal(),
             "wvalid": Signal(), "rready": Signal(), "sready": Signal(),
+            "drop_valid": Signal(), "drop_region": Signal(), "res_valid": Signal(),
+            "res_ready": Signal(),
         }
         for side in ("card", "sdram"):
             for name in ("cmd_ready", "wready", "rvalid", "svalid"):
@@ -555,7 +469,10 @@ class TieredFormalHarness(Elaboratable):
         m.d.comb += [st.cmd.valid.eq(f["cmd_valid"]), st.cmd.payload.op.eq(f["op"]),
                      st.cmd.payload.lba.eq(f["lba"]), st.cmd.payload.count.eq(f["count"]),
                      st.wdata.valid.eq(f["wvalid"]), st.rdata.ready.eq(f["rready"]),
-                     st.status.ready.eq(f["sready"])]
+                     st.status.ready.eq(f["sready"]),
+                     dut.drop.valid.eq(f["drop_valid"]), dut.drop.payload.eq(f["drop_region"]),
+                     dut.residents_req.valid.eq(f["res_valid"]),
+                     dut.residents.ready.eq(f["res_ready"])]
         n_sectors = {"card": self.REGIONS * self.SPR, "sdram": self.SLOTS * self.SLOT_SPR}
         write_id = Signal(4)
         cur_lba = Signal(3)

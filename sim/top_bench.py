@@ -115,8 +115,8 @@ def run_top(top, image, scenario, *, rng=None, idle=0.0, stall=0.0, storage_rng=
             wait_ready=True, monitors=(), sdram_image=None, sdram_log=None):
     """Simulate ``top`` with ``image`` on its storage port; ``await scenario(ctx, link)``.
 
-    ``sdram_image``: ``top`` is a :class:`~ringkv.sim.tiered_sim.TieredTop` (its ``storage``
-    the card side) and this image serves its ``sdram`` side (``sdram_log`` its commands).
+    ``sdram_image``: ``top`` has an SDRAM hot tier (``RingKVTop(tier=...)``: its ``storage``
+    is the card side) and this image serves its ``sdram`` side (``sdram_log`` its commands).
 
     ``wait_ready``: the scenario starts when the power-on recovery scan has ended
     (``top.recovering`` low); ``link.ready_cycles`` is then the clocks it took.

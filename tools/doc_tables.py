@@ -2,8 +2,8 @@
 
 The opcode, status and payload-layout tables of ``docs/blocks/link.md`` come from
 :mod:`ringkv.defs.protocol` (``Op``, ``Status``, ``REQUESTS``, ``RESPONSES``, ``TAILS``,
-``LENGTH``, ``IDEMPOTENT_OPS``, ``SEALED_REQUESTS``, ``KEY_OPS`` and the shared response
-layouts), the header table of
+``LENGTH``, ``IDEMPOTENT_OPS``, ``SEALED_REQUESTS``, ``KEY_OPS``, ``SDRAM_OPS`` and the shared
+response layouts), the header table of
 ``docs/blocks/record-format.md`` from :mod:`ringkv.defs.record` (``HEADER_FIELDS``). Each table
 sits between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` in its doc.
 
@@ -75,6 +75,8 @@ def opcode_rows():
             request += f"; sealed builds: then {', '.join(_field(f) for f in extra)}"
         if op in P.KEY_OPS:
             request += " (sealed builds only)"
+        if op in P.SDRAM_OPS:
+            request += " (builds with an SDRAM only)"
         yield op.name, [f"`{op.name}`", _hex(op.value), request,
                         _layout(P.RESPONSES[op], resp_tail), P.LENGTH[op].value,
                         "yes" if op in P.IDEMPOTENT_OPS else ""]

@@ -12,7 +12,8 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    ``CONFIG_DIGEST`` against the host's configuration (a difference names the field).
 3. **storage**: ``STORAGE_INFO`` (the SD mode, bus width and clock of the bitstream; the card
    initialised, its type, SDSC or SDHC/SDXC, from its OCR, and its capacity from its CSD, which
-   SPI mode does not read; the last storage error), the device's own recovery scan at power-on
+   SPI mode does not read; the last storage error; the SDRAM hot tier, when the build has one:
+   its slots, how many hold a record, their shape), the device's own recovery scan at power-on
    has ended (``STORAGE_STATUS``: ready, regions scanned, records found, regions freed, its
    clocks), the card is large enough for every region, and it answers ``SECTOR_READ`` of the
    first and of the last sector the device's regions use.
@@ -33,6 +34,15 @@ whose prerequisite failed is skipped. Exit status 0 when every step passed, else
    byte-identical to the golden core's, their heads equal. At the end the device rebuilds its
    directory from the card (``STORAGE_REBUILD``, as at power-on), so the records on the card
    are found again; the scratch record stays on the card as a record of ``n`` tokens.
+8. **sdram** (last: it overwrites the SDRAM, whose hot-tier copies the device then drops; the
+   records stay on the card): ``SDRAM_TEST``, the gateware's memory self-test
+   (``hw/sdram/bist.py``): the data lines (walking ones and zeros), every address line alone,
+   the first and last row of every bank, a pattern over the whole part (``--sdram-words``) and
+   the same read back after a pause longer than the 64 ms refresh period (``--sdram-pause``,
+   default 100 ms) while the controller refreshes. A failure names the test, the first wrong
+   word (its bank, row and column), the bits that differ and what to try (the clock phase,
+   the part fitted: ``docs/BOARD.md``). A bitstream without an SDRAM answers ``UNKNOWN_OP``:
+   the step says so and passes (nothing to test).
 """
 
 import dataclasses
@@ -60,6 +70,7 @@ from ringkv.defs.protocol import (
     StorageKind,
 )
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
+from ringkv.defs.sdram import BIST_ALL_TESTS, BOARD_CHIPS, BistPhase
 
 from ..errors import ArgumentParser, UsageError, run_main
 from ..golden.fixed import FixedRingCore
@@ -68,7 +79,11 @@ from ..record import RecordError, decode_header, encode_record
 from .fpga import ConfigMismatch, DeviceNotReady, FpgaDevice
 from .link import DeviceError, Link, LinkError
 
-__all__ = ["BoardCheck", "StepResult", "main", "PING_SIZES", "describe_storage"]
+__all__ = ["BoardCheck", "StepResult", "main", "PING_SIZES", "describe_storage",
+           "describe_tier", "SDRAM_PAUSE_MS", "describe_sdram_failure"]
+
+#: The retention test's default pause: longer than the SDRAM's 64 ms refresh period.
+SDRAM_PAUSE_MS = 100
 
 #: Default PING payload sizes of the link step (bytes).
 PING_SIZES = (0, 1, 16, 255, 1024, 4096)
@@ -89,7 +104,7 @@ def describe_storage(info: dict) -> str:
     """
     kind = info["kind"]
     if kind is StorageKind.NONE:
-        return "no SD controller in this build (a simulation's sector model)"
+        return "no SD controller in this build (a simulation's sector model)" + _tier(info)
     mode = ("native 4-bit bus" if kind is StorageKind.SD_NATIVE
             else f"SPI mode ({info['bus_width']}-bit)")
     clock = info["sd_clock_hz"] / 1e6
@@ -105,7 +120,22 @@ def describe_storage(info: dict) -> str:
         state += ", high speed"
     errors = (f"; {info['errors']} storage errors, the last {info['last_error'].name}"
               if info["errors"] else "")
-    return f"SD card, {mode} at {clock:g} MHz: {card}, {size}, {state}{errors}"
+    return f"SD card, {mode} at {clock:g} MHz: {card}, {size}, {state}{errors}{_tier(info)}"
+
+
+def describe_tier(info: dict) -> str:
+    """The SDRAM hot tier of a :meth:`~ringkv.host.device.fpga.FpgaDevice.storage_info`
+    record, in words: ``SDRAM hot tier: 3 of 240 slots hold a record (273 sectors a slot, 16
+    token sectors)``, or ``no SDRAM hot tier``."""
+    if not info.get("hot_slots"):
+        return "no SDRAM hot tier"
+    return (f"SDRAM hot tier: {info['hot_residents']} of {info['hot_slots']} slots hold a "
+            f"record ({info['hot_slot_sectors']} sectors a slot, {info['hot_slot_tokens']} "
+            f"token sectors)")
+
+
+def _tier(info: dict) -> str:
+    return f"; {describe_tier(info)}" if info.get("hot_slots") else ""
 
 
 @dataclasses.dataclass
@@ -134,7 +164,8 @@ class BoardCheck:
 
     def __init__(self, link, config: RingKVConfig, *, force: bool = False, seed: int = 0,
                  tokens: int | None = None, ping_sizes=PING_SIZES, say=print,
-                 recovery_timeout: float = 60.0):
+                 recovery_timeout: float = 60.0, sdram_words: int = 0,
+                 sdram_pause_ms: int = SDRAM_PAUSE_MS):
         self.link, self.config, self.force = link, config, force
         #: seconds to wait for the device's recovery scan (a full card: about 0.25 s on the
         #: 4-bit bus, 1.8 s in SPI mode on the board; far longer in simulation)
@@ -145,6 +176,8 @@ class BoardCheck:
         if not 1 <= self.n <= config.max_tokens:
             raise ValueError(f"tokens must be in 1..{config.max_tokens}, not {self.n!r}")
         self.ping_sizes = tuple(ping_sizes)
+        #: the SDRAM step's full pattern (words, 0: the whole part) and retention pause
+        self.sdram_words, self.sdram_pause_ms = sdram_words, sdram_pause_ms
         self.say = say
         self.results: list[StepResult] = []
         self.info = None
@@ -159,7 +192,8 @@ class BoardCheck:
                  ("scratch region", self.step_scratch, "storage"),
                  ("attention", self.step_attention, "identity"),
                  ("write/read/verify", self.step_write_verify, ("scratch region", "attention")),
-                 ("export/import", self.step_roundtrip, "write/read/verify")]
+                 ("export/import", self.step_roundtrip, "write/read/verify"),
+                 ("sdram", self.step_sdram, "identity")]
         done = {}
         for name, fn, needs in steps:
             needs = (needs,) if isinstance(needs, str) else (needs or ())
@@ -440,6 +474,76 @@ class BoardCheck:
                 f"({want.size} elements) byte-identical to the golden core")
 
 
+    def step_sdram(self) -> str:
+        # the recovery scan uses the storage port and the SDRAM tier: wait until it has ended
+        # (ready or failed: the memory test needs neither the card nor the directory)
+        try:
+            self.dev.wait_ready(timeout=self.recovery_timeout)
+        except DeviceNotReady:
+            pass
+        except TimeoutError as e:
+            raise _Fail(f"the device's recovery scan did not end ({e})",
+                        _HINTS["storage"]) from None
+        try:
+            r = self.dev.sdram_test(BIST_ALL_TESTS, self.sdram_words, self.sdram_pause_ms)
+        except DeviceError as e:
+            if e.status == Status.UNKNOWN_OP:
+                return "this bitstream has no SDRAM (SDRAM_TEST answered UNKNOWN_OP): nothing " \
+                       "to test"
+            raise
+        size = _size(2 * r["chip_words"])
+        chip = _board_chip(r["chip_words"])
+        bits = (r["chip_words"] - 1).bit_length()
+        if r["failed"] is not BistPhase.PASS:
+            raise _Fail(f"{size} part: {describe_sdram_failure(r, chip)}",
+                        _SDRAM_HINTS[r["failed"]])
+        return (f"{size} part ({r['chip_words']} words): data lines DQ0-15, {bits - 3} "
+                f"address bits, {chip.banks if chip else '?'} banks, full pattern over "
+                f"{r['words']} words ({_size(2 * r['words'])}), the same read back after a "
+                f"{self.sdram_pause_ms} ms pause: no word wrong; {r['cycles']} device clocks")
+
+
+def _board_chip(words):
+    return next((c for c in BOARD_CHIPS.values() if c.words == words), None)
+
+
+def describe_sdram_failure(r: dict, chip=None) -> str:
+    """One line for a failed ``SDRAM_TEST`` record (:meth:`FpgaDevice.sdram_test`): the test,
+    the first wrong word with its bank, row and column (when ``chip``, the part's geometry, is
+    known), the bits that differ and the count of wrong words."""
+    addr, want, got = r["address"], r["expected"], r["got"]
+    where = f"word {addr:#x}"
+    if chip is not None:
+        col = addr & (chip.cols - 1)
+        bank = addr >> chip.col_bits & (chip.banks - 1)
+        row = addr >> (chip.col_bits + chip.bank_bits)
+        where += f" (bank {bank}, row {row}, column {col})"
+    diff = want ^ got
+    lines = ", ".join(f"DQ{b}" for b in range(16) if diff >> b & 1)
+    return (f"{r['failed'].name.lower()} test: {where} read {got:#06x}, expected {want:#06x} "
+            f"(differ: {lines}); {r['errors']} words wrong")
+
+
+_SDRAM_HINTS = {
+    BistPhase.DATA: "a data line is stuck, open or shorted to another (the DQ lines named), "
+                    "or reads are sampled at the wrong time: first rebuild with another SDRAM "
+                    "clock phase (docs/BOARD.md, 'SDRAM bring-up'); if the same lines fail at "
+                    "every phase, check their solder joints",
+    BistPhase.ADDRESS: "two addresses reach one cell: an address or bank line stuck or "
+                       "shorted, or a part smaller than the bitstream's (a 32 MB part under a "
+                       "bitstream built for 64 MB fails at word 0x200, column bit 9): rebuild "
+                       "for the part fitted (docs/BOARD.md)",
+    BistPhase.BANKS: "a bank (BA0/BA1) or the highest row lines: see the address test's hint",
+    BistPhase.FULL: "some cells or lines fail under a dense pattern: the SDRAM clock phase "
+                    "(timing margins) first, then the part's speed grade against the build's "
+                    "clock",
+    BistPhase.RETENTION: "the data did not survive the pause although every word read back "
+                         "right before it: the refresh does not reach the chip (CKE, the "
+                         "refresh interval) or the cells are weak (temperature); try a shorter "
+                         "--sdram-pause to bound it",
+}
+
+
 _HINTS = {
     "link": "check the baud rate (3 Mbaud), the USB cable and that no other program holds "
             "the port; frame errors mean corrupted bytes (clock, baud), no answer means a "
@@ -456,6 +560,7 @@ _HINTS = {
                          "card or SD timing; try another card or a lower SD clock",
     "export/import": "the device could not verify or import its own record: storage "
                      "corruption or a DMA fault",
+    "sdram": "the SDRAM self-test could not run: see docs/BOARD.md, 'SDRAM bring-up'",
 }
 
 
@@ -509,6 +614,12 @@ def main(argv=None) -> int:
     parser.add_argument("--ping-sizes", default=",".join(map(str, PING_SIZES)),
                         help="comma-separated PING payload sizes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sdram-words", type=int, default=0,
+                        help="16-bit words of the SDRAM step's full pattern (default 0: the "
+                             "whole part)")
+    parser.add_argument("--sdram-pause", type=int, default=SDRAM_PAUSE_MS, metavar="MS",
+                        help="the SDRAM retention test's pause in ms (default 100: longer "
+                             "than the 64 ms refresh period)")
     args = parser.parse_args(argv)
     try:
         config = _config(args.config, args.numerics)
@@ -519,6 +630,10 @@ def main(argv=None) -> int:
           f"{config.digest().hex()[:16]}")
     if args.timeout is not None and args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, not {args.timeout}", param="timeout")
+    if not 0 <= args.sdram_words < 1 << 32:
+        raise UsageError(f"--sdram-words must be 0..{(1 << 32) - 1}", param="sdram-words")
+    if not 0 <= args.sdram_pause < 1 << 16:
+        raise UsageError("--sdram-pause must be 0..65535 ms", param="sdram-pause")
     if any(not 0 <= n <= DEFAULT_MAX_PAYLOAD for n in sizes):
         raise UsageError(f"--ping-sizes must be 0..{DEFAULT_MAX_PAYLOAD}", param="ping-sizes")
     link = Link(args.link, baudrate=args.baud, timeout=args.timeout or PROBE_TIMEOUT)
@@ -531,7 +646,8 @@ def main(argv=None) -> int:
         else:
             recovery = max(recovery, args.timeout)
         ok = BoardCheck(link, config, force=args.force, seed=args.seed, tokens=args.tokens,
-                        ping_sizes=sizes, recovery_timeout=recovery).run()
+                        ping_sizes=sizes, recovery_timeout=recovery,
+                        sdram_words=args.sdram_words, sdram_pause_ms=args.sdram_pause).run()
     return 0 if ok else 1
 
 

@@ -40,6 +40,7 @@ from ringkv.defs.protocol import (
     RING_CLEAR_ALL,
     RING_ELEMENTS,
     RING_META,
+    SDRAM_TEST_RESPONSE,
     SNAPSHOT_RESPONSE,
     STORAGE_INFO,
     CardType,
@@ -61,6 +62,7 @@ from ringkv.defs.record import (
     ring_elements,
     token_bytes,
 )
+from ringkv.defs.sdram import BistPhase
 
 from .. import errors
 from ..errors import ConfigError, DeviceError, KeyRequired
@@ -471,13 +473,36 @@ class FpgaDevice(Device):
         codes decoded: ``kind`` (:class:`~ringkv.defs.protocol.StorageKind`), ``card_type``
         (:class:`~ringkv.defs.protocol.CardType`), ``last_error``
         (:class:`~ringkv.defs.protocol.StorageError`), ``initialised`` and ``high_speed``
-        as bools; ``sectors`` 0 means unknown (SPI mode does not read the card's CSD)."""
+        as bools; ``sectors`` 0 means unknown (SPI mode does not read the card's CSD). The
+        SDRAM hot tier (protocol version 5): ``hot_slots`` (0: the build has none),
+        ``hot_residents`` (committed SDRAM copies now), ``hot_slot_sectors``,
+        ``hot_slot_tokens`` (token sectors a slot holds)."""
         r = STORAGE_INFO.unpack(self._call(Op.STORAGE_INFO))
         r["kind"] = StorageKind(r["kind"])
         r["card_type"] = CardType(r["card_type"])
         r["last_error"] = StorageError(r["last_error"])
         r["initialised"] = bool(r["initialised"])
         r["high_speed"] = bool(r["high_speed"])
+        return r
+
+    def hot_tier(self) -> dict:
+        """The SDRAM hot tier of ``STORAGE_INFO``: ``hot_slots`` (0: the build has none),
+        ``hot_residents``, ``hot_slot_sectors``, ``hot_slot_tokens`` (as
+        :meth:`SoftwareDevice.hot_tier <ringkv.host.device.software.SoftwareDevice.hot_tier>`
+        gives them, without its ``resident_regions``: the device does not list them)."""
+        info = self.storage_info()
+        return {k: info[k] for k in ("hot_slots", "hot_residents", "hot_slot_sectors",
+                                     "hot_slot_tokens")}
+
+    def sdram_test(self, tests: int, words: int = 0, pause_ms: int = 0) -> dict:
+        """``SDRAM_TEST``: the board's SDRAM self-test (a build with an SDRAM only; another
+        build answers ``UNKNOWN_OP``). ``tests``: :class:`~ringkv.defs.sdram.BistTest` bits;
+        ``words`` of the full pattern (0: the whole part); ``pause_ms`` of the retention test.
+        Returns the :data:`~ringkv.defs.protocol.SDRAM_TEST_RESPONSE` record with ``failed``
+        as a :class:`~ringkv.defs.sdram.BistPhase`."""
+        r = SDRAM_TEST_RESPONSE.unpack(self._call(Op.SDRAM_TEST, tests=int(tests), words=words,
+                                                  pause_ms=pause_ms))
+        r["failed"] = BistPhase(r["failed"])
         return r
 
     def wait_ready(self, timeout: float | None = None, progress=None, poll: float = 0.02

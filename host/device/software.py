@@ -46,6 +46,7 @@ from ringkv.defs.config import DEFAULT_CONFIG, RingKVConfig
 from ringkv.defs.directory import Op as DirOp
 from ringkv.defs.directory import Status as DirStatus
 from ringkv.defs.hash import hash_seed
+from ringkv.defs.hot_tier import TIER_KEYS, import_clocks_model, tier_parameters
 from ringkv.defs.record import (
     MAGIC,
     SECTOR,
@@ -59,6 +60,7 @@ from ..errors import ConfigError, NotACardImage, StorageError
 from ..golden.directory import GoldenDirectory
 from ..golden.hash import prefix_hashes, sequence_hash
 from ..golden.mac import tenant_seed
+from ..golden.tiered import OK, READ, WRITE, GoldenTieredStorage
 from ..keys import tenant_key_id
 from ..model.transformer import FixedBackend, Float64Backend, RingPool
 from ..record import (
@@ -163,6 +165,41 @@ class _MemoryCard:
 
     def close(self) -> None:
         pass
+
+
+class _TieredCard:
+    """A card behind the SDRAM hot tier: every read and write is routed by the golden tiered
+    storage (:class:`~ringkv.host.golden.tiered.GoldenTieredStorage`, the gateware's rules,
+    bit-exact), so the device knows which copies SDRAM holds and which sectors of each read it
+    would serve; the bytes always come from the card (the tier's invariant, proven by its
+    tests: a byte served from SDRAM is the card's). ``sectors`` counts the sectors read from
+    each tier, ``clocks`` the modelled storage clocks of the reads
+    (:data:`~ringkv.defs.hot_tier.READ_CLOCKS`)."""
+
+    def __init__(self, card, golden):
+        self.card, self.golden = card, golden
+        self.sectors = {"sdram": 0, "card": 0}
+        self.clocks = 0
+
+    def __getattr__(self, name):
+        return getattr(self.card, name)
+
+    def read(self, lba: int, n: int) -> bytes:
+        route = self.golden.command(READ, lba, n)
+        self.sectors[route.tier] += n
+        self.clocks += import_clocks_model([(route.tier, route.setup, n)])
+        return self.card.read(lba, n)
+
+    def write(self, lba: int, data: bytes) -> None:
+        route = self.golden.command(WRITE, lba, len(data) // SECTOR)
+        try:
+            self.card.write(lba, data)
+        except BaseException:
+            if route.tier == "both":
+                self.golden.finish(1, OK)          # a failed card write aborts the copy
+            raise
+        if route.tier == "both":
+            self.golden.finish(OK, OK)
 
 
 class _FileCard:
@@ -318,6 +355,17 @@ class SoftwareDevice(Device):
       (the default): one context, ``attention`` itself. The card (or the memory store) stays
       the cold tier and the persistence point: a resident conversation is only a copy of
       rings whose last turn was exported.
+    * ``tier``: the gateware's SDRAM hot tier between the DMA and the card (``RingKVTop(tier=)``,
+      the same dict: :func:`ringkv.defs.hot_tier.tier_parameters`; needs the card format). The
+      card's reads and writes are routed by the golden tiered storage, so the device knows
+      which records SDRAM holds (:meth:`hot_tier`, the numbers ``STORAGE_INFO`` gives) and
+      counts the sectors each tier serves and the modelled clocks of its imports
+      (``counters``: ``sdram_sectors_in``, ``card_sectors_in``, ``imports_sdram``: imports
+      wholly from SDRAM, ``import_clocks``). Deletes drop their region's copy as the
+      gateware's directory deletes do; an eviction to make room does not (the gateware's
+      evicting ``INSERT`` reports no region). The directory, and so the server's index of
+      what the device holds, does not depend on the tier: a copy in SDRAM is never a record
+      the card lacks.
 
     ``export`` refuses, like the FPGA's ``EXPORT`` (``BAD_ARG``), rings that do not hold exactly
     ``len(tokens)`` tokens or a token memory that does not begin with ``tokens``.
@@ -328,7 +376,7 @@ class SoftwareDevice(Device):
     def __init__(self, config: RingKVConfig = DEFAULT_CONFIG, *, attention=None,
                  capacity: int | None = None, image=None, regions: int | None = None,
                  durable: bool = True, path=None, sealed: bool = False, keys=None,
-                 tenants=None, hot_bytes: int | None = None):
+                 tenants=None, hot_bytes: int | None = None, tier: dict | None = None):
         if path is not None:
             if image is not None and Path(image) != Path(path):
                 raise ValueError("image and path name the same file: give one of them")
@@ -355,7 +403,9 @@ class SoftwareDevice(Device):
         self.counters = {"queries": 0, "hits": 0, "misses": 0, "prefix_queries": 0,
                          "prefix_hits": 0, "prefix_misses": 0, "probes": 0, "imports": 0,
                          "exports": 0, "checkpoints": 0, "evictions": 0, "bytes_in": 0,
-                         "bytes_out": 0, "copied_in": 0, "recoveries": 0}
+                         "bytes_out": 0, "copied_in": 0, "recoveries": 0,
+                         "sdram_sectors_in": 0, "card_sectors_in": 0, "imports_sdram": 0,
+                         "import_clocks": 0}
         self._imported = None                          # the last query_prefix hit, imported
         self.recovery = None
         self.card_format = _integer_rings(self.attention, config)
@@ -384,19 +434,61 @@ class SoftwareDevice(Device):
         self.next_seq = 1
         self._memory: dict[int, _MemoryRecord] = {}   # region -> record (float backends)
         self._meta: dict[int, tuple[int, int]] = {}   # region -> (kind, commit_seq) (card)
+        self.tier = None
+        if tier is not None:
+            if not isinstance(tier, dict) or set(tier) - set(TIER_KEYS):
+                raise ValueError(f"tier must be a dict of {list(TIER_KEYS)}, not {tier!r}")
+            if not self.card_format:
+                raise ConfigError("the SDRAM hot tier holds records in the card format",
+                                  hint="use the fixed-point backend (--backend fixed)")
+            self.tier = tier_parameters(self.layout, regions, **tier)
         if not self.card_format:
             self.card = None
             return
         if self.image is None:
-            self.card = _MemoryCard(self.layout, regions)
+            self.card = self._tiered(_MemoryCard(self.layout, regions))
             return
-        self.card = _FileCard(self.image, self.layout, regions, durable=durable)
+        self.card = self._tiered(_FileCard(self.image, self.layout, regions, durable=durable))
         try:
             self._recover(blank_check=found is not None)
             self.card.extend()
         except BaseException:
             self.card.close()
             raise
+
+    def _tiered(self, card):
+        """``card`` behind the hot tier's golden model (a reset: no copies), if there is one."""
+        if self.tier is None:
+            return card
+        t = self.tier
+        return _TieredCard(card, GoldenTieredStorage(
+            regions=self.regions, sectors_per_region=self.layout.sectors_per_region,
+            base_lba=0, slots=t["slots"], stamp_width=t["stamp_width"],
+            kv_sector=self.layout.kv_sector, slot_token_sectors=t["slot_token_sectors"]))
+
+    def hot_tier(self) -> dict:
+        """The SDRAM hot tier as ``STORAGE_INFO`` reports it (``hot_slots``, ``hot_residents``,
+        ``hot_slot_sectors``, ``hot_slot_tokens``; all 0 without a tier) and the regions whose
+        copy SDRAM holds (``resident_regions``)."""
+        if self.tier is None:
+            return dict(hot_slots=0, hot_residents=0, hot_slot_sectors=0, hot_slot_tokens=0,
+                        resident_regions=[])
+        t, g = self.tier["slot_token_sectors"], self.card.golden
+        return dict(hot_slots=self.tier["slots"], hot_residents=g.residents(),
+                    hot_slot_sectors=self.tier["slot_sectors"],
+                    hot_slot_tokens=self.layout.token_sectors_max if t is None else t,
+                    resident_regions=sorted(g.resident()))
+
+    def lose_sdram(self) -> None:
+        """A power cut of the board: the SDRAM hot tier's copies are lost (the card, here the
+        store, keeps every record); nothing without a tier."""
+        if self.tier is not None:
+            self.card.golden.power_cut()
+
+    def _drop(self, region: int) -> None:
+        """The gateware's directory deleted the record of ``region``: its SDRAM copy goes."""
+        if self.tier is not None:
+            self.card.golden.drop(region)
 
     # -- the directory (golden model of the gateware's) ---------------------------------------
     def _dir(self, op: DirOp, **fields) -> dict:
@@ -410,13 +502,17 @@ class SoftwareDevice(Device):
                 del self._keys[key]
                 return
 
-    def _delete(self, key) -> int | None:
-        """Delete the directory entry of ``key`` (its region goes to FIFO B); its region."""
+    def _delete(self, key, *, drop: bool = True) -> int | None:
+        """Delete the directory entry of ``key`` (its region goes to FIFO B); its region.
+        ``drop``: its SDRAM copy too (a ``DIR_DELETE``; not an eviction: the gateware's
+        evicting ``INSERT`` reports no region to drop)."""
         link = self._keys.pop(tuple(key), None)
         if link is None:
             return None
         r = self._dir(DirOp.DELETE, link=link)
         self._memory.pop(r["region"], None)
+        if drop:
+            self._drop(r["region"])
         return r["region"]
 
     def _lookup(self, key) -> int | None:
@@ -436,7 +532,7 @@ class SoftwareDevice(Device):
         link count, and a bound below it otherwise."""
         while len(self.directory.live) >= self.capacity:
             row = self.directory.live[self.directory.lru_victim(self._now + 1)]
-            self._delete((row["count"], row["hash"]))
+            self._delete((row["count"], row["hash"]), drop=False)
             self.counters["evictions"] += 1
         count, h = key
         r = self._dir(DirOp.INSERT, count=count, hash=h, evict=1)
@@ -634,7 +730,18 @@ class SoftwareDevice(Device):
         region = self._lookup(key)
         if region is None:
             return "no record", 0
+        tiered = self.tier is not None
+        if tiered:
+            before = dict(self.card.sectors), self.card.clocks
         status, apply = self._verify(region, key, tokens, key_id)
+        if tiered:
+            sdram = self.card.sectors["sdram"] - before[0]["sdram"]
+            card = self.card.sectors["card"] - before[0]["card"]
+            self.counters["sdram_sectors_in"] += sdram
+            self.counters["card_sectors_in"] += card
+            self.counters["import_clocks"] += self.card.clocks - before[1]
+            if status is RecordStatus.OK and not card:
+                self.counters["imports_sdram"] += 1
         if status is not RecordStatus.OK:
             if status not in _KEEP:
                 self._delete(key)                    # can never verify: freed
@@ -757,14 +864,16 @@ class SoftwareDevice(Device):
         try:
             store(region, seq)
         except BaseException:
-            self._dir(DirOp.DELETE, link=link)
+            self._drop(self._dir(DirOp.DELETE, link=link)["region"])
             if self._keys.get(key) == link:
                 del self._keys[key]
             raise
         self.next_seq = seq_next(seq)
         self._meta[region] = (kind, seq)
         if old is not None and old in self.directory.live and old != link:
-            self._memory.pop(self._dir(DirOp.DELETE, link=old)["region"], None)
+            region = self._dir(DirOp.DELETE, link=old)["region"]
+            self._memory.pop(region, None)
+            self._drop(region)
         self._keys[key] = link
         return region
 
@@ -865,6 +974,7 @@ class SoftwareDevice(Device):
 
     def stats(self) -> dict:
         kinds = [x.kind for x in self.holdings(tokens=False)]
-        return dict(self.counters, records=len(kinds),
+        hot = {"hot_residents": self.card.golden.residents()} if self.tier else {}
+        return dict(self.counters, **hot, records=len(kinds),
                     checkpoint_records=kinds.count("checkpoint"), regions=self.regions,
                     next_seq=self.next_seq)

@@ -13,6 +13,8 @@ SDRAM when the region's copy is committed and the read lies inside one of its wr
 a write in one region goes to both tiers, the first of a region reserves a slot (ALLOC), the
 one that includes the region's sector 0 commits it when both tiers answered OK, any error
 aborts it; a write over several regions clears the hot tier; everything else is the card's.
+A region the directory deleted (:meth:`GoldenTieredStorage.drop`) loses its copy and its
+pending write; :meth:`GoldenTieredStorage.residents` is the count ``STORAGE_INFO`` reports.
 
 Compact slots (``kv_sector`` and ``slot_token_sectors`` T): a slot holds the region's first
 ``1 + T`` sectors and its sectors from ``kv_sector`` on; the *gap* ``[1 + T, kv_sector)`` is
@@ -166,6 +168,21 @@ class GoldenTieredStorage:
         route.tier, route.sdram_lba = "both", self.slot_lba(self.pending[1], offset)
         self._write = (region, offset)
         return route
+
+    def drop(self, region) -> Route:
+        """The directory deleted the record of ``region`` (the block's ``drop`` port): its copy
+        is dropped (a ``DROP``, a ``MISS`` when it has none) and a pending write of it
+        forgotten. No storage command; the stamp does not move."""
+        assert self._write is None, "finish() the write to both tiers first"
+        route = Route("none")
+        self._hot(route, Op.DROP, region)
+        if self.pending is not None and self.pending[0] == region:
+            self.pending = None
+        return route
+
+    def residents(self) -> int:
+        """Committed copies (the hot tier's ``COUNT``: ``residents`` of the block)."""
+        return self.hot.counts()["valid"]
 
     def finish(self, card_error, sdram_error):
         """The write to both tiers ended with these statuses: ``(status the initiator gets,

@@ -88,6 +88,8 @@ class CommandUnit:
     #: A unit only sealed builds have (``RingKVTop(sealed=True)``): its opcodes are not
     #: executed by an open build (``UNKNOWN_OP``).
     SEALED = False
+    #: A unit only builds with the SDRAM self-test have (``RingKVTop(sdram_test=True)``).
+    SDRAM = False
 
     def signals(self, d):
         """Create the unit's registers (before any hook that uses them)."""
@@ -144,7 +146,7 @@ class Dispatcher:
         self.config, self.layout = top.config, top.record_layout
         #: The request layouts this build executes (:func:`ringkv.defs.protocol.build_requests`).
         self.sealed = top.sealed
-        self.requests = build_requests(self.sealed)
+        self.requests = build_requests(self.sealed, top.has_sdram_test)
         m = self.m
         m.submodules.early_checks = self._early = Module()
         # response body modes: the fixed record first, then each unit's, in unit order

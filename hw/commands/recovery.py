@@ -106,7 +106,7 @@ class RecoveryUnit(CommandUnit):
         with m.If(scanning):
             m.d.sync += self.cycles.eq(self.cycles + 1)
             # the storage port's error code of the scan's failing transfer
-            st = d.top.storage.status
+            st = d.top.initiator.status
             with m.If(st.valid & st.ready & (st.payload.error != StorageError.OK)):
                 m.d.sync += self.error.eq(st.payload.error)
 

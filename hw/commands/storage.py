@@ -11,7 +11,15 @@ a short sector answers ``STORAGE_ERROR``.
 top's ``storage_info`` port (initialised, card type, high speed, capacity) and the storage
 port's error record: every status with an error that passes the port (the DMA's transfers,
 the recovery scan's, ``SECTOR_READ``'s) sets ``last_error`` and counts in ``errors``
-(saturating).
+(saturating). With an SDRAM hot tier (``RingKVTop(tier=...)``) it first asks the tiered
+storage for its residents (the hot tier's ``COUNT``: ``slots + 4`` clocks, more while a storage
+transfer runs) and reports them with the tier's parameters.
+
+The same unit sends the tiered storage the region of every record the directory deletes
+(every ``DELETE`` the directory answers ``OK``, whoever asked: ``DIR_DELETE``, a ``QUERY``
+whose record can never verify, an ``EXPORT`` retiring the key's older record), from a
+one-deep register: a delete that finds the register still full replaces it, and the older
+region's copy stays (it still equals the card; its slot ages out by LRU).
 """
 
 from amaranth import Mux, Signal
@@ -21,6 +29,8 @@ from ringkv.defs.protocol import Op, StorageKind
 
 from ..protocol import Status
 from ..storage.port import SECTOR_BYTES, StorageError, StorageOp
+from ..store.directory import Op as DirOp
+from ..store.directory import Status as DirStatus
 from .dispatch import CommandUnit
 
 __all__ = ["StorageUnit"]
@@ -32,7 +42,7 @@ class StorageUnit(CommandUnit):
 
     def signals(self, d):
         m = d.m
-        st, ds = d.top.storage, d.dma.storage
+        st, ds = d.top.initiator, d.dma.storage
         # registers, set and cleared with the dispatcher's state (SECTOR_COMMAND and
         # SECTOR_DATA), not decoded from it: the storage port's muxes and the SD controller
         # behind them see flip-flops
@@ -67,16 +77,38 @@ class StorageUnit(CommandUnit):
         with m.If(st.status.valid & st.status.ready & (error != StorageError.OK)):
             m.d.sync += [self.last_error.eq(error),
                          self.errors.eq(self.errors + (self.errors != 0xFFFF_FFFF))]
+        self.residents = Signal(16)             # the tier's committed copies (STORAGE_INFO)
+
+    def background(self, d):
+        if d.top.tier is None:
+            return
+        tier = d.top.tier_storage
+        # the directory's deletes: their regions to the tiered storage's ``drop``
+        m, r = d.m, d.dr.o
+        drop_valid = Signal()
+        drop_region = Signal(len(tier.drop.payload))
+        with m.If(tier.drop.ready):
+            m.d.sync += drop_valid.eq(0)
+        with m.If(r.valid & r.ready & (r.payload.op == DirOp.DELETE)
+                  & (r.payload.status == DirStatus.OK)):
+            m.d.sync += [drop_valid.eq(1), drop_region.eq(r.payload.region)]
+        m.d.comb += [tier.drop.valid.eq(drop_valid), tier.drop.payload.eq(drop_region)]
 
     def responses(self, d):
         top = d.top
         info = top.storage_info
         width = {StorageKind.NONE: 0, StorageKind.SD_SPI: 1, StorageKind.SD_NATIVE: 4}
+        hot = {}
+        if top.tier is not None:
+            t = top.tier["slot_token_sectors"]
+            hot = dict(hot_slots=top.tier["slots"], hot_residents=self.residents,
+                       hot_slot_sectors=top.tier["slot_sectors"],
+                       hot_slot_tokens=d.layout.token_sectors_max if t is None else t)
         return {Op.STORAGE_INFO: dict(
             kind=top.storage_kind.value, card_type=info.card_type.as_value(),
             initialised=info.ready, bus_width=width[top.storage_kind],
             high_speed=info.high_speed, last_error=self.last_error.as_value(),
-            errors=self.errors, sd_clock_hz=top.sd_clock_hz, sectors=info.sectors)}
+            errors=self.errors, sd_clock_hz=top.sd_clock_hz, sectors=info.sectors, **hot)}
 
     def dispatch(self, d):
         m, top = d.m, d.top
@@ -90,11 +122,25 @@ class StorageUnit(CommandUnit):
                              self.sec_err.eq(0), self.st_top.eq(1), self.top_cmd_valid.eq(1)]
                 m.next = "SECTOR_COMMAND"
         with m.Case(Op.STORAGE_INFO.value):
-            d.ok_fixed(Op.STORAGE_INFO)
+            if top.tier is None:
+                d.ok_fixed(Op.STORAGE_INFO)
+            else:
+                m.next = "INFO_RESIDENTS"
 
     def states(self, d):
-        m, enc, idx, st = d.m, d.enc, d.idx, d.top.storage
+        m, enc, idx, st = d.m, d.enc, d.idx, d.top.initiator
         sec_wr, sec_rd = self.sec_wr, self.sec_rd
+        if d.top.tier is not None:
+            tier = d.top.tier_storage
+            with m.State("INFO_RESIDENTS"):
+                m.d.comb += tier.residents_req.valid.eq(1)
+                with m.If(tier.residents_req.ready):
+                    m.next = "INFO_RESIDENTS_W"
+            with m.State("INFO_RESIDENTS_W"):
+                m.d.comb += tier.residents.ready.eq(1)
+                with m.If(tier.residents.valid):
+                    m.d.sync += self.residents.eq(tier.residents.payload)
+                    d.ok_fixed(Op.STORAGE_INFO)
         with m.State("SECTOR_COMMAND"):
             with m.If(st.cmd.ready):
                 m.d.sync += [self.top_cmd_valid.eq(0), self.top_rready.eq(1)]

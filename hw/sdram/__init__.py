@@ -1,6 +1,7 @@
 """``ringkv.hw.sdram``: an SDR SDRAM controller of our own -- the PHY at the pins, the power-up
 sequence, the refresher, one bank machine per bank with its open row, the command multiplexer
-and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``).
+and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``), and the memory
+self-test on a port (``bist.py``, ``docs/BOARD.md``).
 
 It may import Amaranth, the standard library, ``ringkv.defs`` and the shared shapes of
 ``ringkv.hw.enums``: it knows none of the other subsystems (``tests/repo/test_layers.py``).
@@ -9,6 +10,7 @@ Inside the package, modules import each other, never these re-exports.
 
 from .arbiter import PortArbiter, UserPortSignature
 from .bank import BankMachine
+from .bist import BistSignature, SdramBist
 from .controller import SdramController
 from .init import SdramInit
 from .multiplexer import Multiplexer
@@ -17,4 +19,4 @@ from .refresher import Refresher
 
 __all__ = ["SdramController", "SdramPhy", "SdramInit", "Refresher", "BankMachine",
            "Multiplexer", "PortArbiter", "UserPortSignature", "SdramPinsSignature",
-           "DfiSignature"]
+           "DfiSignature", "SdramBist", "BistSignature"]

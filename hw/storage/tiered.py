@@ -30,6 +30,13 @@ Rules (the invariant they keep: every byte a read returns from SDRAM is the card
   goes to the card and changes nothing here.
 * **Status.** The initiator gets the card's status: the card is the persistence point, and an
   SDRAM failure only costs the copy (``ABORT``), never an export the card holds.
+* **Dropped records.** A region on ``drop`` (the directory deleted its record: ``RingKVTop``
+  sends the region of every ``DELETE`` the directory answers ``OK``) is ``DROP``\\ ped from the
+  hot tier, its slot freed, and a pending write of that region forgotten. Not needed for the
+  invariant (a copy equals the card until its region is written again, and that write drops
+  it first); it gives the slot back to live records.
+* **Residents.** A request on ``residents_req`` is answered on ``residents`` with the hot
+  tier's ``COUNT`` (committed copies), for ``STORAGE_INFO``.
 * **Reset** (a power cut) sweeps the hot tier empty: afterwards every read goes to the card, as
   without this block, until writes commit copies again.
 * **Compact slots** (``kv_sector`` and ``slot_token_sectors`` T given): a slot holds only the
@@ -55,17 +62,21 @@ The table for each case is in ``docs/blocks/tiered_storage.md``.
 Throughput and backpressure: one byte per clock in both directions; the tee holds each byte in
 a one-byte register per tier and takes the next when both have taken theirs (or answered: a
 tier whose status came early no longer gates the other). Every stream may stall at any time.
-``cmd`` is taken only when idle; ``status`` holds until taken.
+``cmd`` is taken only when idle; ``status`` holds until taken. ``drop`` and ``residents_req``
+are taken only when idle and no ``cmd`` is offered (``cmd`` first, then ``drop``): a DROP
+keeps the block 4 clocks (idle again 4 clocks after the drop's transfer), a COUNT gives
+``residents.valid`` ``slots + 4`` clocks after the request's transfer and holds until it is
+taken; a command offered meanwhile waits.
 """
 
 from types import SimpleNamespace
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, enum, memory, wiring
+from amaranth.lib import data, enum, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int, check_pow2
-from ringkv.defs.hot_tier import MAX_SLOTS
+from ringkv.defs.hot_tier import COUNT_FIELD_WIDTH, MAX_SLOTS
 
 from ..store.hot_tier import HotTier, Op, Status
 from .port import StorageError, StorageOp, StoragePortSignature
@@ -85,9 +96,10 @@ EXTENTS = 3
 #: looked up as any other), ``gap_write`` (a write touching the gap is teed and recorded as any
 #: other), ``gap_keep`` (a write touching the gap goes to the card without dropping the
 #: region's committed copy), ``gap_address`` (a K/V sector's slot offset is not moved down by
-#: the gap).
+#: the gap); ``drop_ignored`` (a region on ``drop`` is taken and nothing is done: the copy of a
+#: deleted record keeps its slot).
 BUGS = ("extents", "stale", "error", "span", "address", "early", "gap_read", "gap_write",
-        "gap_keep", "gap_address")
+        "gap_keep", "gap_address", "drop_ignored")
 
 
 class _State(enum.Enum, shape=4):
@@ -103,14 +115,16 @@ class _State(enum.Enum, shape=4):
     BOTH = 9
     SETTLE = 10
     STATUS = 11
+    RESIDENTS = 12
 
 
-class _After(enum.Enum, shape=2):
+class _After(enum.Enum, shape=3):
     """Where an ABORT or CLEAR leads."""
     ALLOC = 0       # the pending write of another region aborted: now ALLOC this one
     CARD = 1        # to the card alone
     STATUS = 2      # a failed write's abort: answer
     DROP = 3        # the pending write of another region aborted: now DROP this one (gap)
+    IDLE = 4        # a request besides the storage port's (drop, residents): back to idle
 
 
 def _extent_layout(offset_bits):
@@ -157,6 +171,10 @@ class TieredStorage(wiring.Component):
         The target side, for the DMA.
     card, sdram : Out(StoragePortSignature)
         Initiator sides: the SD controller (or the sector model), the SDRAM sector store.
+    drop : In(stream.Signature(log2(regions)))
+        Regions whose record the directory deleted: their copies are dropped.
+    residents_req : In(stream.Signature(1)), residents : Out(stream.Signature(16))
+        A request (its payload unused), answered with the number of committed copies.
 
     Latency, throughput and backpressure: see the module's docstring.
     """
@@ -215,6 +233,9 @@ class TieredStorage(wiring.Component):
             "storage": In(StoragePortSignature()),
             "card": Out(StoragePortSignature()),
             "sdram": Out(StoragePortSignature()),
+            "drop": In(stream.Signature(max(regions.bit_length() - 1, 1))),
+            "residents_req": In(stream.Signature(1)),
+            "residents": Out(stream.Signature(COUNT_FIELD_WIDTH)),
         })
 
     regions = property(lambda self: self._regions)
@@ -374,7 +395,13 @@ class TieredStorage(wiring.Component):
         s_buf_valid = Signal()
         buf = Signal(8)
 
-        m.d.comb += st.cmd.ready.eq(state == _State.IDLE)
+        idle = state == _State.IDLE
+        residents = Signal(COUNT_FIELD_WIDTH)
+        m.d.comb += [st.cmd.ready.eq(idle),
+                     self.drop.ready.eq(idle & ~st.cmd.valid),
+                     self.residents_req.ready.eq(idle & ~st.cmd.valid & ~self.drop.valid),
+                     self.residents.payload.eq(residents),
+                     self.residents.valid.eq(state == _State.RESIDENTS)]
         with m.Switch(state):
             with m.Case(_State.IDLE):
                 with m.If(st.cmd.valid):
@@ -383,6 +410,15 @@ class TieredStorage(wiring.Component):
                                  rel.eq(p.lba - self._base), rem.eq(p.lba - self._base),
                                  divisor.eq(spr << max(qb - 1, 0)), step.eq(0),
                                  region.eq(0), now.eq(now + 1), state.eq(_State.DIVIDE)]
+                with m.Elif(self.drop.valid):
+                    if bug != "drop_ignored":
+                        hot_command(Op.DROP, self.drop.payload, 0, _After.IDLE)
+                with m.Elif(self.residents_req.valid):
+                    hot_command(Op.COUNT, 0, 0, _After.IDLE)
+
+            with m.Case(_State.RESIDENTS):
+                with m.If(self.residents.ready):
+                    m.d.sync += state.eq(_State.IDLE)
 
             with m.Case(_State.DIVIDE):
                 # restoring division of ``rel`` by ``spr``, one quotient bit per clock (only
@@ -467,9 +503,20 @@ class TieredStorage(wiring.Component):
                                 to_card()                # FULL: no copy, none to drop
                         with m.Case(Op.COMMIT):
                             m.d.sync += state.eq(_State.STATUS)
-                        with m.Default():                # ABORT, CLEAR, DROP
-                            m.d.sync += pending.eq(0)
+                        with m.Default():                # ABORT, CLEAR, DROP, COUNT
+                            with m.If(after != _After.IDLE):
+                                m.d.sync += pending.eq(0)
                             with m.Switch(after):
+                                with m.Case(_After.IDLE):
+                                    # a directory's DROP (forgetting a pending write of its
+                                    # region), or the residents' COUNT
+                                    with m.If(ht_op == Op.COUNT):
+                                        m.d.sync += [residents.eq(resp.count),
+                                                     state.eq(_State.RESIDENTS)]
+                                    with m.Else():
+                                        with m.If(pend_region == ht_region):
+                                            m.d.sync += pending.eq(0)
+                                        m.d.sync += state.eq(_State.IDLE)
                                 with m.Case(_After.ALLOC):
                                     hot_command(Op.ALLOC, region)
                                 with m.Case(_After.DROP):

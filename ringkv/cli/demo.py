@@ -39,6 +39,10 @@ def add_parser(sub, common):
                         "random weights)")
     p.add_argument("--board", choices=["ulx3s-85f"], default=None,
                    help="run against the pin-level simulation of this board's top")
+    p.add_argument("--sdram", nargs="?", const="", default=None, metavar="PART",
+                   help="the simulated devices with the SDRAM hot tier (ringkv sim --sdram; "
+                        "PART default the ULX3S's 32 MB part); not with --board or "
+                        "--software")
     p.set_defaults(capacity=6)      # room for kept turns and a shared checkpoint; still evicts
 
 
@@ -46,6 +50,9 @@ def run(args, rest) -> int:
     """``ringkv demo``: the software device's scenario, or the simulated devices'."""
     no_rest(rest, "demo")
     check_weights(args)
+    if args.software and args.sdram is not None:
+        raise UsageError("--sdram goes with the simulated demo (not --software)",
+                         param="sdram")
     if args.software:
         return run_demo(args)
     if args.image:
@@ -53,10 +60,13 @@ def run(args, rest) -> int:
                          "images in the work directory)", param="image",
                          hint="use --workdir DIR to keep them")
     _software_only(args)
+    if args.sdram is not None and args.board:
+        raise UsageError("--sdram is not available with --board: the board top has no SDRAM "
+                         "hot tier yet", param="sdram")
     from ringkv.defs.config import DEMO_CONFIG
     from ringkv.sim.system_demo import run_system_demo
     model = None if args.random else trained_or_none(DEMO_CONFIG)
-    return run_system_demo(workdir=args.workdir, board=args.board,
+    return run_system_demo(workdir=args.workdir, board=args.board, sdram=args.sdram,
                            config=device_config(DEMO_CONFIG, args.numerics, model))
 
 

@@ -1,6 +1,8 @@
 """``ringkv storage ls|fsck``: list or check the records of a card image
 (:func:`ringkv.host.record.main`, its configuration read from the records themselves), or
-``storage fsck --link URL``: the deep check of a device over its link (read only).
+``storage fsck --link URL``: the deep check of a device over its link (read only), or
+``storage info --link URL``: the device's storage as ``STORAGE_INFO`` reports it (the medium,
+and the SDRAM hot tier: its slots and how many hold a record).
 
 The command parses its own arguments (:func:`storage_parser`) with argparse's
 ``parse_intermixed_args``, so that options go anywhere, before or after ``IMAGE`` (``storage ls
@@ -21,13 +23,14 @@ from .common import (
     wait_device,
 )
 
-__all__ = ["add_parser", "storage_parser", "run", "run_fsck_link"]
+__all__ = ["add_parser", "storage_parser", "run", "run_fsck_link", "run_info_link"]
 
 
 def add_parser(sub, common):
     """``ringkv storage`` on the subparsers ``sub``: it parses its own options
     (:func:`storage_parser`)."""
-    sub.add_parser("storage", help="list (ls) or check (fsck) a card image", add_help=False)
+    sub.add_parser("storage", help="list (ls) or check (fsck) a card image, or a device's "
+                                   "storage (info --link)", add_help=False)
 
 
 def storage_parser() -> argparse.ArgumentParser:
@@ -43,9 +46,10 @@ def storage_parser() -> argparse.ArgumentParser:
                "live, superseded (an older commit of a "
                "snapshot: normal), foreign (another configuration), torn (a write cut short) "
                "or corrupt. fsck reports what a rebuild keeps and frees; it changes nothing "
-               "unless --repair. " + _fsck_help(),
+               "unless --repair. info --link URL: the device's medium and its SDRAM hot tier "
+               "(slots, how many hold a record). " + _fsck_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["ls", "fsck"])
+    p.add_argument("action", choices=["ls", "fsck", "info"])
     p.add_argument("image", nargs="?", help="the image (or --link)")
     p.add_argument("--link", help="fsck a device over its link (socket://HOST:PORT or a "
                    "serial port): every record read with SECTOR_READ and checked in depth "
@@ -83,9 +87,13 @@ def run(args, rest) -> int:
     (:func:`ringkv.host.record.main`), or the check of a device (:func:`run_fsck_link`).
     ``rest``: the command's arguments (``args``, the top-level options, is not used)."""
     args = storage_parser().parse_intermixed_args(rest)
+    if args.action == "info":
+        if not args.link or args.image is not None:
+            raise UsageError("info needs --link URL (a device), not an image", param="link")
+        return run_info_link(args)
     if args.link:
         if args.action != "fsck":
-            raise UsageError("--link goes with fsck", param="link")
+            raise UsageError("--link goes with fsck or info", param="link")
         if args.image is not None:
             raise UsageError("give an IMAGE or --link, not both", param="link")
         if args.config not in (None, "default", "demo"):
@@ -110,6 +118,21 @@ def run(args, rest) -> int:
             argv += [flag, str(value)]
     argv += ["--all"] * args.all + ["--repair"] * args.repair
     return record_main(argv)
+
+
+def run_info_link(args) -> int:
+    """``ringkv storage info --link URL``: ``STORAGE_INFO`` in words (read only)."""
+    from ringkv.host.device.board_check import describe_storage, describe_tier
+    from ringkv.host.device.fpga import FpgaDevice
+    from ringkv.host.device.link import Link
+    base = base_config(args.config or "default")
+    config = device_config(base, args.numerics, trained_or_none(base))
+    device = FpgaDevice(Link(args.link, timeout=args.timeout), config)
+    with device.link:
+        info = device.storage_info()
+    print(describe_storage(info).split("; SDRAM hot tier")[0])
+    print(describe_tier(info))
+    return 0
 
 
 def run_fsck_link(args) -> int:

@@ -21,9 +21,11 @@ The CRC (:data:`FRAME_CRC`) is CRC-16/XMODEM: polynomial 0x1021, initial value 0
 reflection, no final XOR, over every byte after SYNC up to the end of the payload, sent most
 significant byte first, so that running the CRC over the CRC bytes too leaves the residue 0.
 
-Builds: an open build (the default) executes every op of :data:`REQUESTS` but :data:`KEY_OPS`;
-a sealed build (``RingKVTop(sealed=True)``) executes them all, with :data:`SEALED_REQUESTS`'s
-layouts (a tenant key slot appended) for :data:`TENANT_OPS` (:func:`build_requests`).
+Builds: an open build (the default) executes every op of :data:`REQUESTS` but :data:`KEY_OPS`
+and :data:`SDRAM_OPS`; a sealed build (``RingKVTop(sealed=True)``) executes the key ops too,
+with :data:`SEALED_REQUESTS`'s layouts (a tenant key slot appended) for :data:`TENANT_OPS`; a
+build with the SDRAM self-test (``RingKVTop(sdram_test=True)``: the ULX3S top with its SDRAM)
+executes :data:`SDRAM_OPS` (:func:`build_requests`).
 
 Payloads: every request and response payload is a fixed little-endian record (:class:`Layout`),
 optionally followed by a variable *tail* (tokens, attention elements, sector bytes). Integers are
@@ -47,7 +49,8 @@ __all__ = ["Op", "Status", "OP_BITS", "STATUS_BITS", "SYNC", "RESPONSE_FLAG",
            "FLAG_EXISTING",
            "RING_ELEMENTS", "RING_META", "META_BYTES", "attn_in_bytes", "attn_out_bytes",
            "max_attn_tokens", "STORAGE_INFO", "StorageKind", "CardType", "StorageError",
-           "KEY_SET_TAIL", "KEY_OPS", "TENANT_OPS", "SEALED_REQUESTS", "build_requests"]
+           "KEY_SET_TAIL", "KEY_OPS", "TENANT_OPS", "SEALED_REQUESTS", "build_requests",
+           "SDRAM_OPS", "SDRAM_TEST_RESPONSE"]
 
 #: First byte of every frame; the decoder hunts for it after an error.
 SYNC = 0xA5
@@ -60,7 +63,7 @@ REQUEST_OVERHEAD = 7
 #: Bytes of a response besides its payload: SYNC, op, seq, status, 2 length, 2 CRC.
 RESPONSE_OVERHEAD = 8
 #: Reported by ``Op.VERSION``; bump it when a frame layout or an opcode's payload changes.
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: The frame CRC (the gateware builds it with ``amaranth.lib.crc``, the host computes it with
 #: ``binascii.crc_hqx``; a test checks both against these parameters).
 FRAME_CRC = CrcSpec("CRC16_XMODEM", width=16, polynomial=0x1021, initial=0, reflect=False,
@@ -113,6 +116,7 @@ class Op(enum.Enum):
     STORAGE_REBUILD = 0x51  # re-run the device's recovery: rebuild the directory from headers
     STORAGE_STATUS = 0x52   # recovery state and figures (RECOVERY_STATUS)
     STORAGE_INFO   = 0x53   # the storage medium: controller, card type and size (STORAGE_INFO)
+    SDRAM_TEST     = 0x54   # the board's SDRAM self-test (builds with an SDRAM only)
     # record keys (sealed builds only; an open build answers UNKNOWN_OP)
     KEY_SET        = 0x60   # write a key slot: key id and 32-byte key; derives its hash seed
     KEY_CLEAR      = 0x61   # erase a key slot
@@ -149,7 +153,7 @@ IDEMPOTENT_OPS = frozenset({
 
 
 #: Reported by ``Op.VERSION``; bump when the gateware's behaviour changes.
-GATEWARE_VERSION = 4
+GATEWARE_VERSION = 5
 #: ``record_status`` of a QUERY whose directory lookup missed (the DMA did not run).
 NO_RECORD = 0xFF
 #: ``RING_CLEAR`` of this layer clears every ring.
@@ -251,7 +255,7 @@ RECOVERY_GATED = frozenset({Op.QUERY, Op.EXPORT, Op.QUERY_PREFIX})
 #: storage port); after a failed scan they answer normally, for inspection and repair.
 RECOVERY_SCAN_GATED = frozenset({Op.DIR_LOOKUP, Op.DIR_INSERT, Op.DIR_DELETE, Op.DIR_TOUCH,
                                  Op.DIR_EXPIRE, Op.DIR_READ, Op.DIR_CLEAR, Op.SECTOR_READ,
-                                 Op.STORAGE_REBUILD})
+                                 Op.STORAGE_REBUILD, Op.SDRAM_TEST})
 
 class StorageKind(enum.Enum):
     """``kind`` of :data:`STORAGE_INFO`: what serves the device's storage port."""
@@ -290,10 +294,25 @@ class StorageError(enum.Enum):
 #: :class:`StorageError`; 0: none), ``errors`` (failed storage operations since reset),
 #: ``sd_clock_hz`` (the SD clock of data transfers, from the build's dividers; 0 without a
 #: controller), ``sectors`` (the card's capacity in 512-byte sectors, from its CSD; 0 when
-#: unknown: the SPI controller does not read the CSD).
+#: unknown: the SPI controller does not read the CSD). Then the SDRAM hot tier
+#: (``RingKVTop(tier=...)``, ``docs/blocks/tiered_storage.md``; all 0 without one):
+#: ``hot_slots`` (SDRAM copies it can hold), ``hot_residents`` (committed copies now: the hot
+#: tier's ``COUNT``, read when the request is answered), ``hot_slot_sectors`` (sectors per
+#: slot) and ``hot_slot_tokens`` (token sectors a slot holds: ``slot_token_sectors``; a
+#: record's token sectors beyond it stay on the card).
 STORAGE_INFO = Layout((("kind", 1), ("card_type", 1), ("initialised", 1), ("bus_width", 1),
                        ("high_speed", 1), ("last_error", 1), ("errors", 4),
-                       ("sd_clock_hz", 4), ("sectors", 8)))
+                       ("sd_clock_hz", 4), ("sectors", 8), ("hot_slots", 2),
+                       ("hot_residents", 2), ("hot_slot_sectors", 2), ("hot_slot_tokens", 2)))
+
+#: The response of SDRAM_TEST (the self-test's answer, ``hw/sdram/bist.py``): ``failed`` (0 when
+#: every test passed, else the test of the first word read back wrong:
+#: :class:`ringkv.defs.sdram.BistPhase`), that word's ``address`` (16-bit words), the word
+#: ``expected`` and the word ``got``; ``errors`` (words read back wrong, saturating), ``words``
+#: of the full pattern, ``chip_words`` (the part's size in 16-bit words), ``cycles`` (device
+#: clocks of the run).
+SDRAM_TEST_RESPONSE = Layout((("failed", 1), ("address", 4), ("expected", 2), ("got", 2),
+                              ("errors", 4), ("words", 4), ("chip_words", 4), ("cycles", 4)))
 
 #: The response of QUERY and EXPORT.
 SNAPSHOT_RESPONSE = Layout((("record_status", 1), ("dir_status", 1), ("link", 2), ("region", 4),
@@ -339,6 +358,9 @@ REQUESTS = {
     Op.STORAGE_REBUILD: _EMPTY,
     Op.STORAGE_STATUS: _EMPTY,
     Op.STORAGE_INFO: _EMPTY,
+    # tests: ringkv.defs.sdram.BistTest bits; words of the full pattern (0: the whole part);
+    # pause_ms: the retention test's pause
+    Op.SDRAM_TEST: Layout((("tests", 1), ("words", 4), ("pause_ms", 2))),
     Op.KEY_SET: Layout((("slot", 1), ("key_id", 2))),      # then the key: KEY_BYTES bytes
     Op.KEY_CLEAR: Layout((("slot", 1),)),
 }
@@ -380,6 +402,7 @@ RESPONSES = {
     Op.STORAGE_REBUILD: RECOVERY_STATUS,
     Op.STORAGE_STATUS: RECOVERY_STATUS,
     Op.STORAGE_INFO: STORAGE_INFO,
+    Op.SDRAM_TEST: SDRAM_TEST_RESPONSE,
     Op.KEY_SET: _EMPTY,           # status only: no key material ever goes back
     Op.KEY_CLEAR: _EMPTY,
 }
@@ -397,7 +420,8 @@ TAILS = {
     Op.KEY_SET: ("the key (32 bytes)", ""),
 }
 
-#: The opcodes the gateware executes (:data:`KEY_OPS` in sealed builds only); the others
+#: The opcodes the gateware executes (:data:`KEY_OPS` in sealed builds only, :data:`SDRAM_OPS`
+#: in builds with the SDRAM self-test only); the others
 #: (IMPORT: QUERY imports on a hit) are answered UNKNOWN_OP.
 IMPLEMENTED = frozenset(REQUESTS)
 
@@ -426,6 +450,9 @@ LENGTH = {op: Length.EXACT for op in REQUESTS} | {
 KEY_SET_TAIL = KEY_BYTES
 #: Requests only a sealed build executes (an open build has no key slots: ``UNKNOWN_OP``).
 KEY_OPS = frozenset({Op.KEY_SET, Op.KEY_CLEAR})
+#: Requests only a build with the SDRAM self-test executes (``RingKVTop(sdram_test=True)``; any
+#: other build answers ``UNKNOWN_OP``).
+SDRAM_OPS = frozenset({Op.SDRAM_TEST})
 #: Requests that carry a tenant slot in a sealed build: the open layout, then ``slot`` (u8).
 TENANT_OPS = frozenset({Op.QUERY, Op.QUERY_PREFIX, Op.EXPORT})
 #: The sealed build's layouts of :data:`TENANT_OPS`: the open layout followed by the tenant's
@@ -436,13 +463,16 @@ SEALED_REQUESTS = {op: Layout(REQUESTS[op].fields + (("slot", 1),))
                    for op in sorted(TENANT_OPS, key=lambda o: o.value)}
 
 
-def build_requests(sealed: bool) -> dict:
+def build_requests(sealed: bool, sdram_test: bool = False) -> dict:
     """The request layouts a build executes: an open build every op of :data:`REQUESTS` but
     :data:`KEY_OPS`; a sealed build every op, :data:`TENANT_OPS` with their
-    :data:`SEALED_REQUESTS` layouts. The length rules are :data:`LENGTH`'s in both."""
+    :data:`SEALED_REQUESTS` layouts; :data:`SDRAM_OPS` only with ``sdram_test``. The length
+    rules are :data:`LENGTH`'s in all."""
+    skip = set() if sdram_test else set(SDRAM_OPS)
     if sealed:
-        return {op: SEALED_REQUESTS.get(op, lay) for op, lay in REQUESTS.items()}
-    return {op: lay for op, lay in REQUESTS.items() if op not in KEY_OPS}
+        return {op: SEALED_REQUESTS.get(op, lay) for op, lay in REQUESTS.items()
+                if op not in skip}
+    return {op: lay for op, lay in REQUESTS.items() if op not in KEY_OPS | skip}
 
 
 def attn_in_bytes(config: RingKVConfig, count: int) -> int:

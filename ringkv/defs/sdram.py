@@ -24,7 +24,8 @@ from .checks import check_int, check_type
 
 __all__ = ["SdramChip", "SdramTiming", "CHIPS", "DEFAULT_CHIP", "Cmd", "CMD_BITS",
            "mode_register", "decode_mode_register", "BurstType", "chip_of",
-           "address_fields", "check_burst_length", "check_cas_latency"]
+           "address_fields", "check_burst_length", "check_cas_latency", "slowest_of",
+           "BOARD_CHIPS", "board_chip", "BistTest", "BistPhase", "BIST_ALL_TESTS"]
 
 
 class BurstType(enum.Enum):
@@ -224,3 +225,76 @@ def address_fields(chip: SdramChip) -> tuple[int, int, int]:
     significant end, so that a sequential stream that leaves a row goes on in the next bank
     (whose row a bank machine can open while this one still transfers)."""
     return chip.col_bits, chip.bank_bits, chip.row_bits
+
+
+def slowest_of(name: str, chips) -> SdramChip:
+    """One part that is any of ``chips`` (same geometry): every minimum time the largest of
+    theirs, every clock-to-output time the largest, every output hold the smallest, the
+    longest power-up and the most initial refreshes. A controller built for it meets the
+    datasheet of whichever of them is fitted (the ULX3S's production runs differ)."""
+    chips = list(chips)
+    first = chips[0]
+    for c in chips[1:]:
+        if (c.rows, c.cols, c.banks, c.refreshes, c.refresh_ns) != (
+                first.rows, first.cols, first.banks, first.refreshes, first.refresh_ns):
+            raise ValueError(f"{c.name} has another geometry than {first.name}")
+
+    def most(field):
+        return max(getattr(c, field) for c in chips)
+
+    # write recovery "k CLK + t ns": the worst at any clock period is the largest of each
+    return replace(first, name=name, datasheet="; ".join(c.datasheet for c in chips),
+                   **{f: most(f) for f in ("t_rcd", "t_rp", "t_ras", "t_rc", "t_rrd", "t_wr",
+                                           "t_wr_ck", "t_rfc", "t_mrd_ck", "power_up_ns",
+                                           "init_refreshes", "min_tck_cl2", "min_tck_cl3",
+                                           "t_ac", "t_is", "t_ih", "t_hz")},
+                   t_ras_max=min(c.t_ras_max for c in chips),
+                   t_oh=min(c.t_oh for c in chips))
+
+
+#: The parts a ULX3S may carry, by the size a user knows (``ULX3STop(sdram=...)``,
+#: ``docs/BOARD.md``): ``"32MB"`` is the slowest of the three 32 MB parts (any of them works
+#: with a bitstream built for it), ``"64MB"`` the Alliance part of the 64 MB boards.
+BOARD_CHIPS = {
+    "32MB": slowest_of("ULX3S 32 MB (MT48LC16M16A2-6A/-7E or IS42S16160G-7)",
+                       [CHIPS["MT48LC16M16A2-6A"], CHIPS["MT48LC16M16A2-7E"],
+                        CHIPS["IS42S16160G-7"]]),
+    "64MB": CHIPS["AS4C32M16SB-7"],
+}
+
+
+def board_chip(name: str) -> SdramChip:
+    """A :data:`BOARD_CHIPS` entry, or a part of :data:`CHIPS` by its name."""
+    check_type("SDRAM part", name, str)
+    if name in BOARD_CHIPS:
+        return BOARD_CHIPS[name]
+    if name in CHIPS:
+        return CHIPS[name]
+    raise ValueError(f"Unknown SDRAM part {name!r}; known: "
+                     f"{', '.join([*BOARD_CHIPS, *CHIPS])}")
+
+
+class BistTest(enum.IntFlag):
+    """The memory self-test's parts (``SDRAM_TEST``'s ``tests`` bits; the gateware
+    :class:`ringkv.hw.sdram.bist.SdramBist`, the golden
+    :class:`ringkv.host.golden.sdram_bist.GoldenBist`)."""
+    DATA = 1        #: walking ones and walking zeros on DQ0-15 (32 words at word 0)
+    ADDRESS = 2     #: one burst at word 0 and at every single address bit above the burst
+    BANKS = 4       #: the first and the last row of every bank
+    FULL = 8        #: every word of the range written with its own pattern, then read back
+    RETENTION = 16  #: after FULL, a pause (refreshes running), the range read back again
+
+
+#: Every part of the self-test.
+BIST_ALL_TESTS = BistTest.DATA | BistTest.ADDRESS | BistTest.BANKS | BistTest.FULL \
+    | BistTest.RETENTION
+
+
+class BistPhase(enum.Enum):
+    """``failed`` of ``SDRAM_TEST``'s answer: the part of the first word read back wrong."""
+    PASS = 0
+    DATA = 1
+    ADDRESS = 2
+    BANKS = 3
+    FULL = 4
+    RETENTION = 5

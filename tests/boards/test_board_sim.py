@@ -20,6 +20,9 @@ from ringkv.sim.gatesim import SMOKE_CONFIG, SMOKE_TOP
 #: The board top's configuration in these tests: every block of the bitstream's top, small,
 #: in its numerics (ringkv-fx1c); the same as the gate-level smoke's.
 CFG, TOP = SMOKE_CONFIG, SMOKE_TOP
+#: The SDRAM step on the simulated board: the full pattern over 4096 words (the whole 32 MB
+#: would take 34 million clocks, half an hour here) and a 1 ms pause (40,000 clocks)
+SDRAM_ARGS = ["--sdram-words", "4096", "--sdram-pause", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +64,17 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     from ringkv.sim.board_harness import BoardDevice
     image = tmp_path / "card.img"
     # no --timeout: the check adapts its timeouts to the simulated link (and says so)
-    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255"]
+    args = ["--config", json.dumps(CFG.__dict__), "--ping-sizes", "0,1,16,255", *SDRAM_ARGS]
     with BoardDevice(image, config=CFG, prebuilt=True, log=tmp_path / "sim.log", **TOP) as dev:
         assert main(["board", "check", "--link", dev.url, *args]) == 0
         first = capsys.readouterr().out
         # the second run needs no more than the scratch choice: shorter pings and records
         assert main(["board", "check", "--link", dev.url, *args[:2], "--ping-sizes", "0",
-                     "--tokens", "3", "--timeout", "120"]) == 0
+                     "--tokens", "3", "--timeout", "120", *SDRAM_ARGS]) == 0
         second = capsys.readouterr().out
         other = dict(CFG.__dict__, window=16)
         assert main(["board", "check", "--link", dev.url, "--config", json.dumps(other),
-                     "--ping-sizes", "0", "--timeout", "120"]) == 1
+                     "--ping-sizes", "0", "--timeout", "120", *SDRAM_ARGS]) == 1
         third = capsys.readouterr().out
         log = tmp_path / "sim.log"
         for _ in range(600):                # the simulator logs the third connection's end
@@ -79,17 +82,21 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
                 break
             time.sleep(0.1)
     # the line model received every byte the device's transmitter sent, cleanly; the strict
-    # 4-bit card saw no protocol violation (the simulator would have stopped)
+    # 4-bit card and the strict SDRAM model saw no violation (the simulator would have stopped)
     log = log.read_text()
-    assert "SD protocol violation" not in log, log
+    assert "SD protocol violation" not in log and "SDRAM violation" not in log, log
     counts = [line for line in log.splitlines() if "RINGKV-SIM uart line" in line]
     assert len(counts) == 3 and all(" 0 framing errors, 0 glitches" in c for c in counts), log
     assert " 0 B received" not in counts[0], counts
     for step in ("link", "identity", "storage", "scratch region", "attention",
-                 "write/read/verify", "export/import"):
+                 "write/read/verify", "export/import", "sdram"):
         assert f"[PASS] {step}" in first, first
         assert f"[PASS] {step}" in second, second
-    assert "board check: 7/7 steps passed" in first
+    assert "board check: 8/8 steps passed" in first
+    # the SDRAM step: the whole self-test on the board's 32 MB part (the strict model)
+    assert ("32.0 MiB part (16777216 words): data lines DQ0-15, 21 address bits, 4 banks, "
+            "full pattern over 4096 words (8.0 KiB), the same read back after a 1 ms pause: "
+            "no word wrong;") in first, first
     assert "timeouts: " in first and "us per byte; --timeout sets them)" in first
     # STORAGE_INFO in the storage step: the bitstream's SD mode and clock, the card model's
     # type (OCR) and capacity (its CSD: the image rounded up to 1024 sectors)
@@ -117,12 +124,40 @@ def test_board_check_names_an_sdsc_card(board_build, tmp_path, capsys):
     with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True, card={"sdhc": False},
                      log=tmp_path / "sim.log", **TOP) as dev:
         assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
-                     "--ping-sizes", "0", "--timeout", "120"]) == 1
+                     "--ping-sizes", "0", "--timeout", "120", *SDRAM_ARGS]) == 1
     out = capsys.readouterr().out
     assert "[PASS] identity" in out and "[FAIL] storage" in out, out
+    assert "[PASS] sdram" in out, out      # the memory test needs no card
     assert "native 4-bit bus at 20 MHz: SDSC" in out and "NOT initialised" in out, out
     assert "storage errors, the last NOT_READY" in out, out
     assert "native mode supports SDHC/SDXC only" in out and "--storage spi" in out, out
+
+
+@requires_verilator
+@pytest.mark.parametrize("faults, line", [
+    ({"dq_stuck": [5, 0]}, "data test: word 0x5 (bank 0, row 0, column 5) read 0x0000, "
+                           "expected 0x0020 (differ: DQ5); 4224 words wrong"),
+    ({"a_short": [11, 12]}, "address test: word 0x0 (bank 0, row 0, column 0) read 0xa5a8, "
+                            "expected 0xa500 (differ: DQ3, DQ5, DQ7); 16 words wrong"),
+])
+def test_the_sdram_step_finds_a_broken_sdram(board_build, tmp_path, faults, line):
+    """The board check's SDRAM step on a simulated board whose SDRAM has a fault at its pins
+    (the pin-level model's: DQ5 stuck low; A11 and A12 shorted): it fails, naming the test,
+    the first wrong word where it lies, the lines that differ, and what to try."""
+    from ringkv.host.device.board_check import BoardCheck
+    from ringkv.host.device.link import Link
+    from ringkv.sim.board_harness import BoardDevice
+    said = []
+    with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True, sdram_faults=faults,
+                     log=tmp_path / "sim.log", **TOP) as dev:
+        with Link(dev.url, timeout=120) as link:
+            check = BoardCheck(link, CFG, say=said.append, sdram_words=4096, sdram_pause_ms=0,
+                               recovery_timeout=600)
+            check.step_identity()
+            with pytest.raises(Exception) as failed:
+                check.step_sdram()
+    assert str(failed.value) == f"32.0 MiB part: {line}", failed.value
+    assert "SDRAM violation" not in (tmp_path / "sim.log").read_text()
 
 
 @requires_verilator
@@ -137,9 +172,9 @@ def test_board_check_on_the_spi_variant(tmp_path, capsys):
     with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True,
                      log=tmp_path / "sim.log", **top) as dev:
         assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
-                     "--ping-sizes", "0,16", "--timeout", "120"]) == 0
+                     "--ping-sizes", "0,16", "--timeout", "120", *SDRAM_ARGS]) == 0
     out = capsys.readouterr().out
-    assert "board check: 7/7 steps passed" in out
+    assert "board check: 8/8 steps passed" in out
     assert ("SD card, SPI mode (1-bit) at 10 MHz: SDHC/SDXC, size unknown (SPI mode does not "
             "read the CSD), initialised;") in out, out
 

@@ -135,3 +135,31 @@ def test_parameter_checks_pass_values_through():
     assert checks.check_type("d", {}, dict) == {}
     assert [checks.log2_exact(1 << k) for k in range(6)] == list(range(6))
     assert not checks.is_int(True) and checks.is_int(0) and not checks.is_pow2(True)
+
+
+def test_tier_parameters():
+    """``RingKVTop(tier=...)``'s parameters: the ULX3S's 32 MB part and compact slots of 16
+    token sectors by default (240 conversations at the default shape, issue #35's target; 480
+    in the 64 MB part), at most one slot per region, and the refusals."""
+    from ringkv.defs.config import DEFAULT_CONFIG
+    from ringkv.defs.hot_tier import tier_parameters
+    from ringkv.defs.record import RecordLayout
+    lay = RecordLayout(DEFAULT_CONFIG)
+    t = tier_parameters(lay, 4096)
+    assert (t["part"], t["sdram_bytes"], t["slots"], t["slot_token_sectors"],
+            t["slot_sectors"], t["sdram_sectors"]) == (
+        "MT48LC16M16A2-6A", 32 << 20, 240, 16, 273, 240 * 273)
+    assert tier_parameters(lay, 4096, part="AS4C32M16SB-7")["slots"] == 480
+    assert tier_parameters(lay, 4096, slot_token_sectors=None)["slots"] == 204
+    assert tier_parameters(lay, 64)["slots"] == 64                  # one copy per region
+    assert tier_parameters(lay, 64, slots=10)["sdram_sectors"] == 2730
+    with pytest.raises(ValueError, match=r"^Unknown SDRAM chip 'X'"):
+        tier_parameters(lay, 64, part="X")
+    with pytest.raises(ValueError, match=r"^slots must be between 2 and 1024, not 1$"):
+        tier_parameters(lay, 64, slots=1)
+    with pytest.raises(ValueError, match=r"^241 slots of 273 sectors need 33686016 bytes of "
+                                         r"SDRAM, more than 33554432$"):
+        tier_parameters(lay, 4096, slots=241)
+    with pytest.raises(ValueError, match=r"^slot_token_sectors must be between 0 and 64, "
+                                         r"not 65$"):
+        tier_parameters(lay, 64, slot_token_sectors=65)

@@ -38,3 +38,23 @@ def test_board_simulation_has_no_sealed_build(tmp_path):
                                          r"RingKVTop's simulation: SimDevice\)$"):
         BoardDevice(tmp_path / "card.img", sealed=True)
     assert not (tmp_path / "card.img").exists()
+
+
+def test_sdram_tier_is_a_build_of_its_own(tmp_path):
+    """``--sdram`` (``tier`` in the top's parameters) names another build; its SDRAM is the
+    tier's slots (the demo top: 2 regions, so 2 whole-region slots of 13 sectors); a bad part
+    or tier is refused before anything is built."""
+    from ringkv.defs.record import RecordLayout
+    from ringkv.host.errors import UsageError
+    from ringkv.sim.harness import main, sdram_sectors
+    tiered = {**DEMO_TOP, "tier": {}}
+    assert build_key(DEMO_CONFIG, tiered) != build_key(DEMO_CONFIG, DEMO_TOP)
+    assert sdram_sectors(DEMO_CONFIG, DEMO_TOP) == 0
+    assert sdram_sectors(DEMO_CONFIG, tiered) == 2 * RecordLayout(DEMO_CONFIG).sectors_per_region
+    image = tmp_path / "card.img"
+    with pytest.raises(UsageError, match=r"^bad --top: Unknown SDRAM chip 'NOPE'"):
+        main(["--config", "demo", "--sdram", "NOPE", "--image", str(image)])
+    with pytest.raises(UsageError, match=r"^bad --top: slots must be between 2 and 1024"):
+        main(["--config", "demo", "--sdram", "--top", '{"regions": 2, "tier": {"slots": 1}}',
+              "--image", str(image)])
+    assert not image.exists()

@@ -130,3 +130,45 @@ def test_row_open_too_long_and_power_up():
     early = SdramModel(CHIP, TCK, strict=False)
     run(early, [pins(Cmd.PRECHARGE, a=1 << 10)])
     assert [r for _, r, _ in early.violations] == ["power_up"]
+
+
+def test_faults_a_stuck_line_shorted_address_lines_weak_cells():
+    """The faults the self-test's tests inject: DQ3 stuck high is stored and read so; A11 and
+    A12 wired together make row 0x1800's neighbours 0x800 and 0x1000 one row (0); a row not
+    restored within ``retention_clocks`` loses its words at its next ACTIVE."""
+    m = ready_model(dq_stuck=(3, 1))
+    run(m, [pins(Cmd.ACTIVE, a=5), pins(), pins(Cmd.WRITE, a=0, dq=0x1230, dq_oe=1)] +
+        [pins(dq=0, dq_oe=1)] * 3 + [pins()])
+    assert m.word(0, 5, 0) == 0x1238 and m.word(0, 5, 1) == 0x0008
+    m = ready_model(a_short=(11, 12))
+    run(m, [pins(Cmd.ACTIVE, a=0x800)] + [pins()] * 6)
+    assert m.banks[0].row == 0
+    run(m, [pins(Cmd.PRECHARGE, a=1 << 10)] + [pins()] * 5 + [pins(Cmd.ACTIVE, a=0x1800)])
+    assert m.banks[0].row == 0x1800
+    m = ready_model(retention_clocks=20)
+    run(m, [pins(Cmd.ACTIVE, a=9), pins(), pins(Cmd.WRITE, a=0, dq=7, dq_oe=1)] +
+        [pins(dq=7, dq_oe=1)] * 3 + [pins()] * 5 + [pins(Cmd.PRECHARGE, a=1 << 10)] +
+        [pins()] * 5)
+    assert m.word(0, 9, 0) == 7
+    run(m, [pins()] * 20 + [pins(Cmd.ACTIVE, a=9)])
+    assert m.word(0, 9, 0) is None
+
+
+def test_advance_is_many_idle_steps():
+    """``advance`` (the board adapter's shortcut over idle clocks) counts the clocks and keeps
+    the refresh deadline; it refuses while a burst is in flight."""
+    m = ready_model()
+    assert m.quiet
+    m.advance(1000)
+    assert m.cycle > 1000 and not m.violations
+    run(m, [pins(Cmd.ACTIVE, a=1), pins(), pins(Cmd.READ, a=0)])
+    assert not m.quiet
+    with pytest.raises(RuntimeError, match="burst in flight"):
+        m.advance(3)
+    short = SdramModel(CHIP.scaled(refresh_ns=2000.0, refreshes=2), TCK, strict=False)
+    for p in [pins(Cmd.INHIBIT)] * 10 + [pins(Cmd.PRECHARGE, a=1 << 10), pins()] + \
+            [pins(Cmd.REFRESH)] + [pins()] * 5 + [pins(Cmd.REFRESH)] + [pins()] * 5 + \
+            [pins(Cmd.MODE, a=mode_register(2, 4)), pins()]:
+        short.step(p)
+    short.advance(500)
+    assert [v[1] for v in short.violations] == ["refresh_interval"]

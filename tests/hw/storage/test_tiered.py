@@ -26,14 +26,8 @@ from ringkv.hw.storage.dma import DmaOp
 from ringkv.hw.storage.port import StorageError, StorageOp
 from ringkv.hw.storage.tiered import BUGS, TieredStorage
 from ringkv.sim.ring_model import DmaHarness
-from ringkv.sim.sector_model import SectorImage
-from ringkv.sim.tiered_sim import (
-    check_run,
-    lose_sdram,
-    random_script,
-    run_tiered,
-    serve_sectors,
-)
+from ringkv.sim.sector_model import SectorImage, serve_storage
+from ringkv.sim.tiered_sim import check_run, lose_sdram, random_script, run_tiered
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -176,6 +170,14 @@ RULES = {
     "address": (export(0) + [("r", region(0), 1)], {}, "address"),
     # only the write that includes sector 0 (the header) commits
     "commit": ([("w", region(0) + 1, data(1)), ("r", region(0) + 1, 1)], {}, "early"),
+    # a region on ``drop`` (its record deleted) loses its copy: the count goes down and the
+    # region's reads go to the card (a drop between an export's writes forgets the pending
+    # copy: the header alone commits a copy of one extent)
+    "drop": (export(0) + export(1) + [("n",), ("d", 0), ("n",), ("r", region(0), 1),
+                                      ("r", region(1), 1), ("w", region(2) + 1, data(1)),
+                                      ("d", 2), ("w", region(2), data(1)), ("n",),
+                                      ("r", region(2) + 1, 1), ("r", region(2), 1)],
+             {}, "drop_ignored"),
 }
 
 
@@ -333,10 +335,10 @@ def test_read_error_from_the_card_is_passed_on():
 
 # ---- random traffic ----------------------------------------------------------------------------
 
-def _random_run(params, seed, n, p):
+def _random_run(params, seed, n, p, drops=False):
     rng = random.Random(seed)
     card, sdram = images(params, seed)
-    script = random_script(rng, params, card.sectors, n)
+    script = random_script(rng, params, card.sectors, n, drops=drops)
     frng = random.Random(seed + 1)
 
     def fail(op, lba, count):
@@ -354,6 +356,13 @@ def test_random_traffic():
     bytes on every read."""
     run = _random_run(EVICT, 11, 24, 0.2)
     assert any(o.sdram and not o.card for o in run.ops)          # reads served from SDRAM
+
+
+def test_random_traffic_with_drops():
+    """The same with the directory's deletes on ``drop`` (between an export's writes too) and
+    counts of the residents, against the golden's."""
+    run = _random_run(EVICT, 13, 30, 0.2, drops=True)
+    assert any(o.residents for o in run.ops)
 
 
 def test_random_traffic_compact():
@@ -429,7 +438,7 @@ def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiere
         port = getattr(h, name)
 
         async def serve(ctx, port=port, image=image, log=logs[name]):
-            await serve_sectors(ctx, port, image, rng=random.Random(seed + len(log)), idle=p,
+            await serve_storage(ctx, port, image, rng=random.Random(seed + len(log)), idle=p,
                                 stall=p, log=log)
         sim.add_testbench(serve, background=True)
 

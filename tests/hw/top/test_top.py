@@ -147,7 +147,8 @@ def test_storage_info():
         r = await get(ctx, link)
         assert r == dict(kind=StorageKind.SD_NATIVE.value, card_type=CardType.UNKNOWN.value,
                          initialised=0, bus_width=4, high_speed=0, last_error=0, errors=0,
-                         sd_clock_hz=20_000_000, sectors=0)
+                         sd_clock_hz=20_000_000, sectors=0, hot_slots=0, hot_residents=0,
+                         hot_slot_sectors=0, hot_slot_tokens=0)
         ctx.set(info.ready, 1)
         ctx.set(info.card_type, CardType.SDHC.value)
         ctx.set(info.high_speed, 1)

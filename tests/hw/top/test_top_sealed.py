@@ -357,6 +357,9 @@ def test_no_key_material_in_any_response():
                    Status.HIT)
         await call(ctx, link, Op.QUERY, sreq(Op.QUERY, n=7, slot=SLOT_C), Status.MISS)
         await call(ctx, link, Op.IMPORT, b"", Status.UNKNOWN_OP)
+        # (a build without the SDRAM self-test: refused as any op it does not execute)
+        await call(ctx, link, Op.SDRAM_TEST, req(Op.SDRAM_TEST, tests=1, words=0, pause_ms=0),
+                   Status.UNKNOWN_OP)
         await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=0, n=512, what=RING_ELEMENTS))
         await call(ctx, link, Op.RING_READ, req(Op.RING_READ, addr=0, n=4, what=RING_META))
         d = DIR_RESPONSE.unpack(await call(ctx, link, Op.DIR_LOOKUP, req(

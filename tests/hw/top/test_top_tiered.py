@@ -1,11 +1,12 @@
-"""The whole top over the tiered storage (``ringkv.sim.tiered_sim.TieredTop``: ``RingKVTop``
-unchanged, its storage port through a ``TieredStorage``), in the Amaranth simulator, both
-backends sector images at one byte per clock: an EXPORT writes the card and a slot, a QUERY of
-it imports from SDRAM (no card read) and restores the rings bit-exactly; after a power cut (a
-new top on the same card, the SDRAM noise) the recovery scan and the same QUERY read the card.
-The QUERY's clocks are compared with the same scenario on the top alone. Slow tier (about
-two minutes: three simulations of the top); ``tests/hw/storage/test_tiered.py`` checks the
-same paths at the DMA engine in the fast tier."""
+"""The whole top with its SDRAM hot tier (``RingKVTop(tier=...)``: its storage port through a
+``TieredStorage``), in the Amaranth simulator, both backends sector images at one byte per
+clock: an EXPORT writes the card and a slot, a QUERY of it imports from SDRAM (no card read)
+and restores the rings bit-exactly; after a power cut (a new top on the same card, the SDRAM
+noise) the recovery scan and the same QUERY read the card. The QUERY's clocks are compared with
+the same scenario on the top alone (slow tier: three simulations of the top, about two
+minutes); ``tests/hw/storage/test_tiered.py`` checks the same paths at the DMA engine in the
+fast tier. ``STORAGE_INFO`` reports the tier and its residents, and a ``DIR_DELETE`` drops the
+record's copy (the broken variant ``drop_ignored`` in the slow tier)."""
 
 import random
 
@@ -13,12 +14,20 @@ import numpy as np
 import pytest
 from top_helpers import CFG, make_top, req
 
-from ringkv.defs.protocol import RING_ELEMENTS, SNAPSHOT_RESPONSE, Op, Status
+from ringkv.defs.protocol import (
+    DIR_RESPONSE,
+    RING_ELEMENTS,
+    SNAPSHOT_RESPONSE,
+    STORAGE_INFO,
+    Op,
+    Status,
+)
 from ringkv.defs.record import RecordStatus, elem_bytes
 from ringkv.host.device.ops import pack_attn, pack_tokens
 from ringkv.hw.storage.port import StorageOp
 from ringkv.sim.sector_model import SectorImage
-from ringkv.sim.tiered_sim import TieredTop, lose_sdram
+from ringkv.sim.streams import tick_until
+from ringkv.sim.tiered_sim import lose_sdram
 from ringkv.sim.top_bench import image_for, run_top
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -62,6 +71,10 @@ def _scenario(tokens, rng, out, clock, *, export=True):
     return scenario
 
 
+#: two whole-region slots (the tier's own tests' shape; the ULX3S default is ``{}``)
+TIER = dict(slots=2, slot_token_sectors=None)
+
+
 def _counter(clock):
     async def count(ctx):
         async for _ in ctx.tick():
@@ -73,10 +86,9 @@ def _counter(clock):
 def test_query_imports_from_sdram_then_from_the_card_after_a_power_cut():
     rng = np.random.default_rng(4)
     tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
-    top = TieredTop(make_top(), slots=2)
+    top = make_top(tier=TIER)
     card = image_for(top)
-    spr = top.record_layout.sectors_per_region
-    sdram = SectorImage(None, 2 * spr)
+    sdram = SectorImage(None, top.tier["sdram_sectors"])
     lose_sdram(sdram, random.Random(1))
     card_log, sdram_log, out, clock = [], [], {}, {"n": 0}
     run_top(top, card, _scenario(tokens, rng, out, clock), storage_log=card_log,
@@ -105,7 +117,7 @@ def test_query_imports_from_sdram_then_from_the_card_after_a_power_cut():
     # power cut: a new top on the same card, the SDRAM lost; recovery reads the card through
     # the tier, the QUERY hits from the card
     lose_sdram(sdram, random.Random(2))
-    top = TieredTop(make_top(), slots=2)
+    top = make_top(tier=TIER)
     card_log, sdram_log, out3, clock = [], [], {}, {"n": 0}
     run_top(top, card, _scenario(tokens, rng, out3, clock, export=False),
             storage_log=card_log, sdram_image=sdram, sdram_log=sdram_log,
@@ -113,3 +125,102 @@ def test_query_imports_from_sdram_then_from_the_card_after_a_power_cut():
     assert (out3["status"], out3["record"]) == (Status.HIT, RecordStatus.OK)
     assert out3["rings_after"] == out["rings"]
     assert not sdram_log and any(c[0] == StorageOp.READ for c in card_log)
+
+
+@pytest.mark.parametrize("bug", [None, pytest.param("drop_ignored", marks=pytest.mark.slow)])
+def test_storage_info_reports_the_tier_and_a_delete_drops_the_copy(bug):
+    """``STORAGE_INFO`` of a top with a tier (the default ``{}``: compact slots, as many as
+    fit, at most ``regions``): its slots and slot shape, 0 residents, 1 after an EXPORT, 0
+    after the record's ``DIR_DELETE`` (its region dropped from the hot tier: ``drop``), and a
+    QUERY then misses without reading SDRAM. The broken variant keeps the copy: 1 resident."""
+    rng = np.random.default_rng(5)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    top = make_top(tier={} if bug is None else {"_bug": bug})
+    lay = top.record_layout
+    assert top.tier["slots"] == top.regions                 # 32 MB holds far more
+    assert top.tier["slot_token_sectors"] == lay.token_sectors_max    # T 16 > this shape's
+    sdram = SectorImage(None, top.tier["sdram_sectors"])
+    lose_sdram(sdram, random.Random(1))
+    sdram_log, out = [], {}
+
+    async def scenario(ctx, link):
+        async def info():
+            return STORAGE_INFO.unpack(await link.call(ctx, Op.STORAGE_INFO))
+        out["before"] = await info()
+        await _scenario(tokens, rng, {}, {"n": 0})(ctx, link)
+        out["after_export"] = await info()
+        h = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.QUERY, req(Op.QUERY,
+                                                                         n=len(tokens)),
+                                                     status=Status.HIT))["hash"]
+        r = DIR_RESPONSE.unpack(await link.call(ctx, Op.DIR_LOOKUP,
+                                                req(Op.DIR_LOOKUP, count=len(tokens), hash=h)))
+        await link.call(ctx, Op.DIR_DELETE, req(Op.DIR_DELETE, link=r["link"]))
+        out["after_delete"] = await info()
+        out["reads"] = sum(c[0] == StorageOp.READ for c in sdram_log)
+        await link.call(ctx, Op.QUERY, req(Op.QUERY, n=len(tokens)), status=Status.MISS)
+        out["reads_after"] = sum(c[0] == StorageOp.READ for c in sdram_log)
+
+    run_top(top, image_for(top), scenario, sdram_image=sdram, sdram_log=sdram_log)
+    shape = dict(hot_slots=top.regions, hot_slot_sectors=lay.sectors_per_region,
+                 hot_slot_tokens=lay.token_sectors_max)
+    assert out["before"] == dict(kind=0, card_type=0, initialised=0, bus_width=0, high_speed=0,
+                                 last_error=0, errors=0, sd_clock_hz=0, sectors=0,
+                                 hot_residents=0, **shape)
+    assert out["after_export"]["hot_residents"] == 1
+    assert out["reads"] == 6                   # two QUERYs' header, tokens and K/V from SDRAM
+    assert out["reads_after"] == out["reads"]  # a miss: the directory has no entry
+    assert out["after_delete"]["hot_residents"] == (1 if bug else 0)
+
+
+@pytest.mark.slow       # a minute or two of the whole top; the board check runs SDRAM_TEST too
+def test_sdram_test_empties_the_tier_and_the_card_serves_after_it():
+    """A top with both the tier and ``SDRAM_TEST`` (the ULX3S top's build): the self-test
+    overwrites the SDRAM (here the stand-in for the BIST scribbles over the whole image), so
+    the top holds the tier in reset from the test's command to its result: 1 resident before,
+    0 after, and the QUERY of the exported record then hits from the card, reading nothing from
+    SDRAM. Without the reset (tried: ``ResetInserter(testing & 0)``) the copy stays resident,
+    the QUERY imports the scribbled bytes, fails their check and answers ``MISS``."""
+    rng = np.random.default_rng(9)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    top = make_top(tier={}, sdram_test=True)
+    sdram = SectorImage(None, top.tier["sdram_sectors"])
+    lose_sdram(sdram, random.Random(2))
+    card_log, sdram_log, out = [], [], {}
+    port = top.sdram_test
+
+    async def bist(ctx):
+        ctx.set(port.cmd.ready, 1)
+        while True:
+            valid = (await ctx.tick().sample(port.cmd.valid))[2]
+            if not valid:
+                continue
+            ctx.set(port.cmd.ready, 0)
+            lose_sdram(sdram, random.Random(3))         # the test's patterns
+            await ctx.tick().repeat(20)
+            ctx.set(port.result.valid, 1)
+            await tick_until(ctx, port.result.ready)
+            ctx.set(port.result.valid, 0)
+            ctx.set(port.cmd.ready, 1)
+
+    async def scenario(ctx, link):
+        async def residents():
+            return STORAGE_INFO.unpack(await link.call(ctx, Op.STORAGE_INFO))["hot_residents"]
+        await _scenario(tokens, rng, {}, {"n": 0})(ctx, link)
+        out["before"] = await residents()
+        await link.call(ctx, Op.SDRAM_TEST, req(Op.SDRAM_TEST, tests=1, words=0, pause_ms=0))
+        out["after"] = await residents()
+        out["sdram_reads"] = sum(c[0] == StorageOp.READ for c in sdram_log)
+        out["card_reads"] = sum(c[0] == StorageOp.READ for c in card_log)
+        r = SNAPSHOT_RESPONSE.unpack(await link.call(ctx, Op.QUERY, req(Op.QUERY,
+                                                                         n=len(tokens)),
+                                                     status=Status.HIT))
+        out["record_status"] = r["record_status"]
+        out["sdram_reads_after"] = sum(c[0] == StorageOp.READ for c in sdram_log)
+        out["card_reads_after"] = sum(c[0] == StorageOp.READ for c in card_log)
+
+    run_top(top, image_for(top), scenario, storage_log=card_log, sdram_image=sdram,
+            sdram_log=sdram_log, monitors=[bist])
+    assert (out["before"], out["after"]) == (1, 0)
+    assert out["record_status"] == RecordStatus.OK.value
+    assert out["sdram_reads_after"] == out["sdram_reads"]        # nothing from SDRAM
+    assert out["card_reads_after"] > out["card_reads"]           # the card served it

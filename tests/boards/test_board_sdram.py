@@ -1,0 +1,121 @@
+"""The ULX3S top's SDRAM: the clock phase's arithmetic (``boards/ulx3s.py``
+``sdram_clock_plan``), the part table the board is built for, and the elaborated top on the
+ULX3S platform (the PLL's second output, the I/O cells at the SDRAM's pins, the hot tier's
+parameters). Nothing is synthesized; the pin-level runs are in ``test_board_sim.py``."""
+
+import re
+from collections import Counter
+
+import pytest
+
+from ringkv.boards.ulx3s import ECP5_IO, ULX3STop, pll_params, sdram_clock_plan
+from ringkv.defs.sdram import BOARD_CHIPS, CHIPS, board_chip, slowest_of
+from ringkv.sim.gatesim import SMOKE_CONFIG, SMOKE_TOP
+
+CHIP = BOARD_CHIPS["32MB"]
+
+
+def test_the_board_part_is_the_slowest_of_the_32_mb_parts():
+    parts = [CHIPS[n] for n in ("MT48LC16M16A2-6A", "MT48LC16M16A2-7E", "IS42S16160G-7")]
+    for field in ("t_rcd", "t_rp", "t_ras", "t_rc", "t_rrd", "t_wr", "t_rfc", "power_up_ns",
+                  "init_refreshes", "min_tck_cl2", "min_tck_cl3", "t_ac", "t_is", "t_ih"):
+        assert getattr(CHIP, field) == max(getattr(p, field) for p in parts), field
+    assert CHIP.t_oh == min(p.t_oh for p in parts) == 2.7
+    assert (CHIP.rows, CHIP.cols, CHIP.banks, CHIP.words) == (8192, 512, 4, 1 << 24)
+    assert BOARD_CHIPS["64MB"] is CHIPS["AS4C32M16SB-7"]
+    assert board_chip("64MB").words == 1 << 25 and board_chip("IS42S16160G-7") is parts[2]
+    with pytest.raises(ValueError, match=r"^Unknown SDRAM part 'x'; known: 32MB, 64MB, "):
+        board_chip("x")
+    with pytest.raises(ValueError, match=r"AS4C32M16SB-7 has another geometry than"):
+        slowest_of("x", [parts[0], CHIPS["AS4C32M16SB-7"]])
+
+
+def test_phase_at_40_mhz():
+    """40 MHz, CAS latency 2: the window 2.5..8.5 ns (command setup 1.5 + 1 ns of skew; read
+    setup 25 - 7 - 1 - 7.5 - 1), its middle rounded to the PLL's 1/8 of a 600 MHz VCO
+    period: 26 steps, 5.42 ns, 78 degrees, about 3 ns of margin either side."""
+    pll = pll_params(25.0, 40.0)
+    plan = sdram_clock_plan(CHIP, 25.0, 2, vco_mhz=pll["f_vco_mhz"])
+    assert pll["f_vco_mhz"] == 600 and pll["CLKOP_DIV"] == 15
+    assert plan.window == pytest.approx((2.5, 8.5))
+    assert plan.steps == 26 and plan.delay_ns == pytest.approx(26 / 4.8)
+    assert plan.phase_deg == pytest.approx(78.0)
+    m = plan.margins
+    assert m["command_setup"] == pytest.approx(26 / 4.8 - 2.5)
+    assert m["read_setup"] == pytest.approx(8.5 - 26 / 4.8)
+    assert m["command_hold"] == pytest.approx(25 - 26 / 4.8 - 1.8)
+    assert m["read_hold"] == pytest.approx(26 / 4.8 + 2 + 1 + 2.7 - 3)
+    assert min(m.values()) > 2.9
+
+
+def test_phase_at_60_mhz_has_no_window_with_these_figures():
+    """At 60 MHz (16.67 ns) the read path alone (clock to pad 7 ns, traces 1 ns, tAC 7.5 or
+    5.4 ns, input setup 1 ns) leaves less than the command setup needs: the window is empty,
+    the plan takes its middle (the least loss on both bounds) and says it does not close; a
+    phase given by hand is taken, with its margins."""
+    for cl, hi in ((2, 1000 / 60 - 16.5), (3, 1000 / 60 - 14.4)):
+        plan = sdram_clock_plan(CHIP, 1000 / 60, cl, vco_mhz=600)
+        assert plan.window == pytest.approx((2.5, hi)) and not plan.closes
+        assert plan.steps == round((2.5 + hi) / 2 * 4.8)
+        m = plan.margins
+        assert m["command_setup"] < 0 and m["read_setup"] < 0
+        assert abs(m["command_setup"] - m["read_setup"]) < 0.21    # one step apart at most
+    plan = sdram_clock_plan(CHIP, 1000 / 60, 3, vco_mhz=600, phase_deg=45)
+    assert plan.steps == 10 and plan.margins["command_setup"] < 0 < plan.margins["read_setup"]
+    assert sdram_clock_plan(CHIP, 25.0, 2, vco_mhz=600).closes
+
+
+def test_ecp5_figures_are_the_documented_assumptions():
+    assert (ECP5_IO.tco_min, ECP5_IO.tco_max, ECP5_IO.in_setup, ECP5_IO.in_hold,
+            ECP5_IO.skew, ECP5_IO.trace) == (2.0, 7.0, 1.0, 3.0, 1.0, 0.5)
+
+
+def test_parameter_errors():
+    with pytest.raises(ValueError, match=r"^Unknown SDRAM part '16MB'"):
+        ULX3STop(SMOKE_CONFIG, clock="sim", sdram="16MB", **SMOKE_TOP)
+    with pytest.raises(ValueError, match=r"^CAS latency must be 2 or 3, not 4$"):
+        ULX3STop(SMOKE_CONFIG, sdram_cl=4, **SMOKE_TOP)
+    assert not ULX3STop(SMOKE_CONFIG, sys_mhz=60, **SMOKE_TOP).sdram_plan.closes
+    top = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_phase=90, **SMOKE_TOP)
+    assert top.sdram_plan.phase_deg == pytest.approx(90)
+    assert ULX3STop(SMOKE_CONFIG, sdram=None, **SMOKE_TOP).sdram_chip is None
+
+
+def _rtlil(top):
+    from amaranth_boards.ulx3s import ULX3S_85F_Platform
+    plan = ULX3S_85F_Platform().prepare(top, name="top")
+    return plan.files["top.il"]
+
+
+def test_the_board_top_with_its_sdram():
+    """The bitstream's top (the PLL): EHXPLLL's CLKOS enabled at CLKOP's divider and 26 phase
+    steps behind it (CPHASE 6 + 3, FPHASE 2); the SDRAM pins in the I/O cells' registers and
+    the clock from an ODDRX1F; the hot tier with its compact slots (the small configuration:
+    4 regions, so 4 slots); LED 6; the top executes SDRAM_TEST."""
+    top = ULX3STop(SMOKE_CONFIG, **SMOKE_TOP)
+    assert top.top.has_sdram_test
+    assert top.tier_params is top.top.tier
+    assert (top.tier_params["slots"], top.tier_params["slot_token_sectors"]) == (4, 1)
+    assert top.top.tier_storage.slots == 4
+    il = _rtlil(top)
+    pll = il[il.index("cell \\EHXPLLL"):]
+    pll = pll[:pll.index("\n  end")]
+    params = dict(re.findall(r"parameter \\(\w+) (\S+)", pll))
+    assert params["CLKOS_ENABLE"] == '"ENABLED"' and params["CLKOS_DIV"] == params["CLKOP_DIV"]
+    assert int(params["CLKOS_CPHASE"]) == int(params["CLKOP_CPHASE"]) + 3 == 9
+    assert int(params["CLKOS_FPHASE"]) == 2
+    cells = Counter(re.findall(r"cell \\(\w+) ", il))
+    assert cells["IFS1P3DX"] == 16 and cells["ODDRX1F"] == 1
+    assert cells["OFS1P3DX"] >= 22 + 2 * 16
+    assert "led_6__io" in il and "sdram_0__dq__io" in il
+    # without the SDRAM: the top of before (no SDRAM pins, six LEDs, no SDRAM_TEST)
+    bare = ULX3STop(SMOKE_CONFIG, sdram=None, **SMOKE_TOP)
+    assert not bare.top.has_sdram_test
+    il = _rtlil(bare)
+    assert "ODDRX1F" not in il and "CLKOS_ENABLE" not in il and "led_6__io" not in il
+
+
+def test_the_64_mb_part():
+    top = ULX3STop(SMOKE_CONFIG, sdram="64MB", clock="sim", regions=64, lanes=2, macs=4)
+    assert top.sdram_chip.words == 1 << 25
+    assert top.tier_params["slots"] == 64      # capped by the regions
