@@ -181,7 +181,7 @@ def markdown(results) -> str:
         rows.append(row)
     lines.append(table(["k or n", "hit at k", "samples", "miss after n", "samples"], rows))
     lines += ["", f"Scans over the link pool ({p['links']} links): expire takes "
-              "2 * links + e + 2 cycles for e expired links; an insert that evicts scans the "
+              "3 * links + e + 2 cycles for e expired links; an insert that evicts scans the "
               "pool once (links + 8).", ""]
     lines.append(table(["operation", "cycles"], [
         ["expire, nothing expired", cell("expire.none")],

@@ -61,6 +61,7 @@ from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.hot_tier import BOARD_SDRAM_PART
 from ringkv.defs.protocol import StorageKind
 from ringkv.defs.sdram import SdramChip, board_chip
+from ringkv.hw.link.skid import StreamRegister
 from ringkv.hw.link.uart import UART
 from ringkv.hw.sdram.bist import SdramBist
 from ringkv.hw.sdram.controller import SdramController
@@ -259,7 +260,8 @@ class ULX3STop(Elaboratable):
             self.sd_half = max(1, math.ceil(self.sys_hz / (2 * sd4_mhz * 1e6) - 1e-9))
         else:
             self.sd_half = max(1, round(self.sys_hz / (2 * sd_mhz * 1e6)))
-        self.sd_init_half = max(self.sd_half, round(self.sys_hz / (2 * 400e3) + 0.5))
+        # (the smallest half period at or below 400 kHz: 50 at 40 MHz, 75 at 60 MHz)
+        self.sd_init_half = max(self.sd_half, math.ceil(self.sys_hz / (2 * 400e3) - 1e-9))
         kind = StorageKind.SD_NATIVE if storage == "sd4" else StorageKind.SD_SPI
         # the SDRAM's hot tier inside the top (RingKVTop's tier: STORAGE_INFO reports it, the
         # directory's deletes drop their copies, SDRAM_TEST holds it in reset)
@@ -394,7 +396,24 @@ class ULX3STop(Elaboratable):
                          sd.spi.miso.eq(sd_cipo.i)]
         if self.sdram_chip is not None:
             self._sdram(m, platform)
-        wiring.connect(m, top.storage, sd.storage)
+        # The storage port through a register slice per stream (one clock each way): the DMA's
+        # state decode (its command's valid, its read data's ready) no longer runs on into the
+        # SD controller's FSMs, nor the controller's into the DMA's (the leading paths of the
+        # 60 MHz netlist after the dispatcher's and the directory's cuts, docs/BOARD.md). The
+        # DMA takes every read byte it has asked for in the clock it is offered, so the
+        # status still reaches it after the last byte.
+        for name in ("cmd", "wdata"):
+            port = getattr(top.storage, name)
+            m.submodules[f"storage_{name}"] = reg = StreamRegister(
+                port.signature.members["payload"].shape)
+            wiring.connect(m, port, reg.i)
+            wiring.connect(m, reg.o, getattr(sd.storage, name))
+        for name in ("rdata", "status"):
+            port = getattr(sd.storage, name)
+            m.submodules[f"storage_{name}"] = reg = StreamRegister(
+                port.signature.members["payload"].shape)
+            wiring.connect(m, port, reg.i)
+            wiring.connect(m, reg.o, getattr(top.storage, name))
         # STORAGE_INFO: the controller's state (SPI mode: no high speed, capacity unknown)
         m.d.comb += [top.storage_info.ready.eq(sd.ready),
                      top.storage_info.card_type.eq(sd.card_type)]

@@ -21,6 +21,8 @@ built from a command unit per family (:data:`UNITS`, ``hw/cmd_*.py``): adding an
 its definition and its family's unit.
 """
 
+from types import SimpleNamespace
+
 from amaranth import Module, ResetInserter, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -53,7 +55,8 @@ from .commands.sdram import SdramTestUnit
 from .commands.snapshot import SnapshotUnit
 from .commands.storage import StorageUnit
 from .commands.tokens import TokenUnit
-from .link.framing import FrameDecoder, FrameEncoder
+from .link.framing import FrameDecoder, FrameEncoder, PayloadByte
+from .link.skid import StreamRegister
 from .sdram.bist import BistSignature
 from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
@@ -156,8 +159,9 @@ class RingKVTop(wiring.Component):
 
     No hang: every wait has a bound or is guaranteed by a block's contract. Draining and
     argument collection are bounded by the frame's length (the decoder has checked it); the
-    hash engine is fixed latency (``n + 2`` clocks); the directory answers every command (its
-    worst case is an evicting insert, ``links + 10`` clocks); the DMA answers every command
+    hash engine is fixed latency (``n + 3`` clocks with its input slice); the directory
+    answers every command (its worst case is an expiry of every link, ``4 * links + 2``
+    clocks); the DMA answers every command
     once the storage port answers (the storage contract: a dead card ends in ``TIMEOUT``); the
     attention core answers every command the dispatcher has checked (layer, count, lengths).
     The only unbounded waits are on the link itself: ``tx.ready`` (the host must read) and
@@ -297,6 +301,15 @@ class RingKVTop(wiring.Component):
         m.submodules.attention = at = self.attention
         wiring.connect(m, wiring.flipped(self.rx), dec.i)
         wiring.connect(m, enc.o, wiring.flipped(self.tx))
+        # Register slices on the payload bytes between the link and the dispatcher (1 clock
+        # each way): the dispatcher's byte muxes and its ``ready`` decode end in flip-flops
+        # instead of running on into the encoder's CRC, the UART and the decoder's buffer.
+        m.submodules.rx_bytes = rx_bytes = StreamRegister(PayloadByte)
+        m.submodules.tx_bytes = tx_bytes = StreamRegister(8)
+        wiring.connect(m, dec.data, rx_bytes.i)
+        wiring.connect(m, tx_bytes.o, enc.data)
+        dec_port = SimpleNamespace(header=dec.header, error=dec.error, data=rx_bytes.o)
+        enc_port = SimpleNamespace(header=enc.header, data=tx_bytes.i)
         wiring.connect(m, dma.tokens, tm.read_port(1))
         if self._tier is not None:
             tier = self.tier_storage
@@ -331,7 +344,8 @@ class RingKVTop(wiring.Component):
                 wiring.connect(m, getattr(arbiter.core, name), getattr(mac, name))
             wiring.connect(m, mac.o, arbiter.core.o)
             m.d.comb += [dma.key_ids.eq(slots.key_ids), dma.key_set.eq(slots.set)]
-        dispatcher = Dispatcher(m, self, [unit() for unit in self._units], decoder=dec, encoder=enc,
+        dispatcher = Dispatcher(m, self, [unit() for unit in self._units], decoder=dec_port,
+                                encoder=enc_port,
                                 tokens=tm, hasher=hasher, directory=dr, dma=dma, attention=at)
         dispatcher.elaborate()
         m.d.comb += self.recovering.eq(dispatcher.scan_busy)

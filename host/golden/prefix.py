@@ -10,15 +10,15 @@ Cycles, from the request's header to its answer (the response's ``cycles``)::
 
     cycles = QUERY_PREFIX_FIXED + sum over k = 1..n of cost(k)
     cost(k) = 1          if the bucket of prefix k's hash is empty
-              2 + c(k)   otherwise, c(k) = links compared: j + 1 for a hit at chain position
+              3 + c(k)   otherwise, c(k) = links compared: j + 1 for a hit at chain position
                          j (0 = the bucket's head), the chain's length for a miss
 
 :data:`QUERY_PREFIX_FIXED` clocks are the constant part: the argument check, the first key's way
-through token memory, hash engine and key FIFO, the directory's command handshake and answer,
-and the dispatcher's answer state. The directory is the pipeline's bottleneck (it takes at most
-one key per clock, the hash engine delivers one per clock and the key FIFO keeps the next on
-offer), so no other term appears: ``tests/hw/top/test_prefix.py`` checks the formula exactly against
-the gateware.
+through token memory, the hash engine's input slice, the hash engine and key FIFO, the
+directory's command handshake and answer, and the dispatcher's answer state. The directory
+is the pipeline's bottleneck (it takes at most one key per clock, the hash engine delivers one
+per clock and the key FIFO keeps the next on offer), so no other term appears:
+``tests/hw/top/test_prefix.py`` checks the formula exactly against the gateware.
 """
 
 from ringkv.defs.protocol import Status
@@ -29,11 +29,12 @@ from .hash import prefix_hashes
 __all__ = ["query_prefix", "prefix_keys", "QUERY_PREFIX_FIXED"]
 
 #: Constant clocks of a QUERY_PREFIX besides its keys' costs (see the module docstring): the
-#: dispatcher's length check, four argument bytes and dispatch (6), then the pipeline's fill up
-#: to the directory taking the first key (token memory read, hash engine, the key FIFO's write
-#: and registered output, the directory's PR_NEXT) and, after the last key, the directory's
-#: answer, the dispatcher taking it and computing ``cycles`` (7).
-QUERY_PREFIX_FIXED = 13
+#: dispatcher's length check, four argument bytes, its decode clock and dispatch (7), then the
+#: pipeline's fill up to the directory taking the first key (token memory read, the register
+#: slice before the hash engine, the hash engine, the key FIFO's write and registered output,
+#: the directory's PR_NEXT) and, after the last key, the directory's answer, the dispatcher
+#: taking it and computing ``cycles`` (8).
+QUERY_PREFIX_FIXED = 15
 
 
 def prefix_keys(tokens, seed, n) -> list[tuple[int, int]]:

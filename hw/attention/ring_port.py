@@ -11,7 +11,7 @@ two on the core's port, so that every join is a checked ``wiring.connect``.
 The member table lives in the docstring of :class:`RingPortSignature`.
 """
 
-from amaranth import Module, Mux
+from amaranth import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -119,11 +119,16 @@ class RingPortArbiter(wiring.Component):
     Ports: ``dma`` (In :class:`RingPortSignature`), ``reader`` (In :class:`RingReadSignature`),
     ``core`` (Out :class:`RingPortSignature`, to the core's ``ring``), ``dma_owns`` (In 1).
 
-    Combinational, no state: the core's address, read strobe and metadata selector come from
-    the owner; writes pass only from the DMA and only while it owns the port; read data and
-    metadata go to both (each uses them only when it owns the port, so the core's fixed read
-    latency holds for both). The owner may change on any clock; a read in flight when it does
-    is the old owner's. No backpressure (the port has none).
+    The core's address, read strobe and metadata selector come from the owner, combinationally;
+    writes pass only from the DMA and only while it owns the port; read data and metadata go to
+    both (each uses them only when it owns the port, so the core's fixed read latency holds for
+    both). The metadata (``meta_count``, ``meta_head``) is registered here: both initiators read
+    it one clock after ``meta_ring`` selects it (the port's contract allows a one-clock
+    synchronous metadata read: the DMA holds ``meta_ring`` two clocks before it samples). That
+    register ends the path from either initiator's selector through the core's metadata mux
+    before the initiator's comparators (the board's timing closure, ``docs/BOARD.md``). The
+    owner may change on any clock; a read in flight when it does is the old owner's. No
+    backpressure (the port has none).
     """
 
     def __init__(self, port: RingPortSignature):
@@ -149,7 +154,9 @@ class RingPortArbiter(wiring.Component):
             core.meta_wcount.eq(dma.meta_wcount),
             core.meta_whead.eq(dma.meta_whead),
         ]
-        for name in ("ring_rdata", "meta_count", "meta_head"):
-            m.d.comb += [getattr(dma, name).eq(getattr(core, name)),
-                         getattr(reader, name).eq(getattr(core, name))]
+        m.d.comb += [dma.ring_rdata.eq(core.ring_rdata), reader.ring_rdata.eq(core.ring_rdata)]
+        for name in ("meta_count", "meta_head"):
+            value = Signal.like(getattr(core, name), name=f"{name}_q")
+            m.d.sync += value.eq(getattr(core, name))
+            m.d.comb += [getattr(dma, name).eq(value), getattr(reader, name).eq(value)]
         return m

@@ -66,10 +66,10 @@ class AttentionUnit(CommandUnit):
             m.next = "RING_CLEAR"
         with m.Case(Op.RING_CLEAR.value):
             layer = arg(Op.RING_CLEAR, "layer")
-            with m.If(layer == RING_CLEAR_ALL):
+            with m.If(d.early(layer == RING_CLEAR_ALL)):
                 m.d.sync += [self.a_clear_op.eq(AttnOp.CLEAR_ALL), self.a_layer.eq(0)]
                 m.next = "RING_CLEAR"
-            with m.Elif(layer < L):
+            with m.Elif(d.early(layer < L)):
                 m.d.sync += [self.a_clear_op.eq(AttnOp.CLEAR), self.a_layer.eq(layer)]
                 m.next = "RING_CLEAR"
             with m.Else():
@@ -79,34 +79,34 @@ class AttentionUnit(CommandUnit):
                 layer = arg(o, "layer")
                 count = arg(o, "count")
                 in_len = REQUESTS[o].size + count * per_token_in
-                with m.If(d.length != in_len):
+                with m.If(d.early(d.length != in_len)):
                     d.reject(Status.BAD_LENGTH)
-                with m.Elif((layer >= L) | (count == 0)
-                            | (count * per_token_out > 0xFFFF)
-                            | ((count != 1) if o == Op.ATTN_DECODE else 0)):
+                with m.Elif(d.early((layer >= L) | (count == 0)
+                                    | (count * per_token_out > 0xFFFF)
+                                    | ((count != 1) if o == Op.ATTN_DECODE else 0))):
                     d.reject(Status.BAD_ARG)
                 with m.Else():
                     m.d.sync += [self.a_layer.eq(layer), self.a_count.eq(count),
                                  self.a_kvh.eq(0), self.a_inflight.eq(0), self.a_done.eq(0),
                                  self.a_fill.eq(0), self.a_ofull.eq(0), self.a_opos.eq(0),
                                  self.a_sent.eq(0)]
-                    d.respond(Status.OK, count * per_token_out, "ATTN")
+                    d.respond(Status.OK, d.early((count * per_token_out)[:16]), "ATTN")
         with m.Case(Op.RING_READ.value):
             addr = arg(Op.RING_READ, "addr")
             n = arg(Op.RING_READ, "n")
             what = arg(Op.RING_READ, "what")
-            with m.If(what == RING_ELEMENTS):
-                with m.If((addr + n > ring_bytes) | (n > top.max_payload)):
+            with m.If(d.early(what == RING_ELEMENTS)):
+                with m.If(d.early((addr + n > ring_bytes) | (n > top.max_payload))):
                     d.reject(Status.BAD_ARG)
                 with m.Else():
                     m.d.sync += d.tok_i.eq(addr)
                     d.respond(Status.OK, n, "RING")
-            with m.Elif(what == RING_META):
-                with m.If((addr + n > R) | (n * META_BYTES > top.max_payload)):
+            with m.Elif(d.early(what == RING_META)):
+                with m.If(d.early((addr + n > R) | (n * META_BYTES > top.max_payload))):
                     d.reject(Status.BAD_ARG)
                 with m.Else():
                     m.d.sync += d.tok_i.eq(addr)
-                    d.respond(Status.OK, n * META_BYTES, "RING")
+                    d.respond(Status.OK, d.early((n * META_BYTES)[:16]), "RING")
             with m.Else():
                 d.reject(Status.BAD_ARG)
 
@@ -164,16 +164,13 @@ class AttentionUnit(CommandUnit):
         tok_i, rr_pos, rr_word = d.tok_i, self.rr_pos, self.rr_word
         with m.State("RING_READ_ISSUE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += [d.ring.ring_addr.eq(tok_i), d.ring.ring_re.eq(what == RING_ELEMENTS),
-                         d.ring.meta_ring.eq(tok_i)]
+            m.d.comb += d.ring.ring_re.eq(what == RING_ELEMENTS)
             m.d.sync += rr_pos.eq(0)
             m.next = "RING_READ_WAIT"
         with m.State("RING_READ_WAIT"):            # ring data: two clocks after ring_re
-            m.d.comb += d.ring.meta_ring.eq(tok_i)
             m.next = "RING_READ_CAPTURE"
         with m.State("RING_READ_CAPTURE"):
             what = arg(Op.RING_READ, "what")
-            m.d.comb += d.ring.meta_ring.eq(tok_i)
             m.d.sync += rr_word.eq(Mux(what == RING_ELEMENTS, d.ring.ring_rdata,
                                        Cat(d.ring.meta_count, d.ring.meta_head)))
             m.next = "RING_READ_SEND"

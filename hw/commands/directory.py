@@ -37,14 +37,14 @@ class DirectoryUnit(CommandUnit):
         with m.Case(Op.ALLOC_STATUS.value):
             d.ok_fixed(Op.ALLOC_STATUS)
         with m.Case(Op.DIR_LOOKUP.value):
-            with m.If(arg(Op.DIR_LOOKUP, "count") > MT):
+            with m.If(d.early(arg(Op.DIR_LOOKUP, "count") > MT)):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.next = "DIR_LOOKUP"
         with m.Case(Op.DIR_INSERT.value):
-            with m.If((arg(Op.DIR_INSERT, "count") > MT)
-                      | (arg(Op.DIR_INSERT, "region") >= d.top.regions)
-                      | (arg(Op.DIR_INSERT, "flags") > 3)):
+            with m.If(d.early((arg(Op.DIR_INSERT, "count") > MT)
+                              | (arg(Op.DIR_INSERT, "region") >= d.top.regions)
+                              | (arg(Op.DIR_INSERT, "flags") > 3))):
                 d.reject(Status.BAD_ARG)
             with m.Elif(arg(Op.DIR_INSERT, "flags") & FLAG_EXISTING):
                 m.next = "DIR_INSERT_EXISTING"
@@ -53,7 +53,7 @@ class DirectoryUnit(CommandUnit):
         for o, state in ((Op.DIR_DELETE, "DIR_DELETE"), (Op.DIR_TOUCH, "DIR_TOUCH"),
                          (Op.DIR_READ, "DIR_READ")):
             with m.Case(o.value):
-                with m.If(arg(o, "link") >= d.top.links):
+                with m.If(d.early(arg(o, "link") >= d.top.links)):
                     d.reject(Status.BAD_ARG)
                 with m.Else():
                     m.next = state

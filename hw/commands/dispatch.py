@@ -2,9 +2,14 @@
 
 A request goes through the same states whatever its opcode::
 
-    IDLE ─► HDR_CHECK ─► ARGS ─► DISPATCH ─► (the unit's states) ─► RESP_HDR ─► (body) ─► IDLE
-               │                    │
-               └─► DRAIN ◄──────────┘ (rejected: drain the payload, answer with no payload)
+    IDLE ─► HDR_CHECK ─► ARGS ─► DECODE ─► DISPATCH ─► (the unit's states) ─► RESP_HDR ─► (body)
+               │                               │
+               └─► DRAIN ◄─────────────────────┘ (rejected: drain the payload, answer with no
+                                                  payload)
+
+``DECODE`` is one clock in which the request is complete and nothing happens but the units'
+:meth:`Dispatcher.early` registers taking its checks (lengths, argument ranges, derived
+response lengths): ``DISPATCH`` decides on flip-flops.
 
 :class:`Dispatcher` builds what every opcode shares, **from the protocol definitions**
 (:mod:`ringkv.defs.protocol`): the length check of ``HDR_CHECK`` from ``LENGTH`` and
@@ -43,6 +48,7 @@ from ringkv.defs.mac import KEY_SLOTS, SEED_BYTES
 from ringkv.defs.protocol import LENGTH, RECOVERY_STATUS, RESPONSES, Length, build_requests
 
 from ..attention.ring_port import RingPortArbiter
+from ..link.skid import StreamRegister
 from ..protocol import Op as LinkOp
 from ..protocol import Status
 from ..store.directory import Op as DirOp
@@ -102,6 +108,24 @@ class CommandUnit:
         """Logic that runs beside the dispatcher FSM (its own FSM), built after the signals."""
 
 
+class _Registered:
+    """``component`` as the units see it: its command stream ``port`` behind a
+    :class:`~ringkv.hw.link.skid.StreamRegister` (a submodule ``name`` of ``m``), every other
+    attribute its own."""
+
+    def __init__(self, m, name, component, port):
+        self._component, self._port = component, port
+        stream_port = getattr(component, port)
+        m.submodules[name] = self._register = StreamRegister(
+            stream_port.signature.members["payload"].shape)
+        wiring.connect(m, self._register.o, stream_port)
+
+    def __getattr__(self, attr):
+        if attr == self._port:
+            return self._register.i
+        return getattr(self._component, attr)
+
+
 class Dispatcher:
     """Shared registers, resources and helpers of the dispatcher FSM (see the module docstring).
 
@@ -113,12 +137,18 @@ class Dispatcher:
                  dma, attention):
         self.m, self.top, self.units = m, top, list(units)
         self.dec, self.enc, self.tm, self.hasher = decoder, encoder, tokens, hasher
-        self.dr, self.dma, self.at = directory, dma, attention
+        # The command streams of the directory, the DMA and the attention core go through a
+        # register slice each (one clock): the dispatcher's state decode and the command
+        # fields it muxes by state end in flip-flops, not in those blocks' FSMs.
+        self.dr = _Registered(m, "dir_cmd", directory, "i")
+        self.dma = _Registered(m, "dma_cmd", dma, "cmd")
+        self.at = _Registered(m, "attn_cmd", attention, "cmd")
         self.config, self.layout = top.config, top.record_layout
         #: The request layouts this build executes (:func:`ringkv.defs.protocol.build_requests`).
         self.sealed = top.sealed
         self.requests = build_requests(self.sealed, top.has_sdram_test)
         m = self.m
+        m.submodules.early_checks = self._early = Module()
         # response body modes: the fixed record first, then each unit's, in unit order
         self.modes = {"BUF": ("SEND_BUFFER", 0)}
         for unit in self.units:
@@ -131,7 +161,12 @@ class Dispatcher:
         self.frames, self.frame_errors, self.rejected = Signal(32), Signal(32), Signal(32)
         self.queries, self.hits, self.exports = Signal(32), Signal(32), Signal(32)
         self.stats_clear = Signal()
-        m.d.sync += self.cycles.eq(self.cycles + 1)
+        #: comb: the request is refused (:meth:`reject`); ``rejected`` counts it a clock later
+        #: (a register between the argument checks and the counter's 32-bit increment; no
+        #: request can read the counter within that clock)
+        self.rejecting = Signal()
+        rejected_inc = Signal()
+        m.d.sync += [self.cycles.eq(self.cycles + 1), rejected_inc.eq(self.rejecting)]
         with m.If(self.stats_clear):
             m.d.sync += [x.eq(0) for x in (self.attn_cycles, self.dma_cycles, self.dir_cycles,
                                             self.frames, self.frame_errors, self.rejected,
@@ -139,7 +174,8 @@ class Dispatcher:
         with m.Else():
             m.d.sync += [self.attn_cycles.eq(self.attn_cycles + attention.busy),
                          self.dma_cycles.eq(self.dma_cycles + dma.busy),
-                         self.dir_cycles.eq(self.dir_cycles + ~directory.i.ready)]
+                         self.dir_cycles.eq(self.dir_cycles + ~directory.i.ready),
+                         self.rejected.eq(self.rejected + rejected_inc)]
 
         # ---- request registers -------------------------------------------------------------
         arg_max = max(lay_.size for lay_ in self.requests.values())
@@ -153,7 +189,7 @@ class Dispatcher:
         self.mode = Signal(range(len(self.modes)))
         self.idx = Signal(17)                # response byte / item index
         self.cycles_at = Signal(64)          # STATS snapshot; start of QUERY/EXPORT
-        #: A unit (the recovery unit) raises ``not_ready`` (comb, from ``op``) to have
+        #: A unit (the recovery unit) raises ``not_ready`` (comb, from ``op`` and its state) to have
         #: ``DISPATCH`` answer ``NOT_READY`` with ``not_ready_word`` (a RESPONSES-sized record)
         #: instead of running the op; ``scan_busy`` while it owns the directory and the DMA.
         self.not_ready = Signal()
@@ -162,17 +198,32 @@ class Dispatcher:
         self.scan_busy = Signal()
 
         # ---- token memory read port 0: shared by the hash feeder and TOKENS_READ -----------
+        # Its address is always ``h_i`` (the hash feeder's next token, TOKENS_READ's next
+        # token): a register, not a mux by state, in front of the port's address and the
+        # compare with the write address that keeps a read in a write's clock reading the old
+        # token (yosys' emulation of the non-transparent read on a block RAM); only ``en`` is
+        # the states' decode.
         self.rd0 = tokens.read_port(0)
         self.tok_i = Signal(32)              # tokens done (stream ops) / item index
 
         # ---- hash feeder -------------------------------------------------------------------
+        # The feeder's stream (``h_valid`` and the token read on port 0) reaches the hash
+        # engine through a register slice: the token memory's block RAM has no output register
+        # (5.8 ns clock-to-out), and its data crossing the chip into the engine's two carry
+        # chains in the same clock was the board's critical path (docs/BOARD.md). One clock
+        # more per hash run; ``h_ready`` (the slice's ``i.ready``, a flip-flop) is the feeder's
+        # backpressure.
         self.h_n = Signal(32)
         self.h_i = Signal(32)
+        m.d.comb += self.rd0.addr.eq(self.h_i)
         self.h_valid, self.h_first, self.h_last = Signal(), Signal(), Signal()
         self.hash_val = Signal(64)
-        m.d.comb += [hasher.i.valid.eq(self.h_valid), hasher.i.payload.token.eq(self.rd0.data),
-                     hasher.i.payload.first.eq(self.h_first),
-                     hasher.i.payload.last.eq(self.h_last), hasher.o.ready.eq(1)]
+        m.submodules.hash_in = hash_in = StreamRegister(hasher.i.payload.shape())
+        wiring.connect(m, hash_in.o, hasher.i)
+        self.h_ready = hash_in.i.ready
+        m.d.comb += [hash_in.i.valid.eq(self.h_valid), hash_in.i.payload.token.eq(self.rd0.data),
+                     hash_in.i.payload.first.eq(self.h_first),
+                     hash_in.i.payload.last.eq(self.h_last), hasher.o.ready.eq(1)]
         m.d.sync += [self.h_valid.eq(0), self.h_first.eq(0), self.h_last.eq(0)]
 
         # ---- directory, allocator mirror, commit sequence ---------------------------------
@@ -197,6 +248,10 @@ class Dispatcher:
         wiring.connect(m, arbiter.core, attention.ring)
         m.d.comb += arbiter.dma_owns.eq(dma.busy & ~self.scan_busy)
         self.ring = arbiter.reader
+        # The dispatcher's ring reads address the ring port with its item index: RING_READ's
+        # byte or ring, EXPORT's ring check (``tok_i``, a register: no mux by state in front
+        # of the port's byte and metadata muxes); only ``ring_re`` is a state's decode.
+        m.d.comb += [self.ring.ring_addr.eq(self.tok_i), self.ring.meta_ring.eq(self.tok_i)]
 
         # ---- tenants (sealed builds): key slots' set bits, per-slot seeds, the hash seed ----
         if self.sealed:
@@ -212,6 +267,18 @@ class Dispatcher:
             m.d.comb += [self.key_set.eq(top.key_slots.set), hasher.seed_in.eq(self.h_seed)]
 
     # ---- helpers for the units -------------------------------------------------------------
+    def early(self, value):
+        """``value`` (a request check or a value derived from the request: its op, length and
+        argument record, the token count) through a register: in ``DISPATCH`` it is what
+        ``value`` was in ``DECODE``, the clock before, when all of those are final. The units'
+        ``DISPATCH`` cases test these registers, not the comparators and adders behind them."""
+        value = Value.cast(value)
+        held = Signal(value.shape())
+        # (in a module of their own: the caller is inside the FSM's cases and If chains, and
+        # these registers take their value every clock, unconditionally)
+        self._early.d.sync += held.eq(value)
+        return held
+
     def arg(self, op, name):
         """Field ``name`` of ``op``'s request record, as collected in ``ARGS``."""
         off, size = self.requests[op].offset(name)
@@ -257,8 +324,8 @@ class Dispatcher:
     def reject(self, status):
         """Refuse the request: drain what is left of its payload, then answer."""
         m = self.m
-        m.d.sync += [self.rstatus.eq(status), self.rlen.eq(0), self.mode.eq(0),
-                     self.rejected.eq(self.rejected + 1)]
+        m.d.sync += [self.rstatus.eq(status), self.rlen.eq(0), self.mode.eq(0)]
+        m.d.comb += self.rejecting.eq(1)
         m.next = "DRAIN"
 
     def ok_fixed(self, op):
@@ -323,10 +390,11 @@ class Dispatcher:
                 m.next = next_state
 
     def hash_call(self, name, next_state):
-        """Hash the first ``h_n`` tokens (``h_n >= 1``) into ``hash_val``: ``n + 2`` clocks."""
+        """Hash the first ``h_n`` tokens (``h_n >= 1``) into ``hash_val``: ``n + 3`` clocks
+        (the read, the slice ``hash_in``, the engine)."""
         m, h_i, h_n = self.m, self.h_i, self.h_n
         with m.State(name):
-            m.d.comb += [self.rd0.addr.eq(h_i), self.rd0.en.eq(1)]
+            m.d.comb += self.rd0.en.eq(1)
             m.d.sync += [self.h_valid.eq(1), self.h_first.eq(h_i == 0),
                          self.h_last.eq(h_i == h_n - 1), h_i.eq(h_i + 1)]
             with m.If(h_i == h_n - 1):
@@ -371,6 +439,9 @@ class Dispatcher:
                 for o, values in records.items():
                     with m.Case(o.value):
                         m.d.comb += resp_word.eq(pack_layout(RESPONSES[o], **values))
+        # the record as it stands while its header is offered (RESPOND_HEADER, the clock
+        # before SEND_BUFFER): the op's record mux and the byte select are a register apart
+        resp_held = Signal.like(resp_word)
 
         with m.FSM(name="dispatch"):
             with m.State("IDLE"):
@@ -402,7 +473,7 @@ class Dispatcher:
                         size = self.requests[o].size
                         with m.Case(o.value):
                             if rule is Length.ANY:
-                                m.next = "DISPATCH"
+                                m.next = "DECODE"
                                 continue
                             if rule is Length.EXACT:
                                 bad = length != size
@@ -417,7 +488,7 @@ class Dispatcher:
                                     m.next = "ARGS"
                             else:
                                 with m.Elif(length == 0):
-                                    m.next = "DISPATCH"
+                                    m.next = "DECODE"
                                 with m.Else():
                                     m.next = "ARGS"
                     with m.Default():
@@ -436,7 +507,7 @@ class Dispatcher:
                                 continue
                             with m.Case(o.value):
                                 with m.If(taken == size - 1):
-                                    m.next = "DISPATCH"
+                                    m.next = "DECODE"
 
             with m.State("DRAIN"):
                 m.d.comb += dec.data.ready.eq(taken != length)
@@ -446,6 +517,7 @@ class Dispatcher:
                     m.d.sync += taken.eq(taken + 1)
 
             with m.State("RESPOND_HEADER"):
+                m.d.sync += resp_held.eq(resp_word)
                 m.d.comb += [enc.header.valid.eq(1), enc.header.payload.op.eq(op),
                              enc.header.payload.seq.eq(self.seq),
                              enc.header.payload.status.eq(self.rstatus),
@@ -462,11 +534,15 @@ class Dispatcher:
 
             with m.State("SEND_BUFFER"):
                 m.d.comb += [enc.data.valid.eq(1),
-                             enc.data.payload.eq(resp_word.word_select(self.idx[:7], 8))]
+                             enc.data.payload.eq(resp_held.word_select(self.idx[:7], 8))]
                 with m.If(enc.data.ready):
                     m.d.sync += self.idx.eq(self.idx + 1)
                     with m.If(self.idx == self.rlen - 1):
                         m.next = "IDLE"
+
+            with m.State("DECODE"):
+                # the request is complete: the units' early() registers take its checks
+                m.next = "DISPATCH"
 
             with m.State("DISPATCH"):
                 with m.If(self.not_ready):

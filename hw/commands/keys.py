@@ -135,9 +135,9 @@ class KeyUnit(CommandUnit):
         fixed = d.requests[Op.KEY_SET].size
         with m.Case(Op.KEY_SET.value):
             slot, key_id = arg(Op.KEY_SET, "slot"), arg(Op.KEY_SET, "key_id")
-            with m.If(d.length != fixed + KEY_SET_TAIL):
+            with m.If(d.early(d.length != fixed + KEY_SET_TAIL)):
                 d.reject(Status.BAD_LENGTH)
-            with m.Elif((slot >= KEY_SLOTS) | (key_id == KEY_ID_NONE)):
+            with m.Elif(d.early((slot >= KEY_SLOTS) | (key_id == KEY_ID_NONE))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [self.slot.eq(slot), self.index.eq(0)]

@@ -16,23 +16,24 @@ the tenant's seed, so it finds only that tenant's records.
 
 Datapath (all four run at once, one token per clock where nothing stalls)::
 
-    token memory (read port 0) ─► HashEngine ─► key FIFO ─► CacheDirectory.probe
+    token memory (read port 0) ─► slice ─► HashEngine ─► key FIFO ─► CacheDirectory.probe
       feeder: one read per clock   {hash, count, last}   (4 entries)   PROBE run: one key per
-      while the engine takes it    of every prefix                    clock on an empty bucket,
-                                                                      2 + links compared else
+      while the slice takes it     of every prefix                    clock on an empty bucket,
+                                                                      3 + links compared else
 
 The directory's PROBE run (``hw/store/directory.py``) is a lookup per key without the command
 handshake and without the stamp write: a key whose bucket is empty costs 1 clock, any other
-``2 + c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
-last (longest) key that hit. The feeder holds its token under the hash engine's backpressure
-(token memory read data holds while ``en`` is low), the hash engine holds its output while the
+``3 + c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
+last (longest) key that hit. The feeder holds its token under the backpressure of the register
+slice before the hash engine (``Dispatcher.h_ready``; token memory read data holds while ``en``
+is low), the hash engine holds its output while the
 FIFO is full, so no key is lost whatever the directory's pace, and the FIFO keeps keys on offer
 so the directory never waits for one after the first.
 
 No hang: the feeder issues exactly ``n`` tokens (the first marked ``first``, the ``n``-th
 ``last``), each becomes one key, the directory's run ends at the key marked ``last`` and
 answers, and every stage waits only on the next one, which always drains (the directory takes
-a key within ``2 + links`` clocks); so the request ends within ``13 + n * (2 + links)``
+a key within ``3 + links`` clocks); so the request ends within ``15 + n * (3 + links)``
 clocks.
 
 Latency: ``QUERY_PREFIX_FIXED + sum(cost of each key)`` clocks from the request's header to its
@@ -42,10 +43,11 @@ answer (``cycles`` of the response; the exact formula and its terms are in
 """
 
 from amaranth import Mux, Signal
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib import wiring
 
 from ringkv.defs.protocol import RESPONSES, Op
 
+from ..link.skid import StreamRegister
 from ..protocol import Status
 from ..store.directory import Op as DirOp
 from ..store.directory import Status as DirStatus
@@ -55,7 +57,10 @@ __all__ = ["PrefixUnit", "KEY_FIFO_DEPTH"]
 
 #: Entries of the key FIFO between the hash engine and the directory's probe stream. Two would
 #: do for throughput (the directory takes at most one key per clock, the engine refills in one);
-#: four leave slack for the registered output stage.
+#: four leave slack. The FIFO is two register slices in a row (two entries each): every
+#: ``ready`` and ``valid`` on its way is a flip-flop, so the directory's ``probe.ready`` (decided
+#: on its bucket-head table's output: an empty bucket takes the next key at once) ends in the
+#: second slice's registers, not in a FIFO's level counter; a key still takes two clocks through.
 KEY_FIFO_DEPTH = 4
 
 
@@ -69,13 +74,14 @@ class PrefixUnit(CommandUnit):
         width = len(hasher.o.payload.as_value())
         if width != len(dr.probe.payload.as_value()):
             raise ValueError("the hash engine's output and the directory's probe stream differ")
-        m.submodules.prefix_keys = self.fifo = SyncFIFOBuffered(width=width,
-                                                                depth=KEY_FIFO_DEPTH)
+        m.submodules.prefix_keys = self.keys_in = StreamRegister(width)
+        m.submodules.prefix_keys_out = self.keys_out = StreamRegister(width)
+        wiring.connect(m, self.keys_in.o, self.keys_out.i)
 
     def background(self, d):
-        fifo, probe = self.fifo, d.dr.probe
-        d.m.d.comb += [probe.valid.eq(fifo.r_rdy), probe.payload.eq(fifo.r_data),
-                       fifo.r_en.eq(probe.ready)]
+        keys, probe = self.keys_out.o, d.dr.probe
+        d.m.d.comb += [probe.valid.eq(keys.valid), probe.payload.eq(keys.payload),
+                       keys.ready.eq(probe.ready)]
 
     def responses(self, d):
         r = d.dresp        # the PROBE answer: zero count, hash, link, region on a miss
@@ -86,14 +92,14 @@ class PrefixUnit(CommandUnit):
         m, tm = d.m, d.tm
         with m.Case(Op.QUERY_PREFIX.value), d.tenant(Op.QUERY_PREFIX):
             n = d.arg(Op.QUERY_PREFIX, "n")
-            with m.If((n == 0) | (n > tm.count)):
+            with m.If(d.early((n == 0) | (n > tm.count))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.issued.eq(0)]
                 m.next = "PROBE_RUN"
 
     def states(self, d):
-        m, dr, hasher, fifo = d.m, d.dr, d.hasher, self.fifo
+        m, dr, hasher, keys = d.m, d.dr, d.hasher, self.keys_in.i
         h_i, h_n = d.h_i, d.h_n
         with m.State("PROBE_RUN"):
             # the directory's PROBE command, once (the directory is idle between requests)
@@ -103,16 +109,16 @@ class PrefixUnit(CommandUnit):
                 with m.If(dr.i.ready):
                     m.d.sync += self.issued.eq(1)
             # feeder: a token memory read whenever the hash engine takes the pending token
-            with m.If(~d.h_valid | hasher.i.ready):
+            with m.If(~d.h_valid | d.h_ready):
                 with m.If(h_i != h_n):
-                    m.d.comb += [d.rd0.addr.eq(h_i), d.rd0.en.eq(1)]
+                    m.d.comb += d.rd0.en.eq(1)      # at h_i
                     m.d.sync += [d.h_valid.eq(1), d.h_first.eq(h_i == 0),
                                  d.h_last.eq(h_i == h_n - 1), h_i.eq(h_i + 1)]
             with m.Else():      # held: read data holds while en is low
                 m.d.sync += [d.h_valid.eq(1), d.h_first.eq(d.h_first), d.h_last.eq(d.h_last)]
             # hash engine -> key FIFO (-> the directory's probe stream, in background())
-            m.d.comb += [hasher.o.ready.eq(fifo.w_rdy), fifo.w_en.eq(hasher.o.valid),
-                         fifo.w_data.eq(hasher.o.payload.as_value())]
+            m.d.comb += [hasher.o.ready.eq(keys.ready), keys.valid.eq(hasher.o.valid),
+                         keys.payload.eq(hasher.o.payload.as_value())]
             # the answer, after the last key
             m.d.comb += dr.o.ready.eq(1)
             with m.If(dr.o.valid):

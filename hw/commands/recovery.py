@@ -94,15 +94,15 @@ class RecoveryUnit(CommandUnit):
                            scanned=self.scanned, regions=regions, live=self.live,
                            freed=self.freed, next_seq=d.commit_seq, cycles=self.cycles)
         m.d.comb += d.not_ready_word.eq(pack_layout(RECOVERY_STATUS, **self.fields))
-        gate = Signal()
-        with m.Switch(d.op):
-            for o in sorted(RECOVERY_GATED | RECOVERY_SCAN_GATED, key=lambda o: o.value):
-                with m.Case(o.value):
-                    if o in RECOVERY_GATED:
-                        m.d.comb += gate.eq(self.state != RecoveryState.READY)
-                    else:
-                        m.d.comb += gate.eq(scanning)
-        m.d.comb += d.not_ready.eq(gate)
+        # Which gate applies to the request is decoded from ``op`` a clock ahead (``early``:
+        # ``op`` is final in DECODE); only the scan's state is read in DISPATCH. ``not_ready``
+        # decides every DISPATCH case, and the op decode in front of it was on the longest
+        # paths into the units' registers at the board's 60 MHz (docs/BOARD.md).
+        op = d.op.as_value()
+        gated = d.early(op.matches(*(o.value for o in RECOVERY_GATED)))
+        scan_gated = d.early(op.matches(*(o.value for o in RECOVERY_SCAN_GATED - RECOVERY_GATED)))
+        m.d.comb += d.not_ready.eq((gated & (self.state != RecoveryState.READY))
+                                   | (scan_gated & scanning))
         with m.If(scanning):
             m.d.sync += self.cycles.eq(self.cycles + 1)
             # the storage port's error code of the scan's failing transfer

@@ -42,7 +42,6 @@ class SnapshotUnit(CommandUnit):
 
     def signals(self, d):
         c, lay = d.config, d.layout
-        R = c.layers * c.kv_heads
         self.s_n = Signal(32)
         self.s_rec = Signal(8)
         self.s_dir = Signal(4)
@@ -51,7 +50,6 @@ class SnapshotUnit(CommandUnit):
         self.s_seq = Signal(32)
         self.s_old_hit = Signal()
         self.s_old_link = Signal(16)
-        self.s_ring = Signal(range(R + 1))
         self.s_bad = Signal()
         self.s_prev_head = Signal(16)
         self.s_cycles = Signal(32)
@@ -70,7 +68,7 @@ class SnapshotUnit(CommandUnit):
         m, tm, arg = d.m, d.tm, d.arg
         with m.Case(Op.QUERY.value), d.tenant(Op.QUERY):
             n = arg(Op.QUERY, "n")
-            with m.If((n == 0) | (n > tm.count)):
+            with m.If(d.early((n == 0) | (n > tm.count))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.s_n.eq(n), self.s_rec.eq(NO_RECORD),
@@ -80,13 +78,15 @@ class SnapshotUnit(CommandUnit):
         with m.Case(Op.EXPORT.value), d.tenant(Op.EXPORT):
             n = arg(Op.EXPORT, "n")
             kind = arg(Op.EXPORT, "kind")
-            with m.If((n == 0) | (n > tm.count) | (n != d.ring.meta_count)
-                      | (kind > max(k.value for k in RecordKind))):
+            # (that every ring holds n tokens is checked by EXPORT_RINGS, ring 0 included:
+            # not here, where the ring port's metadata read would lengthen the dispatch path)
+            with m.If(d.early((n == 0) | (n > tm.count)
+                              | (kind > max(k.value for k in RecordKind)))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.h_n.eq(n), d.h_i.eq(0), self.s_n.eq(n), self.s_rec.eq(NO_RECORD),
                              self.s_dir.eq(DirStatus.MISS), self.s_link.eq(0),
-                             self.s_region.eq(0), self.s_seq.eq(d.commit_seq), self.s_ring.eq(0),
+                             self.s_region.eq(0), self.s_seq.eq(d.commit_seq), d.tok_i.eq(0),
                              self.s_bad.eq(0), self.s_kind.eq(kind)]
                 m.next = "EXPORT_RINGS"
 
@@ -127,19 +127,23 @@ class SnapshotUnit(CommandUnit):
 
         # ---- EXPORT: rings agree, hash, lookup old, insert, DMA export, retire ----
         with m.State("EXPORT_RINGS"):
-            m.d.comb += d.ring.meta_ring.eq(self.s_ring)
             # every ring must hold the n tokens, with the same head (the DMA checks this
-            # too, but after the directory insert: checked here, a refusal changes nothing)
-            with m.If((d.ring.meta_count != s_n)
-                      | ((d.ring.meta_head != self.s_prev_head) & (self.s_ring != 0))):
+            # too, but after the directory insert: checked here, a refusal changes nothing).
+            # ``meta_ring`` is the dispatcher's item index ``tok_i``, and the port's metadata
+            # is registered (read one clock later): at ``tok_i = k`` it is ring k - 1's, so
+            # the check runs over ``tok_i = 1 .. R`` (R + 1 clocks)
+            s_ring = d.tok_i
+            with m.If((s_ring != 0)
+                      & ((d.ring.meta_count != s_n)
+                         | ((d.ring.meta_head != self.s_prev_head) & (s_ring != 1)))):
                 m.d.sync += self.s_bad.eq(1)
-            m.d.sync += [self.s_ring.eq(self.s_ring + 1), self.s_prev_head.eq(d.ring.meta_head)]
-            with m.If(self.s_ring == R - 1):
+            m.d.sync += [s_ring.eq(s_ring + 1), self.s_prev_head.eq(d.ring.meta_head)]
+            with m.If(s_ring == R):
                 m.next = "EXPORT_RINGS_OK"
         with m.State("EXPORT_RINGS_OK"):
             with m.If(self.s_bad):
-                m.d.sync += [d.rstatus.eq(Status.BAD_ARG), d.rlen.eq(0),
-                             d.rejected.eq(d.rejected + 1)]
+                m.d.sync += [d.rstatus.eq(Status.BAD_ARG), d.rlen.eq(0)]
+                m.d.comb += d.rejecting.eq(1)
                 m.next = "RESPOND_HEADER"
             with m.Else():
                 m.next = "EXPORT_HASH"

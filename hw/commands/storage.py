@@ -43,6 +43,9 @@ class StorageUnit(CommandUnit):
     def signals(self, d):
         m = d.m
         st, ds = d.top.initiator, d.dma.storage
+        # registers, set and cleared with the dispatcher's state (SECTOR_COMMAND and
+        # SECTOR_DATA), not decoded from it: the storage port's muxes and the SD controller
+        # behind them see flip-flops
         self.st_top = st_top = Signal()
         self.top_cmd_valid, self.top_rready = top_cmd_valid, top_rready = Signal(), Signal()
         self.top_lba = Signal(32)
@@ -112,11 +115,11 @@ class StorageUnit(CommandUnit):
         region_sectors = top.regions * d.layout.sectors_per_region
         with m.Case(Op.SECTOR_READ.value):
             lba = d.arg(Op.SECTOR_READ, "lba")
-            with m.If(lba >= region_sectors):
+            with m.If(d.early(lba >= region_sectors)):
                 d.reject(Status.BAD_ARG)
             with m.Else():
-                m.d.sync += [self.top_lba.eq(top.base_lba + lba), d.idx.eq(0),
-                             self.sec_err.eq(0)]
+                m.d.sync += [self.top_lba.eq(d.early(top.base_lba + lba)), d.idx.eq(0),
+                             self.sec_err.eq(0), self.st_top.eq(1), self.top_cmd_valid.eq(1)]
                 m.next = "SECTOR_COMMAND"
         with m.Case(Op.STORAGE_INFO.value):
             if top.tier is None:
@@ -139,17 +142,20 @@ class StorageUnit(CommandUnit):
                     m.d.sync += self.residents.eq(tier.residents.payload)
                     d.ok_fixed(Op.STORAGE_INFO)
         with m.State("SECTOR_COMMAND"):
-            m.d.comb += [self.st_top.eq(1), self.top_cmd_valid.eq(1)]
             with m.If(st.cmd.ready):
+                m.d.sync += [self.top_cmd_valid.eq(0), self.top_rready.eq(1)]
                 m.next = "SECTOR_DATA"
         with m.State("SECTOR_DATA"):
-            # the storage contract: count*512 bytes, then one status (early on an error)
-            m.d.comb += [self.st_top.eq(1), self.top_rready.eq(idx != SECTOR_BYTES),
-                         sec_wr.addr.eq(idx), sec_wr.data.eq(st.rdata.payload)]
+            # the storage contract: count*512 bytes, then one status (early on an error);
+            # top_rready is ``idx != SECTOR_BYTES``, kept as a register
+            m.d.comb += [sec_wr.addr.eq(idx), sec_wr.data.eq(st.rdata.payload)]
             with m.If(st.rdata.valid & (idx != SECTOR_BYTES)):
                 m.d.comb += sec_wr.en.eq(1)
                 m.d.sync += idx.eq(idx + 1)
+                with m.If(idx == SECTOR_BYTES - 1):
+                    m.d.sync += self.top_rready.eq(0)
             with m.If(st.status.valid):
+                m.d.sync += [self.st_top.eq(0), self.top_rready.eq(0)]
                 with m.If((st.status.payload.error != StorageError.OK)
                           | (idx != SECTOR_BYTES)):
                     d.respond(Status.STORAGE_ERROR)

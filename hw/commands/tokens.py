@@ -2,7 +2,7 @@
 
 A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. Tokens
 arrive as ``token_bytes`` little-endian bytes each, one byte per clock; TOKENS_READ sends them back
-at 2 clocks per token plus one per byte; HASH_QUERY runs the hash feeder (``n + 2`` clocks).
+at 2 clocks per token plus one per byte; HASH_QUERY runs the hash feeder (``n + 3`` clocks).
 """
 
 from amaranth import Cat, Mux, Signal
@@ -37,9 +37,9 @@ class TokenUnit(CommandUnit):
         TB, MT = d.layout.token_bytes, d.config.max_tokens
         with m.Case(Op.TOKENS_APPEND.value):
             n = arg(Op.TOKENS_APPEND, "n")
-            with m.If(length != REQUESTS[Op.TOKENS_APPEND].size + n * TB):
+            with m.If(d.early(length != REQUESTS[Op.TOKENS_APPEND].size + n * TB)):
                 d.reject(Status.BAD_LENGTH)
-            with m.Elif(tm.count + n > MT):
+            with m.Elif(d.early(tm.count + n > MT)):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.tok_i.eq(0), self.tok_b.eq(0)]
@@ -47,9 +47,9 @@ class TokenUnit(CommandUnit):
         with m.Case(Op.TOKENS_WRITE.value):
             n = arg(Op.TOKENS_WRITE, "n")
             off = arg(Op.TOKENS_WRITE, "offset")
-            with m.If(length != REQUESTS[Op.TOKENS_WRITE].size + n * TB):
+            with m.If(d.early(length != REQUESTS[Op.TOKENS_WRITE].size + n * TB)):
                 d.reject(Status.BAD_LENGTH)
-            with m.Elif((off > tm.count) | (off + n > MT)):
+            with m.Elif(d.early((off > tm.count) | (off + n > MT))):
                 d.reject(Status.BAD_ARG)
             with m.Else():
                 m.d.sync += [d.tok_i.eq(0), self.tok_b.eq(0)]
@@ -57,18 +57,18 @@ class TokenUnit(CommandUnit):
         with m.Case(Op.TOKENS_READ.value):
             n = arg(Op.TOKENS_READ, "n")
             off = arg(Op.TOKENS_READ, "offset")
-            with m.If((off + n > tm.count) | (n * TB > d.top.max_payload)):
+            with m.If(d.early((off + n > tm.count) | (n * TB > d.top.max_payload))):
                 d.reject(Status.BAD_ARG)
-            with m.Elif(n == 0):
+            with m.Elif(d.early(n == 0)):
                 d.respond(Status.OK)
             with m.Else():
-                m.d.sync += d.tok_i.eq(off)
-                d.respond(Status.OK, n * TB, "TOKENS")
+                m.d.sync += d.h_i.eq(off)       # read port 0's address (dispatch.py)
+                d.respond(Status.OK, d.early((n * TB)[:16]), "TOKENS")
         with m.Case(Op.HASH_QUERY.value):
             n = arg(Op.HASH_QUERY, "n")
-            with m.If(n > tm.count):
+            with m.If(d.early(n > tm.count)):
                 d.reject(Status.BAD_ARG)
-            with m.Elif(n == 0):
+            with m.Elif(d.early(n == 0)):
                 m.d.sync += d.hash_val.eq(hash_seed(d.config))
                 d.ok_fixed(Op.HASH_QUERY)
             with m.Else():
@@ -112,7 +112,7 @@ class TokenUnit(CommandUnit):
 
         # ---- TOKENS_READ: 2 clocks per token + TB bytes ----
         with m.State("TOKENS_READ_ISSUE"):
-            m.d.comb += [d.rd0.addr.eq(tok_i), d.rd0.en.eq(1)]
+            m.d.comb += d.rd0.en.eq(1)             # at h_i (dispatch.py)
             m.d.sync += tok_b.eq(0)
             m.next = "TOKENS_READ_SEND"
         with m.State("TOKENS_READ_SEND"):
@@ -123,7 +123,7 @@ class TokenUnit(CommandUnit):
                 with m.If(d.idx == d.rlen - 1):
                     m.next = "IDLE"
                 with m.Elif(tok_b == TB - 1):
-                    m.d.sync += tok_i.eq(tok_i + 1)
+                    m.d.sync += d.h_i.eq(d.h_i + 1)
                     m.next = "TOKENS_READ_ISSUE"
 
         # ---- HASH_QUERY ----

@@ -54,7 +54,9 @@ Throughput: one byte per clock on the storage port's data streams (its peak) in 
 with a 4-entry FIFO behind a two-stage read pipeline (the ring port's read latency is two
 clocks, the token port's one; the token byte waits a clock in a register). The payload CRC
 runs one clock behind its bytes (a register between the byte and the CRC: the board build's
-critical path ran from the attention core's banks through the byte mux into the CRC). Overhead per
+critical path ran from the attention core's banks through the byte mux into the CRC); export's
+header CRC takes the header encoder's bytes a clock after their issue, from the write pipeline's
+first stage (no clock added: the CRC's own bytes are read from it a stage later). Overhead per
 transfer: three storage commands (tokens, KV, header), ``2 * layers * kv_heads`` clocks of
 metadata reads and a few clocks per state change; see ``docs/BENCHMARKS.md`` for exact counts.
 Backpressure: ``cmd`` is accepted only when idle; ``resp`` holds until taken; every storage
@@ -250,6 +252,10 @@ class DmaEngine(wiring.Component):
         seg = Signal(RecordSegment)
         pay_left = Signal(34)             # payload bytes left in the segment
         total_left = Signal(26)           # bytes (payload + padding) left in the segment
+        # ``total_left != 0`` as a register of its own, kept with every write of total_left:
+        # the 26-bit compare in front of the byte issue (and from there the header CRC's
+        # enable) was one of the DMA's longest paths at the board's 60 MHz.
+        total_nz = Signal()
         hdr_pos = cursor.hdr_pos
         m.d.comb += [cursor.segment.eq(seg), cursor.valid_slots.eq(v), cursor.first_slot.eq(s0)]
 
@@ -259,7 +265,9 @@ class DmaEngine(wiring.Component):
         exporting = op == DmaOp.EXPORT
         importing = op == DmaOp.IMPORT
         hd = hparse.fields
-        m.d.comb += [henc.pos.eq(hdr_pos), henc.header_crc.eq(hcrc.crc),
+        # (the header CRC's bytes 508..511 do not come from the encoder: the write pipeline
+        # takes them from the CRC itself, ByteSource.CRC; its ``header_crc`` stays 0)
+        m.d.comb += [henc.pos.eq(hdr_pos),
                      henc.fields.commit_seq.eq(Mux(exporting, req_seq, hd.commit_seq)),
                      henc.fields.prefix_hash.eq(Mux(exporting, req_hash, hd.prefix_hash)),
                      henc.fields.count.eq(n), henc.fields.ring_head.eq(head),
@@ -273,7 +281,12 @@ class DmaEngine(wiring.Component):
         # --- export datapath: issue -> read pipeline -> FIFO -> storage.wdata ---------------
         m.d.comb += [wpipe.token_word.eq(self.tokens.data),
                      wpipe.ring_rdata.eq(self.ring.ring_rdata),
-                     wpipe.sel.eq(cursor.token_byte)]
+                     wpipe.sel.eq(cursor.token_byte), wpipe.crc.eq(hcrc.crc)]
+        # Export's header bytes 0..507 reach the header CRC from the write pipeline's first
+        # stage, a clock after their issue (the encoder's byte mux into the CRC's update in one
+        # clock was one of the DMA's longest paths at the board's 60 MHz); import's come from
+        # the storage port's read data in the clock it hands them over (below).
+        m.d.comb += [hcrc.valid.eq(wpipe.hdr_valid), hcrc.data.eq(wpipe.hdr_byte)]
         wiring.connect(m, wpipe.wdata, wiring.flipped(st.wdata))
 
         # --- import: header parse, token compare; K/V bytes go straight to the ring port -----
@@ -291,8 +304,10 @@ class DmaEngine(wiring.Component):
         m.d.sync += [pcrc_v.eq(crc_v), pcrc_d.eq(crc_d)]
         m.d.comb += [pcrc.valid.eq(pcrc_v), pcrc.data.eq(pcrc_d)]
         tap = self.record_tap
+        # (an export's header byte is on the tap a clock after its issue, the cursor one past it)
         m.d.comb += [tap.valid.eq(hcrc.valid | crc_v), tap.segment.eq(seg),
-                     tap.pos.eq(hdr_pos), tap.byte.eq(Mux(hcrc.valid, hcrc.data, crc_d))]
+                     tap.pos.eq(Mux(exporting, hdr_pos - 1, hdr_pos)),
+                     tap.byte.eq(Mux(hcrc.valid, hcrc.data, crc_d))]
         # the MAC takes the payload bytes with the payload CRC, one clock behind the tap (off
         # the ring port's read path); the header pass (MAC_HEADER) overrides this below
         mac = self.mac
@@ -407,20 +422,24 @@ class DmaEngine(wiring.Component):
                                                       StorageOp.READ)),
                              st.cmd.payload.lba.eq(seg_lba), st.cmd.payload.count.eq(seg_count)]
                 with m.If(st.cmd.ready):
-                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR)]
+                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
+                                 total_nz.eq(seg_count != 0)]
                     m.d.comb += cursor.start.eq(1)
                     m.next = "SEGMENT_DATA"
             with m.State("SEGMENT_DATA"):
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
                 with m.If(exporting):
-                    with m.If((total_left != 0) & wpipe.room):
-                        m.d.sync += total_left.eq(total_left - 1)
+                    with m.If(total_nz & wpipe.room):
+                        m.d.sync += [total_left.eq(total_left - 1), total_nz.eq(total_left != 1)]
                         m.d.comb += wpipe.issue.eq(1)
                         with m.If(seg == RecordSegment.HDR):
-                            m.d.comb += [wpipe.source.eq(ByteSource.CONST),
-                                         wpipe.const.eq(henc.byte),
-                                         hcrc.valid.eq(hdr_pos < SECTOR - 4),
-                                         hcrc.data.eq(henc.byte), cursor.step.eq(1)]
+                            # 0..507 the encoder's, into the header CRC (``hdr``); 508..511
+                            # the CRC's bytes (``sel``), read when it has taken byte 507
+                            body = hdr_pos < SECTOR - 4
+                            m.d.comb += [wpipe.source.eq(Mux(body, ByteSource.CONST,
+                                                             ByteSource.CRC)),
+                                         wpipe.const.eq(henc.byte), wpipe.hdr.eq(body),
+                                         wpipe.sel.eq(hdr_pos[:2]), cursor.step.eq(1)]
                         with m.Elif(pay_left != 0):
                             m.d.sync += pay_left.eq(pay_left - 1)
                             m.d.comb += cursor.step.eq(1)
@@ -433,9 +452,9 @@ class DmaEngine(wiring.Component):
                         with m.Else():         # padding to the sector
                             m.d.comb += [wpipe.source.eq(ByteSource.CONST), wpipe.const.eq(0)]
                 with m.Else():
-                    m.d.comb += st.rdata.ready.eq(total_left != 0)
-                    with m.If(st.rdata.valid & (total_left != 0)):
-                        m.d.sync += total_left.eq(total_left - 1)
+                    m.d.comb += st.rdata.ready.eq(total_nz)
+                    with m.If(st.rdata.valid & total_nz):
+                        m.d.sync += [total_left.eq(total_left - 1), total_nz.eq(total_left != 1)]
                         with m.If(seg == RecordSegment.HDR):
                             m.d.comb += [hcrc.valid.eq(1), hcrc.data.eq(rbyte), hparse.valid.eq(1),
                                          cursor.step.eq(1)]
@@ -449,7 +468,7 @@ class DmaEngine(wiring.Component):
                             with m.Elif(importing):
                                 m.d.comb += self.ring.ring_we.eq(1)
                                 m.d.sync += kv_started.eq(1)
-                data_done = (total_left == 0) & wpipe.empty
+                data_done = ~total_nz & wpipe.empty
                 with m.If(st.status.valid):
                     with m.If((st.status.payload.error != StorageError.OK) | ~data_done):
                         m.d.sync += status.eq(RecordStatus.STORAGE)

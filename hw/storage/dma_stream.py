@@ -8,8 +8,8 @@ clock, whether a byte moves.
   offset in the header sector, the token index and byte, and the ring port's byte address in the
   record's K/V order.
 * :class:`WritePipeline`: export's read pipeline: one byte issued per clock (a constant, a byte
-  of the token read one clock earlier, or the ring port's byte two clocks later) into a 4-entry
-  FIFO that feeds the storage port's ``wdata`` stream.
+  of the token read one clock earlier, the ring port's byte two clocks later, or a byte of the
+  header CRC a clock later) into a 4-entry FIFO that feeds the storage port's ``wdata`` stream.
 * :class:`TokenChecker`: import's comparison of the stored tokens with token memory.
 * :data:`RecordTap`: the record's bytes, in both directions, at the one point where the
   engine's CRCs read them; see ``docs/blocks/dma.md`` for where a consumer (a MAC) attaches.
@@ -43,6 +43,7 @@ class ByteSource(enum.Enum, shape=2):
     CONST = 0        #: ``const`` (header bytes, padding)
     TOKEN = 1        #: byte ``sel`` of the token memory's read data (read issued this clock)
     RING = 2         #: the ring port's read data (read issued this clock)
+    CRC = 3          #: byte ``sel`` of ``crc`` as it is a clock after the issue (the header CRC)
 
 
 #: One byte of a record on its way between storage and the rings (``docs/blocks/dma.md``).
@@ -141,14 +142,18 @@ class WritePipeline(wiring.Component):
     """Export's byte pipeline: issue -> stage 1 -> stage 2 -> FIFO -> ``wdata``.
 
     Ports: ``issue`` (In 1), ``source`` (In :class:`ByteSource`), ``const`` (In 8), ``sel`` (In:
-    the token's byte) describe the byte issued this clock; the token memory's and the ring
-    port's reads for it are issued in the same clock by whoever drives them, and their data come
-    in on ``token_word`` (one clock later) and ``ring_rdata`` (two clocks later). ``payload``
-    (In 1): the byte belongs to the payload CRC (and :data:`RecordTap`). ``wdata`` (Out stream of
-    bytes) to the storage port. ``room`` (Out 1): a byte may be issued this clock (the FIFO, 4
-    entries, has room for every byte in flight). ``empty`` (Out 1): nothing in flight or queued.
-    ``flush`` (In 1): drop every byte in flight and queued (a failed transfer). ``tap_valid``,
-    ``tap_byte`` (Out): a payload byte entering the FIFO.
+    the token's byte, or the CRC's), ``hdr`` (In 1: a ``CONST`` byte the header CRC covers)
+    describe the byte issued this clock; the token memory's and the ring port's reads for it are
+    issued in the same clock by whoever drives them, and their data come in on ``token_word``
+    (one clock later) and ``ring_rdata`` (two clocks later); ``crc`` (In 32) is read a clock
+    after a ``CRC`` byte's issue. ``wdata`` (Out stream of bytes) to the storage port. ``room``
+    (Out 1): a byte may be issued this clock (the FIFO, 4 entries, has room for every byte in
+    flight). ``empty`` (Out 1): nothing in flight or queued. ``flush`` (In 1): drop every byte in
+    flight and queued (a failed transfer). ``tap_valid``, ``tap_byte`` (Out): a payload byte
+    (``TOKEN``, ``RING``) entering the FIFO. ``hdr_valid``, ``hdr_byte`` (Out): a byte issued
+    with ``hdr``, the clock after its issue (the header CRC's input: the header encoder's byte
+    crosses a register before the CRC, and the CRC, a clock behind its bytes, still has all of
+    them when the first ``CRC`` byte, issued right after the last, reads it).
 
     Latency: a byte enters the FIFO two clocks after its issue and is on ``wdata`` the clock
     after. Throughput: one byte per clock while ``wdata.ready`` stays high (issue while
@@ -160,10 +165,10 @@ class WritePipeline(wiring.Component):
         self._token_bytes = lay.token_bytes
         super().__init__({
             "issue": In(1), "source": In(ByteSource), "const": In(8),
-            "sel": In(range(max(lay.token_bytes, 2))), "payload": In(1),
+            "sel": In(range(max(lay.token_bytes, 4))), "hdr": In(1), "crc": In(32),
             "token_word": In(8 * lay.token_bytes), "ring_rdata": In(8), "flush": In(1),
             "wdata": Out(stream.Signature(8)), "room": Out(1), "empty": Out(1),
-            "tap_valid": Out(1), "tap_byte": Out(8)})
+            "tap_valid": Out(1), "tap_byte": Out(8), "hdr_valid": Out(1), "hdr_byte": Out(8)})
 
     def elaborate(self, platform):
         m = Module()
@@ -173,13 +178,17 @@ class WritePipeline(wiring.Component):
         b_valid = Signal()
         b_src = Signal(2)                 # ByteSource of the issued byte
         b_const = Signal(8)
-        b_sel = Signal(range(max(TB, 2)))
+        b_sel = Signal(range(max(TB, 4)))
         b_crc = Signal()
+        b_hdr = Signal()
         b2_valid, b2_ring, b2_crc, b2_byte = Signal(), Signal(), Signal(), Signal(8)
         m.d.sync += [b2_valid.eq(b_valid), b2_ring.eq(b_src == ByteSource.RING),
                      b2_crc.eq(b_crc),
                      b2_byte.eq(Mux(b_src == ByteSource.TOKEN,
-                                    self.token_word.word_select(b_sel, 8), b_const))]
+                                    self.token_word.word_select(b_sel, 8),
+                                    Mux(b_src == ByteSource.CRC,
+                                        self.crc.word_select(b_sel[:2], 8), b_const)))]
+        m.d.comb += [self.hdr_valid.eq(b_valid & b_hdr), self.hdr_byte.eq(b_const)]
         b_data = Signal(8)
         m.d.comb += b_data.eq(Mux(b2_ring, self.ring_rdata, b2_byte))
         m.d.comb += [wfifo.w_en.eq(b2_valid), wfifo.w_data.eq(b_data),
@@ -191,10 +200,14 @@ class WritePipeline(wiring.Component):
         m.d.sync += b_valid.eq(0)
         with m.If(self.issue):
             m.d.sync += b_valid.eq(1)
+            m.d.sync += [b_src.eq(self.source), b_hdr.eq(self.hdr & (self.source
+                                                                   == ByteSource.CONST))]
             with m.If(self.source == ByteSource.CONST):
-                m.d.sync += [b_src.eq(ByteSource.CONST), b_const.eq(self.const), b_crc.eq(0)]
+                m.d.sync += [b_const.eq(self.const), b_crc.eq(0)]
+            with m.Elif(self.source == ByteSource.CRC):
+                m.d.sync += [b_crc.eq(0), b_sel.eq(self.sel)]
             with m.Else():
-                m.d.sync += [b_src.eq(self.source), b_crc.eq(1), b_sel.eq(self.sel)]
+                m.d.sync += [b_crc.eq(1), b_sel.eq(self.sel)]
         with m.If(self.flush):
             m.d.sync += [b_valid.eq(0), b2_valid.eq(0)]
         return m

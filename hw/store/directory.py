@@ -100,13 +100,15 @@ class CacheDirectory(wiring.Component):
     Latency, throughput, backpressure
     ---------------------------------
     One command at a time; cycles from the command transfer to ``o.valid`` (exact figures in
-    ``docs/BENCHMARKS.md``): lookup 3 + k for a hit at chain position k (0 = head) and
-    2 + n for a miss after a chain of n links; insert 2 (empty bucket) or 3; delete, touch,
-    read 2; expire ``2 * links + e + 2`` for e expired links; an insert that must evict scans the
-    link pool (``links + 7``, or ``links + 8`` into a non-empty bucket); clear
-    ``max(buckets, links) + 1``; a PROBE run takes each key in 1 clock when its bucket is
-    empty, else in ``2 + c`` clocks for ``c`` links compared, and answers 1 clock after the
-    last key's. The next command
+    ``docs/BENCHMARKS.md``): lookup 4 + k for a hit at chain position k (0 = head), 2 for a
+    miss in an empty bucket and 3 + n for a miss after a chain of n >= 1 links; insert 2 (empty
+    bucket) or 3; delete, touch, read 3; expire ``3 * links + e + 2`` for e expired links; an
+    insert that must evict scans the link pool (``links + 7``, or ``links + 8`` into a
+    non-empty bucket); clear ``max(buckets, links) + 1``; a PROBE run takes each key in 1 clock
+    when its bucket is empty, else in ``3 + c`` clocks for ``c`` links compared, and answers 1
+    clock after the last key's. Every decision on a link's row is taken on the row registered
+    a clock after the table read (``row``, ``row_stamp``): no table's output goes straight into
+    a compare. The next command
     is accepted one cycle after the response transfer. ``o.valid`` holds with a steady
     payload until ``o.ready``; meanwhile ``i.ready`` is low. After reset the tables are swept
     for ``max(buckets, links)`` cycles before the first command is accepted.
@@ -190,12 +192,23 @@ class CacheDirectory(wiring.Component):
         scan_live = Signal()
         expire_now = Signal()
         clearing = Signal()                  # INIT was entered by CLEAR: answer it
+        # The link row read the clock before, registered in every clock (no enable): the
+        # walk's compare, the expiry's age check and LINK_OP's valid bit take it from here, a
+        # clock after the table's output. The meta table is a block RAM without output register
+        # (5.8 ns clock-to-out on the ECP5); its output crossing the chip straight into the
+        # lookup's 88-bit compare was the board's critical path at 60 MHz (docs/BOARD.md).
+        row = Signal(meta_layout)            # meta.rdata of the previous clock
+        row_stamp = Signal(self._stamp_width)    # stamp.rdata of the previous clock
+        row_link = Signal(lb)                # the walk's link whose row is in `row`
+        walked = Signal()                    # `row` holds a link the walk stepped over
+        m.d.sync += [row.eq(meta.rdata), row_stamp.eq(stamp.rdata), row_link.eq(cur)]
         # A lookup's verdict, registered unconditionally in LK_CMP (see there).
         lk_walk = Signal()                   # the lookup compared links: RESP reports lk_hit
         lk_hit = Signal()
         lk_link = Signal(lb)
         lk_region = Signal(rb)
         chase = Signal()                     # LK_CMP walks on: read address := next pointer
+        head_sel = Signal()                  # LOOKUP_HEAD, PROBE_HEAD: read address := head
         pr_last = Signal()                   # PROBE: the key being probed is the run's last
         link_raddr = Signal(lb)
 
@@ -226,18 +239,44 @@ class CacheDirectory(wiring.Component):
         with m.Elif(lk_walk):
             m.d.comb += answer.status.eq(Status.MISS)
 
+        def compare(*also):
+            """The walk's second stage: the link whose row is in ``row`` (stepped over the clock
+            before: ``walked``) against the key, into ``lk_hit`` and nowhere else; the
+            statements ``also`` with each link compared."""
+            hit = walked & row.valid & (row.count == cmd.count) & (row.hash == cmd.hash)
+            m.d.sync += [lk_hit.eq(hit), lk_link.eq(row_link), lk_region.eq(row.region)]
+            with m.If(walked):
+                m.d.sync += list(also)
+
         def walk_step(*also):
-            """One link of a bucket's list (LK_CMP, PR_CMP): compare it into ``lk_hit`` and
-            step to the next link (``link_raddr`` follows ``lists.next``: ``chase``, below the
-            FSM), with the statements ``also``; returns whether the list ends here."""
-            hit = (meta.rdata.valid & (meta.rdata.count == cmd.count)
-                   & (meta.rdata.hash == cmd.hash))
+            """One clock of a bucket's list walk (LK_CMP, PR_CMP): step to the next link
+            (``link_raddr`` follows ``lists.next``: ``chase``, below the FSM) while the link
+            before is compared (:func:`compare`, with ``also``); returns whether the list ends
+            here (its last link is compared in the clock after: LK_LAST, PR_LAST)."""
+            compare(*also)
             # idx bounds the walk: a list never holds more than `links` links.
             end = is_nil(lists.next) | (idx == nl - 1)
-            m.d.sync += [cur.eq(lists.next[:lb]), idx.eq(idx + 1), lk_hit.eq(hit),
-                         lk_link.eq(cur), lk_region.eq(meta.rdata.region),
-                         chase.eq(~hit & ~end), *also]
+            m.d.sync += [cur.eq(lists.next[:lb]), idx.eq(idx + 1), walked.eq(1),
+                         chase.eq(~end)]
             return end
+
+        def walk(on_hit, last, *also):
+            """A COMPARE state: ``on_hit()`` once ``lk_hit`` is set, else a walk step (``also``
+            with each link compared) and on to ``last`` where the list ends."""
+            with m.If(lk_hit):
+                on_hit()
+            with m.Else():
+                with m.If(walk_step(*also)):
+                    m.next = last
+
+        def walk_last(on_hit, after, *also):
+            """A LAST state: ``on_hit()`` if the link before the last hit, else the last link's
+            compare (with ``also``) and on to ``after``."""
+            with m.If(lk_hit):
+                on_hit()
+            with m.Else():
+                compare(*also)
+                m.next = after
 
         def respond():
             """Offer ``answer`` (held steady: it depends on registers only) until taken."""
@@ -250,6 +289,9 @@ class CacheDirectory(wiring.Component):
             with m.Else():
                 m.next = "RESPOND"
 
+        # set below: head_sel with the moves into the HEAD states, chase and walked by the
+        # walk's steps
+        m.d.sync += [head_sel.eq(0), chase.eq(0), walked.eq(0)]
         with m.FSM(init="IDLE" if formal else "INIT") as fsm:
             with m.State("INIT"):
                 # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
@@ -278,11 +320,12 @@ class CacheDirectory(wiring.Component):
                                  exp_ge.eq(self.i.payload.now >= self.i.payload.max_age)]
                     with m.Switch(self.i.payload.op):
                         with m.Case(Op.LOOKUP):
+                            m.d.sync += head_sel.eq(1)
                             m.next = "LOOKUP_HEAD"
                         with m.Case(Op.INSERT, Op.INSERT_EXISTING):
                             m.next = "INSERT_CHECK"
                         with m.Case(Op.DELETE, Op.TOUCH, Op.READ):
-                            m.next = "LINK_OP"
+                            m.next = "LINK_READ"
                         with m.Case(Op.EXPIRE):
                             m.next = "EXPIRE_ISSUE"
                         with m.Case(Op.CLEAR):
@@ -296,8 +339,7 @@ class CacheDirectory(wiring.Component):
                             m.next = "RESPOND"
 
             with m.State("LOOKUP_HEAD"):
-                m.d.comb += link_raddr.eq(lists.head[:lb])
-                m.d.sync += cur.eq(lists.head[:lb])
+                m.d.sync += cur.eq(lists.head[:lb])     # read address: head_sel, below the FSM
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
                     m.next = "RESPOND"
@@ -309,16 +351,17 @@ class CacheDirectory(wiring.Component):
                     m.next = "LOOKUP_COMPARE"
 
             with m.State("LOOKUP_COMPARE"):
-                # Follow next in the same cycle. The compare (block RAM output, 64-bit hash and
-                # count) goes into one flip-flop, lk_hit, and nowhere else: it was the critical
-                # path when it also drove the FSM, the response register's enables and the
-                # stamp write. The walk goes on one link while lk_hit settles; a set lk_hit
-                # answers at once, as RESP does, so a hit costs no extra clock.
-                with m.If(lk_hit):
-                    respond()
-                with m.Else():
-                    with m.If(walk_step()):
-                        m.next = "RESPOND"
+                # Follow next in the same cycle. A link's row is compared a clock after its
+                # read, from `row` (the block RAM's output straight into the 64-bit hash and
+                # count compare was the critical path), into one flip-flop, lk_hit, and nowhere
+                # else (it was the critical path when it also drove the FSM, the response
+                # register's enables and the stamp write). The walk goes on while lk_hit
+                # settles, two links past a hit; a set lk_hit answers at once, as RESP does.
+                walk(respond, "LOOKUP_LAST")
+
+            with m.State("LOOKUP_LAST"):
+                # the list's last link is compared (unless the one before it hit)
+                walk_last(respond, "RESPOND")
 
             with m.State("INSERT_CHECK"):
                 existing = cmd.op == Op.INSERT_EXISTING
@@ -405,11 +448,19 @@ class CacheDirectory(wiring.Component):
                 # The tables' read ports see EV_UNLINK's writes one clock later.
                 m.next = "INSERT_CHECK"
 
+            with m.State("LINK_READ"):
+                # The link's rows are on the tables' outputs (addressed in IDLE) and go into
+                # `row`; LINK_OP decides on its valid bit: the block RAM's output straight into
+                # the unlink's write enables (lists, free links, FIFO B) was the directory's
+                # longest path. The rows are read again for LINK_OP.
+                m.d.comb += link_raddr.eq(cmd.link[:lb])
+                m.next = "LINK_OP"
+
             with m.State("LINK_OP"):
                 link = cmd.link[:lb]
                 with m.If(cmd.link >= nl):
                     m.d.sync += resp.status.eq(Status.BAD_LINK)
-                with m.Elif(~meta.rdata.valid):
+                with m.Elif(~row.valid):
                     m.d.sync += resp.status.eq(Status.NOT_LIVE)
                 with m.Else():
                     m.d.sync += resp.link.eq(cmd.link)
@@ -433,16 +484,22 @@ class CacheDirectory(wiring.Component):
                 m.next = "EXPIRE_CHECK"
 
             with m.State("EXPIRE_CHECK"):
-                # The age compare goes into a register, not straight into the unlink's write
-                # enables: that path (stamp read, subtract, compare, write) was the critical one.
+                # the link's rows are on the tables' outputs; they go into `row`, `row_stamp`
+                m.d.comb += link_raddr.eq(idx)
+                m.next = "EXPIRE_AGE"
+
+            with m.State("EXPIRE_AGE"):
+                # The age compare, on the registered stamp (not the table's output), goes into
+                # a register, not straight into the unlink's write enables: that path (stamp
+                # read, subtract, compare, write) was the critical one.
                 m.d.comb += link_raddr.eq(idx)
                 # age > max_age without the subtraction after the read: with d = (now -
                 # max_age) mod 2**w, a stamp s <= now is old when now >= max_age and s < d; a
                 # stamp s > now (the clock wrapped) when now >= max_age or s < d.
-                s = stamp.rdata
+                s = row_stamp
                 below = s < exp_diff
                 old = Mux(s <= cmd.now, exp_ge & below, exp_ge | below)
-                m.d.sync += expire_now.eq(meta.rdata.valid & old)
+                m.d.sync += expire_now.eq(row.valid & old)
                 m.next = "EXPIRE_ACT"
 
             with m.State("EXPIRE_ACT"):
@@ -473,6 +530,11 @@ class CacheDirectory(wiring.Component):
                              resp.region.eq(lk_region), resp.count.eq(cmd.count),
                              resp.hash.eq(cmd.hash)]
 
+            def key_hit():
+                # a hit ends the key
+                record_hit()
+                next_key()
+
             def next_key():
                 with m.If(pr_last):
                     m.next = "RESPOND"
@@ -481,7 +543,8 @@ class CacheDirectory(wiring.Component):
                     with m.If(self.probe.valid):
                         p = self.probe.payload
                         m.d.sync += [cmd.count.eq(p.count), cmd.hash.eq(p.hash),
-                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0)]
+                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0),
+                                     head_sel.eq(1)]
                         m.next = "PROBE_HEAD"
                     with m.Else():
                         m.next = "PROBE_NEXT"
@@ -494,7 +557,7 @@ class CacheDirectory(wiring.Component):
 
             with m.State("PROBE_HEAD"):
                 # an empty bucket is a miss in this clock, and the next key is taken at once
-                m.d.comb += link_raddr.eq(lists.head[:lb])
+                # (read address: head_sel, below the FSM)
                 m.d.sync += cur.eq(lists.head[:lb])
                 with m.If(is_nil(lists.head)):
                     next_key()
@@ -503,27 +566,34 @@ class CacheDirectory(wiring.Component):
                     m.next = "PROBE_COMPARE"
 
             with m.State("PROBE_COMPARE"):
-                # LK_CMP's walk: the compare goes into lk_hit only, the walk goes on while it
-                # settles; a set lk_hit ends this key (a later link cannot be the first hit)
-                with m.If(lk_hit):
-                    record_hit()
-                    next_key()
-                with m.Else():
-                    with m.If(walk_step(resp.probes.eq(resp.probes + 1))):
-                        m.next = "PROBE_NEXT"
+                # LK_CMP's walk: the compare (a clock after the read) goes into lk_hit only, the
+                # walk goes on while it settles; a set lk_hit ends this key (a later link cannot
+                # be the first hit)
+                walk(key_hit, "PROBE_LAST", resp.probes.eq(resp.probes + 1))
+
+            with m.State("PROBE_LAST"):
+                # the list's last link is compared (unless the one before it hit)
+                walk_last(key_hit, "PROBE_NEXT", resp.probes.eq(resp.probes + 1))
 
             with m.State("RESPOND"):
                 respond()
 
         with m.If(fsm.ongoing("PROBE_NEXT") | fsm.ongoing("PROBE_HEAD")
-                  | fsm.ongoing("PROBE_COMPARE")):
+                  | fsm.ongoing("PROBE_COMPARE") | fsm.ongoing("PROBE_LAST")):
             m.d.comb += lists.head_addr.eq(self.probe.payload.hash[:bb])
 
-        # ``chase`` is high exactly in the LK_CMP clocks that follow the list, and it comes from
+        # ``chase`` is high exactly in the LK_CMP clocks that follow the list (and in the clock
+        # that a hit ends, after the walk's last step: that read is not used), and it comes from
         # a flip-flop: the next pointer then passes one 2:1 mux on its way from one block RAM's
         # output to the others' read address, not the whole per-state address mux.
         with m.If(chase):
             m.d.comb += link_raddr.eq(lists.next[:lb])
+        # ``head_sel`` likewise: high exactly in the LOOKUP_HEAD and PROBE_HEAD clocks (set with
+        # the transition into them, cleared in every other), so the bucket head passes one more
+        # 2:1 mux from the head table's output to the tables' read address, not the per-state
+        # address mux (logic_depth's longest directory path after the link ops' cut).
+        with m.If(head_sel):
+            m.d.comb += link_raddr.eq(lists.head[:lb])
 
         if formal:
             m.d.comb += Assume(~ResetSignal())

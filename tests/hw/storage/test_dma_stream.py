@@ -94,19 +94,21 @@ def test_cursor_walks_the_record_order(config):
 
 @pytest.mark.parametrize("seed,ready", [(1, 0.9), (2, 0.5), (3, 0.1)])
 def test_write_pipeline_matches_model(seed, ready):
-    """Random bytes from the three sources, issued whenever ``room`` allows (and sometimes
+    """Random bytes from the four sources, issued whenever ``room`` allows (and sometimes
     not), against random ``wdata`` backpressure: the stream carries the issued bytes in order
-    (token byte ``sel`` of the word read one clock later, ring data two clocks later), the tap
-    the payload ones; ``room`` never lets the FIFO overflow; a flush drops every byte in flight
-    and queued and leaves the pipeline empty."""
+    (token byte ``sel`` of the word read one clock later, ring data two clocks later, CRC byte
+    ``sel`` of ``crc`` one clock later), the tap the payload ones, the header output the
+    constants issued with ``hdr``; ``room`` never lets the FIFO overflow; a flush drops every
+    byte in flight and queued and leaves the pipeline empty."""
     config = SMALL                               # two bytes per token
     dut = WritePipeline(config)
     rng = random.Random(seed)
     sent, tapped, expect, expect_tap = [], [], [], []
+    hdr_seen, expect_hdr = [], []
 
     async def bench(ctx):
         ring_pipe = [0, 0]                       # ring data two clocks after the read
-        token_next = 0
+        token_next = crc_next = 0
         flushes = 0
         for clock in range(1500):
             flush = clock % 500 == 499
@@ -116,22 +118,31 @@ def test_write_pipeline_matches_model(seed, ready):
             ctx.set(dut.wdata.ready, rng.random() < ready)
             ctx.set(dut.token_word, token_next)
             ctx.set(dut.ring_rdata, ring_pipe[0])
+            ctx.set(dut.crc, crc_next)
             token_next, ring_read = rng.randrange(1 << 16), rng.randrange(256)
+            crc_next = rng.randrange(1 << 32)
             if issue:
                 source = rng.choice(list(ByteSource))
-                const, sel = rng.randrange(256), rng.randrange(2)
+                const, hdr = rng.randrange(256), rng.random() < 0.5
+                sel = rng.randrange(4 if source == ByteSource.CRC else 2)
                 ctx.set(dut.source, source)
                 ctx.set(dut.const, const)
                 ctx.set(dut.sel, sel)
+                ctx.set(dut.hdr, hdr)
                 byte = {ByteSource.CONST: const, ByteSource.TOKEN: (token_next >> 8 * sel) & 255,
-                        ByteSource.RING: ring_read}[source]
+                        ByteSource.RING: ring_read,
+                        ByteSource.CRC: (crc_next >> 8 * sel) & 255}[source]
                 expect.append(byte)
-                if source != ByteSource.CONST:
+                if source in (ByteSource.TOKEN, ByteSource.RING):
                     expect_tap.append(byte)
+                if source == ByteSource.CONST and hdr:
+                    expect_hdr.append(byte)
             if ctx.get(dut.wdata.valid) and ctx.get(dut.wdata.ready):
                 sent.append(ctx.get(dut.wdata.payload))
             if ctx.get(dut.tap_valid):
                 tapped.append(ctx.get(dut.tap_byte))
+            if ctx.get(dut.hdr_valid):
+                hdr_seen.append(ctx.get(dut.hdr_byte))
             ring_pipe = [ring_pipe[1], ring_read]
             await ctx.tick()
             if flush:
@@ -156,6 +167,7 @@ def test_write_pipeline_matches_model(seed, ready):
 
     run(dut, bench)
     assert sent == expect and tapped == expect_tap
+    assert hdr_seen == expect_hdr           # every one, a clock after its issue (even at a flush)
     assert len(sent) > 600 * ready
 
 

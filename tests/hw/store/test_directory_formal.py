@@ -27,9 +27,9 @@ from ringkv.sim.formal import CommandHarness, bmc
 
 FORMAL = dict(buckets=2, links=4, regions=4, count_width=1, hash_width=1, stamp_width=2)
 # Which property each deliberately broken variant must violate, and a depth that reaches it:
-# one insert (4 cycles), insert + delete (7), two inserts into one bucket + delete (12).
-BROKEN = {"region_leak": ("regions", 8), "region_dup": ("regions", 5),
-          "link_dup": ("free_links", 5), "lost_head": ("reach", 5), "stale_prev": ("links", 12)}
+# one insert (4 cycles), insert + delete (8), two inserts into one bucket + delete (13).
+BROKEN = {"region_leak": ("regions", 9), "region_dup": ("regions", 5),
+          "link_dup": ("free_links", 5), "lost_head": ("reach", 5), "stale_prev": ("links", 13)}
 
 
 def directory_harness(**params):
