@@ -277,9 +277,9 @@ class SdramController(wiring.Component):
             m.d.sync += [rleft.eq(bl - 1), rport.eq(mux.col_port)]
         with m.Elif(rleft != 0):
             m.d.sync += rleft.eq(rleft - 1)
-        line_valid = [Signal(name=f"rd_valid{k}") for k in range(read_latency(cl, self._read_delay))]
-        line_port = [Signal(max(port_bits, 1), name=f"rd_port{k}")
-                     for k in range(read_latency(cl, self._read_delay))]
+        latency = read_latency(cl, self._read_delay)
+        line_valid = [Signal(name=f"rd_valid{k}") for k in range(latency)]
+        line_port = [Signal(max(port_bits, 1), name=f"rd_port{k}") for k in range(latency)]
         m.d.sync += [line_valid[0].eq(reading), line_port[0].eq(rsel)]
         for k in range(1, len(line_valid)):
             m.d.sync += [line_valid[k].eq(line_valid[k - 1]), line_port[k].eq(line_port[k - 1])]
