@@ -100,7 +100,8 @@ class SdramController(wiring.Component):
 
     Latency, throughput, backpressure
     ---------------------------------
-    A read of an open row has its first word on ``r`` ``cl + 6`` clocks after the command's
+    A read of an open row has its first word on ``r`` ``cl + 6`` clocks (``cl + 7`` with
+    ``read_delay`` 1) after the command's
     transfer (arbiter 1, bank queue 1, command register 1, PHY output 1, ``cl`` to the PHY's
     input register, read FIFO 2), measured; a closed bank adds ``tRCD``, another open row
     PRECHARGE and ``tRP`` too. The data bus carries one word a clock:
