@@ -222,8 +222,9 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     real_mhz = top.sys_hz / 1e6
     if top.sdram_plan is not None:
         sp = top.sdram_plan
-        progress.say(f"SDRAM ({sdram}, CL {sp.cl}): clock {sp.phase_deg:.0f} degrees "
-                     f"({sp.delay_ns:.2f} ns) behind the system clock; margins (assumed ECP5 "
+        progress.say(f"SDRAM ({sdram}, CL {sp.cl}, read delay {sp.read_delay}): clock "
+                     f"{sp.phase_deg:.0f} degrees ({sp.delay_ns:.2f} ns) behind the system "
+                     f"clock; margins (assumed ECP5 "
                      f"figures) " + ", ".join(f"{k} {v:.2f} ns" for k, v in sp.margins.items())
                      + ("" if sp.closes else " -- NEGATIVE: see docs/BOARD.md, SDRAM bring-up"))
     if constrain_mhz is None:
@@ -254,6 +255,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     figures["seed"] = seed
     if top.sdram_plan is not None:
         figures["sdram"] = {"part": sdram, "cl": top.sdram_plan.cl,
+                            "read_delay": top.sdram_plan.read_delay,
                             "phase_deg": round(top.sdram_plan.phase_deg, 1),
                             "margins_ns": {k: round(v, 2)
                                            for k, v in top.sdram_plan.margins.items()}}

@@ -163,7 +163,9 @@ class SdramClockPlan:
     every margin is >= 0), the chosen ``delay_ns`` (a whole number of the PLL's phase steps,
     1/8 of a VCO period) and ``phase_deg``, the ``margins`` (ns) at it, and the ``EHXPLLL``
     settings relative to ``CLKOP`` (``steps``: phase steps; CPHASE += steps // 8, FPHASE =
-    steps % 8). ``closes``: every margin >= 0 (with :data:`ECP5_IO`'s assumed figures)."""
+    steps % 8); ``read_delay``: the controller's (the input register takes a read word that
+    many edges after ``CL``). ``closes``: every margin >= 0 (with :data:`ECP5_IO`'s assumed
+    figures)."""
     tck_ns: float
     cl: int
     window: tuple
@@ -171,6 +173,7 @@ class SdramClockPlan:
     phase_deg: float
     steps: int
     margins: dict
+    read_delay: int = 0
 
     @property
     def closes(self) -> bool:
@@ -178,8 +181,8 @@ class SdramClockPlan:
 
 
 def sdram_clock_plan(chip: SdramChip, tck_ns: float, cl: int, *, vco_mhz: float,
-                     phase_deg: float | None = None, io_timing: IoTiming = ECP5_IO
-                     ) -> SdramClockPlan:
+                     phase_deg: float | None = None, io_timing: IoTiming = ECP5_IO,
+                     read_delay: int | None = 0) -> SdramClockPlan:
     """The phase of the SDRAM clock behind the system clock (the controller, its PHY's I/O
     registers and the SDRAM at one frequency; a command leaves its register at the system
     clock's edge and the SDRAM takes it at its own next edge, ``delay`` later; read data of
@@ -192,15 +195,29 @@ def sdram_clock_plan(chip: SdramChip, tck_ns: float, cl: int, *, vco_mhz: float,
       ``tAC`` later and two traces away: ``T - delay - tco_max - 2 trace - tAC - in_setup >= 0``;
     * read hold: ``delay + tco_min + 2 trace + tOH - in_hold >= 0``.
 
+    With ``read_delay`` 1 the input register takes the word an edge later (the controller's
+    ``read_delay``): the read setup gains a period, ``T``, and the read hold loses one, so the
+    window moves to a delay of nearly a whole period (the SDRAM's edge just before the
+    FPGA's next one), bounded by the command's hold above and the read's hold below. At 60 MHz
+    with :data:`ECP5_IO`'s figures only that window is open (0.7 ns wide). ``read_delay``
+    None: the one of 0 and 1 whose plan has the larger worst margin (0 on a tie).
+
     ``phase_deg`` None: the middle of the window, rounded to the PLL's steps (when the window
     is empty, ``hi < lo``, the same middle is the delay that loses least on the two conditions
     that bound it: :attr:`SdramClockPlan.closes` is then False and the margins say by how
     much); else that phase, rounded likewise, whatever its margins."""
+    if read_delay is None:
+        plans = [sdram_clock_plan(chip, tck_ns, cl, vco_mhz=vco_mhz, phase_deg=phase_deg,
+                                  io_timing=io_timing, read_delay=r) for r in (0, 1)]
+        return max(plans, key=lambda p: (min(p.margins.values()), -p.read_delay))
+    if read_delay not in (0, 1):
+        raise ValueError(f"read_delay must be 0 or 1, not {read_delay!r}")
     io_ = io_timing
+    r = read_delay * tck_ns
     t_ac = chip.t_ac if cl == 3 else max(chip.t_ac, T_AC_CL2)
-    lo = max(chip.t_is + io_.skew, io_.in_hold - io_.tco_min - 2 * io_.trace - chip.t_oh)
+    lo = max(chip.t_is + io_.skew, io_.in_hold - io_.tco_min - 2 * io_.trace - chip.t_oh + r)
     hi = min(tck_ns - chip.t_ih - io_.skew,
-             tck_ns - io_.tco_max - 2 * io_.trace - t_ac - io_.in_setup)
+             tck_ns + r - io_.tco_max - 2 * io_.trace - t_ac - io_.in_setup)
     step = 1000 / (8 * vco_mhz)
     wanted = (lo + hi) / 2 if phase_deg is None else (phase_deg % 360) / 360 * tck_ns
     steps = round(wanted / step)
@@ -208,11 +225,12 @@ def sdram_clock_plan(chip: SdramChip, tck_ns: float, cl: int, *, vco_mhz: float,
     margins = {
         "command_setup": delay - chip.t_is - io_.skew,
         "command_hold": tck_ns - delay - chip.t_ih - io_.skew,
-        "read_setup": tck_ns - delay - io_.tco_max - 2 * io_.trace - t_ac - io_.in_setup,
-        "read_hold": delay + io_.tco_min + 2 * io_.trace + chip.t_oh - io_.in_hold,
+        "read_setup": tck_ns + r - delay - io_.tco_max - 2 * io_.trace - t_ac - io_.in_setup,
+        "read_hold": delay + io_.tco_min + 2 * io_.trace + chip.t_oh - io_.in_hold - r,
     }
     return SdramClockPlan(tck_ns=tck_ns, cl=cl, window=(lo, hi), delay_ns=delay,
-                          phase_deg=delay / tck_ns * 360, steps=steps, margins=margins)
+                          phase_deg=delay / tck_ns * 360, steps=steps, margins=margins,
+                          read_delay=read_delay)
 
 
 #: LED 4 stays lit this many clocks after a byte on the link (~52 ms at 40 MHz).
@@ -236,13 +254,15 @@ class ULX3STop(Elaboratable):
     (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenant slots, the record MAC).
     ``sdram``: the SDRAM part (:data:`ringkv.defs.sdram.BOARD_CHIPS` or a part's name; None:
     no SDRAM), ``sdram_cl`` its CAS latency, ``sdram_phase`` the SDRAM clock's phase in degrees
-    (None: :func:`sdram_clock_plan`'s)."""
+    (None: :func:`sdram_clock_plan`'s), ``sdram_read_delay`` the controller's ``read_delay``
+    (None: the plan's choice, the larger worst margin: 0 at 40 MHz, 1 at 60 MHz)."""
 
     def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = 40.0,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
                  clock: str = "pll", sealed: bool = False, sdram: str | None = "32MB",
-                 sdram_cl: int = 2, sdram_phase: float | None = None):
+                 sdram_cl: int = 2, sdram_phase: float | None = None,
+                 sdram_read_delay: int | None = None):
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
         self.clock = clock
@@ -272,9 +292,9 @@ class ULX3STop(Elaboratable):
                              storage_kind=kind,
                              sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)),
                              sealed=sealed, tier=tier, sdram_test=sdram is not None)
-        self._sdram_setup(sdram, sdram_cl, sdram_phase)
+        self._sdram_setup(sdram, sdram_cl, sdram_phase, sdram_read_delay)
 
-    def _sdram_setup(self, sdram, cl, phase):
+    def _sdram_setup(self, sdram, cl, phase, read_delay):
         """The SDRAM's part, clock plan and hot tier (``sdram_chip`` None: no SDRAM)."""
         self.sdram_chip = self.sdram_plan = self.tier_params = None
         if sdram is None:
@@ -284,10 +304,12 @@ class ULX3STop(Elaboratable):
         self.sdram_tck_ns = 1000 / self.pll["f_out_mhz"]
         # the controller's own checks (CAS latency at this clock, ...) before any elaboration;
         # this instance is never elaborated (the real one takes the platform's pins)
-        probe = SdramController(chip, tck_ns=self.sdram_tck_ns, cl=cl, bl=SDRAM_BL, ports=2)
-        probe._MustUse__silence = True
         self.sdram_plan = sdram_clock_plan(chip, self.sdram_tck_ns, cl,
-                                           vco_mhz=self.pll["f_vco_mhz"], phase_deg=phase)
+                                           vco_mhz=self.pll["f_vco_mhz"], phase_deg=phase,
+                                           read_delay=read_delay)
+        probe = SdramController(chip, tck_ns=self.sdram_tck_ns, cl=cl, bl=SDRAM_BL, ports=2,
+                                read_delay=self.sdram_plan.read_delay)
+        probe._MustUse__silence = True
         #: the hot tier's parameters (:attr:`RingKVTop.tier <ringkv.hw.top.RingKVTop.tier>`)
         self.tier_params = self.top.tier
 
@@ -442,6 +464,7 @@ class ULX3STop(Elaboratable):
         pads = platform.request("sdram", 0, dir="-")
         m.submodules.sdram = ctrl = SdramController(chip, tck_ns=self.sdram_tck_ns,
                                                     cl=self.sdram_cl, bl=SDRAM_BL, ports=2,
+                                                    read_delay=self.sdram_plan.read_delay,
                                                     pads=pads)
         m.submodules.sdram_store = store = SdramSectorStore.for_controller(ctrl)
         m.submodules.sdram_bist = bist = SdramBist(chip, bl=SDRAM_BL,

@@ -26,7 +26,9 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
 * The SDRAM pins (``sdram_0__*``, when the top has its SDRAM: ``sdram`` in the parameters)
   meet the strict pin-level SDRAM model (:class:`CocotbSdramPads` on
   :class:`~ringkv.sim.sdram_model.SdramModel`, with the faults of ``sdram_faults``, if any):
-  any violation of the chip's rules stops the simulated board (exit status 1).
+  any violation of the chip's rules stops the simulated board (exit status 1). A top whose
+  controller has ``read_delay`` 1 (the board at 60 MHz) meets the model through
+  :class:`~ringkv.sim.sdram_model.PinDelay`: the SDRAM takes the pins an edge later.
 """
 
 import json
@@ -46,7 +48,7 @@ from ringkv.defs.sdram import board_chip
 from .cocotb_server import POWER_CUT_EXIT, _Socket
 from .sd4_model import SDCard4
 from .sdcard_model import CocotbSDCard, SDCardSPI
-from .sdram_model import SdramModel, SdramPins, SdramViolation
+from .sdram_model import PinDelay, SdramModel, SdramPins, SdramViolation
 from .sector_model import PowerCut, SectorImage
 
 __all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "start_board",
@@ -250,8 +252,10 @@ class CocotbSdramPads:
     same refresh and row-open checks); the controller refreshes every ~270 clocks, so an idle
     SDRAM costs a wake-up per refresh, not one per clock."""
 
-    def __init__(self, dut, model: SdramModel, clk, period_ps: int, prefix: str = "sdram_0"):
+    def __init__(self, dut, model: SdramModel, clk, period_ps: int, prefix: str = "sdram_0",
+                 pin_delay: int = 0):
         self.model, self.clk, self.period_ps = model, clk, period_ps
+        self.delay = PinDelay(pin_delay)
         self.pads = {k: getattr(dut, f"{prefix}__{v}__io") for k, v in SDRAM_PADS.items()}
         self.dq = getattr(dut, f"{prefix}__dq__io")
         self.dq_o = getattr(dut, f"{prefix}__dq__io__fpga_o")
@@ -267,7 +271,8 @@ class CocotbSdramPads:
         cs, oe_pad = self.pads["cs_n"], self.dq_oe
         last = None                         # sim time (ps) of the last step
         while True:
-            if model.quiet and self.driven == 0 and int(cs.value) == 1 and last is not None:
+            if model.quiet and self.driven == 0 and int(cs.value) == 1 and last is not None \
+                    and not self.delay.clocks:
                 await First(FallingEdge(cs), Edge(oe_pad))
             await falling
             now = get_sim_time("ps")
@@ -279,7 +284,8 @@ class CocotbSdramPads:
             if oe not in (0, 0xFFFF):
                 raise SdramViolation(model.cycle + 1, "bus", f"DQ output enables {oe:#06x} "
                                      f"disagree")
-            drive = model.step(SdramPins(**values, dq=int(self.dq_o.value), dq_oe=oe & 1))
+            drive = model.step(self.delay(SdramPins(**values, dq=int(self.dq_o.value),
+                                                    dq_oe=oe & 1)))
             value = 0 if drive is None else drive
             if value != self.driven:
                 self.dq.value = value
@@ -295,7 +301,8 @@ def _sdram(dut, params):
                        **{k: tuple(v) if isinstance(v, list) else v
                           for k, v in (params.get("sdram_faults") or {}).items()})
     return CocotbSdramPads(dut, model, getattr(dut, PINS["clk"]),
-                           round(10**12 / params["sys_hz"]))
+                           round(10**12 / params["sys_hz"]),
+                           pin_delay=sdram.get("read_delay", 0))
 
 
 async def _serve_sdram(sdram):

@@ -59,7 +59,7 @@ from dataclasses import dataclass
 from ringkv.defs.sdram import BurstType, Cmd, SdramChip, decode_mode_register
 
 __all__ = ["SdramModel", "SdramPins", "SdramViolation", "RULES", "amaranth_sdram",
-           "CocotbSdram", "burst_columns"]
+           "CocotbSdram", "burst_columns", "PinDelay"]
 
 RULES = ("power_up", "init_precharge", "init_refresh", "init_mode", "mode", "trcd", "trp",
          "tras", "trc", "trrd", "twr", "trfc", "tmrd", "closed_bank", "open_bank",
@@ -417,15 +417,39 @@ def _pins_now(ctx, pins) -> SdramPins:
                      dq=get(pins.dq_o), dq_oe=get(pins.dq_oe), cke=get(pins.cke))
 
 
-def amaranth_sdram(model: SdramModel, pins, *, stop=None):
+class PinDelay:
+    """The pins as the SDRAM takes them ``clocks`` edges after the controller launched them:
+    the cycle-level picture of an SDRAM clock that lags the system clock by nearly a whole
+    period (the phase of a controller with ``read_delay`` 1: ``docs/blocks/sdram.md``, "The
+    clock and its phase"), where each command, address and write word reaches the SDRAM's
+    edge just before the controller's next one. Read data is not delayed: it reaches the
+    input register one edge later than at a small phase, which ``read_delay`` accounts for.
+    Before the first ``clocks`` edges the SDRAM sees the pins' reset values (INHIBIT)."""
+
+    def __init__(self, clocks: int = 0):
+        if clocks not in (0, 1):
+            raise ValueError(f"pin delay must be 0 or 1 clocks, not {clocks!r}")
+        self.clocks, self._held = clocks, SdramPins()
+
+    def __call__(self, pins: SdramPins) -> SdramPins:
+        if not self.clocks:
+            return pins
+        out, self._held = self._held, pins
+        return out
+
+
+def amaranth_sdram(model: SdramModel, pins, *, stop=None, pin_delay: int = 0):
     """An Amaranth testbench (``sim.add_testbench(amaranth_sdram(model, dut.pins),
     background=True)``) that runs ``model`` on the pins of a ``SdramPinsSignature``:
     after each edge it reads the settled pins and sets ``dq_i`` for the next edge (garbage
-    where the SDRAM does not drive, as a floating bus)."""
+    where the SDRAM does not drive, as a floating bus). ``pin_delay`` 1: the SDRAM takes
+    the pins an edge later (:class:`PinDelay`; a controller with ``read_delay=1``)."""
+    delay = PinDelay(pin_delay)
+
     async def testbench(ctx):
         while stop is None or not stop():
             await ctx.tick()
-            drive = model.step(_pins_now(ctx, pins))
+            drive = model.step(delay(_pins_now(ctx, pins)))
             ctx.set(pins.dq_i, model.garbage() if drive is None else drive)
     return testbench
 
@@ -433,10 +457,10 @@ def amaranth_sdram(model: SdramModel, pins, *, stop=None):
 class CocotbSdram:
     """The model on a Verilator top's pins (``prefix`` + ``__cs_n`` ...), in cocotb: at every
     falling edge it reads the pins the controller launched at the rising edge before and sets
-    ``dq_i`` for the next rising edge."""
+    ``dq_i`` for the next rising edge (``pin_delay``: :class:`PinDelay`)."""
 
-    def __init__(self, dut, prefix: str, model: SdramModel, clk=None):
-        self.dut, self.model = dut, model
+    def __init__(self, dut, prefix: str, model: SdramModel, clk=None, pin_delay: int = 0):
+        self.dut, self.model, self.delay = dut, model, PinDelay(pin_delay)
         self.clk = clk if clk is not None else dut.clk
         self.sig = {name: getattr(dut, f"{prefix}__{name}") for name in
                     ("cs_n", "ras_n", "cas_n", "we_n", "ba", "a", "dqm", "dq_o", "dq_oe",
@@ -451,5 +475,5 @@ class CocotbSdram:
             pins = SdramPins(**{k: int(s[k].value) for k in
                                 ("cs_n", "ras_n", "cas_n", "we_n", "ba", "a", "dqm", "dq_oe",
                                  "cke")}, dq=int(s["dq_o"].value))
-            drive = self.model.step(pins)
+            drive = self.model.step(self.delay(pins))
             s["dq_i"].value = self.model.garbage() if drive is None else drive

@@ -46,9 +46,11 @@ def random_script(rng: random.Random, chip, bl: int, n: int, *, max_bursts=4,
 
 def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=0.0,
                 stall=0.0, max_cycles=50_000, vcd=None,
-                wait_ready=False, tail=0) -> TrafficResult:
+                wait_ready=False, tail=0, pin_delay=None) -> TrafficResult:
     """Run ``scripts[p]`` on ``ctrl.port[p]`` after the power-up; returns a
-    :class:`TrafficResult`. A port's read data is collected concurrently with its commands."""
+    :class:`TrafficResult`. A port's read data is collected concurrently with its commands.
+    ``pin_delay``: the model's (:class:`~ringkv.sim.sdram_model.PinDelay`; None: the
+    controller's ``read_delay``, the phase it is built for)."""
     if model is None:
         model = SdramModel(ctrl.chip, ctrl.tck_ns, seed=seed)
     res = TrafficResult(reads=[[] for _ in scripts], model=model)
@@ -59,7 +61,9 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
 
     sim = Simulator(ctrl)
     sim.add_clock(ctrl.tck_ns * 1e-9)
-    sim.add_testbench(amaranth_sdram(model, ctrl.pins), background=True)
+    if pin_delay is None:
+        pin_delay = getattr(ctrl, "read_delay", 0)
+    sim.add_testbench(amaranth_sdram(model, ctrl.pins, pin_delay=pin_delay), background=True)
 
     async def counter(ctx):
         async for _ in ctx.tick():

@@ -43,10 +43,12 @@ def refresh_interval_clocks(chip: SdramChip, tck_ns: float) -> int:
     return math.floor(chip.refresh_ns / chip.refreshes / tck_ns * REFRESH_MARGIN)
 
 
-def read_latency(cl: int) -> int:
+def read_latency(cl: int, read_delay: int = 0) -> int:
     """Clocks from the READ's issue in the multiplexer to its first word in the PHY's input
-    register: the command register, the PHY's output register, then ``CL``."""
-    return cl + 2
+    register: the command register, the PHY's output register, then ``CL``, and
+    ``read_delay`` more when the input register takes the word an edge later (an SDRAM clock
+    lagging by nearly a period: ``docs/blocks/sdram.md``, "The clock and its phase")."""
+    return cl + 2 + read_delay
 
 
 class SdramController(wiring.Component):
@@ -70,6 +72,12 @@ class SdramController(wiring.Component):
         Bursts each bank machine holds (the look-ahead).
     fifo_depth : int
         Words of each port's write and read FIFO (a power of two, at least ``2 * bl``).
+    read_delay : int
+        0, or 1: the PHY's input register takes each read word one edge later than ``CL``
+        after the READ (for an SDRAM clock that lags the system clock by nearly a whole
+        period, where no phase lets it take the word after ``CL``: the board at 60 MHz,
+        ``docs/BOARD.md``); the read latency and the read-to-write turnaround grow by one
+        clock. On the pin model: ``amaranth_sdram(..., pin_delay=1)``.
     pads : optional
         The board's SDRAM resource (``platform.request("sdram", 0, dir="-")``): the PHY then
         uses the I/O cells' registers and drives the SDRAM clock from the ``sdram`` domain (the
@@ -92,7 +100,8 @@ class SdramController(wiring.Component):
 
     Latency, throughput, backpressure
     ---------------------------------
-    A read of an open row has its first word on ``r`` ``cl + 6`` clocks after the command's
+    A read of an open row has its first word on ``r`` ``cl + 6`` clocks (``cl + 7`` with
+    ``read_delay`` 1) after the command's
     transfer (arbiter 1, bank queue 1, command register 1, PHY output 1, ``cl`` to the PHY's
     input register, read FIFO 2), measured; a closed bank adds ``tRCD``, another open row
     PRECHARGE and ``tRP`` too. The data bus carries one word a clock:
@@ -109,7 +118,7 @@ class SdramController(wiring.Component):
     def __init__(self, chip: SdramChip = DEFAULT_CHIP, *, tck_ns: float = 20.0, cl: int = 3,
                  bl: int = 8, ports: int = 1, count_bits: int = 12, queue_depth: int = 4,
                  fifo_depth: int | None = None, init_refreshes: int | None = None,
-                 pads=None, _bug=None):
+                 read_delay: int = 0, pads=None, _bug=None):
         check_type("Chip", chip, SdramChip)
         check_cas_latency(cl)
         check_burst_length(bl)
@@ -122,6 +131,7 @@ class SdramController(wiring.Component):
         check_int("Queue depth", queue_depth, low=1, high=64)
         fifo_depth = max(4 * bl, 16) if fifo_depth is None else fifo_depth
         check_pow2("FIFO depth", fifo_depth, low=max(2 * bl, 2), high=4096)
+        check_int("Read delay", read_delay, low=0, high=1, unit=" clocks")
         init_refreshes = chip.init_refreshes if init_refreshes is None else init_refreshes
         check_int("Init refreshes", init_refreshes, low=chip.init_refreshes, high=64)
         if _bug is not None and _bug not in BUGS:
@@ -129,7 +139,7 @@ class SdramController(wiring.Component):
         self._chip, self._timing, self._tck_ns, self._cl, self._bl = chip, timing, tck_ns, cl, bl
         self._ports, self._count_bits, self._queue_depth = ports, count_bits, queue_depth
         self._fifo_depth, self._init_refreshes, self._bug = fifo_depth, init_refreshes, _bug
-        self._pads = pads
+        self._pads, self._read_delay = pads, read_delay
         self._addr_bits = (chip.words - 1).bit_length()
         super().__init__({
             "port": In(UserPortSignature(self._addr_bits, count_bits)).array(ports),
@@ -141,6 +151,7 @@ class SdramController(wiring.Component):
     timing = property(lambda self: self._timing)
     tck_ns = property(lambda self: self._tck_ns)
     cl = property(lambda self: self._cl)
+    read_delay = property(lambda self: self._read_delay)
     bl = property(lambda self: self._bl)
     ports = property(lambda self: self._ports)
     addr_bits = property(lambda self: self._addr_bits)
@@ -174,6 +185,7 @@ class SdramController(wiring.Component):
             m.submodules[f"bank{b}"] = bank
             banks.append(bank)
         m.submodules.mux = mux = Multiplexer(t, banks=nb, ports=npo, bl=bl, cl=cl,
+                                             read_delay=self._read_delay,
                                              layout=layout, bank_bits=bank_bits,
                                              addr_bits=addr_bits,
                                              _bug=bug if bug in MUX_BUGS else None)
@@ -255,7 +267,7 @@ class SdramController(wiring.Component):
                                                    0))),
         ]
 
-        # read data: a READ's bl words reach the PHY's input register read_latency(cl) clocks
+        # read data: a READ's bl words reach the PHY's input register read_latency() clocks
         # after it; a delay line carries (valid, port) to route them to their FIFO
         rleft = Signal(range(bl))
         rport = Signal(max(port_bits, 1))
@@ -266,9 +278,9 @@ class SdramController(wiring.Component):
             m.d.sync += [rleft.eq(bl - 1), rport.eq(mux.col_port)]
         with m.Elif(rleft != 0):
             m.d.sync += rleft.eq(rleft - 1)
-        line_valid = [Signal(name=f"rd_valid{k}") for k in range(read_latency(cl))]
-        line_port = [Signal(max(port_bits, 1), name=f"rd_port{k}")
-                     for k in range(read_latency(cl))]
+        latency = read_latency(cl, self._read_delay)
+        line_valid = [Signal(name=f"rd_valid{k}") for k in range(latency)]
+        line_port = [Signal(max(port_bits, 1), name=f"rd_port{k}") for k in range(latency)]
         m.d.sync += [line_valid[0].eq(reading), line_port[0].eq(rsel)]
         for k in range(1, len(line_valid)):
             m.d.sync += [line_valid[k].eq(line_valid[k - 1]), line_port[k].eq(line_port[k - 1])]

@@ -46,7 +46,8 @@ class Multiplexer(wiring.Component):
     """
 
     def __init__(self, timing: SdramTiming, *, banks: int, ports: int, bl: int, cl: int,
-                 layout: data.StructLayout, bank_bits: int, addr_bits: int, _bug=None):
+                 layout: data.StructLayout, bank_bits: int, addr_bits: int,
+                 read_delay: int = 0, _bug=None):
         check_int("Banks", banks, low=1, high=8)
         check_int("Ports", ports, low=1, high=16)
         check_burst_length(bl)
@@ -54,7 +55,7 @@ class Multiplexer(wiring.Component):
         if _bug is not None and _bug not in MUX_BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {MUX_BUGS}")
         self._t, self._banks, self._ports, self._bl, self._cl = timing, banks, ports, bl, cl
-        self._bank_bits, self._bug = bank_bits, _bug
+        self._bank_bits, self._bug, self._read_delay = bank_bits, _bug, read_delay
         super().__init__({
             "init_cmd": In(4), "init_a": In(addr_bits), "init_done": In(1),
             "ref_active": In(1), "ref_cmd": In(4), "ref_a": In(addr_bits),
@@ -71,7 +72,7 @@ class Multiplexer(wiring.Component):
         t, bl, cl = self._t, self._bl, self._cl
         issue = self.issue
         rd_wait = Signal(range(max(bl, 2)))
-        wr_wait = Signal(range(cl + bl + 1))
+        wr_wait = Signal(range(cl + bl + self._read_delay + 1))
         rrd_wait = Signal(range(max(t.rrd, 2)))
         for c in (rd_wait, wr_wait, rrd_wait):
             with m.If(c != 0):
@@ -118,7 +119,10 @@ class Multiplexer(wiring.Component):
                          issue.ba.eq(self.order_bank), issue.a.eq(head.col),
                          self.col.eq(1), self.col_port.eq(head.port),
                          self.col_write.eq(head.write)]
-            read_to_write = bl if self._bug == "turnaround" else cl + bl
+            # (with read_delay the SDRAM takes the WRITE's data as late as its commands, but
+            # its last read word reaches the FPGA's pins a clock later: one clock more before
+            # the FPGA drives DQ)
+            read_to_write = bl if self._bug == "turnaround" else cl + bl + self._read_delay
             with m.If(head.write):
                 m.d.sync += [rd_wait.eq(bl - 1), wr_wait.eq(bl - 1)]
             with m.Else():

@@ -50,19 +50,46 @@ def test_phase_at_40_mhz():
 
 def test_phase_at_60_mhz_has_no_window_with_these_figures():
     """At 60 MHz (16.67 ns) the read path alone (clock to pad 7 ns, traces 1 ns, tAC 7.5 or
-    5.4 ns, input setup 1 ns) leaves less than the command setup needs: the window is empty,
-    the plan takes its middle (the least loss on both bounds) and says it does not close; a
-    phase given by hand is taken, with its margins."""
+    5.4 ns, input setup 1 ns) leaves less than the command setup needs for a word taken
+    ``CL`` edges after the READ (``read_delay`` 0): the window is empty, the plan takes its
+    middle (the least loss on both bounds) and says it does not close; a phase given by hand
+    is taken, with its margins."""
     for cl, hi in ((2, 1000 / 60 - 16.5), (3, 1000 / 60 - 14.4)):
-        plan = sdram_clock_plan(CHIP, 1000 / 60, cl, vco_mhz=600)
+        plan = sdram_clock_plan(CHIP, 1000 / 60, cl, vco_mhz=600, read_delay=0)
         assert plan.window == pytest.approx((2.5, hi)) and not plan.closes
         assert plan.steps == round((2.5 + hi) / 2 * 4.8)
         m = plan.margins
         assert m["command_setup"] < 0 and m["read_setup"] < 0
         assert abs(m["command_setup"] - m["read_setup"]) < 0.21    # one step apart at most
-    plan = sdram_clock_plan(CHIP, 1000 / 60, 3, vco_mhz=600, phase_deg=45)
+    plan = sdram_clock_plan(CHIP, 1000 / 60, 3, vco_mhz=600, phase_deg=45, read_delay=0)
     assert plan.steps == 10 and plan.margins["command_setup"] < 0 < plan.margins["read_setup"]
     assert sdram_clock_plan(CHIP, 25.0, 2, vco_mhz=600).closes
+
+
+def test_phase_at_60_mhz_with_the_word_taken_an_edge_later():
+    """``read_delay`` 1: the read setup gains a period and the read hold loses one, so the
+    window sits just under a whole period, between the read's hold (T + in_hold - tco_min -
+    2 trace - tOH = T - 2.7) and the command's hold (T - tIH - skew = T - 1.8): 0.9 ns at
+    any clock with these figures. At 60 MHz: 13.97..14.87 ns, the middle rounded to 69 steps
+    (14.38 ns, 310.5 degrees), margins 0.49 and 0.41 ns on the holds. The plan's own choice
+    (``read_delay=None``) takes it at 60 and 66.7 MHz and keeps ``read_delay`` 0 at 40 and 50
+    MHz, where its margins are larger; a read_delay other than 0 or 1 is refused."""
+    t = 1000 / 60
+    plan = sdram_clock_plan(CHIP, t, 2, vco_mhz=600, read_delay=1)
+    assert plan.read_delay == 1 and plan.closes
+    assert plan.window == pytest.approx((t - 2.7, t - 1.8))
+    assert plan.steps == 69 and plan.phase_deg == pytest.approx(310.5)
+    m = plan.margins
+    assert m["command_hold"] == pytest.approx(t - 69 / 4.8 - 1.8)
+    assert m["read_hold"] == pytest.approx(69 / 4.8 + 2 + 1 + 2.7 - 3 - t)
+    assert m["read_setup"] == pytest.approx(2 * t - 69 / 4.8 - 7 - 1 - 7.5 - 1)
+    assert m["command_setup"] == pytest.approx(69 / 4.8 - 2.5)
+    assert min(m.values()) == pytest.approx(m["read_hold"]) and 0.4 < m["read_hold"] < 0.5
+    for mhz, want in ((40, 0), (50, 0), (60, 1), (66.7, 1)):
+        chosen = sdram_clock_plan(CHIP, 1000 / mhz, 2, vco_mhz=600, read_delay=None)
+        assert chosen.read_delay == want and chosen.closes, mhz
+    with pytest.raises(ValueError, match="read_delay must be 0 or 1, not 2"):
+        sdram_clock_plan(CHIP, t, 2, vco_mhz=600, read_delay=2)
 
 
 def test_ecp5_figures_are_the_documented_assumptions():
@@ -75,7 +102,11 @@ def test_parameter_errors():
         ULX3STop(SMOKE_CONFIG, clock="sim", sdram="16MB", **SMOKE_TOP)
     with pytest.raises(ValueError, match=r"^CAS latency must be 2 or 3, not 4$"):
         ULX3STop(SMOKE_CONFIG, sdram_cl=4, **SMOKE_TOP)
-    assert not ULX3STop(SMOKE_CONFIG, sys_mhz=60, **SMOKE_TOP).sdram_plan.closes
+    at60 = ULX3STop(SMOKE_CONFIG, sys_mhz=60, **SMOKE_TOP).sdram_plan
+    assert at60.closes and at60.read_delay == 1
+    assert ULX3STop(SMOKE_CONFIG, **SMOKE_TOP).sdram_plan.read_delay == 0
+    forced = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_read_delay=0, **SMOKE_TOP).sdram_plan
+    assert not forced.closes and forced.read_delay == 0
     top = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_phase=90, **SMOKE_TOP)
     assert top.sdram_plan.phase_deg == pytest.approx(90)
     assert ULX3STop(SMOKE_CONFIG, sdram=None, **SMOKE_TOP).sdram_chip is None

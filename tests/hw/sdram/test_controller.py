@@ -104,6 +104,7 @@ def port_scripts(rng, chip, bl, ports, n):
     (dict(chip="MT48LC16M16A2"), TypeError, "Chip must be a SdramChip, not 'MT48LC16M16A2'"),
     (dict(_bug="nope"), ValueError, "Unknown bug 'nope'"),
     (dict(tck_ns=0), ValueError, "Clock period must be positive, not 0"),
+    (dict(read_delay=2), ValueError, "Read delay must be between 0 and 1 clocks, not 2"),
 ])
 def test_bad_parameters(kwargs, exc, message):
     with pytest.raises(exc, match=message.replace("(", r"\(")):
@@ -251,12 +252,13 @@ def test_default_chip_is_the_ulx3s_micron_part():
     assert DEFAULT_CHIP.name == "MT48LC16M16A2-6A" and DEFAULT_CHIP.words * 2 == 32 << 20
 
 
-@pytest.mark.parametrize("cl", [2, 3])
-def test_read_latency(cl):
+@pytest.mark.parametrize("cl, read_delay", [(2, 0), (3, 0), (2, 1)])
+def test_read_latency(cl, read_delay):
     """First word on ``r`` ``CL + 6`` clocks after the command's transfer on an open row, and
-    ``tRCD`` more on a closed bank (the docstring's and docs/blocks/sdram.md's figures)."""
+    ``tRCD`` more on a closed bank (the docstring's and docs/blocks/sdram.md's figures); one
+    more with ``read_delay`` 1 (on the model that takes the pins an edge later)."""
     chip = small("MT48LC16M16A2-6A")
-    ctrl = SdramController(chip, tck_ns=10.0, cl=cl, bl=8)
+    ctrl = SdramController(chip, tck_ns=10.0, cl=cl, bl=8, read_delay=read_delay)
     model = SdramModel(chip, 10.0)
     out = {}
 
@@ -278,8 +280,31 @@ def test_read_latency(cl):
 
     sim = Simulator(ctrl)
     sim.add_clock(1e-8)
-    sim.add_testbench(amaranth_sdram(model, ctrl.pins), background=True)
+    sim.add_testbench(amaranth_sdram(model, ctrl.pins, pin_delay=read_delay), background=True)
     sim.add_testbench(bench)
     sim.run()
-    assert out == {"open": cl + 6, "closed": cl + 6 + chip.timing(10.0).rcd}
+    assert out == {"open": cl + 6 + read_delay,
+                   "closed": cl + 6 + read_delay + chip.timing(10.0).rcd}
     assert model.violations == []
+
+
+@pytest.mark.parametrize("cl", [2, 3])
+def test_read_delay_on_an_sdram_clock_lagging_by_nearly_a_period(cl):
+    """``read_delay=1`` (the board at 60 MHz: the SDRAM's edge just before the controller's
+    next one, the input register taking each word an edge after ``CL``): random traffic on
+    two ports with idle and backpressure on the model that takes the pins an edge later
+    (``PinDelay``) reads what the golden model says, with no rule broken. Either side alone
+    (the controller's delay without the model's, or the reverse) reads wrong words."""
+    chip = small(refreshes=4, refresh_ns=4 * 1000)
+    rng = random.Random(23 + cl)
+    scripts = port_scripts(rng, chip, 4, 2, 20)
+    ctrl = SdramController(chip, tck_ns=7.5, cl=cl, bl=4, ports=2, read_delay=1)
+    assert ctrl.read_delay == 1
+    result, bad = run(ctrl, scripts, seed=cl, tail=400)
+    assert bad == 0 and result.model.violations == []
+    assert sum(len(r) for r in result.reads) == sum(op[0] == "r" for sc in scripts for op in sc)
+    for read_delay, pin_delay in ((1, 0), (0, 1)):
+        _, bad = run(SdramController(chip, tck_ns=7.5, cl=cl, bl=4, ports=2,
+                                     read_delay=read_delay), scripts, strict=False, seed=cl,
+                     tail=400, pin_delay=pin_delay)
+        assert bad > 0, (read_delay, pin_delay)
