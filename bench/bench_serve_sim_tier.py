@@ -181,9 +181,11 @@ def markdown(results) -> str:
                   f"{p['requests']} streamed chat requests in conversations of "
                   f"{p['turns'][0]} to {p['turns'][1]} turns behind {p['systems']} system "
                   f"prompts (the `serve` group's load), max_tokens {p['max_tokens']}, sampled "
-                  f"with a seed per request; placement by prefix. Simulated clocks are exact, "
-                  f"the seconds a simulator's: compare the two rows. Wall-clock on "
-                  f"{p['machine']}.", "",
+                  f"with a seed per request; placement by prefix. The TTFT and tokens/s are "
+                  f"a simulator's wall-clock (the tiered board's simulator is slower per "
+                  f"clock: a second port served from Python), on {p['machine']}: they show "
+                  f"the same load ran, not the tier's gain, which the storage clocks below "
+                  f"give exactly.", "",
                   table(["setup", "TTFT p50 s", "TTFT p99 s", "tokens/s", "cached",
                          "requests", "wall s", "load avg start / end"], rows)]
     srows = []
@@ -202,7 +204,8 @@ def markdown(results) -> str:
                   "power-on recovery scan's header reads included, the same on both boards): "
                   "commands, sectors, the clocks from each command to its status, those "
                   "clocks at the board's 40 MHz, and per sector. An SDRAM write runs beside "
-                  "the card's (the tier tees each byte), so it adds no time to an export.", "",
+                  "the card's (the tier tees each byte: its busy clocks wait on the card's), "
+                  "so it adds no time to an export.", "",
                   table(["setup", "port", "commands", "sectors", "clocks", "ms at 40 MHz",
                          "clocks/sector"], srows)]
     extra = [(n, by[n]) for n in ("serve_sim_tier.replies_identical",
