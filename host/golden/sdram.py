@@ -99,12 +99,16 @@ def refresh_ceiling(t: SdramTiming, interval: int) -> float:
 class BankGolden:
     """The bank machine's decisions, clock by clock (``ringkv.hw.sdram.bank.BankMachine``).
 
-    ``outputs()`` is what the machine says in the current clock (from its state alone);
-    ``clock(push, issued)`` advances one clock: ``push`` a burst ``(row, col, write, port)``
-    offered to its queue (or ``None``; returns whether it was taken), ``issued`` the command on
-    the bus ``(Cmd, ba, a)``. Each counter holds the clocks until its command is allowed: a
-    command at clock ``c`` that needs ``k`` clocks before the next makes it allowed at
-    ``c + k``, and a later requirement never shortens an earlier one.
+    ``outputs()`` is what the machine says in the current clock: ``want_act``, ``want_pre``,
+    ``col_ready`` and ``head`` were decided in the clock before, from the state then (a counter
+    at one then is zero now), and are all false in the clock after a command to this bank
+    (PRECHARGE ALL included) or while a burst that entered an empty queue is not yet seen;
+    ``idle``, ``pre_ok``, ``open`` and ``row`` are the state now. ``clock(push, issued)``
+    advances one clock: ``push`` a burst ``(row, col, write, port)`` offered to its queue (or
+    ``None``; returns whether it was taken), ``issued`` the command on the bus ``(Cmd, ba,
+    a)``. Each counter holds the clocks until its command is allowed: a command at clock ``c``
+    that needs ``k`` clocks before the next makes it allowed at ``c + k``, and a later
+    requirement never shortens an earlier one.
     """
 
     def __init__(self, index: int, t: SdramTiming, *, bl: int, depth: int = 4):
@@ -112,20 +116,28 @@ class BankGolden:
         self.queue: list[tuple] = []
         self.open, self.row = False, 0
         self.to_act = self.to_col = self.to_pre = 0
+        self._said = {"want_act": False, "want_pre": False, "col_ready": False, "head": None}
 
     def outputs(self) -> dict:
+        return {**self._said, "idle": not self.queue, "pre_ok": self.to_pre == 0,
+                "open": self.open, "row": self.row}
+
+    def _decide(self, touched: bool) -> dict:
+        """What the machine will say in the next clock, from its state in this one."""
         head = self.queue[0] if self.queue else None
-        hit = head is not None and self.open and self.row == head[0]
-        return {"want_act": head is not None and not self.open and self.to_act == 0,
-                "want_pre": head is not None and self.open and not hit and self.to_pre == 0,
-                "col_ready": hit and self.to_col == 0, "idle": head is None,
-                "pre_ok": self.to_pre == 0, "open": self.open, "head": head,
-                "row": self.row}
+        ask = head is not None and not touched
+        hit = ask and self.open and self.row == head[0]
+        return {"want_act": ask and not self.open and self.to_act <= 1,
+                "want_pre": ask and self.open and not hit and self.to_pre <= 1,
+                "col_ready": hit and self.to_col <= 1, "head": head}
 
     def clock(self, push, issued) -> bool:
         cmd, ba, a = issued
         t, bl, mine = self.t, self.bl, ba == self.index
         nxt = {k: max(getattr(self, k) - 1, 0) for k in ("to_act", "to_col", "to_pre")}
+        touched = ((mine and cmd in (Cmd.ACTIVE, Cmd.PRECHARGE, Cmd.READ, Cmd.WRITE))
+                   or (cmd is Cmd.PRECHARGE and a >> 10 & 1 == 1))
+        self._said = self._decide(touched)
 
         def need(name, k):
             nxt[name] = max(nxt[name], k - 1)

@@ -127,7 +127,7 @@ class GoldenTieredStorage:
             if resp["status"] != Status.OK.value:
                 return route
             slot = resp["slot"]
-            route.setup += 2
+            route.setup += 3
             if any(lo <= offset and offset + count <= hi for lo, hi in self.extents[slot]):
                 route.tier, route.sdram_lba = "sdram", self.slot_lba(slot, offset)
             return route

@@ -38,7 +38,8 @@ class BankMachine(wiring.Component):
     A READ/WRITE to this bank pops the burst. Open-page policy: a row stays open until another
     row or a refresh needs the bank. ``idle``: queue empty; ``pre_ok``: PRECHARGE allowed now.
 
-    Latency: a burst to the open row is ``col_ready`` the clock after it enters an empty queue;
+    Latency: a burst to the open row is ``col_ready`` two clocks after it enters an empty queue
+    (the decisions are registered; none is made in the clock after a command to this bank);
     a row miss costs PRECHARGE, ``tRP``, ACTIVE, ``tRCD`` (each ACTIVE/PRECHARGE may issue
     while other banks transfer). ``req.ready`` is low while the queue is full.
     """
@@ -69,7 +70,7 @@ class BankMachine(wiring.Component):
                                                    depth=self._depth)
         m.d.comb += [
             queue.w_data.eq(self.req.payload), queue.w_en.eq(self.req.valid),
-            self.req.ready.eq(queue.w_rdy), self.head.eq(queue.r_data),
+            self.req.ready.eq(queue.w_rdy),
             self.idle.eq(~queue.r_rdy),
         ]
 
@@ -115,15 +116,31 @@ class BankMachine(wiring.Component):
                 m.d.sync += self.open.eq(0)
             m.d.sync += load(to_act, rp)
 
-        hit = self.open & (self.row == self.head.row)
-        m.d.comb += [
-            self.pre_ok.eq(to_pre == 0),
-            self.col_ready.eq(queue.r_rdy & hit & (to_col == 0)),
-            self.want_pre.eq(queue.r_rdy & self.open & ~hit & (to_pre == 0)),
-            self.want_act.eq(queue.r_rdy & ~self.open & (to_act == 0)),
-        ]
+        # The decisions are registered: what the machine says in a clock was computed in the
+        # clock before, from its state then, so that the queue's read and the row compare do not
+        # run on through the multiplexer's choice into every bank's counters (the controller's
+        # longest path at 60 MHz). They stay exact: the counters only count down, so "zero
+        # next clock" is "at most one now"; the row, the queue's head and the counters change
+        # otherwise only by a command to this bank, and in the clock after one the machine says
+        # nothing (a burst that enters an empty queue is seen one clock later, too).
+        head = Signal.like(self.head)
+        m.d.comb += head.eq(queue.r_data)
+        hit = self.open & (self.row == head.row)
+        touched = (((cmd == Cmd.ACTIVE.value) | (cmd == Cmd.PRECHARGE.value)
+                    | (cmd == Cmd.READ.value) | (cmd == Cmd.WRITE.value)) & mine
+                   | ((cmd == Cmd.PRECHARGE.value) & issued.a[10]))
+        ask = queue.r_rdy & ~touched
         if bug == "open_bank":
             # a row miss opens the new row without closing the old one
-            m.d.comb += [self.want_pre.eq(0),
-                         self.want_act.eq(queue.r_rdy & ~hit & (to_act == 0))]
+            want_pre, want_act = C(0), ask & ~hit & (to_act <= 1)
+        else:
+            want_pre = ask & self.open & ~hit & (to_pre <= 1)
+            want_act = ask & ~self.open & (to_act <= 1)
+        m.d.sync += [
+            self.head.eq(head),
+            self.col_ready.eq(ask & hit & (to_col <= 1)),
+            self.want_pre.eq(want_pre),
+            self.want_act.eq(want_act),
+        ]
+        m.d.comb += self.pre_ok.eq(to_pre == 0)
         return m

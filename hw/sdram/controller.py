@@ -100,9 +100,10 @@ class SdramController(wiring.Component):
 
     Latency, throughput, backpressure
     ---------------------------------
-    A read of an open row has its first word on ``r`` ``cl + 6`` clocks (``cl + 7`` with
+    A read of an open row has its first word on ``r`` ``cl + 7`` clocks (``cl + 8`` with
     ``read_delay`` 1) after the command's
-    transfer (arbiter 1, bank queue 1, command register 1, PHY output 1, ``cl`` to the PHY's
+    transfer (arbiter 1, bank queue 1, the bank machine's registered decision 1, command
+    register 1, PHY output 1, ``cl`` to the PHY's
     input register, read FIFO 2), measured; a closed bank adds ``tRCD``, another open row
     PRECHARGE and ``tRP`` too. The data bus carries one word a clock:
     bursts follow each other without a gap while they hit open rows or rows the bank machines
@@ -191,15 +192,21 @@ class SdramController(wiring.Component):
                                              _bug=bug if bug in MUX_BUGS else None)
         m.submodules.phy = phy = SdramPhy(chip, pads=self._pads)
         wiring.connect(m, wiring.flipped(self.pins), phy.pins)
-        m.submodules.order = order = fifo.SyncFIFO(width=max(bank_bits, 1),
-                                                   depth=nb * self._queue_depth)
+        # the order of the bursts, its head registered (as the bank machines' decisions are: a
+        # burst is seen by both two clocks after it enters)
+        m.submodules.order = order = fifo.SyncFIFOBuffered(width=max(bank_bits, 1),
+                                                           depth=nb * self._queue_depth)
 
-        # power-up, refresh
+        # power-up, refresh; the grant registered (every bank idle and free to precharge in
+        # the clock before: no bank can leave that state while a refresh is owed, as the
+        # arbiter holds the bursts back)
+        grant = Signal()
+        m.d.sync += grant.eq(ref.req & Cat(b.idle & b.pre_ok for b in banks).all())
         m.d.comb += [
             self.ready.eq(init.done),
             mux.init_cmd.eq(init.cmd), mux.init_a.eq(init.a), mux.init_done.eq(init.done),
             ref.enable.eq(init.done),
-            ref.grant.eq(ref.req & Cat(b.idle & b.pre_ok for b in banks).all()),
+            ref.grant.eq(grant),
             mux.ref_active.eq(ref.active), mux.ref_cmd.eq(ref.cmd), mux.ref_a.eq(ref.a),
             arb.pause.eq(ref.req & ~ref.active),
         ]
@@ -291,8 +298,11 @@ class SdramController(wiring.Component):
             issue_p = start_read & (mux.col_port == p)
             arrive_p = arrive & (arrive_port == p)
             m.d.sync += reserved.eq(reserved + Mux(issue_p, bl, 0) - arrive_p)
-            m.d.comb += [
-                rfifos[p].w_data.eq(phy.dfi.rdata), rfifos[p].w_en.eq(arrive_p),
-                mux.rd_ok[p].eq(depth - rfifos[p].w_level - reserved >= bl),
-            ]
+            m.d.comb += [rfifos[p].w_data.eq(phy.dfi.rdata), rfifos[p].w_en.eq(arrive_p)]
+            # registered: the room of the clock before, less a READ issued in it (a word read
+            # by the port makes room a clock later; an arriving word was already reserved)
+            room = Signal(range(depth + 1), name=f"rd_room{p}")
+            rd_ok = Signal(name=f"rd_ok{p}")
+            m.d.comb += [room.eq(depth - rfifos[p].w_level - reserved), mux.rd_ok[p].eq(rd_ok)]
+            m.d.sync += rd_ok.eq(Mux(issue_p, room >= 2 * bl, room >= bl))
         return m

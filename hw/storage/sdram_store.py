@@ -26,8 +26,8 @@ or a row change. Writes pair two bytes into a word (``mask`` 0) and ask for a bu
 ``bl`` words are in the write FIFO. Exact clocks: ``docs/blocks/sdram_store.md``.
 
 Latency: the status of a ``RANGE`` command is valid the clock after the command's transfer; a
-read's first byte is handed over ``CL + 9`` clocks after it from an open row (the store's state
-and command registers, the controller's ``CL + 6``, the byte register), 2 clocks more from a
+read's first byte is handed over ``CL + 10`` clocks after it from an open row (the store's state
+and command registers, the controller's ``CL + 7``, the byte register), 2 clocks more from a
 closed bank at 60 MHz (``tRCD``), 4 more after a row miss (measured,
 ``tests/hw/storage/test_sdram_store.py``). A write of ``count`` sectors takes
 ``count * 512 + 5`` clocks from its command to its status, a read ``count * 512`` plus its

@@ -53,7 +53,7 @@ Latency (exact; the golden model's ``Route.setup`` and ``finish``): from the com
 transfer to the backend's ``cmd.valid`` a transfer spends ``log2(regions) + 2`` clocks here
 (the region and offset by a restoring division by ``sectors_per_region``, one quotient bit per
 clock, then the decision), plus 1 + its clocks for each hot-tier command (a read in a region:
-its ``LOOKUP``, and 2 clocks for the extents on a hit; a write's ``ALLOC`` and 1 clock, an
+its ``LOOKUP``, and 3 clocks for the extents on a hit; a write's ``ALLOC`` and 1 clock, an
 ``ABORT`` of another pending write, a ``CLEAR``). A write to both tiers gives its status 3
 clocks after the later backend status, 6 when it commits or aborts. Pass-through transfers
 add no clock after the command: the data and status streams are connected straight through.
@@ -116,6 +116,7 @@ class _State(enum.Enum, shape=4):
     SETTLE = 10
     STATUS = 11
     RESIDENTS = 12
+    EXT_SERVE = 13
 
 
 class _After(enum.Enum, shape=3):
@@ -323,6 +324,7 @@ class TieredStorage(wiring.Component):
         m.d.comb += is_header.eq(offset == 0)
         ext_r, ext_w = self._extents(m, data.ArrayLayout(ext, EXTENTS))
         slot = Signal(range(self._slots))        # the slot a read is served from
+        served_q = Signal()                      # the read lies in one of its extents
 
         # where the write's sectors go among the pending extents
         append = [Signal(name=f"append{i}") for i in range(EXTENTS)]
@@ -371,7 +373,7 @@ class TieredStorage(wiring.Component):
             m.d.comb += slot_offset.eq(Mux(offset >= self._gap_hi, offset - gap, offset))
         else:
             m.d.comb += slot_offset.eq(offset)
-        m.d.comb += slot_lba.eq(self._sdram_base + Mux(state == _State.EXT_CHECK, slot,
+        m.d.comb += slot_lba.eq(self._sdram_base + Mux(state == _State.EXT_SERVE, slot,
                                                        pend_slot) * self._slot_sectors
                                 + slot_offset + (1 if bug == "address" else 0))
         m.d.comb += [card.cmd.valid.eq(card_cmd_valid), card.cmd.payload.op.eq(op),
@@ -537,7 +539,12 @@ class TieredStorage(wiring.Component):
             with m.Case(_State.EXT_CHECK):
                 served = Const(1) if bug == "extents" else Cat(
                     *[(e.lo <= offset) & (end <= e.hi) for e in ext_r.data]).any()
-                with m.If(served):
+                # registered: the extents' compare starts at the block RAM's output and would
+                # run on into the backends' command valids (the tier's longest path at 60 MHz)
+                m.d.sync += [served_q.eq(served), state.eq(_State.EXT_SERVE)]
+
+            with m.Case(_State.EXT_SERVE):
+                with m.If(served_q):
                     m.d.sync += [sd_lba.eq(slot_lba), sd_cmd_valid.eq(1),
                                  state.eq(_State.SDRAM)]
                 with m.Else():

@@ -161,18 +161,13 @@ class HotTier(wiring.Component):
         best_region = Signal(rb)
         have_best = Signal()
 
-        def free_slot(slot):
-            """``slot`` back to the pool: its row cleared, appended to the FIFO."""
-            rows.write(m, slot, 0)
-            fifo.write(m, fifo_wr, slot)
-            m.d.sync += fifo_level.eq(fifo_level + 1)
+        reserved_row = Signal(row_layout)    # ``cmd.region``'s row while its copy is written
+        m.d.comb += [reserved_row.state.eq(SlotState.RESERVED),
+                     reserved_row.region.eq(cmd.region[:rb]), reserved_row.stamp.eq(cmd.now)]
 
         def reserve(slot):
             """``slot``'s row: reserved for ``cmd.region`` (stamp ``now``)."""
-            row = Signal(row_layout)
-            m.d.comb += [row.state.eq(SlotState.RESERVED), row.region.eq(cmd.region[:rb]),
-                         row.stamp.eq(cmd.now)]
-            rows.write(m, slot, row)
+            rows.write(m, slot, reserved_row)
 
         def map_region(region, slot):
             entry = Signal(map_layout)
@@ -227,50 +222,75 @@ class HotTier(wiring.Component):
                             m.d.sync += resp.status.eq(Status.BAD_OP)
                             m.next = "RESPOND"
 
+            # In the states that decide on a table's read (REGION, LOOKUP_SLOT, SLOT) each
+            # table's write address and data are chosen by the state and the opcode (REGION's
+            # slot address also by the entry's valid bit), and only the write enables by the
+            # decision: the block RAM's output no longer runs through the decision into the
+            # other ports' address and data (the tier's longest paths at 60 MHz). The writes
+            # are the same.
+            def aim(table, addr, value):
+                m.d.comb += [table.waddr.eq(addr), table.wdata.eq(value)]
+
+            def enable(*tables):
+                m.d.comb += [table.we.eq(1) for table in tables]
+
+            def free_row():
+                """The aimed-at slot back to the pool: its row cleared, appended to the FIFO."""
+                enable(rows, fifo)
+                m.d.sync += fifo_level.eq(fifo_level + 1)
+
             with m.State("REGION"):
                 # The region's map entry is read: LOOKUP, DROP and ALLOC decide on it.
                 entry = region_map.rdata
                 region = cmd.region[:rb]
+                dropping = cmd.op == Op.DROP
+                new_entry = Signal(map_layout)
+                m.d.comb += [new_entry.valid.eq(~dropping),
+                             new_entry.slot.eq(Mux(dropping, 0, fifo.rdata))]
+                aim(region_map, region, new_entry)
+                aim(rows, Mux(entry.valid, entry.slot, fifo.rdata),
+                    Mux(dropping, 0, reserved_row))
+                aim(fifo, fifo_wr, entry.slot)
+                # the row read next: the mapped slot's (LOOKUP), slot 0 (an ALLOC's scan)
+                m.d.comb += rows.raddr.eq(Mux(cmd.op == Op.LOOKUP, entry.slot, 0))
                 m.next = "RESPOND"
                 with m.If(cmd.region >= nr):
                     m.d.sync += resp.status.eq(Status.BAD_REGION)
                 with m.Elif(cmd.op == Op.LOOKUP):
                     with m.If(entry.valid):
-                        m.d.comb += rows.raddr.eq(entry.slot)
                         m.d.sync += cur.eq(entry.slot)
                         m.next = "LOOKUP_SLOT"
                     with m.Else():
                         m.d.sync += resp.status.eq(Status.MISS)
-                with m.Elif(cmd.op == Op.DROP):
+                with m.Elif(dropping):
                     with m.If(entry.valid):
-                        region_map.write(m, region, 0)
+                        enable(region_map)
                         if bug == "drop_leak":
-                            rows.write(m, entry.slot, 0)
+                            enable(rows)
                         else:
-                            free_slot(entry.slot)
+                            free_row()
                         m.d.sync += resp.slot.eq(entry.slot)
                     with m.Else():
                         m.d.sync += resp.status.eq(Status.MISS)
                 with m.Elif(entry.valid):
                     # ALLOC of a mapped region: its copy is invalidated, its slot rewritten.
-                    reserve(entry.slot)
+                    enable(rows)
                     m.d.sync += resp.slot.eq(entry.slot)
                 with m.Elif(fifo_level != 0):
-                    reserve(fifo.rdata)
-                    map_region(region, fifo.rdata)
+                    enable(rows, region_map)
                     m.d.sync += [resp.slot.eq(fifo.rdata), fifo_level.eq(fifo_level - 1),
                                  fifo_rd.eq(Mux(fifo_rd == ns - 1, 0, fifo_rd + 1))]
                 with m.Else():
-                    # No free slot: scan for the least recently used valid one; read slot 0 now.
-                    m.d.comb += rows.raddr.eq(0)
+                    # No free slot: scan for the least recently used valid one (slot 0 is read).
                     m.next = "SCAN"
 
             with m.State("LOOKUP_SLOT"):
                 row = rows.rdata
+                touched = Signal(row_layout)
+                m.d.comb += [touched.eq(row), touched.stamp.eq(cmd.now)]
+                aim(rows, cur, touched)
                 with m.If(row.state == SlotState.VALID):
-                    touched = Signal(row_layout)
-                    m.d.comb += [touched.eq(row), touched.stamp.eq(cmd.now)]
-                    rows.write(m, cur, touched)
+                    enable(rows)
                     m.d.sync += resp.slot.eq(cur)
                 with m.Else():
                     m.d.sync += resp.status.eq(Status.MISS)    # reserved: a write in progress
@@ -283,6 +303,12 @@ class HotTier(wiring.Component):
                 reserved_here = (row.state == SlotState.RESERVED) & (row.region == cmd.region)
                 if bug == "commit_unchecked":
                     reserved_here = reserved_here | (cmd.op == Op.COMMIT)
+                done = Signal(row_layout)
+                m.d.comb += [done.state.eq(SlotState.VALID), done.region.eq(cmd.region[:rb]),
+                             done.stamp.eq(cmd.now)]
+                aim(rows, slot, Mux(cmd.op == Op.COMMIT, done, 0))
+                aim(region_map, cmd.region[:rb], 0)
+                aim(fifo, fifo_wr, slot)
                 m.next = "RESPOND"
                 with m.If((cmd.op == Op.READ) & (cmd.slot >= ns)):
                     m.d.sync += resp.status.eq(Status.BAD_SLOT)
@@ -294,14 +320,11 @@ class HotTier(wiring.Component):
                 with m.Elif((cmd.slot >= ns) | ~reserved_here):
                     m.d.sync += resp.status.eq(Status.BAD_SLOT)
                 with m.Elif(cmd.op == Op.COMMIT):
-                    done = Signal(row_layout)
-                    m.d.comb += [done.state.eq(SlotState.VALID), done.region.eq(cmd.region[:rb]),
-                                 done.stamp.eq(cmd.now)]
-                    rows.write(m, slot, done)
+                    enable(rows)
                     m.d.sync += resp.slot.eq(cmd.slot)
                 with m.Else():
-                    region_map.write(m, cmd.region[:rb], 0)
-                    free_slot(slot)
+                    enable(region_map)
+                    free_row()
                     m.d.sync += resp.slot.eq(cmd.slot)
 
             with m.State("SCAN"):

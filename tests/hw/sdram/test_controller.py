@@ -196,8 +196,10 @@ BROKEN = {
     "tmrd": ("MT48LC16M16A2-7E", 7.5, 2, "tmrd"),
     "refresh_interval": ("MT48LC16M16A2-7E", 7.5, 2, "refresh_interval"),
     "trfc": ("MT48LC16M16A2-7E", 7.5, 2, "trfc"),
-    "trcd": ("MT48LC16M16A2-7E", 7.5, 2, "trcd"),
-    "trp": ("MT48LC16M16A2-7E", 7.5, 2, "trp"),
+    # a bank machine says nothing in the clock after its own command: tRCD and tRP one clock
+    # short are faults only where they are at least 3 clocks
+    "trcd": ("MT48LC16M16A2-6A", 6.0, 2, "trcd"),
+    "trp": ("MT48LC16M16A2-6A", 6.0, 2, "trp"),
     "tras": ("MT48LC16M16A2-7E", 7.5, 2, "tras"),
     "trc": ("MT48LC16M16A2-7E", 7.5, 2, "trc"),
     "twr": ("MT48LC16M16A2-7E", 7.5, 2, "twr"),
@@ -254,7 +256,7 @@ def test_default_chip_is_the_ulx3s_micron_part():
 
 @pytest.mark.parametrize("cl, read_delay", [(2, 0), (3, 0), (2, 1)])
 def test_read_latency(cl, read_delay):
-    """First word on ``r`` ``CL + 6`` clocks after the command's transfer on an open row, and
+    """First word on ``r`` ``CL + 7`` clocks after the command's transfer on an open row, and
     ``tRCD`` more on a closed bank (the docstring's and docs/blocks/sdram.md's figures); one
     more with ``read_delay`` 1 (on the model that takes the pins an edge later)."""
     chip = small("MT48LC16M16A2-6A")
@@ -283,8 +285,8 @@ def test_read_latency(cl, read_delay):
     sim.add_testbench(amaranth_sdram(model, ctrl.pins, pin_delay=read_delay), background=True)
     sim.add_testbench(bench)
     sim.run()
-    assert out == {"open": cl + 6 + read_delay,
-                   "closed": cl + 6 + read_delay + chip.timing(10.0).rcd}
+    assert out == {"open": cl + 7 + read_delay,
+                   "closed": cl + 7 + read_delay + chip.timing(10.0).rcd}
     assert model.violations == []
 
 

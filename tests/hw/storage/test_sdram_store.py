@@ -295,19 +295,19 @@ def test_clocks_per_sector():
     plus a fixed latency; no byte of the 4-sector read (two rows, several refreshes) waits."""
     chip = CHIPS["MT48LC16M16A2-6A"].scaled(power_up_ns=500)
     clocks = transfer_clocks(dict(chip=chip, tck_ns=MHZ60, cl=2, bl=8), (1, 4))
-    assert clocks == {("w", 1): 512 + 5, ("r", 1): 512 + 16,
-                      ("w", 4): 4 * 512 + 5, ("r", 4): 4 * 512 + 16}
+    assert clocks == {("w", 1): 512 + 5, ("r", 1): 512 + 17,
+                      ("w", 4): 4 * 512 + 5, ("r", 4): 4 * 512 + 17}
 
 
 def test_first_byte_latency():
     """Clocks from a read command's transfer to its first byte's at 60 MHz, CL 2, BL 8:
-    ``CL + 9`` from an open row, 2 more from a closed bank (``tRCD``), 4 more after a row miss
+    ``CL + 10`` from an open row, 2 more from a closed bank (``tRCD``), 4 more after a row miss
     (PRECHARGE, ``tRP``, ACTIVE, ``tRCD``); a sector then takes 512 clocks and the status 1."""
     chip = CHIPS["MT48LC16M16A2-6A"].scaled(power_up_ns=500)
     top = SdramStoreTop(dict(chip=chip, tck_ns=MHZ60, cl=2, bl=8))
     # sector 8 is row 1 of bank 0, where sector 0 is row 0
     run = run_store(top, [("r", 0, 1), ("r", 0, 1), ("r", 8, 1), ("r", 8, 1)])
-    assert run.first_byte == [13, 11, 15, 11]
+    assert run.first_byte == [14, 12, 16, 12]
     assert run.clocks == [n + 512 + 1 for n in run.first_byte]
 
 
