@@ -55,9 +55,11 @@ def test_tier_of_the_software_device(model):
     assert seen["two"] == dict(shape, hot_residents=2, resident_regions=[0, 1])
     n = _import_sectors(20)
     assert seen["import0"] == dict(sdram_sectors_in=n, card_sectors_in=0, imports_sdram=1,
+                                   # each read qb + 9 clocks to its backend (qb 2 at 4
+                                   # regions: tiered_storage.md's latency of a copy's read)
                                    import_clocks=import_clocks_model(
-                                       [("sdram", 2 + 8, 1), ("sdram", 2 + 8, 1),
-                                        ("sdram", 2 + 8, n - 2)]))
+                                       [("sdram", 2 + 9, 1), ("sdram", 2 + 9, 1),
+                                        ("sdram", 2 + 9, n - 2)]))
     assert seen["three"]["resident_regions"] == [0, 2]
     assert seen["import1"] == dict(sdram_sectors_in=0, card_sectors_in=_import_sectors(21),
                                    imports_sdram=0)
