@@ -36,7 +36,7 @@ import os
 from bench import bench_serve as serve
 from bench.run import table
 
-__all__ = ["TITLE", "run", "markdown"]
+__all__ = ["TITLE", "run", "markdown", "load_params", "load_results", "replies_identical"]
 
 TITLE = "Server: ringkv serve on simulated boards"
 SIM_REQUESTS = int(os.environ.get("RINGKV_BENCH_SERVE_SIM_REQUESTS", "40"))
@@ -90,36 +90,17 @@ def _run(configs, requests, clients):
             if devices == 2:
                 greedy[label] = _greedy(base)
         replies[label] = {key: reply for _, _, key, reply in records}
-        ttfts = [r[0] for r in records]
-        prompt = sum(r[1]["prompt_tokens"] for r in records)
-        cached = sum(r[1]["prompt_tokens_details"]["cached_tokens"] for r in records)
-        generated = sum(r[1]["completion_tokens"] for r in records)
         params = dict(common, devices=devices, device=device, placement="prefix",
                       capacity=serve.CAPACITY if device == "software" else None,
                       top="DEMO_TOP" if device == "sim" else None, setup=label,
-                      wall_s=round(wall, 2), prompt_tokens=prompt, cached_tokens=cached,
-                      generated_tokens=generated, requests_sent=len(records),
-                      loadavg_1min=round(load_start, 2), loadavg_1min_end=round(load_end, 2))
+                      **load_params(records, wall, load_start, load_end))
         key = "serve_sim." + serve._key(label)
-        out += [
-            {"name": f"{key}.ttft_p50_s", "value": round(serve._percentile(ttfts, 0.5), 4),
-             "unit": "s", "params": params},
-            {"name": f"{key}.ttft_p99_s", "value": round(serve._percentile(ttfts, 0.99), 4),
-             "unit": "s", "params": params},
-            {"name": f"{key}.tokens_per_s", "value": round(generated / wall, 2),
-             "unit": "tokens/s", "params": params},
-            {"name": f"{key}.cached_fraction", "value": round(cached / prompt, 4),
-             "unit": "fraction", "params": params},
-            {"name": f"{key}.overhead_ms", "value": round(overhead * 1e3, 3), "unit": "ms",
-             "params": dict(params, requests_measured=n)},
-        ]
+        out += load_results(key, records, wall, params)
+        out.append({"name": f"{key}.overhead_ms", "value": round(overhead * 1e3, 3),
+                    "unit": "ms", "params": dict(params, requests_measured=n)})
     labels = [label for label, *_ in configs]
     if len(labels) > 1:
-        shared = set.intersection(*(set(replies[x]) for x in labels))
-        same = all(len({replies[x][k] for x in labels}) == 1 for k in shared)
-        out.append({"name": "serve_sim.replies_identical", "value": int(same and bool(shared)),
-                    "unit": "1/0", "params": dict(common, setups=labels,
-                                                  requests_compared=len(shared))})
+        out.append(replies_identical("serve_sim.replies_identical", replies, labels, common))
         out.append({"name": "serve_sim.greedy_identical",
                     "value": int(len({tuple(g) for g in greedy.values()}) == 1),
                     "unit": "1/0", "params": dict(common, setups=sorted(greedy),
@@ -130,6 +111,43 @@ def _run(configs, requests, clients):
                     "value": round(by[two] / by[one], 3), "unit": "ratio",
                     "params": dict(common, setups=labels[:2])})
     return out
+
+
+def load_params(records, wall, load_start, load_end) -> dict:
+    """A load's parameters for its results: wall time, prompt, cached and generated tokens,
+    requests sent, the 1-minute load average at its start and end."""
+    return dict(wall_s=round(wall, 2),
+                prompt_tokens=sum(r[1]["prompt_tokens"] for r in records),
+                cached_tokens=sum(r[1]["prompt_tokens_details"]["cached_tokens"]
+                                  for r in records),
+                generated_tokens=sum(r[1]["completion_tokens"] for r in records),
+                requests_sent=len(records), loadavg_1min=round(load_start, 2),
+                loadavg_1min_end=round(load_end, 2))
+
+
+def load_results(key, records, wall, params) -> list[dict]:
+    """``key``'s TTFT p50 and p99, generated tokens/s and cached fraction of a load
+    (``params``: :func:`load_params`'s and the setup's)."""
+    ttfts = [r[0] for r in records]
+    return [
+        {"name": f"{key}.ttft_p50_s", "value": round(serve._percentile(ttfts, 0.5), 4),
+         "unit": "s", "params": params},
+        {"name": f"{key}.ttft_p99_s", "value": round(serve._percentile(ttfts, 0.99), 4),
+         "unit": "s", "params": params},
+        {"name": f"{key}.tokens_per_s", "value": round(params["generated_tokens"] / wall, 2),
+         "unit": "tokens/s", "params": params},
+        {"name": f"{key}.cached_fraction",
+         "value": round(params["cached_tokens"] / params["prompt_tokens"], 4),
+         "unit": "fraction", "params": params},
+    ]
+
+
+def replies_identical(name, replies, labels, common) -> dict:
+    """1 when every request sent in all the setups ``labels`` got the same reply in each."""
+    shared = set.intersection(*(set(replies[x]) for x in labels))
+    same = all(len({replies[x][k] for x in labels}) == 1 for k in shared)
+    return {"name": name, "value": int(same and bool(shared)), "unit": "1/0",
+            "params": dict(common, setups=labels, requests_compared=len(shared))}
 
 
 def markdown(results) -> str:

@@ -44,6 +44,7 @@ import tempfile
 from pathlib import Path
 
 from bench import bench_serve as serve
+from bench import bench_serve_sim as sim
 from bench.run import table
 from ringkv.sim.cocotb_server import STATS_ENV
 
@@ -89,15 +90,9 @@ def _run(configs, requests, clients):
             load_end = os.getloadavg()[0]
             storage = _storage_stats(stats_dir)
         replies[label] = {key: reply for _, _, key, reply in records}
-        ttfts = [r[0] for r in records]
-        prompt = sum(r[1]["prompt_tokens"] for r in records)
-        cached = sum(r[1]["prompt_tokens_details"]["cached_tokens"] for r in records)
-        generated = sum(r[1]["completion_tokens"] for r in records)
         params = dict(common, device=device, setup=label, server_options=list(extra),
-                      tier="--sim-sdram" in extra, wall_s=round(wall, 2),
-                      prompt_tokens=prompt, cached_tokens=cached, generated_tokens=generated,
-                      requests_sent=len(records), loadavg_1min=round(load_start, 2),
-                      loadavg_1min_end=round(load_end, 2))
+                      tier="--sim-sdram" in extra,
+                      **sim.load_params(records, wall, load_start, load_end))
         key = "serve_sim_tier." + serve._key(label)
         for port, ops in storage.items():
             for op, st in ops.items():
@@ -106,23 +101,11 @@ def _run(configs, requests, clients):
                                 "unit": "clocks",
                                 "params": dict(params, commands=st["commands"],
                                                sectors=st["sectors"])})
-        out += [
-            {"name": f"{key}.ttft_p50_s", "value": round(serve._percentile(ttfts, 0.5), 4),
-             "unit": "s", "params": params},
-            {"name": f"{key}.ttft_p99_s", "value": round(serve._percentile(ttfts, 0.99), 4),
-             "unit": "s", "params": params},
-            {"name": f"{key}.tokens_per_s", "value": round(generated / wall, 2),
-             "unit": "tokens/s", "params": params},
-            {"name": f"{key}.cached_fraction", "value": round(cached / prompt, 4),
-             "unit": "fraction", "params": params},
-        ]
+        out += sim.load_results(key, records, wall, params)
     labels = [label for label, *_ in configs]
     if len(labels) > 1:
-        shared = set.intersection(*(set(replies[x]) for x in labels))
-        same = all(len({replies[x][k] for x in labels}) == 1 for k in shared)
-        out.append({"name": "serve_sim_tier.replies_identical",
-                    "value": int(same and bool(shared)), "unit": "1/0",
-                    "params": dict(common, setups=labels, requests_compared=len(shared))})
+        out.append(sim.replies_identical("serve_sim_tier.replies_identical", replies, labels,
+                                         common))
         by = {r["name"]: r["value"] for r in out}
         card, tier = ("serve_sim_tier." + serve._key(x) for x in labels[:2])
         out.append({"name": "serve_sim_tier.ttft_p50_tier_vs_card",
