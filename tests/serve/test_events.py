@@ -51,6 +51,43 @@ DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
 END = (-1).to_bytes(8, "big", signed=True)
 
 
+def _present(history):
+    """Replay the events: the blocks present (hash -> parent, tokens) and how many were
+    removed."""
+    present, removed = {}, 0
+    for _, batch in history:
+        for e in batch.events:
+            if isinstance(e, AllBlocksCleared):
+                present.clear()
+            elif isinstance(e, BlockStored):
+                assert e.block_size == 16 and len(e.token_ids) == 16 * len(e.block_hashes)
+                assert e.parent_block_hash is None or e.parent_block_hash in present
+                parent = e.parent_block_hash
+                for i, h in enumerate(e.block_hashes):
+                    assert h not in present
+                    present[h] = (parent, tuple(e.token_ids[16 * i:16 * (i + 1)]))
+                    parent = h
+            else:
+                for h in e.block_hashes:
+                    del present[h]
+                removed += len(e.block_hashes)
+    return present, removed
+
+
+def _expected(holdings, seed):
+    """The hashes of the full blocks of the records held (vLLM's chain from ``seed``)."""
+    expected = set()
+    for (count, h), tokens in holdings.items():
+        assert len(tokens) == count
+        state = seed
+        for i, t in enumerate(tokens):
+            state = hash_step(state, t)
+            if (i + 1) % 16 == 0:
+                expected.add(state)
+        assert state == h
+    return expected
+
+
 def _replay(endpoint, start):
     """vLLM's replay request (a REQ-style ``[b"", seq]`` from a DEALER): ``[(seq, batch)]``
     until the end marker."""
@@ -104,43 +141,24 @@ def test_kv_events_follow_the_records_in_vllms_format(tmp_path):
                 live.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
             elif live and not r.engine.events.changed.is_set():
                 break
-        history = _replay(rep, 0)
         seed = r.engine.hashers[None].seed
-        holdings = {k: t for w in r.engine.workers for k, t in w.record_tokens().items()}
+        # (a record's events are published after its export, which may end after the
+        # request's answer: read the history until it has caught up with the holdings)
+        for _ in range(100):
+            history = _replay(rep, 0)
+            holdings = {k: t for w in r.engine.workers for k, t in w.record_tokens().items()}
+            if set(_present(history)[0]) == _expected(holdings, seed):
+                break
+            time.sleep(0.1)
     sub.close()
     assert [s for s, _ in history] == list(range(len(history)))
     assert isinstance(history[0][1].events[0], AllBlocksCleared)
     assert live and live == [x for x in history if x[0] >= live[0][0]]
-    # replay the events: the blocks present, each with its parent and tokens
-    present, removed = {}, 0
-    for _, batch in history:
-        for e in batch.events:
-            if isinstance(e, AllBlocksCleared):
-                present.clear()
-            elif isinstance(e, BlockStored):
-                assert e.block_size == 16 and len(e.token_ids) == 16 * len(e.block_hashes)
-                assert e.parent_block_hash is None or e.parent_block_hash in present
-                parent = e.parent_block_hash
-                for i, h in enumerate(e.block_hashes):
-                    assert h not in present
-                    present[h] = (parent, tuple(e.token_ids[16 * i:16 * (i + 1)]))
-                    parent = h
-            else:
-                for h in e.block_hashes:
-                    del present[h]
-                removed += len(e.block_hashes)
+    present, removed = _present(history)
     assert removed > 0                      # the device evicted records (capacity 3)
     # what is present is exactly the full blocks of the records the device holds now, the
     # hashes those of vLLM's chain: each block's hash follows from its parent's and tokens
-    expected = set()
-    for (count, h), tokens in holdings.items():
-        assert len(tokens) == count
-        state = seed
-        for i, t in enumerate(tokens):
-            state = hash_step(state, t)
-            if (i + 1) % 16 == 0:
-                expected.add(state)
-        assert state == h
+    expected = _expected(holdings, seed)
     assert set(present) == expected
     for h, (parent, tokens) in present.items():
         state = seed if parent is None else parent
