@@ -88,6 +88,20 @@ def _expected(holdings, seed):
     return expected
 
 
+def _caught_up(r, endpoint, seed):
+    """``(history, holdings)`` once the replayed history's present blocks are those of the
+    records the devices hold (a record's events follow its export, which may end after the
+    request's answer)."""
+    deadline = time.monotonic() + 20
+    while True:
+        history = _replay(endpoint, 0)
+        holdings = {k: t for w in r.engine.workers for k, t in w.record_tokens().items()}
+        if set(_present(history)[0]) == _expected(holdings, seed) \
+                or time.monotonic() > deadline:
+            return history, holdings
+        time.sleep(0.05)
+
+
 def _replay(endpoint, start):
     """vLLM's replay request (a REQ-style ``[b"", seq]`` from a DEALER): ``[(seq, batch)]``
     until the end marker."""
@@ -112,7 +126,7 @@ def _replay(endpoint, start):
 def test_kv_events_follow_the_records_in_vllms_format(tmp_path):
     """Records become chained blocks (hash = the device's prefix hash at the block's end,
     parent = the block before), shared blocks are stored once and removed with their last
-    record (``--capacity 2``: the device evicts), the first batch is a clear-all, sequence
+    record (``--capacity 3``: the device evicts), the first batch is a clear-all, sequence
     numbers run from 0 without gaps, and the replay socket gives the batches again."""
     pub, rep = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     ctx = zmq.Context.instance()
@@ -126,30 +140,25 @@ def test_kv_events_follow_the_records_in_vllms_format(tmp_path):
         time.sleep(0.3)                    # (a PUB socket's late joiner misses what went before)
         texts = ["Who made the firmament?", "Who begat Isaac?", "Who was Enoch?",
                  "Who built the ark?"]
+        seed = r.engine.hashers[None].seed
         for text in texts:
             r.client.chat.completions.create(
                 model=r.name, max_tokens=6, temperature=0,
                 messages=[{"role": "system", "content": SYSTEM}, {"role": "user",
                                                                   "content": text}])
-        # the events the subscriber saw live, then the whole history from the replay socket
-        deadline = time.monotonic() + 20
+            # the publisher sends the difference between what it last published and what the
+            # devices hold (a burst of changes is one batch): each request's records are
+            # published before the next request, so that its evicted blocks are removed in
+            # the history (not folded into one final state)
+            history, holdings = _caught_up(r, rep, seed)
+        # the events the subscriber saw live
         live = []
-        while time.monotonic() < deadline:
-            if sub.poll(500):
-                topic, seq, payload = sub.recv_multipart()
-                assert topic == b""
-                live.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
-            elif live and not r.engine.events.changed.is_set():
+        while sub.poll(500):
+            topic, seq, payload = sub.recv_multipart()
+            assert topic == b""
+            live.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
+            if live[-1][0] == history[-1][0]:
                 break
-        seed = r.engine.hashers[None].seed
-        # (a record's events are published after its export, which may end after the
-        # request's answer: read the history until it has caught up with the holdings)
-        for _ in range(100):
-            history = _replay(rep, 0)
-            holdings = {k: t for w in r.engine.workers for k, t in w.record_tokens().items()}
-            if set(_present(history)[0]) == _expected(holdings, seed):
-                break
-            time.sleep(0.1)
     sub.close()
     assert [s for s, _ in history] == list(range(len(history)))
     assert isinstance(history[0][1].events[0], AllBlocksCleared)
