@@ -3,8 +3,10 @@ sequence, the refresher, one bank machine per bank with its open row, the comman
 and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``), and the memory
 self-test on a port (``bist.py``, ``docs/BOARD.md``).
 
-It may import Amaranth, the standard library, ``ringkv.defs`` and the shared shapes of
-``ringkv.hw.enums``: it knows none of the other subsystems (``tests/repo/test_layers.py``).
+It may import Amaranth, the standard library, ``ringkv.defs``, the shared shapes of
+``ringkv.hw.enums`` and the register slice of ``ringkv.hw.link.skid`` (a module of Amaranth
+alone: the self-test's commands go through one): it knows none of the other subsystems
+(``tests/repo/test_layers.py``).
 Inside the package, modules import each other, never these re-exports.
 """
 

@@ -8,7 +8,8 @@
       ├── sim/     defs, hw, host (simulation harness, device models, test helpers)
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
-      │     ├── link/, store/, attention/, seal/, sdram/  defs (+ shared hw.enums, hw.protocol)
+      │     ├── link/, store/, attention/, seal/, sdram/  defs (+ shared hw.enums, hw.protocol;
+      │     │               sdram/ also link.skid, the register slice)
       │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC), the
       │     │               SDRAM user port (sdram.arbiter) of its SDRAM sector store and the
       │     │               hot tier (store.hot_tier) its tiered storage decides by
@@ -54,8 +55,10 @@ RULES = {
     "ringkv.hw.store": ({"ringkv.defs", "ringkv.hw.store", "ringkv.hw.enums"}, AMARANTH),
     "ringkv.hw.attention": ({"ringkv.defs", "ringkv.hw.attention"}, AMARANTH),
     "ringkv.hw.seal": ({"ringkv.defs", "ringkv.hw.seal"}, AMARANTH),
-    # the SDRAM controller: its own pieces and the definitions (chip table) only
-    "ringkv.hw.sdram": ({"ringkv.defs", "ringkv.hw.sdram", "ringkv.hw.enums"}, AMARANTH),
+    # the SDRAM controller: its own pieces and the definitions (chip table) only; the
+    # self-test's command register slice is the link's (a module of Amaranth alone)
+    "ringkv.hw.sdram": ({"ringkv.defs", "ringkv.hw.sdram", "ringkv.hw.enums",
+                         "ringkv.hw.link.skid"}, AMARANTH),
     # the DMA drives the ring port, the token memory's read port and the MAC, the SDRAM
     # sector store an SDRAM controller's user port: their ports only; the tiered storage
     # holds the hot tier (card region -> SDRAM slot), the one block it routes by
