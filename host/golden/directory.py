@@ -148,9 +148,10 @@ class GoldenDirectory:
         (``status`` OK, its ``link``, ``region``, ``count``, ``hash``), or MISS; ``probes`` is
         the number of links compared over the run. ``clocks`` is the gateware's cost of the
         keys when each is on offer as soon as the previous one is done: a key whose bucket is
-        empty takes 1 clock, any other ``3 + c`` for ``c`` links compared (``c = k + 1`` for a
-        hit at chain position ``k``, the chain length for a miss; each link's row is compared a
-        clock after its read).
+        empty takes 1 clock, any other ``3 + 2c`` for ``c`` links compared (``c = k + 1`` for a
+        hit at chain position ``k``, the chain length for a miss; two clocks a link: the read
+        at a registered address, then the step to its next pointer; each link's row is
+        compared a clock after its read).
         """
         keys = list(keys)
         if not keys:
@@ -175,7 +176,7 @@ class GoldenDirectory:
                     break
                 link = self.next[link]
             r["probes"] += compared
-            clocks += 3 + compared
+            clocks += 3 + 2 * compared
         r["probes"] &= (1 << PROBES_FIELD_WIDTH) - 1
         return r, clocks
 

@@ -9,9 +9,10 @@ the status and every field of :data:`ringkv.defs.protocol.PREFIX_RESPONSE`.
 Cycles, from the request's header to its answer (the response's ``cycles``)::
 
     cycles = QUERY_PREFIX_FIXED + sum over k = 1..n of cost(k)
-    cost(k) = 1          if the bucket of prefix k's hash is empty
-              3 + c(k)   otherwise, c(k) = links compared: j + 1 for a hit at chain position
-                         j (0 = the bucket's head), the chain's length for a miss
+    cost(k) = 1           if the bucket of prefix k's hash is empty
+              3 + 2c(k)   otherwise, c(k) = links compared: j + 1 for a hit at chain position
+                          j (0 = the bucket's head), the chain's length for a miss (two clocks
+                          a link: the directory's walk reads at a registered address)
 
 :data:`QUERY_PREFIX_FIXED` clocks are the constant part: the argument check, the first key's way
 through token memory, the hash engine's input slice, the hash engine and key FIFO, the

@@ -19,11 +19,11 @@ Datapath (all four run at once, one token per clock where nothing stalls)::
     token memory (read port 0) ─► slice ─► HashEngine ─► key FIFO ─► CacheDirectory.probe
       feeder: one read per clock   {hash, count, last}   (4 entries)   PROBE run: one key per
       while the slice takes it     of every prefix                    clock on an empty bucket,
-                                                                      3 + links compared else
+                                                                      3 + 2 x links compared else
 
 The directory's PROBE run (``hw/store/directory.py``) is a lookup per key without the command
 handshake and without the stamp write: a key whose bucket is empty costs 1 clock, any other
-``3 + c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
+``3 + 2c`` for ``c`` links compared; it answers once, after the key marked ``last``, with the
 last (longest) key that hit. The feeder holds its token under the backpressure of the register
 slice before the hash engine (``Dispatcher.h_ready``; token memory read data holds while ``en``
 is low), the hash engine holds its output while the

@@ -100,15 +100,16 @@ class CacheDirectory(wiring.Component):
     Latency, throughput, backpressure
     ---------------------------------
     One command at a time; cycles from the command transfer to ``o.valid`` (exact figures in
-    ``docs/BENCHMARKS.md``): lookup 4 + k for a hit at chain position k (0 = head), 2 for a
-    miss in an empty bucket and 3 + n for a miss after a chain of n >= 1 links; insert 2 (empty
+    ``docs/BENCHMARKS.md``): lookup 5 + 2k for a hit at chain position k (0 = head), 2 for a
+    miss in an empty bucket and 3 + 2n for a miss after a chain of n >= 1 links; insert 2 (empty
     bucket) or 3; delete, touch, read 3; expire ``3 * links + e + 2`` for e expired links; an
     insert that must evict scans the link pool (``links + 7``, or ``links + 8`` into a
     non-empty bucket); clear ``max(buckets, links) + 1``; a PROBE run takes each key in 1 clock
-    when its bucket is empty, else in ``3 + c`` clocks for ``c`` links compared, and answers 1
+    when its bucket is empty, else in ``3 + 2c`` clocks for ``c`` links compared, and answers 1
     clock after the last key's. Every decision on a link's row is taken on the row registered
     a clock after the table read (``row``, ``row_stamp``): no table's output goes straight into
-    a compare. The next command
+    a compare, and no table's output reaches a read address (a walk takes two clocks a link).
+    The next command
     is accepted one cycle after the response transfer. ``o.valid`` holds with a steady
     payload until ``o.ready``; meanwhile ``i.ready`` is low. After reset the tables are swept
     for ``max(buckets, links)`` cycles before the first command is accepted.
@@ -207,8 +208,7 @@ class CacheDirectory(wiring.Component):
         lk_hit = Signal()
         lk_link = Signal(lb)
         lk_region = Signal(rb)
-        chase = Signal()                     # LK_CMP walks on: read address := next pointer
-        head_sel = Signal()                  # LOOKUP_HEAD, PROBE_HEAD: read address := head
+        phase = Signal()                     # a walk step's clock: 0 read and compare, 1 step
         pr_last = Signal()                   # PROBE: the key being probed is the run's last
         link_raddr = Signal(lb)
 
@@ -248,25 +248,24 @@ class CacheDirectory(wiring.Component):
             with m.If(walked):
                 m.d.sync += list(also)
 
-        def walk_step(*also):
-            """One clock of a bucket's list walk (LK_CMP, PR_CMP): step to the next link
-            (``link_raddr`` follows ``lists.next``: ``chase``, below the FSM) while the link
-            before is compared (:func:`compare`, with ``also``); returns whether the list ends
-            here (its last link is compared in the clock after: LK_LAST, PR_LAST)."""
-            compare(*also)
-            # idx bounds the walk: a list never holds more than `links` links.
-            end = is_nil(lists.next) | (idx == nl - 1)
-            m.d.sync += [cur.eq(lists.next[:lb]), idx.eq(idx + 1), walked.eq(1),
-                         chase.eq(~end)]
-            return end
-
         def walk(on_hit, last, *also):
-            """A COMPARE state: ``on_hit()`` once ``lk_hit`` is set, else a walk step (``also``
-            with each link compared) and on to ``last`` where the list ends."""
+            """A COMPARE state: ``on_hit()`` once ``lk_hit`` is set, else the walk's two clocks
+            per link. ``phase`` 0: the tables read at ``cur`` (a register: no table output
+            reaches a read address), and the link stepped over before compared (:func:`compare`,
+            with ``also``). ``phase`` 1: the read's data is out; step ``cur`` to its next
+            pointer, and on to ``last`` where the list ends (its last link is compared in the
+            clock after: LK_LAST, PR_LAST)."""
             with m.If(lk_hit):
                 on_hit()
+            with m.Elif(~phase):
+                compare(*also)
+                m.d.sync += phase.eq(1)
             with m.Else():
-                with m.If(walk_step(*also)):
+                # idx bounds the walk: a list never holds more than `links` links.
+                end = is_nil(lists.next) | (idx == nl - 1)
+                m.d.sync += [cur.eq(lists.next[:lb]), idx.eq(idx + 1), walked.eq(1),
+                             phase.eq(0)]
+                with m.If(end):
                     m.next = last
 
         def walk_last(on_hit, after, *also):
@@ -289,9 +288,8 @@ class CacheDirectory(wiring.Component):
             with m.Else():
                 m.next = "RESPOND"
 
-        # set below: head_sel with the moves into the HEAD states, chase and walked by the
-        # walk's steps
-        m.d.sync += [head_sel.eq(0), chase.eq(0), walked.eq(0)]
+        # set by the walk's steps
+        m.d.sync += walked.eq(0)
         with m.FSM(init="IDLE" if formal else "INIT") as fsm:
             with m.State("INIT"):
                 # Reset and CLEAR: empty every bucket, free every link, all regions to FIFO A.
@@ -320,7 +318,6 @@ class CacheDirectory(wiring.Component):
                                  exp_ge.eq(self.i.payload.now >= self.i.payload.max_age)]
                     with m.Switch(self.i.payload.op):
                         with m.Case(Op.LOOKUP):
-                            m.d.sync += head_sel.eq(1)
                             m.next = "LOOKUP_HEAD"
                         with m.Case(Op.INSERT, Op.INSERT_EXISTING):
                             m.next = "INSERT_CHECK"
@@ -339,7 +336,8 @@ class CacheDirectory(wiring.Component):
                             m.next = "RESPOND"
 
             with m.State("LOOKUP_HEAD"):
-                m.d.sync += cur.eq(lists.head[:lb])     # read address: head_sel, below the FSM
+                # the head into `cur`, which addresses the tables from the next clock
+                m.d.sync += [cur.eq(lists.head[:lb]), phase.eq(0)]
                 with m.If(cmd.count == 0):
                     m.d.sync += resp.status.eq(Status.BAD_COUNT)
                     m.next = "RESPOND"
@@ -347,16 +345,19 @@ class CacheDirectory(wiring.Component):
                     m.d.sync += resp.status.eq(Status.MISS)
                     m.next = "RESPOND"
                 with m.Else():
-                    m.d.sync += [lk_walk.eq(1), chase.eq(1)]
+                    m.d.sync += lk_walk.eq(1)
                     m.next = "LOOKUP_COMPARE"
 
             with m.State("LOOKUP_COMPARE"):
-                # Follow next in the same cycle. A link's row is compared a clock after its
-                # read, from `row` (the block RAM's output straight into the 64-bit hash and
-                # count compare was the critical path), into one flip-flop, lk_hit, and nowhere
-                # else (it was the critical path when it also drove the FSM, the response
-                # register's enables and the stamp write). The walk goes on while lk_hit
-                # settles, two links past a hit; a set lk_hit answers at once, as RESP does.
+                # Two clocks a link (walk): the tables read at `cur`, then `cur` stepped to the
+                # next pointer the read gave (the next pointer straight from its block RAM into
+                # the tables' read address was the board's critical path at 60 MHz). A link's
+                # row is compared a clock after its read, from `row` (the block RAM's output
+                # straight into the 64-bit hash and count compare was the critical path before),
+                # into one flip-flop, lk_hit, and nowhere else (it was the critical path when it
+                # also drove the FSM, the response register's enables and the stamp write). The
+                # walk goes on while lk_hit settles, a link past a hit; a set lk_hit answers at
+                # once, as RESP does.
                 walk(respond, "LOOKUP_LAST")
 
             with m.State("LOOKUP_LAST"):
@@ -543,8 +544,7 @@ class CacheDirectory(wiring.Component):
                     with m.If(self.probe.valid):
                         p = self.probe.payload
                         m.d.sync += [cmd.count.eq(p.count), cmd.hash.eq(p.hash),
-                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0),
-                                     head_sel.eq(1)]
+                                     pr_last.eq(p.last), idx.eq(0), lk_hit.eq(0)]
                         m.next = "PROBE_HEAD"
                     with m.Else():
                         m.next = "PROBE_NEXT"
@@ -556,13 +556,12 @@ class CacheDirectory(wiring.Component):
                 next_key()
 
             with m.State("PROBE_HEAD"):
-                # an empty bucket is a miss in this clock, and the next key is taken at once
-                # (read address: head_sel, below the FSM)
-                m.d.sync += cur.eq(lists.head[:lb])
+                # an empty bucket is a miss in this clock, and the next key is taken at once;
+                # else the head into `cur`, which addresses the tables from the next clock
+                m.d.sync += [cur.eq(lists.head[:lb]), phase.eq(0)]
                 with m.If(is_nil(lists.head)):
                     next_key()
                 with m.Else():
-                    m.d.sync += chase.eq(1)
                     m.next = "PROBE_COMPARE"
 
             with m.State("PROBE_COMPARE"):
@@ -581,19 +580,6 @@ class CacheDirectory(wiring.Component):
         with m.If(fsm.ongoing("PROBE_NEXT") | fsm.ongoing("PROBE_HEAD")
                   | fsm.ongoing("PROBE_COMPARE") | fsm.ongoing("PROBE_LAST")):
             m.d.comb += lists.head_addr.eq(self.probe.payload.hash[:bb])
-
-        # ``chase`` is high exactly in the LK_CMP clocks that follow the list (and in the clock
-        # that a hit ends, after the walk's last step: that read is not used), and it comes from
-        # a flip-flop: the next pointer then passes one 2:1 mux on its way from one block RAM's
-        # output to the others' read address, not the whole per-state address mux.
-        with m.If(chase):
-            m.d.comb += link_raddr.eq(lists.next[:lb])
-        # ``head_sel`` likewise: high exactly in the LOOKUP_HEAD and PROBE_HEAD clocks (set with
-        # the transition into them, cleared in every other), so the bucket head passes one more
-        # 2:1 mux from the head table's output to the tables' read address, not the per-state
-        # address mux (logic_depth's longest directory path after the link ops' cut).
-        with m.If(head_sel):
-            m.d.comb += link_raddr.eq(lists.head[:lb])
 
         if formal:
             m.d.comb += Assume(~ResetSignal())

@@ -213,7 +213,9 @@ def test_latency():
             {"op": Op.DELETE, "link": 1}, {"op": Op.TOUCH, "link": 0}, {"op": Op.READ, "link": 0},
             {"op": Op.EXPIRE, "now": 100, "max_age": 10}]
     _, cycles = rtl_directory(SMALL, cmds, timing=True)
-    assert cycles == [2, 3, 3, 4, 6, 2, 6, 3, 3, 3, 3 * SMALL["links"] + 2 + 2]
+    # a hit at chain position k: 5 + 2k; a miss in an empty bucket 2, after n links 3 + 2n
+    assert cycles == [2, 3, 3, 5 + 2 * 0, 5 + 2 * 2, 2, 3 + 2 * 3, 3, 3, 3,
+                      3 * SMALL["links"] + 2 + 2]
 
 
 # -- PROBE runs ---------------------------------------------------------------------------------
