@@ -89,6 +89,7 @@ def rtl_run(core, ops, *, checker, rng_seed=0, idle=0.0, stall=0.0, vcd=None, wa
                 ctx.set(core.ring.ring_we, 1)
                 await ctx.tick()
                 ctx.set(core.ring.ring_we, 0)
+                await ctx.tick()                # the write lands; a read here would give 0
             elif op[0] == "ring_read":
                 ctx.set(core.ring.ring_addr, op[1])
                 ctx.set(core.ring.ring_re, 1)

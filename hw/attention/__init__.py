@@ -12,8 +12,15 @@ AttentionCore, AttnOp`` works as it did when the core was the module ``ringkv.hw
 from .core import YOSYS_AFTER_READ, AttentionCore, AttnErr, AttnOp
 from .lane import AttentionLane, LaneParams
 from .merge import BetaUnit, LaneMax, OutputTree, Reciprocal, WeightSum
-from .ring_port import RING_READ_LATENCY, RingPortArbiter, RingPortSignature, RingReadSignature
+from .ring_port import (
+                        RING_READ_LATENCY,
+                        RING_WRITE_LATENCY,
+                        RingPortArbiter,
+                        RingPortSignature,
+                        RingReadSignature,
+)
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ", "AttentionLane",
            "LaneParams", "LaneMax", "WeightSum", "Reciprocal", "BetaUnit", "OutputTree",
-           "RingPortSignature", "RingReadSignature", "RingPortArbiter", "RING_READ_LATENCY"]
+           "RingPortSignature", "RingReadSignature", "RingPortArbiter", "RING_READ_LATENCY",
+           "RING_WRITE_LATENCY"]

@@ -139,8 +139,10 @@ class AttentionLane(wiring.Component):
       ``kv_load`` (a k or v beat this clock), ``new_lane`` (the lane of the new slot: the beat
       is written here only when it is ``index``), ``load_word``/``load_data`` (the word and
       data, registered: written one clock after ``kv_load``); the ring port while idle:
-      ``port_word``, ``port_byte`` (the byte within the word), ``port_lane``, ``port_we``,
-      ``port_wdata``, ``port_rsel`` (the byte read, one clock after its address).
+      ``port_word`` (the word read), ``port_rsel`` (the byte read, one clock after its
+      address); a write, registered in the core one clock after the port's strobe:
+      ``port_we``, ``port_wword``, ``port_wbyte`` (the byte within the word), ``port_wlane``,
+      ``port_wdata``.
     * ``rbyte`` (Out): byte ``port_rsel`` of the bank word read the clock before, registered
       next to the bank. ``collides`` (Out): this clock's bank read and write hit the same word
       (a simulation probe; nothing in the design uses it).
@@ -178,9 +180,10 @@ class AttentionLane(wiring.Component):
             "load_word": In(range(p.bank_depth)),
             "load_data": In(EW * M),
             "port_word": In(range(p.bank_depth)),
-            "port_byte": In(range(M * p.elem_bytes)),
-            "port_lane": In(range(p.lanes)),
             "port_we": In(1),
+            "port_wword": In(range(p.bank_depth)),
+            "port_wbyte": In(range(M * p.elem_bytes)),
+            "port_wlane": In(range(p.lanes)),
             "port_wdata": In(8),
             "port_rsel": In(range(M * p.elem_bytes)),
             "rbyte": Out(8),
@@ -273,10 +276,10 @@ class AttentionLane(wiring.Component):
             ]
         with m.Else():
             m.d.comb += [
-                kv_wr.addr.eq(self.port_word),
+                kv_wr.addr.eq(self.port_wword),
                 kv_wr.data.eq(Cat(*[self.port_wdata] * (M * EB))),
-                kv_wr.en.eq(Mux(self.port_we & (self.port_lane == lane),
-                                Const(1, M * EB) << self.port_byte, 0)),
+                kv_wr.en.eq(Mux(self.port_we & (self.port_wlane == lane),
+                                Const(1, M * EB) << self.port_wbyte, 0)),
             ]
         m.d.comb += self.collides.eq((kv_wr.en != 0) & (kv_rd.addr == kv_wr.addr))
         # the ring port's byte of the word, registered next to the bank (the banks are spread

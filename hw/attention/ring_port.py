@@ -18,11 +18,16 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.record import elem_bytes, ring_space
 
-__all__ = ["RingPortSignature", "RingReadSignature", "RingPortArbiter", "RING_READ_LATENCY"]
+__all__ = ["RingPortSignature", "RingReadSignature", "RingPortArbiter", "RING_READ_LATENCY",
+           "RING_WRITE_LATENCY"]
 
 #: Clocks from ``ring_re`` to its byte on ``ring_rdata`` (the attention core registers the
 #: addressed byte of each lane's bank word, then selects the lane).
 RING_READ_LATENCY = 2
+
+#: Clocks from ``ring_we`` to its byte in the K/V banks (the attention core registers the write
+#: before it fans out to every lane's banks); a read strobed in between returns 0.
+RING_WRITE_LATENCY = 1
 
 _READ_MEMBERS = {
     "ring_addr": Out(32),
@@ -48,8 +53,10 @@ class RingPortSignature(wiring.Signature):
                           slot)*d + dim``, ``ring = layer*Hkv + kv_head``, kind 0 = K, 1 = V
     ``ring_re``     Out   read strobe; ``ring_rdata`` holds the byte two clocks later
                           (:data:`RING_READ_LATENCY`)
-    ``ring_rdata``  In    8 bits, read data (one byte of an element); 0 outside the rings
-    ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``
+    ``ring_rdata``  In    8 bits, read data (one byte of an element); 0 outside the rings,
+                          and 0 for a read strobed with ``ring_we`` or in the clock after it
+    ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``; the byte lands
+                          a clock later (:data:`RING_WRITE_LATENCY`)
     ``ring_wdata``  Out   8 bits, write data (one byte of an element)
     ``meta_ring``   Out   8 bits, ring whose metadata is read or written
     ``meta_count``  In    32 bits, tokens seen by the ring (does not wrap); combinational

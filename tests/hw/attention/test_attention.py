@@ -312,8 +312,9 @@ def test_bank_collision_check_can_fail():
 
 
 def test_ring_port_read_with_write_returns_zero():
-    """ring_re together with ring_we: the write happens, the read returns 0 (never the data of
-    a colliding read)."""
+    """ring_re together with ring_we, and in the clock after it (while the registered write
+    lands): the write happens, both reads return 0 (never the data of a colliding read); the
+    read after that returns the byte written."""
     from amaranth.sim import Simulator
     core = AttentionCore(layers=1, q_heads=2, kv_heads=1, head_dim=4, window=4, lanes=2, macs=2)
     got = []
@@ -322,17 +323,21 @@ def test_ring_port_read_with_write_returns_zero():
         ctx.set(core.ring.ring_addr, 5)
         ctx.set(core.ring.ring_wdata, 0x5A)
         ctx.set(core.ring.ring_we, 1)
-        ctx.set(core.ring.ring_re, 1)
+        ctx.set(core.ring.ring_re, 1)                # reads at clocks 0, 1 and 2
         await ctx.tick()
         ctx.set(core.ring.ring_we, 0)
         await ctx.tick()
-        ctx.set(core.ring.ring_re, 0)
-        got.append(ctx.get(core.ring.ring_rdata))    # the colliding read, two clocks later
+        got.append(ctx.get(core.ring.ring_rdata))    # clock 0's read (with the write)
         await ctx.tick()
-        got.append(ctx.get(core.ring.ring_rdata))    # the read without a write
+        ctx.set(core.ring.ring_re, 0)
+        got.append(ctx.get(core.ring.ring_rdata))    # clock 1's (while the write lands)
+        await ctx.tick()
+        got.append(ctx.get(core.ring.ring_rdata))    # clock 2's (after it)
+        await ctx.tick()
+        got.append(ctx.get(core.ring.ring_rdata))    # no read at clock 3
 
     sim = Simulator(core)
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
-    assert got == [0, 0x5A]
+    assert got == [0, 0, 0x5A, 0]
