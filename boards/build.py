@@ -4,7 +4,10 @@ Uses ``amaranth-boards``' ``ULX3S_85F_Platform`` with the PyPI yowasp tools (yos
 nextpnr-ecp5, ecppack; :mod:`ringkv.sim.toolchain` sets ``YOSYS``/``NEXTPNR_ECP5``/``ECPPACK``
 and ``OPENFPGALOADER=true`` so the build never tries to program). The yosys script runs
 :data:`ringkv.boards.synth.AFTER_READ` after reading the design. nextpnr gets the PLL output's
-clock constraint from the design and writes ``report.json``.
+clock constraint from the design and writes ``report.json`` with the detailed net timings
+(``--detailed-timing-report``: every routed connection's delay, which
+``tools/routed_paths.py`` turns into the worst register-to-register paths, where nextpnr's
+own report names only the single critical one).
 
 The build runs Amaranth's own build script (the same commands ``platform.build`` runs), with
 the tools' full output kept in ``build/<board>/build.log``, and prints one line per phase
@@ -232,7 +235,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     if constrain_mhz < real_mhz:
         raise ValueError(f"constrain_mhz ({constrain_mhz}) below the system clock "
                          f"({real_mhz:g} MHz)")
-    nextpnr_opts = f"--report report.json --seed {seed}"
+    nextpnr_opts = f"--report report.json --detailed-timing-report --seed {seed}"
     overrides = {}
     if constrain_mhz > real_mhz:
         nextpnr_opts += " --timing-allow-fail"
