@@ -51,7 +51,7 @@ from .synth import AFTER_READ
 
 __all__ = ["build", "main", "BOARDS", "BuildFailed", "report_figures", "slack_pct",
            "SLACK_TARGET_PCT", "OVERCONSTRAIN_PCT", "overconstraint_lpf", "phase_of",
-           "verdict"]
+           "late_endpoints", "verdict"]
 
 BOARDS = {"ulx3s-85f": "ULX3S_85F_Platform"}
 _REPO = Path(__file__).resolve().parent.parent
@@ -278,14 +278,35 @@ def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") ->
     achieved = round(clock["achieved"], 2) if clock else None
     # the system clock, not nextpnr's constraint (which may be tighter: over-constraint)
     target = round(top.sys_hz / 1e6, 2)
-    return {"board": board, "fmax_mhz": achieved, "target_mhz": target,
-            "constrained_mhz": round(clock["constraint"], 2) if clock else None,
-            "slack_pct": round(slack_pct(achieved, target), 2) if clock else None,
-            "timing_met": bool(clock) and achieved >= target,
-            "utilization": util, "bitstream": str(build_dir / f"{name}.bit"),
-            "config": dict(top.config.__dict__), "regions": top.top.regions,
-            "uart_baud": top.baud, "sd_mode": top.storage,
-            "sd_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
+    figures = {"board": board, "fmax_mhz": achieved, "target_mhz": target,
+               "constrained_mhz": round(clock["constraint"], 2) if clock else None,
+               "slack_pct": round(slack_pct(achieved, target), 2) if clock else None,
+               "timing_met": bool(clock) and achieved >= target,
+               "utilization": util, "bitstream": str(build_dir / f"{name}.bit"),
+               "config": dict(top.config.__dict__), "regions": top.top.regions,
+               "uart_baud": top.baud, "sd_mode": top.storage,
+               "sd_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
+    late = late_endpoints(report, target)
+    if late is not None:
+        figures["late_endpoints"] = late
+    return figures
+
+
+def late_endpoints(report: dict, target_mhz: float, top: int = 12) -> dict | None:
+    """The system clock's endpoints that arrive later than the margin target allows
+    (:data:`SLACK_TARGET_PCT` of the period at ``target_mhz``), folded per register or memory
+    (:mod:`ringkv.boards.paths`): ``{"clock", "limit_ns", "endpoints", "late", "groups"}``
+    with the ``top`` latest groups; None for a report without detailed net timings."""
+    from .paths import endpoints, groups
+    try:
+        event, ends = endpoints(report)
+    except ValueError:
+        return None
+    limit = 1000.0 / target_mhz * (1 - SLACK_TARGET_PCT / 100)
+    return {"clock": event, "limit_ns": round(limit, 3), "endpoints": len(ends),
+            "late": sum(t > limit for t, _, _ in ends),
+            "groups": [{**g, "worst_ns": round(g["worst_ns"], 3)}
+                       for g in groups(ends, limit)[:top]]}
 
 
 def verdict(figures: dict, min_slack_pct: float = 0.0) -> tuple[bool, str]:
@@ -373,6 +394,14 @@ def main(argv=None):
         return 1
     print(json.dumps(result, indent=1))
     ok, line = verdict(result, args.min_slack_pct)
+    late = result.get("late_endpoints")
+    if late and late["late"]:
+        worst = ", ".join(f"{g['name']}.{g['pin']} {g['worst_ns']:.2f} ns"
+                          for g in late["groups"][:3])
+        print(f"{late['late']:,} of {late['endpoints']:,} endpoints arrive later than the "
+              f"margin target allows ({late['limit_ns']:.2f} ns); the latest: {worst} "
+              f"(python -m ringkv.boards.paths {Path(result['bitstream']).parent}/report.json "
+              f"lists them)")
     print(line, file=sys.stdout if ok else sys.stderr)
     print(f"bitstream {result['bitstream']} ({result['build_s']:.0f} s)")
     return 0 if ok else 1

