@@ -224,8 +224,9 @@ class AttentionCore(wiring.Component):
         # a write is registered here and reaches the lanes' banks one clock later: the banks
         # are spread over the chip, and the DMA's byte loop -> strobe -> every bank's write
         # enable in one clock was the 60 MHz board build's critical path (15.94 ns, 13.35 of
-        # it routing). A command waits for a registered write to land (``port_wr_we`` holds
-        # ``cmd.ready`` low), so the write still takes effect while idle.
+        # it routing). A write strobed while idle lands even if a command was taken in its
+        # clock (the lanes give ``port_we`` priority over ``busy``: the command's first K/V
+        # beat is written two clocks after it is taken at the earliest).
         wr = {"we": Signal(name="port_wr_we"),
               "word": Signal(range(lane_depth), name="port_wr_word"),
               "byte": Signal(range(M * EB), name="port_wr_byte"),
@@ -500,9 +501,8 @@ class AttentionCore(wiring.Component):
         drain = Signal(range(32))
         with m.FSM() as fsm:
             with m.State("IDLE"):
-                # a ring port write registered last clock lands in the banks first
-                m.d.comb += self.cmd.ready.eq(~port_wr["we"])
-                with m.If(self.cmd.valid & ~port_wr["we"]):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
                     p = self.cmd.payload
                     m.d.sync += [cmd_op.eq(p.op), cmd_left.eq(p.count), busy.eq(1)]
                     bad_range = (p.layer >= L) | ((p.op == AttnOp.ATTEND) & (p.kv_head >= Hkv))

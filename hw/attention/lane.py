@@ -268,7 +268,9 @@ class AttentionLane(wiring.Component):
         # the last v beat lands in the first RUN clock, long before phase B reads it
         load_we = Signal()
         m.d.sync += load_we.eq(self.kv_load & (self.new_lane == lane))
-        with m.If(self.busy):
+        # a ring port write (registered in the core, strobed while idle) lands even in the
+        # first busy clock: no load beat is written before the second
+        with m.If(self.busy & ~self.port_we):
             m.d.comb += [
                 kv_wr.addr.eq(self.load_word),
                 kv_wr.data.eq(self.load_data),

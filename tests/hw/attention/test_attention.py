@@ -311,6 +311,46 @@ def test_bank_collision_check_can_fail():
         rtl_run(core, ops, checker=FixedRingCore(**core_params(core)["model"]))
 
 
+@pytest.mark.parametrize("offer", [0, 1])
+def test_a_ring_write_lands_when_a_command_is_taken_at_once(offer):
+    """The ring port's write lands in the banks a clock after its strobe: a command taken in
+    the strobe's clock (``offer`` 0) or in the next (1) turns the core busy meanwhile, and the
+    write still lands; the byte reads back after the command."""
+    from amaranth.sim import Simulator
+
+    from ringkv.hw.attention.core import AttnOp
+    core = AttentionCore(layers=1, q_heads=2, kv_heads=1, head_dim=4, window=4, lanes=2, macs=2)
+    seen = {}
+
+    async def bench(ctx):
+        ctx.set(core.status.ready, 1)
+        ctx.set(core.ring.ring_addr, 6)
+        ctx.set(core.ring.ring_wdata, 0xC3)
+        ctx.set(core.ring.ring_we, 1)
+        ctx.set(core.cmd.payload, {"op": AttnOp.CLEAR, "layer": 0, "kv_head": 0, "count": 0})
+        for clock in range(2):
+            if clock == offer:
+                ctx.set(core.cmd.valid, 1)
+                seen["ready"] = ctx.get(core.cmd.ready)
+            await ctx.tick()
+            ctx.set(core.ring.ring_we, 0)
+            ctx.set(core.cmd.valid, 0)
+        seen["busy"] = ctx.get(core.busy)
+        while ctx.get(core.busy):
+            await ctx.tick()
+        ctx.set(core.ring.ring_re, 1)
+        await ctx.tick()
+        ctx.set(core.ring.ring_re, 0)
+        await ctx.tick()
+        seen["byte"] = ctx.get(core.ring.ring_rdata)
+
+    sim = Simulator(core)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen == {"ready": 1, "busy": 1, "byte": 0xC3}
+
+
 def test_ring_port_read_with_write_returns_zero():
     """ring_re together with ring_we, and in the clock after it (while the registered write
     lands): the write happens, both reads return 0 (never the data of a colliding read); the
