@@ -5,9 +5,9 @@ nextpnr-ecp5, ecppack; :mod:`ringkv.sim.toolchain` sets ``YOSYS``/``NEXTPNR_ECP5
 and ``OPENFPGALOADER=true`` so the build never tries to program). The yosys script runs
 :data:`ringkv.boards.synth.AFTER_READ` after reading the design. nextpnr gets the PLL output's
 clock constraint from the design and writes ``report.json`` with the detailed net timings
-(``--detailed-timing-report``: every routed connection's delay, which
-``tools/routed_paths.py`` turns into the worst register-to-register paths, where nextpnr's
-own report names only the single critical one).
+(``--detailed-timing-report``: every endpoint's routed arrival, which
+:mod:`ringkv.boards.paths` ranks per register and memory, where nextpnr's own report names
+only the single critical path).
 
 The build runs Amaranth's own build script (the same commands ``platform.build`` runs), with
 the tools' full output kept in ``build/<board>/build.log``, and prints one line per phase

@@ -4,10 +4,11 @@ nextpnr's ``--report`` names one critical path per clock. With ``--detailed-timi
 (``ringkv build`` passes it) the report also lists, for every net into a timing endpoint (a
 flip-flop's ``DI``/``M``/``CE``/``LSR``, a block RAM's address, data and write-enable pins, a
 distributed RAM's write port), that endpoint's data arrival: the latest and earliest path from
-any launching register, clock-to-out, logic and routing included (the setup time is not: at
-most 0.14 ns on the ECP5's pins). This module ranks those endpoints against a clock and folds
-the bits of one register or one RAM into one line (``pay_left_TRELLIS_FF_Q_18`` into
-``pay_left``, ``kv_mem.0.13`` into ``kv_mem``), so that the blocks to cut show at a glance.
+any launching register, clock-to-out, logic and routing included, to the pin (a pin's setup
+time, 0 on a flip-flop's data input and up to 0.14 ns on a block RAM's, comes on top). This
+module ranks those endpoints against a clock and folds the bits of one register or one RAM
+into one line (``pay_left_TRELLIS_FF_Q_18`` into ``pay_left``, ``kv_mem.0.13`` into
+``kv_mem``), so that the blocks to cut show at a glance.
 
 Unlike ``tools/logic_depth.py``'s estimate on the synthesized netlist, these are the placed and
 routed figures of the very build; but they name ends, not starts: ``tools/logic_depth.py

@@ -4,10 +4,13 @@ test harness built around it.
 :class:`RingMemoryModel` serves :class:`~ringkv.hw.attention.ring_port.RingPortSignature` (flipped)
 from one block RAM of :func:`ringkv.defs.record.ring_bytes` bytes (``EB`` bytes per element from the
 configuration's numerics, byte address ``element * EB + byte``,
-little-endian) plus per-layer (count, head) registers, with the attention core's timing (ring
-data two clocks after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
-kv_head``). A test access port ``tap`` lets a testbench load and read the rings byte by byte in
-the same address space (sync read, one clock; :func:`ringkv.host.record.ring_image` gives the
+little-endian) plus per-layer (count, head) registers, with the attention core's read timing
+(ring data two clocks after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
+kv_head``). Its writes land at once, where the core's land a clock after the strobe and a read
+strobed in that clock returns 0 (``RING_WRITE_LATENCY``): the DMA never reads in the clock
+after a write, which the top's tests on the real core would show as wrong exported bytes. A
+test access port ``tap`` lets a testbench load and read the rings byte by byte in the same
+address space (sync read, one clock; :func:`ringkv.host.record.ring_image` gives the
 bytes of element arrays).
 
 :class:`DmaHarness` joins a :class:`~ringkv.hw.storage.dma.DmaEngine`, the ring model and a

@@ -13,11 +13,11 @@ from .core import YOSYS_AFTER_READ, AttentionCore, AttnErr, AttnOp
 from .lane import AttentionLane, LaneParams
 from .merge import BetaUnit, LaneMax, OutputTree, Reciprocal, WeightSum
 from .ring_port import (
-                        RING_READ_LATENCY,
-                        RING_WRITE_LATENCY,
-                        RingPortArbiter,
-                        RingPortSignature,
-                        RingReadSignature,
+    RING_READ_LATENCY,
+    RING_WRITE_LATENCY,
+    RingPortArbiter,
+    RingPortSignature,
+    RingReadSignature,
 )
 
 __all__ = ["AttentionCore", "AttnOp", "AttnErr", "YOSYS_AFTER_READ", "AttentionLane",
