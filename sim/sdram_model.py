@@ -438,17 +438,19 @@ class PinDelay:
         return out
 
 
-def amaranth_sdram(model: SdramModel, pins, *, stop=None, pin_delay: int = 0):
+def amaranth_sdram(model: SdramModel, pins, *, stop=None, pin_delay: int = 0,
+                   domain: str = "sync"):
     """An Amaranth testbench (``sim.add_testbench(amaranth_sdram(model, dut.pins),
     background=True)``) that runs ``model`` on the pins of a ``SdramPinsSignature``:
     after each edge it reads the settled pins and sets ``dq_i`` for the next edge (garbage
     where the SDRAM does not drive, as a floating bus). ``pin_delay`` 1: the SDRAM takes
-    the pins an edge later (:class:`PinDelay`; a controller with ``read_delay=1``)."""
+    the pins an edge later (:class:`PinDelay`; a controller with ``read_delay=1``).
+    ``domain``: the clock of the pins' registers (a half-rate controller's ``fast_domain``)."""
     delay = PinDelay(pin_delay)
 
     async def testbench(ctx):
         while stop is None or not stop():
-            await ctx.tick()
+            await ctx.tick(domain)
             drive = model.step(delay(_pins_now(ctx, pins)))
             ctx.set(pins.dq_i, model.garbage() if drive is None else drive)
     return testbench
