@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from amaranth.sim import Simulator
 
-from .sdram_model import SdramModel, amaranth_sdram
+from .sdram_model import SdramModel, add_controller_clocks, amaranth_sdram, model_for_controller
 from .streams import stream_get, stream_put, tick_until
 
 __all__ = ["run_traffic", "TrafficResult", "random_script"]
@@ -59,7 +59,7 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
     controller's ``read_delay``, the phase it is built for)."""
     rate = getattr(ctrl, "rate", 1)
     if model is None:
-        model = SdramModel(ctrl.chip, ctrl.tck_ns / rate, seed=seed)
+        model = model_for_controller(ctrl, seed=seed)
     res = TrafficResult(reads=[[] for _ in scripts], model=model)
     rng = random.Random(seed)
     done = {"benches": 0}
@@ -67,15 +67,7 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
     clock = {"n": 0}
 
     sim = Simulator(ctrl)
-    pin_domain = "sync"
-    if rate == 1:
-        sim.add_clock(ctrl.tck_ns * 1e-9)
-    else:
-        # the fast clock's edges at exactly every other instant of the controller's
-        fast_fs = max(1, round(ctrl.tck_ns * 1e6 / rate))
-        sim.add_clock(fast_fs * rate * 1e-15, phase=fast_fs * rate * 1e-15)
-        sim.add_clock(fast_fs * 1e-15, phase=fast_fs * rate * 1e-15, domain=ctrl.fast_domain)
-        pin_domain = ctrl.fast_domain
+    pin_domain = add_controller_clocks(sim, ctrl)
     if pin_delay is None:
         pin_delay = getattr(ctrl, "read_delay", 0)
     sim.add_testbench(amaranth_sdram(model, ctrl.pins, pin_delay=pin_delay,
