@@ -92,7 +92,6 @@ def run_store(top: SdramStoreTop, script, *, model: SdramModel | None = None, se
     ``clocks[i]``: from the clock operation ``i`` starts (its command offered, with no idle
     drawn) to the status's transfer; ``first_byte``: for each read that moved data, the
     clocks from its command's transfer to its first byte's."""
-    chip = top.ctrl.chip
     model = model_for_controller(top.ctrl, seed=seed) if model is None else model
     run = StoreRun(model=model)
     rng = random.Random(seed)
