@@ -57,7 +57,8 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
     :class:`TrafficResult`. A port's read data is collected concurrently with its commands.
     ``pin_delay``: the model's (:class:`~ringkv.sim.sdram_model.PinDelay`; None: the
     controller's ``read_delay``, the phase it is built for)."""
-    rate = getattr(ctrl, "rate", 1)
+    # 16-bit words a port transfer: the controller's rate, unless its ports are narrowed
+    rate = len(ctrl.port[0].r.payload) // 16
     if model is None:
         model = model_for_controller(ctrl, seed=seed)
     res = TrafficResult(reads=[[] for _ in scripts], model=model)
