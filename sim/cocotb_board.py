@@ -4,7 +4,9 @@ Started by :func:`ringkv.sim.board_harness.serve_board` (``ringkv sim --board``)
 pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors, port,
 ``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``, ``card``).
 
-* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`).
+* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`); a top
+  with a half-rate SDRAM also has ``sim_clk2x_0__io``, driven at twice that from the same
+  instant (the seam's stand-in for the PLL's in-phase ``CLKOS``).
 * :class:`UartLine` is the host's side of the serial line, like the FT231X: it sends the
   socket's bytes on ``uart_0__rx__io`` as 8N1 characters at the baud rate (bit edges at the
   exact ideal times, rounded to the picosecond, back to back) and receives
@@ -55,7 +57,8 @@ __all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "s
            "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
 
 #: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
-PINS = {"clk": "clk25_0__io", "rx": "uart_0__rx__io", "tx": "uart_0__tx__io",
+PINS = {"clk": "clk25_0__io", "clk2x": "sim_clk2x_0__io", "rx": "uart_0__rx__io",
+        "tx": "uart_0__tx__io",
         "leds": [f"led_{i}__io" for i in range(6)]}
 
 
@@ -300,9 +303,22 @@ def _sdram(dut, params):
     model = SdramModel(board_chip(sdram["part"]), sdram["tck_ns"],
                        **{k: tuple(v) if isinstance(v, list) else v
                           for k, v in (params.get("sdram_faults") or {}).items()})
-    return CocotbSdramPads(dut, model, getattr(dut, PINS["clk"]),
-                           round(10**12 / params["sys_hz"]),
+    # at half rate the pads' registers and the SDRAM run on the seam's second clock
+    fast = sdram.get("rate", 1) == 2
+    return CocotbSdramPads(dut, model, getattr(dut, PINS["clk2x" if fast else "clk"]),
+                           clock_period_ps(params) // (2 if fast else 1),
                            pin_delay=sdram.get("read_delay", 0))
+
+
+def clock_period_ps(params: dict) -> int:
+    """The system clock's period in ps; with the half-rate SDRAM's second clock, a multiple
+    of 4 ps, so that both clocks' half periods are whole picoseconds and every other edge of
+    the fast clock falls at the instant of one of the system clock's (``sys_hz`` 0.01 %
+    off at most: the UART's divisor tolerates far more)."""
+    sdram = params.get("sdram") or {}
+    if sdram.get("rate", 1) == 2:
+        return 4 * round(10**12 / params["sys_hz"] / 4)
+    return round(10**12 / params["sys_hz"])
 
 
 async def _serve_sdram(sdram):
@@ -326,8 +342,11 @@ async def _serve_card(card):
 
 def start_board(dut, params: dict, on_bytes=None):
     """Clock, UART line and SD card on the pins; returns ``(line, image, card)``."""
-    period_ps = round(10**12 / params["sys_hz"])
+    period_ps = clock_period_ps(params)
     Clock(getattr(dut, PINS["clk"]), period_ps, unit="ps").start()
+    if (params.get("sdram") or {}).get("rate", 1) == 2:
+        # the seam's second clock (ULX3STop's SIM_CLK2X), started in the same instant
+        Clock(getattr(dut, PINS["clk2x"]), period_ps // 2, unit="ps").start()
     line = UartLine(getattr(dut, PINS["rx"]), getattr(dut, PINS["tx"]), params["baud"],
                     on_bytes)
     image = SectorImage(params["image"], params["sectors"])
@@ -349,7 +368,7 @@ async def serve(dut):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = _Socket(params["port"])
     line, image, _ = start_board(dut, params, on_bytes=sock.send)
-    period_ps = round(10**12 / params["sys_hz"])
+    period_ps = clock_period_ps(params)
     # The board is configured and out of reset before a host opens its port: the URL is
     # printed once the PLL stand-in has locked and the power-on reset hold is over. (A byte
     # that arrives while the reset is held is lost, as on the board; the RTL simulation runs
