@@ -228,9 +228,11 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 409
     real_mhz = top.sys_hz / 1e6
     if top.sdram_plan is not None:
         sp = top.sdram_plan
+        behind = ("the system clock" if top.sdram_rate == 1 else
+                  f"the PHY's {2 * real_mhz:g} MHz clock (half rate)")
         progress.say(f"SDRAM ({sdram}, CL {sp.cl}, read delay {sp.read_delay}): clock "
-                     f"{sp.phase_deg:.0f} degrees ({sp.delay_ns:.2f} ns) behind the system "
-                     f"clock; margins (assumed ECP5 "
+                     f"{sp.phase_deg:.0f} degrees ({sp.delay_ns:.2f} ns) behind {behind}; "
+                     f"margins (assumed ECP5 "
                      f"figures) " + ", ".join(f"{k} {v:.2f} ns" for k, v in sp.margins.items())
                      + ("" if sp.closes else " -- NEGATIVE: see docs/BOARD.md, SDRAM bring-up"))
     if constrain_mhz is None:
