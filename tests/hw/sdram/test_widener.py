@@ -7,7 +7,7 @@ import pytest
 from amaranth import Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
-from test_controller import port_scripts, run, small
+from sdram_helpers import port_scripts, run, small
 
 from ringkv.hw.sdram.arbiter import UserPortSignature
 from ringkv.hw.sdram.controller import SdramController
