@@ -1,8 +1,9 @@
 """``ringkv.hw.storage``: records on the card -- the sector storage port, the SD PHY pieces, the
 native 4-bit and SPI SD controllers, the SDRAM sector store (the hot tier behind the same port),
-the tiered storage (card and SDRAM behind one port, copies routed by the hot tier's map), and
-the DMA engine that moves a record (header, tokens, K/V rings) between the storage and the
-attention core's rings.
+the tiered storage (card and SDRAM behind one port, copies routed by the hot tier's map), the
+DMA engine that moves a record (header, tokens, K/V rings) between the storage and the
+attention core's rings, and the K/V writer of the four-bytes-a-clock import (V turned from the
+record's column order to the rings' rows).
 
 It may import Amaranth, the standard library, ``ringkv.defs``, ``ringkv.hw.enums``, and of the
 other subsystems only the ports the DMA drives: the attention core's ring port
@@ -19,6 +20,7 @@ works as it did when the port was the module ``ringkv.hw.storage``.
 
 from .dma import DmaEngine, DmaOp, RecordKind, RecordStatus
 from .dma_stream import RecordCursor, RecordTap, TokenChecker, WritePipeline
+from .kv_words import KvWordWriter, KvWrite, kv_words_supported
 from .port import (
     SECTOR_BYTES,
     CardType,
@@ -41,4 +43,5 @@ __all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "Stora
            "SDNativeController", "SDSPIController", "SDClocker", "SDCmdWriter", "SDCmdReader",
            "SDDataPHY", "SPIByteEngine", "DmaEngine", "DmaOp", "RecordStatus", "RecordKind",
            "RecordCursor", "RecordTap", "WritePipeline", "TokenChecker", "HeaderEncoder",
-           "HeaderParser", "SdramSectorStore", "TieredStorage"]
+           "HeaderParser", "SdramSectorStore", "TieredStorage", "KvWordWriter", "KvWrite",
+           "kv_words_supported"]
