@@ -1,17 +1,17 @@
 """A small ring-memory model implementing the attention core's ring-access port, and the DMA
 test harness built around it.
 
-:class:`RingMemoryModel` serves :class:`~ringkv.hw.attention.ring_port.RingPortSignature` (flipped)
-from one block RAM of :func:`ringkv.defs.record.ring_bytes` bytes (``EB`` bytes per element from the
-configuration's numerics, byte address ``element * EB + byte``,
-little-endian) plus per-layer (count, head) registers, with the attention core's read timing
-(ring data two clocks after ``ring_re``, metadata combinational, per ring ``layer * kv_heads +
-kv_head``). Its writes land at once, where the core's land a clock after the strobe and a read
-strobed in that clock returns 0 (``RING_WRITE_LATENCY``): the DMA never reads in the clock
-after a write, which the top's tests on the real core would show as wrong exported bytes. A
-test access port ``tap`` lets a testbench load and read the rings byte by byte in the same
-address space (sync read, one clock; :func:`ringkv.host.record.ring_image` gives the
-bytes of element arrays).
+:class:`RingMemoryModel` serves :class:`~ringkv.hw.attention.ring_port.RingPortSignature`
+(flipped) from one block RAM of :func:`ringkv.defs.record.ring_bytes` bytes, four a word with
+byte enables (``EB`` bytes per element from the configuration's numerics, byte address ``element
+* EB + byte``, little-endian; byte writes and the four-byte writes of ``ring_wide``) plus
+per-layer (count, head) registers, with the attention core's read timing (ring data two clocks
+after ``ring_re``, metadata combinational, per ring ``layer * kv_heads + kv_head``). Its writes
+land at once, where the core's land a clock after the strobe and a read strobed in that clock
+returns 0 (``RING_WRITE_LATENCY``): the DMA never reads in the clock after a write, which the
+top's tests on the real core would show as wrong exported bytes. A test access port ``tap`` lets
+a testbench load and read the rings byte by byte in the same address space (sync read, one
+clock; :func:`ringkv.host.record.ring_image` gives the bytes of element arrays).
 
 :class:`DmaHarness` joins a :class:`~ringkv.hw.storage.dma.DmaEngine`, the ring model and a
 :class:`~ringkv.hw.store.token_memory.TokenMemory`; the DMA's ``cmd``/``resp``/``storage`` and the
@@ -19,7 +19,7 @@ token memory's ``append``/``clear`` become top-level ports, so the same harness 
 Amaranth-simulator tests and of the cocotb/Verilator tests.
 """
 
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
@@ -61,21 +61,28 @@ class RingMemoryModel(wiring.Component):
         m = Module()
         c = self._config
         ring_bytes = RingPortSignature.for_config(c).ring_bytes
-        m.submodules.mem = mem = memory.Memory(shape=8, depth=ring_bytes, init=[])
-        wp = mem.write_port()
+        # four bytes a word, byte enables: the ring port's byte and four-byte writes
+        m.submodules.mem = mem = memory.Memory(shape=32, depth=-(-ring_bytes // 4), init=[])
+        wp = mem.write_port(granularity=8)
         rp = mem.read_port(transparent_for=())
         tp = mem.read_port(transparent_for=())
         r = self.ring
-        with m.If(r.ring_we):
-            m.d.comb += [wp.addr.eq(r.ring_addr), wp.data.eq(r.ring_wdata), wp.en.eq(1)]
+        with m.If(r.ring_we & r.ring_wide):
+            m.d.comb += [wp.addr.eq(r.ring_addr[2:]), wp.data.eq(r.ring_wdata), wp.en.eq(0xF)]
+        with m.Elif(r.ring_we):
+            m.d.comb += [wp.addr.eq(r.ring_addr[2:]), wp.data.eq(r.ring_wdata[:8].replicate(4)),
+                         wp.en.eq(1 << r.ring_addr[:2])]
         with m.Else():
-            m.d.comb += [wp.addr.eq(self.tap.addr), wp.data.eq(self.tap.wdata),
-                         wp.en.eq(self.tap.we)]
+            m.d.comb += [wp.addr.eq(self.tap.addr[2:]), wp.data.eq(self.tap.wdata.replicate(4)),
+                         wp.en.eq(Mux(self.tap.we, 1 << self.tap.addr[:2], 0))]
         # ring data two clocks after ring_re (RING_READ_LATENCY), as on the attention core
+        sel, tap_sel = Signal(2), Signal(2)
+        m.d.sync += [sel.eq(r.ring_addr[:2]), tap_sel.eq(self.tap.addr[:2])]
         rdata_q = Signal(8)
-        m.d.sync += rdata_q.eq(rp.data)
-        m.d.comb += [rp.addr.eq(r.ring_addr), rp.en.eq(r.ring_re), r.ring_rdata.eq(rdata_q),
-                     tp.addr.eq(self.tap.addr), self.tap.rdata.eq(tp.data)]
+        m.d.sync += rdata_q.eq(rp.data.word_select(sel, 8))
+        m.d.comb += [rp.addr.eq(r.ring_addr[2:]), rp.en.eq(r.ring_re), r.ring_rdata.eq(rdata_q),
+                     tp.addr.eq(self.tap.addr[2:]),
+                     self.tap.rdata.eq(tp.data.word_select(tap_sel, 8))]
         rings = c.layers * c.kv_heads
         counts = [Signal(32, name=f"count{i}") for i in range(rings)]
         heads = [Signal(16, name=f"head{i}") for i in range(rings)]

@@ -178,6 +178,13 @@ class AttentionCore(wiring.Component):
     numerics = property(lambda self: self._nx)
     qkv_fracs = property(lambda self: self._qkv_fracs)
 
+    @property
+    def takes_wide_writes(self) -> bool:
+        """Whether the ring port's four-byte writes (``ring_wide``) land: a bank word is
+        ``macs * EB`` bytes, whole groups of four; a core of smaller words writes nothing on
+        a wide write."""
+        return (self._M * self._nx.elem_bytes) % 4 == 0
+
     def ideal_cycles(self):
         """The MAC-bound ideal of one decode step with a full ring: ``G·2·W·d/(P·M)``."""
         return self._G * 2 * self._W * self._d // (self._P * self._M)
@@ -231,10 +238,12 @@ class AttentionCore(wiring.Component):
               "word": Signal(range(lane_depth), name="port_wr_word"),
               "byte": Signal(range(M * EB), name="port_wr_byte"),
               "lane": Signal(range(P), name="port_wr_lane"),
-              "data": Signal(8, name="port_wr_data")}
+              "data": Signal(32 if self.takes_wide_writes else 8, name="port_wr_data"),
+              "wide": Signal(name="port_wr_wide")}
         m.d.sync += [wr["we"].eq(self.ring.ring_we & dma_in & ~busy), wr["word"].eq(dma_word),
                      wr["byte"].eq(dma_bb), wr["lane"].eq(dma_lane),
-                     wr["data"].eq(self.ring.ring_wdata)]
+                     wr["data"].eq(self.ring.ring_wdata),
+                     wr["wide"].eq(self.ring.ring_wide)]
         # a read in the clock of a write, or in the clock after it (while the registered write
         # lands), returns 0: a used bank read never meets a write
         m.d.sync += [dma_rd_lane.eq(dma_lane), dma_rd_b.eq(dma_bb),
@@ -411,7 +420,7 @@ class AttentionCore(wiring.Component):
                 ln.port_word.eq(dma_word), ln.port_rsel.eq(dma_rd_b),
                 ln.port_we.eq(port_wr["we"]), ln.port_wword.eq(port_wr["word"]),
                 ln.port_wbyte.eq(port_wr["byte"]), ln.port_wlane.eq(port_wr["lane"]),
-                ln.port_wdata.eq(port_wr["data"]),
+                ln.port_wdata.eq(port_wr["data"]), ln.port_wwide.eq(port_wr["wide"]),
                 ln.q_word.eq(q_word),
                 ln.tag_dot.eq(tags[TA]), ln.tag_y.eq(tags[1]), ln.tag_pv0.eq(tags[TB - 1]),
                 ln.tag_pv.eq(tags[TB]), ln.tag_store.eq(tags[TB + 1]),

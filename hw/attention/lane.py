@@ -142,7 +142,8 @@ class AttentionLane(wiring.Component):
       ``port_word`` (the word read), ``port_rsel`` (the byte read, one clock after its
       address); a write, registered in the core one clock after the port's strobe:
       ``port_we``, ``port_wword``, ``port_wbyte`` (the byte within the word), ``port_wlane``,
-      ``port_wdata``.
+      ``port_wdata`` (a byte in the low 8 bits), ``port_wwide`` (four bytes of ``port_wdata``
+      at a four-aligned ``port_wbyte``; none when ``M * EB`` is not a multiple of 4).
     * ``rbyte`` (Out): byte ``port_rsel`` of the bank word read the clock before, registered
       next to the bank. ``collides`` (Out): this clock's bank read and write hit the same word
       (a simulation probe; nothing in the design uses it).
@@ -184,7 +185,8 @@ class AttentionLane(wiring.Component):
             "port_wword": In(range(p.bank_depth)),
             "port_wbyte": In(range(M * p.elem_bytes)),
             "port_wlane": In(range(p.lanes)),
-            "port_wdata": In(8),
+            "port_wdata": In(32),
+            "port_wwide": In(1),
             "port_rsel": In(range(M * p.elem_bytes)),
             "rbyte": Out(8),
             "collides": Out(1),
@@ -277,11 +279,22 @@ class AttentionLane(wiring.Component):
                 kv_wr.en.eq(Mux(load_we, (1 << (M * EB)) - 1, 0)),
             ]
         with m.Else():
+            # a byte of the word, or (ring_wide) four bytes at a four-aligned byte of it; a
+            # word of fewer than four bytes, or not whole groups of four, takes no wide write
+            port_en = Signal(M * EB)
+            byte_en = Const(1, M * EB) << self.port_wbyte
+            byte_data = Cat(*[self.port_wdata[:8]] * (M * EB))
+            if (M * EB) % 4 == 0:
+                m.d.comb += port_en.eq(Mux(self.port_wwide,
+                                           Const(0xF, M * EB) << self.port_wbyte, byte_en))
+                wdata = Mux(self.port_wwide, Cat(*[self.port_wdata] * (M * EB // 4)), byte_data)
+            else:
+                m.d.comb += port_en.eq(Mux(self.port_wwide, 0, byte_en))
+                wdata = byte_data
             m.d.comb += [
                 kv_wr.addr.eq(self.port_wword),
-                kv_wr.data.eq(Cat(*[self.port_wdata] * (M * EB))),
-                kv_wr.en.eq(Mux(self.port_we & (self.port_wlane == lane),
-                                Const(1, M * EB) << self.port_wbyte, 0)),
+                kv_wr.data.eq(wdata),
+                kv_wr.en.eq(Mux(self.port_we & (self.port_wlane == lane), port_en, 0)),
             ]
         m.d.comb += self.collides.eq((kv_wr.en != 0) & (kv_rd.addr == kv_wr.addr))
         # the ring port's byte of the word, registered next to the bank (the banks are spread

@@ -42,9 +42,9 @@ _READ_MEMBERS = {
 class RingPortSignature(wiring.Signature):
     """The attention core's ring-access port, seen from its initiator (the DMA).
 
-    Byte-addressed, synchronous, 8-bit: a K or V element is ``EB = elem_bytes`` bytes (1 for
-    numerics ``ringkv-fx1``, 2 for ``ringkv-fx2``), little-endian; served only while the core
-    is idle:
+    Byte-addressed, synchronous, 8-bit reads, 8- or 32-bit writes: a K or V element is ``EB =
+    elem_bytes`` bytes (1 for numerics ``ringkv-fx1``, 2 for ``ringkv-fx2``), little-endian;
+    served only while the core is idle:
 
     =============== ===== =====================================================================
     member          dir   meaning
@@ -57,7 +57,12 @@ class RingPortSignature(wiring.Signature):
                           and 0 for a read strobed with ``ring_we`` or in the clock after it
     ``ring_we``     Out   write strobe, with ``ring_addr`` and ``ring_wdata``; the byte lands
                           a clock later (:data:`RING_WRITE_LATENCY`)
-    ``ring_wdata``  Out   8 bits, write data (one byte of an element)
+    ``ring_wdata``  Out   32 bits, write data: a byte write takes the low 8 bits (one byte of
+                          an element), a wide write all four bytes, the first in the low byte
+    ``ring_wide``   Out   with ``ring_we``: the write is four bytes at ``ring_addr``, a multiple
+                          of 4 (the four-byte import, ``hw/storage/kv_words.py``); they land
+                          together, a clock later. Only a core whose bank word is whole groups
+                          of four bytes takes them (``AttentionCore.takes_wide_writes``)
     ``meta_ring``   Out   8 bits, ring whose metadata is read or written
     ``meta_count``  In    32 bits, tokens seen by the ring (does not wrap); combinational
     ``meta_head``   In    16 bits, slot of the newest token; combinational
@@ -76,7 +81,8 @@ class RingPortSignature(wiring.Signature):
         super().__init__({
             **_READ_MEMBERS,
             "ring_we": Out(1),
-            "ring_wdata": Out(8),
+            "ring_wdata": Out(32),
+            "ring_wide": Out(1),
             "meta_we": Out(1),
             "meta_wcount": Out(32),
             "meta_whead": Out(16),
@@ -156,6 +162,7 @@ class RingPortArbiter(wiring.Component):
             core.ring_re.eq(Mux(owns, dma.ring_re, reader.ring_re)),
             core.ring_we.eq(dma.ring_we & owns),
             core.ring_wdata.eq(dma.ring_wdata),
+            core.ring_wide.eq(dma.ring_wide),
             core.meta_ring.eq(Mux(owns, dma.meta_ring, reader.meta_ring)),
             core.meta_we.eq(dma.meta_we & owns),
             core.meta_wcount.eq(dma.meta_wcount),

@@ -9,8 +9,8 @@ from amaranth.sim import Simulator
 from ringkv.hw.attention.ring_port import RingPortArbiter, RingPortSignature, RingReadSignature
 
 SIG = RingPortSignature(layers=2, kv_heads=2, head_dim=8, window=8, elem_bytes=2)
-WIDTHS = {"ring_addr": 32, "ring_re": 1, "ring_we": 1, "ring_wdata": 8, "meta_ring": 8,
-          "meta_we": 1, "meta_wcount": 32, "meta_whead": 16}
+WIDTHS = {"ring_addr": 32, "ring_re": 1, "ring_we": 1, "ring_wdata": 32, "ring_wide": 1,
+          "meta_ring": 8, "meta_we": 1, "meta_wcount": 32, "meta_whead": 16}
 READ_IN = ("ring_addr", "ring_re", "meta_ring")
 BACK = {"ring_rdata": 8, "meta_count": 32, "meta_head": 16}
 
@@ -20,8 +20,8 @@ def model(owns, dma, reader, core_back, core_back_before):
     registered (the core's values of the clock before)."""
     core = {name: (dma[name] if owns else reader[name]) for name in READ_IN}
     core.update(ring_we=dma["ring_we"] & owns, meta_we=dma["meta_we"] & owns,
-                ring_wdata=dma["ring_wdata"], meta_wcount=dma["meta_wcount"],
-                meta_whead=dma["meta_whead"])
+                ring_wdata=dma["ring_wdata"], ring_wide=dma["ring_wide"],
+                meta_wcount=dma["meta_wcount"], meta_whead=dma["meta_whead"])
     back = dict(core_back_before, ring_rdata=core_back["ring_rdata"])
     return core, back, dict(back)
 
