@@ -20,8 +20,10 @@ stops answering ends in a timeout error, never a hang), so an initiator keeps ``
 high during the data phase and aborts the transfer when an error status arrives. A command with
 ``count == 0`` or outside the medium gets ``RANGE`` without a data phase.
 
-Peak bandwidth of the port: one byte per clock on ``wdata``/``rdata`` (8-bit data streams,
-chosen to match the SD card's byte-serial bus and the DMA's element-wide ring port).
+Peak bandwidth of the port: one transfer per clock on ``wdata``/``rdata``: a byte (8-bit data
+streams, chosen to match the SD card's byte-serial bus and the DMA's element-wide ring port),
+or four bytes on a wide port (``width=4``: the SDRAM tier at half rate, for the four-byte
+import).
 """
 
 from amaranth.lib import data, enum, stream, wiring
@@ -32,11 +34,14 @@ from ringkv.defs.record import SECTOR
 
 from ..enums import shaped
 
-__all__ = ["SECTOR_BYTES", "StorageOp", "StorageError", "StorageCommand", "StorageStatus",
+__all__ = ["SECTOR_BYTES", "STORAGE_WIDTHS", "StorageOp", "StorageError", "StorageCommand",
+           "StorageStatus",
            "StoragePortSignature", "StorageInfoSignature", "CardType"]
 
 #: Bytes per sector (the record format's sector, :data:`ringkv.defs.record.SECTOR`).
 SECTOR_BYTES = SECTOR
+#: The data transfer widths of a storage port, in bytes.
+STORAGE_WIDTHS = (1, 4)
 
 
 class StorageOp(enum.Enum, shape=1):
@@ -59,26 +64,40 @@ StorageStatus = data.StructLayout({"error": StorageError})
 class StoragePortSignature(wiring.Signature):
     """A sector storage port, initiator side (``.flip()`` for the target).
 
-    Members: ``cmd`` (Out, stream of :data:`StorageCommand`), ``wdata`` (Out, stream of 8-bit
-    bytes), ``rdata`` (In, stream of bytes), ``status`` (In, stream of :data:`StorageStatus`).
+    Members: ``cmd`` (Out, stream of :data:`StorageCommand`), ``wdata`` (Out, stream of
+    ``8 * width`` bits), ``rdata`` (In, the same), ``status`` (In, stream of
+    :data:`StorageStatus`). ``width``: bytes a data transfer, 1 (every controller of the SD
+    card) or 4 (the wide port of the SDRAM sector store and the tiered storage: a sector is
+    128 transfers, byte ``4 * i + k`` of it in bits ``8 k .. 8 k + 7`` of transfer ``i``);
+    :class:`~ringkv.hw.storage.port_width.StorageWidener` puts a port of bytes behind a wide
+    one.
     """
 
-    def __init__(self):
+    def __init__(self, width: int = 1):
+        if width not in STORAGE_WIDTHS:
+            raise ValueError(f"width must be one of {STORAGE_WIDTHS} bytes, not {width!r}")
+        self._width = width
         super().__init__({
             "cmd": Out(stream.Signature(StorageCommand)),
-            "wdata": Out(stream.Signature(8)),
-            "rdata": In(stream.Signature(8)),
+            "wdata": Out(stream.Signature(8 * width)),
+            "rdata": In(stream.Signature(8 * width)),
             "status": In(stream.Signature(StorageStatus)),
         })
 
+    @property
+    def width(self) -> int:
+        """Bytes a data transfer."""
+        return self._width
+
     def __eq__(self, other):
-        return type(other) is StoragePortSignature
+        return type(other) is StoragePortSignature and other._width == self._width
 
     def __hash__(self):
-        return hash(StoragePortSignature)
+        return hash((StoragePortSignature, self._width))
 
     def __repr__(self):
-        return "StoragePortSignature()"
+        return ("StoragePortSignature()" if self._width == 1 else
+                f"StoragePortSignature(width={self._width})")
 
 
 #: :class:`ringkv.defs.protocol.CardType` as a 2-bit shape (the controllers' ``card_type``).
