@@ -70,8 +70,8 @@ from ringkv.hw.storage.sdram_store import SdramSectorStore
 from ringkv.hw.storage.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
 
-__all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "STORAGE_MODES", "SIM_LOCK_CYCLES", "CLOCKS",
-           "ACTIVITY_CYCLES", "ERROR_CYCLES", "IoTiming", "ECP5_IO", "T_AC_CL2",
+__all__ = ["ULX3STop", "SYS_MHZ", "pll_params", "SD_NATIVE", "STORAGE_MODES", "SIM_LOCK_CYCLES",
+           "CLOCKS", "ACTIVITY_CYCLES", "ERROR_CYCLES", "IoTiming", "ECP5_IO", "T_AC_CL2",
            "SdramClockPlan", "sdram_clock_plan", "SDRAM_BL"]
 
 #: the micro-SD slot in native mode with CMD bidirectional (amaranth-boards' ``sd_card_4bit``
@@ -91,6 +91,9 @@ STORAGE_MODES = ("sd4", "spi")
 SIM_LOCK_CYCLES = 16
 #: System clock cycles the reset is held after the PLL (or its stand-in) locks.
 POR_HOLD_CYCLES = 2**8
+#: The default system clock (MHz) of :class:`ULX3STop`, ``ringkv build --sys-mhz`` and ``make
+#: gatesim``: the PLL's output.
+SYS_MHZ = 40.0
 #: The clock sources of :class:`ULX3STop`: the board's PLL, or the simulation seam.
 CLOCKS = ("pll", "sim")
 #: the part named in the hot tier's parameters for each of ``BOARD_CHIPS`` (only its size counts:
@@ -257,7 +260,7 @@ class ULX3STop(Elaboratable):
     (None: :func:`sdram_clock_plan`'s), ``sdram_read_delay`` the controller's ``read_delay``
     (None: the plan's choice, the larger worst margin: 0 at 40 MHz, 1 at 60 MHz)."""
 
-    def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = 40.0,
+    def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = SYS_MHZ,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
                  clock: str = "pll", sealed: bool = False, sdram: str | None = "32MB",
