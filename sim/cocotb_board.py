@@ -4,7 +4,8 @@ Started by :func:`ringkv.sim.board_harness.serve_board` (``ringkv sim --board``)
 pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors, port,
 ``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``, ``card``).
 
-* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`).
+* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`), its
+  period in whole, even picoseconds (:func:`clock_period_ps`: 16,666 ps at 60 MHz).
 * :class:`UartLine` is the host's side of the serial line, like the FT231X: it sends the
   socket's bytes on ``uart_0__rx__io`` as 8N1 characters at the baud rate (bit edges at the
   exact ideal times, rounded to the picosecond, back to back) and receives
@@ -52,7 +53,7 @@ from .sdram_model import PinDelay, SdramModel, SdramPins, SdramViolation
 from .sector_model import PowerCut, SectorImage
 
 __all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "start_board",
-           "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
+           "clock_period_ps", "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
 
 #: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
 PINS = {"clk": "clk25_0__io", "rx": "uart_0__rx__io", "tx": "uart_0__tx__io",
@@ -301,7 +302,7 @@ def _sdram(dut, params):
                        **{k: tuple(v) if isinstance(v, list) else v
                           for k, v in (params.get("sdram_faults") or {}).items()})
     return CocotbSdramPads(dut, model, getattr(dut, PINS["clk"]),
-                           round(10**12 / params["sys_hz"]),
+                           clock_period_ps(params["sys_hz"]),
                            pin_delay=sdram.get("read_delay", 0))
 
 
@@ -324,9 +325,20 @@ async def _serve_card(card):
         os._exit(1)
 
 
+def clock_period_ps(sys_hz: float) -> int:
+    """The board clock's period on the simulated ``clk25`` pin: whole picoseconds (the
+    simulation's precision) and even, since cocotb's ``Clock`` splits a period into two equal
+    halves and refuses an odd one. 25,000 ps at 40 MHz (exact); 16,666 ps at 60 MHz, whose
+    16,666.7 ps would round to an odd 16,667: the simulated board runs 40 ppm fast
+    (60.0024 MHz), far inside what the UART's mid-bit sampling tolerates; the SDRAM model
+    counts clocks, not time. Every use of the period (the clock, the SDRAM adapter's skipped
+    clocks, the waits) takes this one."""
+    return 2 * round(10**12 / sys_hz / 2)
+
+
 def start_board(dut, params: dict, on_bytes=None):
     """Clock, UART line and SD card on the pins; returns ``(line, image, card)``."""
-    period_ps = round(10**12 / params["sys_hz"])
+    period_ps = clock_period_ps(params["sys_hz"])
     Clock(getattr(dut, PINS["clk"]), period_ps, unit="ps").start()
     line = UartLine(getattr(dut, PINS["rx"]), getattr(dut, PINS["tx"]), params["baud"],
                     on_bytes)
@@ -349,7 +361,7 @@ async def serve(dut):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = _Socket(params["port"])
     line, image, _ = start_board(dut, params, on_bytes=sock.send)
-    period_ps = round(10**12 / params["sys_hz"])
+    period_ps = clock_period_ps(params["sys_hz"])
     # The board is configured and out of reset before a host opens its port: the URL is
     # printed once the PLL stand-in has locked and the power-on reset hold is over. (A byte
     # that arrives while the reset is held is lost, as on the board; the RTL simulation runs

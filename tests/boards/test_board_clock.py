@@ -47,3 +47,14 @@ def test_clock_derived_constants(mhz):
     assert 0.03 < ACTIVITY_CYCLES / top.sys_hz < 0.06
     assert 0.25 < ERROR_CYCLES / top.sys_hz < 0.5
     assert POR_HOLD_CYCLES / top.sys_hz < 10e-6
+
+
+@pytest.mark.parametrize("mhz", sorted(CLOCKS))
+def test_the_simulated_clock_pin_period(mhz):
+    """The pin-level simulations drive ``clk25`` with a period in whole, even picoseconds
+    (cocotb's ``Clock`` refuses an odd one: 60 MHz's 16,666.7 ps rounded to 16,667 stopped the
+    60 MHz board simulation before its first clock), within a picosecond of the exact one."""
+    from ringkv.sim.cocotb_board import clock_period_ps
+    period = clock_period_ps(ULX3STop(DEMO_CONFIG, regions=16, sys_mhz=mhz).sys_hz)
+    assert period % 2 == 0 and abs(period - 1e6 / mhz) <= 1
+    assert period == {40: 25_000, 60: 16_666}[mhz]
