@@ -66,6 +66,7 @@ from ringkv.defs.config import RingKVConfig
 from ringkv.defs.protocol import REQUESTS, RESPONSES, RING_CLEAR_ALL, Op, Status
 from ringkv.host.errors import ArgumentParser, UsageError, run_main
 
+from . import procs
 from .board_harness import GateBoardDevice, board_clock, build_board
 from .board_harness import main as board_main
 
@@ -80,6 +81,13 @@ SMOKE_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=
 SMOKE_TOP = {"regions": 4, "lanes": 2, "macs": 4}
 #: Seconds the smoke waits for a recovery scan of the gate-level board (about 5 min here).
 RECOVERY_TIMEOUT_S = 1800
+#: Seconds the smoke waits for the answer to any one request. Its longest, the board check's
+#: prefill of 10 tokens (640 B of q/k/v in, 640 B of outputs back), keeps the link busy for
+#: some 258,000 board clocks at 60 MHz (200 clocks a byte at 3 Mbaud; 172,000 at 40 MHz),
+#: which the netlist simulates at 300-1,400 cycles/s on this 2-core machine, by its load:
+#: 600 s, the timeout before, ran out at 60 MHz on a loaded machine. An hour: a device that
+#: never answers is still found, an hour later.
+REQUEST_TIMEOUT_S = 3600
 
 
 def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
@@ -108,7 +116,7 @@ def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
     cycles = 0
     with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-1.log",
                          **top) as dev:
-        link = Link(dev.url, timeout=600)
+        link = Link(dev.url, timeout=REQUEST_TIMEOUT_S)
         # recovery scans (power-on, and the check's rebuild at its end) take minutes of wall
         # time here: the board's 0.25 s at 1,000-odd cycles/s
         # the SDRAM step over one burst-row of words, no pause (at ~600 cycles/s the whole
@@ -136,7 +144,7 @@ def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
         return False, figures
     with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-2.log",
                          **top) as dev:
-        link = Link(dev.url, timeout=600)
+        link = Link(dev.url, timeout=REQUEST_TIMEOUT_S)
         fpga = FpgaDevice(link, config)
         fpga.check_config()
         st = fpga.wait_ready(timeout=RECOVERY_TIMEOUT_S)    # the device's own recovery scan
@@ -194,7 +202,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         raise UsageError(f"bad system clock (--sys-mhz, or --top's sys_mhz): {e}",
                          param="sys_mhz") from None
-    ok, fig = smoke(args.workdir, config, top, sys_mhz=sys_mhz)
+    # SIGTERM and SIGHUP as Ctrl-C: the simulators this starts (their own process groups)
+    # stop with it, however it ends
+    with procs.interruptible():
+        ok, fig = smoke(args.workdir, config, top, sys_mhz=sys_mhz)
     top = {**top, "sys_mhz": fig["sys_mhz"]}
     # the figures of this run, for the board benchmark (bench/bench_board.py)
     (Path(args.workdir) / "figures.json").write_text(json.dumps(
