@@ -11,10 +11,11 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
   exact ideal times, rounded to the picosecond, back to back) and receives
   ``uart_0__tx__io``: a falling edge starts a character, every bit is sampled at its middle
   by the ideal bit time, a stop bit read as 0 counts a framing error (the byte is dropped, as
-  a real receiver does) and a start bit that is high again at its middle counts a glitch. The
-  device's transmitter spreads its fractional divisor (40 MHz / 3 Mbaud = 13 1/3 clocks) over
-  the bits, each edge within one clock (25 ns of 333 ns) of the ideal one: mid-bit sampling
-  tolerates it. Received bytes go to the socket when the line has been idle for two bit times.
+  a real receiver does) and a start bit that is high again at its middle counts a glitch. At
+  the default 60 MHz a bit is exactly 20 clocks; at 40 MHz the device's transmitter spreads its
+  fractional divisor (40 MHz / 3 Mbaud = 13 1/3 clocks) over the bits, each edge within one
+  clock (25 ns of 333 ns) of the ideal one: mid-bit sampling tolerates it. Received bytes go
+  to the socket when the line has been idle for two bit times.
   The counters are printed to the simulator's log (stderr) at the end of every connection.
 * The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`: ``"sd4"`` (the
   bitstream's default, native 4-bit: :class:`CocotbSD4Pads` with the strict 4-bit card model
@@ -28,7 +29,7 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
   meet the strict pin-level SDRAM model (:class:`CocotbSdramPads` on
   :class:`~ringkv.sim.sdram_model.SdramModel`, with the faults of ``sdram_faults``, if any):
   any violation of the chip's rules stops the simulated board (exit status 1). A top whose
-  controller has ``read_delay`` 1 (the board at 60 MHz) meets the model through
+  controller has ``read_delay`` 1 (the board at 60 MHz, its default) meets the model through
   :class:`~ringkv.sim.sdram_model.PinDelay`: the SDRAM takes the pins an edge later.
 """
 
