@@ -199,7 +199,8 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
           build_dir=None, seed: int = 1, storage: str = "sd4", out=None,
           heartbeat_s: float = 60.0, constrain_mhz: float | None = None,
           config=None, lanes: int = 4, macs: int = 8, sealed: bool = False,
-          sdram: str | None = "32MB", sdram_phase: float | None = None) -> dict:
+          sdram: str | None = "32MB", sdram_phase: float | None = None,
+          sdram_rate: int = 1) -> dict:
     """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
     ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
     (default standard error); the tools' output to ``<build_dir>/build.log``.
@@ -209,7 +210,8 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
     reduced one builds in minutes, as the benchmark's smoke run does). ``sealed``: the sealed
     device (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenants, the record
     MAC). ``sdram``: the SDRAM part (``"32MB"``, ``"64MB"``; None: none), ``sdram_phase`` its
-    clock's phase in degrees (None: the planned one; ``docs/BOARD.md``, "SDRAM bring-up")."""
+    clock's phase in degrees (None: the planned one; ``docs/BOARD.md``, "SDRAM bring-up"),
+    ``sdram_rate`` 2 the half-rate controller (the SDRAM at twice the system clock)."""
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {sorted(BOARDS)}")
     setup_environ()
@@ -222,14 +224,17 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
     platform = getattr(ulx3s, BOARDS[board])()
     shape = {} if config is None else {"config": config}
     top = ULX3STop(**shape, sys_mhz=sys_mhz, regions=regions, storage=storage, lanes=lanes,
-                   macs=macs, sealed=sealed, sdram=sdram, sdram_phase=sdram_phase)
+                   macs=macs, sealed=sealed, sdram=sdram, sdram_phase=sdram_phase,
+                   sdram_rate=sdram_rate)
     name = "ringkv_ulx3s"
     real_mhz = top.sys_hz / 1e6
     if top.sdram_plan is not None:
         sp = top.sdram_plan
+        behind = ("the system clock" if top.sdram_rate == 1 else
+                  f"the PHY's {2 * real_mhz:g} MHz clock (half rate)")
         progress.say(f"SDRAM ({sdram}, CL {sp.cl}, read delay {sp.read_delay}): clock "
-                     f"{sp.phase_deg:.0f} degrees ({sp.delay_ns:.2f} ns) behind the system "
-                     f"clock; margins (assumed ECP5 "
+                     f"{sp.phase_deg:.0f} degrees ({sp.delay_ns:.2f} ns) behind {behind}; "
+                     f"margins (assumed ECP5 "
                      f"figures) " + ", ".join(f"{k} {v:.2f} ns" for k, v in sp.margins.items())
                      + ("" if sp.closes else " -- NEGATIVE: see docs/BOARD.md, SDRAM bring-up"))
     if constrain_mhz is None:
@@ -259,7 +264,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
     figures["build_s"] = round(sum(phases.values()), 1)
     figures["seed"] = seed
     if top.sdram_plan is not None:
-        figures["sdram"] = {"part": sdram, "cl": top.sdram_plan.cl,
+        figures["sdram"] = {"part": sdram, "cl": top.sdram_plan.cl, "rate": top.sdram_rate,
                             "read_delay": top.sdram_plan.read_delay,
                             "phase_deg": round(top.sdram_plan.phase_deg, 1),
                             "margins_ns": {k: round(v, 2)
@@ -273,7 +278,11 @@ def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") ->
     build_dir = Path(build_dir)
     report = json.loads((build_dir / "report.json").read_text())
     fmax = report.get("fmax", {})
-    clock = max(fmax.values(), key=lambda c: c["constraint"]) if fmax else None
+    # the system clock: the slowest of the PLL's outputs, and of those the one with the most
+    # logic, the lowest Fmax (the SDRAM's clock runs at the system clock, driving one I/O cell,
+    # or at half rate with the PHY's domain at twice it)
+    clock = min(fmax.values(), key=lambda c: (round(c["constraint"], 2), c["achieved"])) \
+        if fmax else None
     util = {k: v for k, v in report.get("utilization", {}).items()
             if k in ("TRELLIS_COMB", "TRELLIS_FF", "DP16KD", "MULT18X18D", "EHXPLLL",
                      "TRELLIS_IO")}
@@ -288,6 +297,11 @@ def report_figures(build_dir, top, *, board="ulx3s-85f", name="ringkv_ulx3s") ->
                "config": dict(top.config.__dict__), "regions": top.top.regions,
                "uart_baud": top.baud, "sd_mode": top.storage,
                "sd_mhz": round(top.sys_hz / 2 / top.sd_half / 1e6, 3)}
+    if len({round(c["constraint"], 2) for c in fmax.values()}) > 1:
+        # several clock frequencies (the half-rate SDRAM's domain): each one's figures
+        figures["clocks"] = {name: {"fmax_mhz": round(c["achieved"], 2),
+                                    "constrained_mhz": round(c["constraint"], 2)}
+                             for name, c in fmax.items()}
     late = late_endpoints(report, target)
     if late is not None:
         figures["late_endpoints"] = late
@@ -384,6 +398,9 @@ def main(argv=None):
     parser.add_argument("--sdram-phase", type=float, default=None, metavar="DEG",
                         help="the SDRAM clock's phase behind the system clock, in degrees "
                              "(default: the middle of the planned window; docs/BOARD.md)")
+    parser.add_argument("--sdram-rate", type=int, default=1, choices=[1, 2],
+                        help="1: the SDRAM at the system clock (default); 2: at twice it, the "
+                             "controller at half rate (docs/blocks/sdram.md, \"Half rate\")")
     args = parser.parse_args(argv)
     _check_options(args)
     try:
@@ -392,7 +409,7 @@ def main(argv=None):
                        constrain_mhz=args.constrain_mhz, sealed=args.sealed,
                        build_dir=args.build_dir,
                        sdram=None if args.sdram == "none" else args.sdram,
-                       sdram_phase=args.sdram_phase)
+                       sdram_phase=args.sdram_phase, sdram_rate=args.sdram_rate)
     except BuildFailed as e:
         print(f"BUILD FAILED: {e}", file=sys.stderr)
         return 1

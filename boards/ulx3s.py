@@ -62,19 +62,20 @@ from amaranth.lib import io, wiring
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.hot_tier import BOARD_SDRAM_PART
 from ringkv.defs.protocol import StorageKind
-from ringkv.defs.sdram import SdramChip, board_chip
+from ringkv.defs.sdram import SdramChip, board_chip, check_rate
 from ringkv.hw.link.skid import StreamRegister
 from ringkv.hw.link.uart import UART
 from ringkv.hw.sdram.bist import SdramBist
 from ringkv.hw.sdram.controller import SdramController
+from ringkv.hw.sdram.widener import PortWidener
 from ringkv.hw.storage.sdnative import SDNativeController
 from ringkv.hw.storage.sdram_store import SdramSectorStore
 from ringkv.hw.storage.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
 
-__all__ = ["ULX3STop", "SYS_MHZ", "pll_params", "SD_NATIVE", "STORAGE_MODES", "SIM_LOCK_CYCLES",
-           "CLOCKS", "ACTIVITY_CYCLES", "ERROR_CYCLES", "IoTiming", "ECP5_IO", "T_AC_CL2",
-           "SdramClockPlan", "sdram_clock_plan", "SDRAM_BL"]
+__all__ = ["ULX3STop", "SYS_MHZ", "pll_params", "SD_NATIVE", "SIM_CLK2X", "STORAGE_MODES",
+           "SIM_LOCK_CYCLES", "CLOCKS", "ACTIVITY_CYCLES", "ERROR_CYCLES", "IoTiming", "ECP5_IO",
+           "T_AC_CL2", "SdramClockPlan", "sdram_clock_plan", "SDRAM_BL"]
 
 #: the micro-SD slot in native mode with CMD bidirectional (amaranth-boards' ``sd_card_4bit``
 #: has CMD output only); the same pins as amaranth-boards' ULX3S ``SDCardResources``. The
@@ -86,6 +87,11 @@ SD_NATIVE = Resource(
     Subsignal("cmd", Pins("J3", dir="io")),
     Subsignal("dat", Pins("K2 K1 H2 H1", dir="io")),
     Attrs(IO_TYPE="LVCMOS33", SLEW="FAST", PULLMODE="UP"))
+
+#: The simulation seam's second clock (``clock="sim"`` with ``sdram_rate=2`` only; never in a
+#: bitstream): a pin of the GPIO header that the testbench drives at twice ``sys_hz``, every
+#: other edge at the instant of one of ``clk25``'s, as the ``EHXPLLL``'s ``CLKOS`` would be.
+SIM_CLK2X = Resource("sim_clk2x", 0, Pins("B11", dir="i"), Attrs(IO_TYPE="LVCMOS33"))
 
 #: ``storage=`` values: the SD card's mode
 STORAGE_MODES = ("sd4", "spi")
@@ -106,12 +112,14 @@ CLOCKS = ("pll", "sim")
 _TIER_PART = {"32MB": BOARD_SDRAM_PART, "64MB": "AS4C32M16SB-7"}
 
 
-def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
+def pll_params(f_in_mhz: float, f_out_mhz: float, *, even: bool = False) -> dict:
     """``EHXPLLL`` dividers for ``f_out`` from ``f_in`` with CLKOP feedback.
 
     ``f_out = f_in * CLKFB_DIV / CLKI_DIV``, ``f_vco = f_out * CLKOP_DIV`` in 400..800 MHz,
     ``f_pfd = f_in / CLKI_DIV`` in 3.125..400 MHz; the closest output wins, then the VCO
-    nearest 600 MHz. Raises ``ValueError`` when nothing is within 0.5%.
+    nearest 600 MHz. ``even``: only even ``CLKOP_DIV`` (a second output at twice the
+    frequency, ``CLKOP_DIV / 2``, for a half-rate SDRAM). Raises ``ValueError`` when nothing
+    is within 0.5%.
     """
     best = None
     for clki in range(1, 129):
@@ -120,7 +128,7 @@ def pll_params(f_in_mhz: float, f_out_mhz: float) -> dict:
             continue
         for clkfb in range(1, 81):
             out = pfd * clkfb
-            for clkop in range(1, 129):
+            for clkop in range(2 if even else 1, 129, 2 if even else 1):
                 vco = out * clkop
                 if not 400 <= vco <= 800:
                     continue
@@ -265,19 +273,26 @@ class ULX3STop(Elaboratable):
     ``sdram``: the SDRAM part (:data:`ringkv.defs.sdram.BOARD_CHIPS` or a part's name; None:
     no SDRAM), ``sdram_cl`` its CAS latency, ``sdram_phase`` the SDRAM clock's phase in degrees
     (None: :func:`sdram_clock_plan`'s), ``sdram_read_delay`` the controller's ``read_delay``
-    (None: the plan's choice, the larger worst margin: 0 at 40 MHz, 1 at 60 MHz)."""
+    (None: the plan's choice, the larger worst margin: 0 at 40 MHz, 1 at 60 MHz);
+    ``sdram_rate`` 2: the controller at half rate (``docs/blocks/sdram.md``, "Half rate"): the
+    PHY's I/O registers and the SDRAM at twice the system clock (the ``EHXPLLL``'s ``CLKOS``
+    at half CLKOP's divider, in phase, the ``sync2x`` domain; the SDRAM's clock ``CLKOS2``
+    at the same frequency, the plan's phase behind it), ``sdram_cl`` then 3 by default; the
+    self-test through a :class:`~ringkv.hw.sdram.widener.PortWidener`."""
 
     def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = SYS_MHZ,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
                  clock: str = "pll", sealed: bool = False, sdram: str | None = "32MB",
-                 sdram_cl: int = 2, sdram_phase: float | None = None,
-                 sdram_read_delay: int | None = None):
+                 sdram_cl: int | None = None, sdram_phase: float | None = None,
+                 sdram_read_delay: int | None = None, sdram_rate: int = 1):
         if clock not in CLOCKS:
             raise ValueError(f"clock must be one of {CLOCKS}, not {clock!r}")
+        check_rate(sdram_rate)
         self.clock = clock
         self.config = config
-        self.pll = pll_params(25.0, sys_mhz)
+        self.sdram_rate = sdram_rate
+        self.pll = pll_params(25.0, sys_mhz, even=sdram_rate == 2)
         self.sys_hz = self.pll["f_out_mhz"] * 1e6
         self.baud = baud
         self.divisor = Fraction(round(self.sys_hz), baud)
@@ -302,7 +317,8 @@ class ULX3STop(Elaboratable):
                              storage_kind=kind,
                              sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)),
                              sealed=sealed, tier=tier, sdram_test=sdram is not None)
-        self._sdram_setup(sdram, sdram_cl, sdram_phase, sdram_read_delay)
+        self._sdram_setup(sdram, (2 if sdram_rate == 1 else 3) if sdram_cl is None else sdram_cl,
+                          sdram_phase, sdram_read_delay)
 
     def _sdram_setup(self, sdram, cl, phase, read_delay):
         """The SDRAM's part, clock plan and hot tier (``sdram_chip`` None: no SDRAM)."""
@@ -311,14 +327,16 @@ class ULX3STop(Elaboratable):
             return
         self.sdram_chip = chip = board_chip(sdram)
         self.sdram_cl = cl
-        self.sdram_tck_ns = 1000 / self.pll["f_out_mhz"]
+        #: the SDRAM's clock period (the system clock's, or half of it at half rate)
+        self.sdram_tck_ns = 1000 / self.pll["f_out_mhz"] / self.sdram_rate
         # the controller's own checks (CAS latency at this clock, ...) before any elaboration;
         # this instance is never elaborated (the real one takes the platform's pins)
         self.sdram_plan = sdram_clock_plan(chip, self.sdram_tck_ns, cl,
                                            vco_mhz=self.pll["f_vco_mhz"], phase_deg=phase,
                                            read_delay=read_delay)
-        probe = SdramController(chip, tck_ns=self.sdram_tck_ns, cl=cl, bl=SDRAM_BL, ports=2,
-                                read_delay=self.sdram_plan.read_delay)
+        probe = SdramController(chip, tck_ns=self.sdram_tck_ns * self.sdram_rate, cl=cl,
+                                bl=SDRAM_BL, ports=2, read_delay=self.sdram_plan.read_delay,
+                                rate=self.sdram_rate)
         probe._MustUse__silence = True
         #: the hot tier's parameters (:attr:`RingKVTop.tier <ringkv.hw.top.RingKVTop.tier>`)
         self.tier_params = self.top.tier
@@ -335,18 +353,43 @@ class ULX3STop(Elaboratable):
             lock_count = Signal(range(SIM_LOCK_CYCLES + 1))
             m.d.comb += [clk.eq(clk25.i), ClockSignal("pll_sim").eq(clk25.i),
                          locked.eq(lock_count == SIM_LOCK_CYCLES)]
-            if self.sdram_chip is not None:
+            if self.sdram_chip is not None and self.sdram_rate == 2:
+                # the fast clock from a second pin the testbench drives at twice sys_hz, its
+                # every other edge at the instant of one of clk25's (SIM_CLK2X)
+                if "sim_clk2x" not in {r.name for r in platform.resources.values()}:
+                    platform.add_resources([SIM_CLK2X])
+                m.submodules.clk2x_buffer = clk2x = io.Buffer(
+                    "i", platform.request("sim_clk2x", 0, dir="-"))
+                m.d.comb += [ClockSignal("sync2x").eq(clk2x.i),
+                             ClockSignal("sdram").eq(clk2x.i)]
+            elif self.sdram_chip is not None:
                 m.d.comb += ClockSignal("sdram").eq(clk25.i)   # no phase: see the docstring
             with m.If(~locked):
                 m.d.pll_sim += lock_count.eq(lock_count + 1)
             return locked
         p = self.pll
-        # the SDRAM clock: CLKOS, CLKOP's divider, sdram_plan.steps phase steps behind it
-        sdram = {} if self.sdram_chip is None else dict(
-            a_FREQUENCY_PIN_CLKOS=f"{p['f_out_mhz']:g}", p_CLKOS_ENABLE="ENABLED",
-            p_CLKOS_DIV=p["CLKOP_DIV"],
-            p_CLKOS_CPHASE=p["CLKOP_DIV"] // 2 - 1 + self.sdram_plan.steps // 8,
-            p_CLKOS_FPHASE=self.sdram_plan.steps % 8, o_CLKOS=ClockSignal("sdram"))
+        # the SDRAM clock: CLKOS, CLKOP's divider, sdram_plan.steps phase steps behind it (an
+        # output's edges come CPHASE VCO periods, plus FPHASE eighths, after the common
+        # reference, so equal CPHASE puts the edges of two dividers at the same instants)
+        sdram = {}
+        if self.sdram_chip is not None and self.sdram_rate == 1:
+            sdram = dict(
+                a_FREQUENCY_PIN_CLKOS=f"{p['f_out_mhz']:g}", p_CLKOS_ENABLE="ENABLED",
+                p_CLKOS_DIV=p["CLKOP_DIV"],
+                p_CLKOS_CPHASE=p["CLKOP_DIV"] // 2 - 1 + self.sdram_plan.steps // 8,
+                p_CLKOS_FPHASE=self.sdram_plan.steps % 8, o_CLKOS=ClockSignal("sdram"))
+        elif self.sdram_chip is not None:
+            # half rate: CLKOS the fast domain in phase with CLKOP (every other edge), CLKOS2
+            # the SDRAM's clock at the same frequency, the plan's steps behind CLKOS
+            fast = f"{2 * p['f_out_mhz']:g}"
+            sdram = dict(
+                a_FREQUENCY_PIN_CLKOS=fast, p_CLKOS_ENABLE="ENABLED",
+                p_CLKOS_DIV=p["CLKOP_DIV"] // 2, p_CLKOS_CPHASE=p["CLKOP_DIV"] // 2 - 1,
+                p_CLKOS_FPHASE=0, o_CLKOS=ClockSignal("sync2x"),
+                a_FREQUENCY_PIN_CLKOS2=fast, p_CLKOS2_ENABLE="ENABLED",
+                p_CLKOS2_DIV=p["CLKOP_DIV"] // 2,
+                p_CLKOS2_CPHASE=p["CLKOP_DIV"] // 2 - 1 + self.sdram_plan.steps // 8,
+                p_CLKOS2_FPHASE=self.sdram_plan.steps % 8, o_CLKOS2=ClockSignal("sdram"))
         m.submodules.pll = Instance(
             "EHXPLLL",
             a_FREQUENCY_PIN_CLKI="25",
@@ -371,6 +414,9 @@ class ULX3STop(Elaboratable):
         if self.sdram_chip is not None:
             # the SDRAM clock (only the PHY's ODDRX1F runs on it: the pin's clock)
             m.domains.sdram = ClockDomain("sdram", reset_less=True)
+            if self.sdram_rate == 2:
+                # the half-rate PHY's registers (reset-less: they need none)
+                m.domains.sync2x = ClockDomain("sync2x", reset_less=True)
         pll_clk = cd_sync.clk   # the PLL drives the domain's clock net directly
         locked = self._clock_source(m, platform, pll_clk)
         # Reset held for POR_HOLD_CYCLES after lock.
@@ -472,15 +518,20 @@ class ULX3STop(Elaboratable):
         port (the hot tier's SDRAM side, inside the top), the self-test on its second port."""
         chip = self.sdram_chip
         pads = platform.request("sdram", 0, dir="-")
-        m.submodules.sdram = ctrl = SdramController(chip, tck_ns=self.sdram_tck_ns,
-                                                    cl=self.sdram_cl, bl=SDRAM_BL, ports=2,
-                                                    read_delay=self.sdram_plan.read_delay,
-                                                    pads=pads)
+        m.submodules.sdram = ctrl = SdramController(
+            chip, tck_ns=self.sdram_tck_ns * self.sdram_rate, cl=self.sdram_cl, bl=SDRAM_BL,
+            ports=2, read_delay=self.sdram_plan.read_delay, pads=pads, rate=self.sdram_rate)
         m.submodules.sdram_store = store = SdramSectorStore.for_controller(ctrl)
         m.submodules.sdram_bist = bist = SdramBist(chip, bl=SDRAM_BL,
                                                    clocks_per_ms=round(self.sys_hz / 1000))
         wiring.connect(m, store.sdram, ctrl.port[0])
-        wiring.connect(m, bist.port, ctrl.port[1])
+        if self.sdram_rate == 1:
+            wiring.connect(m, bist.port, ctrl.port[1])
+        else:
+            count_bits = len(ctrl.port[1].cmd.payload.count)
+            m.submodules.sdram_bist_widener = widener = PortWidener(ctrl.addr_bits, count_bits)
+            wiring.connect(m, bist.port, widener.narrow)
+            wiring.connect(m, widener.wide, ctrl.port[1])
         wiring.connect(m, self.top.sdram_test, bist.bist)
         wiring.connect(m, self.top.sdram, store.storage)
         self.sdram_ready = ctrl.ready

@@ -428,7 +428,8 @@ def build_board(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False,
             # the SDRAM model's part and clock (None: a top without its SDRAM)
             "sdram": None if getattr(top, "sdram_chip", None) is None else {
                 "part": top_kwargs.get("sdram", defaults["sdram"]),
-                "tck_ns": top.sdram_tck_ns, "read_delay": top.sdram_plan.read_delay}}
+                "tck_ns": top.sdram_tck_ns, "read_delay": top.sdram_plan.read_delay,
+                "rate": top.sdram_rate}}
     with open(build_dir / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if gate:

@@ -5,7 +5,10 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
 ``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``, ``card``).
 
 * ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`), its
-  period in whole, even picoseconds (:func:`clock_period_ps`: 16,666 ps at 60 MHz).
+  period in whole, even picoseconds (:func:`clock_period_ps`: 16,666 ps at 60 MHz); a top
+  with a half-rate SDRAM also has ``sim_clk2x_0__io``, driven at twice that from the same
+  instant (the seam's stand-in for the PLL's in-phase ``CLKOS``), the system clock's period
+  then a multiple of 4 ps.
 * :class:`UartLine` is the host's side of the serial line, like the FT231X: it sends the
   socket's bytes on ``uart_0__rx__io`` as 8N1 characters at the baud rate (bit edges at the
   exact ideal times, rounded to the picosecond, back to back) and receives
@@ -57,7 +60,8 @@ __all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "s
            "clock_period_ps", "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
 
 #: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
-PINS = {"clk": "clk25_0__io", "rx": "uart_0__rx__io", "tx": "uart_0__tx__io",
+PINS = {"clk": "clk25_0__io", "clk2x": "sim_clk2x_0__io", "rx": "uart_0__rx__io",
+        "tx": "uart_0__tx__io",
         "leds": [f"led_{i}__io" for i in range(6)]}
 
 
@@ -302,8 +306,10 @@ def _sdram(dut, params):
     model = SdramModel(board_chip(sdram["part"]), sdram["tck_ns"],
                        **{k: tuple(v) if isinstance(v, list) else v
                           for k, v in (params.get("sdram_faults") or {}).items()})
-    return CocotbSdramPads(dut, model, getattr(dut, PINS["clk"]),
-                           clock_period_ps(params["sys_hz"]),
+    # at half rate the pads' registers and the SDRAM run on the seam's second clock
+    fast = sdram.get("rate", 1) == 2
+    return CocotbSdramPads(dut, model, getattr(dut, PINS["clk2x" if fast else "clk"]),
+                           _board_period_ps(params) // (2 if fast else 1),
                            pin_delay=sdram.get("read_delay", 0))
 
 
@@ -326,21 +332,32 @@ async def _serve_card(card):
         os._exit(1)
 
 
-def clock_period_ps(sys_hz: float) -> int:
+def clock_period_ps(sys_hz: float, rate: int = 1) -> int:
     """The board clock's period on the simulated ``clk25`` pin: whole picoseconds (the
     simulation's precision) and even, since cocotb's ``Clock`` splits a period into two equal
     halves and refuses an odd one. 25,000 ps at 40 MHz (exact); 16,666 ps at 60 MHz, whose
     16,666.7 ps would round to an odd 16,667: the simulated board runs 40 ppm fast
     (60.0024 MHz), far inside what the UART's mid-bit sampling tolerates; the SDRAM model
-    counts clocks, not time. Every use of the period (the clock, the SDRAM adapter's skipped
-    clocks, the waits) takes this one."""
-    return 2 * round(10**12 / sys_hz / 2)
+    counts clocks, not time. With the half-rate SDRAM (``rate`` 2) a multiple of 4 ps, so that
+    the second clock's half period is whole picoseconds too and every other edge of it falls
+    at the instant of one of the system clock's (16,668 ps at 60 MHz, 0.01 % slow). Every use
+    of the period (the clocks, the SDRAM adapter's skipped clocks, the waits) takes this
+    one."""
+    step = 2 * rate
+    return step * round(10**12 / sys_hz / step)
+
+
+def _board_period_ps(params: dict) -> int:
+    return clock_period_ps(params["sys_hz"], (params.get("sdram") or {}).get("rate", 1))
 
 
 def start_board(dut, params: dict, on_bytes=None):
     """Clock, UART line and SD card on the pins; returns ``(line, image, card)``."""
-    period_ps = clock_period_ps(params["sys_hz"])
+    period_ps = _board_period_ps(params)
     Clock(getattr(dut, PINS["clk"]), period_ps, unit="ps").start()
+    if (params.get("sdram") or {}).get("rate", 1) == 2:
+        # the seam's second clock (ULX3STop's SIM_CLK2X), started in the same instant
+        Clock(getattr(dut, PINS["clk2x"]), period_ps // 2, unit="ps").start()
     line = UartLine(getattr(dut, PINS["rx"]), getattr(dut, PINS["tx"]), params["baud"],
                     on_bytes)
     image = SectorImage(params["image"], params["sectors"])
@@ -362,7 +379,7 @@ async def serve(dut):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = _Socket(params["port"])
     line, image, _ = start_board(dut, params, on_bytes=sock.send)
-    period_ps = clock_period_ps(params["sys_hz"])
+    period_ps = _board_period_ps(params)
     # The board is configured and out of reset before a host opens its port: the URL is
     # printed once the PLL stand-in has locked and the power-on reset hold is over. (A byte
     # that arrives while the reset is held is lost, as on the board; the RTL simulation runs

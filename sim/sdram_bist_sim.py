@@ -11,29 +11,40 @@ from amaranth.sim import Simulator
 from ringkv.hw.sdram.bist import BistSignature, SdramBist
 from ringkv.hw.sdram.controller import SdramController
 from ringkv.hw.sdram.phy import SdramPinsSignature
+from ringkv.hw.sdram.widener import PortWidener
 
-from .sdram_model import SdramModel, amaranth_sdram
+from .sdram_model import SdramModel, add_controller_clocks, amaranth_sdram, model_for_controller
 from .streams import tick_until
 
 __all__ = ["BistTop", "run_bist"]
 
 
 class BistTop(wiring.Component):
-    """:class:`SdramBist` on port 0 of a one-port controller: ports ``bist`` (the test's
-    command and result), ``pins``, ``ready``."""
+    """:class:`SdramBist` on port 0 of a one-port controller (at half rate through a
+    :class:`~ringkv.hw.sdram.widener.PortWidener`, as on the board): ports ``bist`` (the
+    test's command and result), ``pins``, ``ready``."""
 
     def __init__(self, controller: dict, *, clocks_per_ms: int = 100, _bug=None):
         self.ctrl = SdramController(**controller)
         self.bist_block = SdramBist(self.ctrl.chip, bl=self.ctrl.bl,
                                     count_bits=controller.get("count_bits", 12),
                                     clocks_per_ms=clocks_per_ms, _bug=_bug)
+        self.widener = None
+        if self.ctrl.rate == 2:
+            self.widener = PortWidener(self.ctrl.addr_bits,
+                                       len(self.ctrl.port[0].cmd.payload.count))
         super().__init__({"bist": In(BistSignature()),
                           "pins": Out(SdramPinsSignature(self.ctrl.chip)), "ready": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.ctrl, m.submodules.bist = self.ctrl, self.bist_block
-        wiring.connect(m, self.bist_block.port, self.ctrl.port[0])
+        if self.widener is None:
+            wiring.connect(m, self.bist_block.port, self.ctrl.port[0])
+        else:
+            m.submodules.widener = self.widener
+            wiring.connect(m, self.bist_block.port, self.widener.narrow)
+            wiring.connect(m, self.widener.wide, self.ctrl.port[0])
         wiring.connect(m, wiring.flipped(self.bist), self.bist_block.bist)
         wiring.connect(m, wiring.flipped(self.pins), self.ctrl.pins)
         m.d.comb += self.ready.eq(self.ctrl.ready)
@@ -44,11 +55,12 @@ def run_bist(top: BistTop, tests: int, words: int, pause_ms: int = 0, *,
              model: SdramModel | None = None, max_cycles: int = 400_000) -> dict:
     """One ``SDRAM_TEST`` on ``top``: the result's fields (``failed`` as an int) and
     ``model``."""
-    model = SdramModel(top.ctrl.chip, top.ctrl.tck_ns) if model is None else model
+    model = model_for_controller(top.ctrl) if model is None else model
     out = {}
     sim = Simulator(top)
-    sim.add_clock(top.ctrl.tck_ns * 1e-9)
-    sim.add_testbench(amaranth_sdram(model, top.pins), background=True)
+    domain = add_controller_clocks(sim, top.ctrl)
+    sim.add_testbench(amaranth_sdram(model, top.pins, domain=domain,
+                                     pin_delay=top.ctrl.read_delay), background=True)
 
     async def bench(ctx):
         cmd, res = top.bist.cmd, top.bist.result

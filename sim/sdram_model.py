@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from ringkv.defs.sdram import BurstType, Cmd, SdramChip, decode_mode_register
 
 __all__ = ["SdramModel", "SdramPins", "SdramViolation", "RULES", "amaranth_sdram",
-           "CocotbSdram", "burst_columns", "PinDelay"]
+           "CocotbSdram", "burst_columns", "PinDelay", "add_controller_clocks",
+           "model_for_controller"]
 
 RULES = ("power_up", "init_precharge", "init_refresh", "init_mode", "mode", "trcd", "trp",
          "tras", "trc", "trrd", "twr", "trfc", "tmrd", "closed_bank", "open_bank",
@@ -438,20 +439,45 @@ class PinDelay:
         return out
 
 
-def amaranth_sdram(model: SdramModel, pins, *, stop=None, pin_delay: int = 0):
+def amaranth_sdram(model: SdramModel, pins, *, stop=None, pin_delay: int = 0,
+                   domain: str = "sync"):
     """An Amaranth testbench (``sim.add_testbench(amaranth_sdram(model, dut.pins),
     background=True)``) that runs ``model`` on the pins of a ``SdramPinsSignature``:
     after each edge it reads the settled pins and sets ``dq_i`` for the next edge (garbage
     where the SDRAM does not drive, as a floating bus). ``pin_delay`` 1: the SDRAM takes
-    the pins an edge later (:class:`PinDelay`; a controller with ``read_delay=1``)."""
+    the pins an edge later (:class:`PinDelay`; a controller with ``read_delay=1``).
+    ``domain``: the clock of the pins' registers (a half-rate controller's ``fast_domain``)."""
     delay = PinDelay(pin_delay)
 
     async def testbench(ctx):
         while stop is None or not stop():
-            await ctx.tick()
+            await ctx.tick(domain)
             drive = model.step(delay(_pins_now(ctx, pins)))
             ctx.set(pins.dq_i, model.garbage() if drive is None else drive)
     return testbench
+
+
+def add_controller_clocks(sim, ctrl) -> str:
+    """Clock ``sim`` for the SDRAM controller ``ctrl`` (a
+    :class:`~ringkv.hw.sdram.controller.SdramController` anywhere in the simulated design) and
+    return the domain of its pins: ``sync`` at its ``tck_ns``; at half rate also its
+    ``fast_domain`` at twice the rate, every other edge at the instant of one of ``sync``'s
+    (periods of an even number of femtoseconds: the simulator toggles a clock every half
+    period, in whole femtoseconds, and an odd period would drift the two clocks apart by a
+    femtosecond a clock, until the edges no longer meet)."""
+    rate = getattr(ctrl, "rate", 1)
+    if rate == 1:
+        sim.add_clock(ctrl.tck_ns * 1e-9)
+        return "sync"
+    fast_fs = 2 * max(1, round(ctrl.tck_ns * 1e6 / rate / 2))
+    sim.add_clock(fast_fs * rate * 1e-15, phase=fast_fs * rate * 1e-15)
+    sim.add_clock(fast_fs * 1e-15, phase=fast_fs * rate * 1e-15, domain=ctrl.fast_domain)
+    return ctrl.fast_domain
+
+
+def model_for_controller(ctrl, **kw) -> SdramModel:
+    """A :class:`SdramModel` of ``ctrl``'s chip at its SDRAM clock (``tck_ns / rate``)."""
+    return SdramModel(ctrl.chip, ctrl.tck_ns / getattr(ctrl, "rate", 1), **kw)
 
 
 class CocotbSdram:

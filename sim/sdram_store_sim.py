@@ -24,7 +24,7 @@ from ringkv.hw.sdram.phy import SdramPinsSignature
 from ringkv.hw.storage.port import StorageOp, StoragePortSignature
 from ringkv.hw.storage.sdram_store import SdramSectorStore
 
-from .sdram_model import SdramModel, amaranth_sdram
+from .sdram_model import SdramModel, add_controller_clocks, amaranth_sdram, model_for_controller
 from .storage_host import storage_read, storage_write
 from .streams import tick_until
 
@@ -92,14 +92,14 @@ def run_store(top: SdramStoreTop, script, *, model: SdramModel | None = None, se
     ``clocks[i]``: from the clock operation ``i`` starts (its command offered, with no idle
     drawn) to the status's transfer; ``first_byte``: for each read that moved data, the
     clocks from its command's transfer to its first byte's."""
-    chip = top.ctrl.chip
-    model = SdramModel(chip, top.ctrl.tck_ns, seed=seed) if model is None else model
+    model = model_for_controller(top.ctrl, seed=seed) if model is None else model
     run = StoreRun(model=model)
     rng = random.Random(seed)
     clock = {"n": 0}
     sim = Simulator(top)
-    sim.add_clock(top.ctrl.tck_ns * 1e-9)
-    sim.add_testbench(amaranth_sdram(model, top.pins), background=True)
+    pin_domain = add_controller_clocks(sim, top.ctrl)
+    sim.add_testbench(amaranth_sdram(model, top.pins, domain=pin_domain,
+                                     pin_delay=top.ctrl.read_delay), background=True)
 
     async def counter(ctx):
         port, taken = top.storage, None

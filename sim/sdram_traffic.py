@@ -2,9 +2,14 @@
 pins: the shared harness of the SDRAM tests and the ``sdram`` bench group.
 
 ``run_traffic(controller, scripts, ...)`` runs one script of operations per port (``("w",
-addr, words, masks)``, ``("r", addr, nwords)``), each port with its own random idle and
-backpressure, then ``tail`` idle clocks, and returns what every read returned, the model and
-the clocks it took.
+addr, words, masks)``, ``("r", addr, nwords)``, in 16-bit words whatever the controller's
+rate), each port with its own random idle and backpressure, then ``tail`` idle clocks, and
+returns what every read returned (16-bit words), the model and the clocks it took.
+
+A half-rate controller (``rate`` 2) runs with its ``fast_domain`` clocked at twice the
+controller's clock, every other edge on the controller's (periods of whole femtoseconds, so
+that the simulator sees the edges at one instant), the model on the fast clock; two words
+travel in each port transfer (the even address's in the low half).
 """
 
 import random
@@ -12,7 +17,7 @@ from dataclasses import dataclass, field
 
 from amaranth.sim import Simulator
 
-from .sdram_model import SdramModel, amaranth_sdram
+from .sdram_model import SdramModel, add_controller_clocks, amaranth_sdram, model_for_controller
 from .streams import stream_get, stream_put, tick_until
 
 __all__ = ["run_traffic", "TrafficResult", "random_script"]
@@ -22,7 +27,8 @@ __all__ = ["run_traffic", "TrafficResult", "random_script"]
 class TrafficResult:
     reads: list = field(default_factory=list)        # per port: [(addr, [words])]
     model: SdramModel | None = None
-    cycles: int = 0                                   # from ready to the last read word
+    cycles: int = 0                                   # controller clocks, from ready to the
+                                                      # last read word
     start: int = 0
     busy_words: int = 0
 
@@ -51,8 +57,10 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
     :class:`TrafficResult`. A port's read data is collected concurrently with its commands.
     ``pin_delay``: the model's (:class:`~ringkv.sim.sdram_model.PinDelay`; None: the
     controller's ``read_delay``, the phase it is built for)."""
+    # 16-bit words a port transfer: the controller's rate, unless its ports are narrowed
+    rate = len(ctrl.port[0].r.payload) // 16
     if model is None:
-        model = SdramModel(ctrl.chip, ctrl.tck_ns, seed=seed)
+        model = model_for_controller(ctrl, seed=seed)
     res = TrafficResult(reads=[[] for _ in scripts], model=model)
     rng = random.Random(seed)
     done = {"benches": 0}
@@ -60,10 +68,11 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
     clock = {"n": 0}
 
     sim = Simulator(ctrl)
-    sim.add_clock(ctrl.tck_ns * 1e-9)
+    pin_domain = add_controller_clocks(sim, ctrl)
     if pin_delay is None:
         pin_delay = getattr(ctrl, "read_delay", 0)
-    sim.add_testbench(amaranth_sdram(model, ctrl.pins, pin_delay=pin_delay), background=True)
+    sim.add_testbench(amaranth_sdram(model, ctrl.pins, pin_delay=pin_delay,
+                                     domain=pin_domain), background=True)
 
     async def counter(ctx):
         async for _ in ctx.tick():
@@ -94,7 +103,9 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
 
         async def wdata(ctx):
             for op in writes:
-                for word, mask in zip(op[2], op[3]):
+                for k in range(0, len(op[2]), rate):
+                    word = sum(w << 16 * i for i, w in enumerate(op[2][k:k + rate]))
+                    mask = sum(m << 2 * i for i, m in enumerate(op[3][k:k + rate]))
                     await stream_put(ctx, port.w, {"data": word, "mask": mask}, rng=prng,
                                      idle=idle)
             done["benches"] += 1
@@ -102,8 +113,9 @@ def run_traffic(ctrl, scripts, *, model: SdramModel | None = None, seed=0, idle=
         async def rdata(ctx):
             for op in reads:
                 got = []
-                for _ in range(op[2]):
-                    got.append(await stream_get(ctx, port.r, rng=prng, stall=stall))
+                for _ in range(op[2] // rate):
+                    word = await stream_get(ctx, port.r, rng=prng, stall=stall)
+                    got.extend(word >> 16 * i & 0xFFFF for i in range(rate))
                 res.reads[p].append((op[1], got))
             done["benches"] += 1
 

@@ -279,7 +279,7 @@ SD4_CARD_FIGURES = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
 
 
 def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
-                  slot_token_sectors=None) -> dict:
+                  slot_token_sectors=None, sdram_rate: int = 1) -> dict:
     """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
     through a tiered storage whose card side is the SD native controller on the bit-level
     4-bit card model and whose SDRAM side is the SDRAM sector store on the SDRAM controller and
@@ -289,6 +289,7 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
     import reads the card (``import_card``), region 2's reads the slot (``import_sdram``); both
     must hit and restore the rings. Clocks from the DMA command's transfer to its response's.
     ``slot_token_sectors``: the tier's compact slots (``None``: whole regions).
+    ``sdram_rate`` 2: the SDRAM controller at half rate (CL 3, the SDRAM at twice ``mhz``).
     Returns ``{"export": [...], "import_card", "import_sdram", "sectors"}``."""
     import numpy as np
 
@@ -299,7 +300,7 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
     from ringkv.sim.ring_model import DmaHarness
 
     from .sd4_model import SDCard4, amaranth_sd4_card
-    from .sdram_model import SdramModel, amaranth_sdram
+    from .sdram_model import add_controller_clocks, amaranth_sdram, model_for_controller
 
     rng = random.Random(seed)
     chip = chip or DEFAULT_CHIP.scaled(power_up_ns=500)
@@ -308,14 +309,16 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
     regions, spr = 4, lay.sectors_per_region
     h = DmaHarness(config, regions, tiered=dict(slots=2, slot_token_sectors=slot_token_sectors),
                    sd4=SD4_FIGURES,
-                   sdram={"controller": dict(chip=chip, tck_ns=tck, cl=2),
+                   sdram={"controller": dict(chip=chip, tck_ns=tck, cl=2 if sdram_rate == 1
+                                             else 3, rate=sdram_rate),
                           "store": dict(sectors=2 * slot_sectors(lay, slot_token_sectors))})
     card = SDCard4(SectorImage(None, ((regions * spr + 1023) // 1024) * 1024),
                    **SD4_CARD_FIGURES)
-    sdram = SdramModel(chip, tck, seed=seed)
+    ctrl = h.sdram_top.ctrl
+    sdram = model_for_controller(ctrl, seed=seed)
     sim = Simulator(h)
-    sim.add_clock(tck * 1e-9)
-    sim.add_testbench(amaranth_sdram(sdram, h.pins), background=True)
+    pin_domain = add_controller_clocks(sim, ctrl)
+    sim.add_testbench(amaranth_sdram(sdram, h.pins, domain=pin_domain), background=True)
 
     async def card_proc(ctx):
         await amaranth_sd4_card(ctx, h.sdbus, card)

@@ -109,10 +109,14 @@ class BankGolden:
     a)``. Each counter holds the clocks until its command is allowed: a command at clock ``c``
     that needs ``k`` clocks before the next makes it allowed at ``c + k``, and a later
     requirement never shortens an earlier one.
+
+    ``rate`` 2 (a half-rate controller): ``t`` and ``bl`` are the SDRAM's; the machine counts
+    its own clocks, two SDRAM clocks each, every interval rounded up (the write recovery from
+    the burst's last word, ``bl - 1`` SDRAM clocks after the WRITE).
     """
 
-    def __init__(self, index: int, t: SdramTiming, *, bl: int, depth: int = 4):
-        self.index, self.t, self.bl, self.depth = index, t, bl, depth
+    def __init__(self, index: int, t: SdramTiming, *, bl: int, depth: int = 4, rate: int = 1):
+        self.index, self.t, self.bl, self.depth, self.rate = index, t, bl, depth, rate
         self.queue: list[tuple] = []
         self.open, self.row = False, 0
         self.to_act = self.to_col = self.to_pre = 0
@@ -134,6 +138,10 @@ class BankGolden:
     def clock(self, push, issued) -> bool:
         cmd, ba, a = issued
         t, bl, mine = self.t, self.bl, ba == self.index
+
+        def ck(sdram_clocks):
+            return -(-sdram_clocks // self.rate)
+
         nxt = {k: max(getattr(self, k) - 1, 0) for k in ("to_act", "to_col", "to_pre")}
         touched = ((mine and cmd in (Cmd.ACTIVE, Cmd.PRECHARGE, Cmd.READ, Cmd.WRITE))
                    or (cmd is Cmd.PRECHARGE and a >> 10 & 1 == 1))
@@ -144,16 +152,16 @@ class BankGolden:
 
         if cmd is Cmd.ACTIVE and mine:
             self.open, self.row = True, a
-            need("to_col", t.rcd)
-            need("to_pre", t.ras)
-            need("to_act", t.rc)
+            need("to_col", ck(t.rcd))
+            need("to_pre", ck(t.ras))
+            need("to_act", ck(t.rc))
         elif cmd is Cmd.READ and mine:
-            need("to_pre", bl)
+            need("to_pre", ck(bl))
         elif cmd is Cmd.WRITE and mine:
-            need("to_pre", bl - 1 + t.wr)
+            need("to_pre", ck(bl - 1 + t.wr))
         elif cmd is Cmd.PRECHARGE and (mine or a >> 10 & 1):
             self.open = False
-            need("to_act", t.rp)
+            need("to_act", ck(t.rp))
         taken = push is not None and len(self.queue) < self.depth
         if cmd in (Cmd.READ, Cmd.WRITE) and mine:
             self.queue.pop(0)

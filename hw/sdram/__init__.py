@@ -1,7 +1,9 @@
 """``ringkv.hw.sdram``: an SDR SDRAM controller of our own -- the PHY at the pins, the power-up
 sequence, the refresher, one bank machine per bank with its open row, the command multiplexer
-and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``), and the memory
-self-test on a port (``bist.py``, ``docs/BOARD.md``).
+and the arbiter between stream-shaped burst ports (``docs/blocks/sdram.md``; at the SDRAM's
+clock or at half rate, the PHY's registers at twice the controller's clock), a 16-bit port on
+a half-rate controller's 32-bit one (``widener.py``), and the memory self-test on a port
+(``bist.py``, ``docs/BOARD.md``).
 
 It may import Amaranth, the standard library, ``ringkv.defs``, the shared shapes of
 ``ringkv.hw.enums`` and the register slice of ``ringkv.hw.link.skid`` (a module of Amaranth
@@ -18,7 +20,8 @@ from .init import SdramInit
 from .multiplexer import Multiplexer
 from .phy import DfiSignature, SdramPhy, SdramPinsSignature
 from .refresher import Refresher
+from .widener import PortWidener
 
 __all__ = ["SdramController", "SdramPhy", "SdramInit", "Refresher", "BankMachine",
            "Multiplexer", "PortArbiter", "UserPortSignature", "SdramPinsSignature",
-           "DfiSignature", "SdramBist", "BistSignature"]
+           "DfiSignature", "SdramBist", "BistSignature", "PortWidener"]

@@ -29,13 +29,15 @@ def burst_layout(chip: SdramChip, port_bits: int) -> data.StructLayout:
 class UserPortSignature(wiring.Signature):
     """A user port, from the user's side: ``cmd`` commands out, ``w`` write data out (one
     word and its byte mask a transfer, ``mask`` bit set: that byte is not written, as DQM),
-    ``r`` read data in, in command order."""
+    ``r`` read data in, in command order. ``rate`` 2: a transfer is two 16-bit words (the
+    one at the even address in the low half)."""
 
-    def __init__(self, addr_bits: int, count_bits: int):
+    def __init__(self, addr_bits: int, count_bits: int, rate: int = 1):
         super().__init__({
             "cmd": Out(stream.Signature(command_layout(addr_bits, count_bits))),
-            "w": Out(stream.Signature(data.StructLayout({"data": 16, "mask": 2}))),
-            "r": In(stream.Signature(16)),
+            "w": Out(stream.Signature(data.StructLayout({"data": 16 * rate,
+                                                         "mask": 2 * rate}))),
+            "r": In(stream.Signature(16 * rate)),
         })
 
 

@@ -8,7 +8,7 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int
-from ringkv.defs.sdram import Cmd, SdramTiming, check_burst_length
+from ringkv.defs.sdram import Cmd, SdramTiming, check_burst_length, check_rate
 
 __all__ = ["BankMachine", "chunk_layout", "issue_layout", "BANK_BUGS"]
 
@@ -38,6 +38,12 @@ class BankMachine(wiring.Component):
     A READ/WRITE to this bank pops the burst. Open-page policy: a row stays open until another
     row or a refresh needs the bank. ``idle``: queue empty; ``pre_ok``: PRECHARGE allowed now.
 
+    ``rate`` 2 (a half-rate PHY: ``docs/blocks/sdram.md``, "Half rate"): ``timing`` and ``bl``
+    are the SDRAM's (its clock, its words), the machine runs at half the SDRAM clock and issues
+    every command in the first SDRAM clock of its own; each interval is rounded up to whole
+    clocks of the machine (the write recovery counted from the burst's last word, in the
+    second SDRAM clock of a clock).
+
     Latency: a burst to the open row is ``col_ready`` two clocks after it enters an empty queue
     (the decisions are registered; none is made in the clock after a command to this bank);
     a row miss costs PRECHARGE, ``tRP``, ACTIVE, ``tRCD`` (each ACTIVE/PRECHARGE may issue
@@ -46,13 +52,15 @@ class BankMachine(wiring.Component):
 
     def __init__(self, index: int, timing: SdramTiming, *, bl: int, row_bits: int,
                  col_bits: int, bank_bits: int, addr_bits: int, port_bits: int = 0,
-                 depth: int = 4, _bug=None):
+                 depth: int = 4, rate: int = 1, _bug=None):
         check_int("Bank", index, low=0)
         check_burst_length(bl)
+        check_rate(rate, bl)
         check_int("Queue depth", depth, low=1, high=64)
         if _bug is not None and _bug not in BANK_BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {BANK_BUGS}")
         self._index, self._t, self._bl, self._depth, self._bug = index, timing, bl, depth, _bug
+        self._rate = rate
         self._row_bits, self._bank_bits = row_bits, bank_bits
         layout = chunk_layout(row_bits, col_bits, port_bits)
         super().__init__({
@@ -77,11 +85,16 @@ class BankMachine(wiring.Component):
         # clocks until ACTIVE (tRP after PRECHARGE, tRC after ACTIVE), READ/WRITE (tRCD) and
         # PRECHARGE (tRAS after ACTIVE, the burst after READ, tWR after the last write word)
         # are allowed; loaded with need - 1 in the clock of the command, allowed at zero
-        rcd = t.rcd - 1 if bug == "trcd" else t.rcd
-        rp = t.rp - 1 if bug == "trp" else t.rp
-        ras = 1 if bug == "tras" else t.ras
-        rc = 1 if bug == "trc" else t.rc
-        wr_pre = bl if bug == "twr" else bl - 1 + t.wr
+        # (in clocks of the machine: SDRAM clocks / rate, rounded up)
+        def ck(sdram_clocks):
+            return -(-sdram_clocks // self._rate)
+
+        rcd = ck(t.rcd) - 1 if bug == "trcd" else ck(t.rcd)
+        rp = ck(t.rp) - 1 if bug == "trp" else ck(t.rp)
+        ras = 1 if bug == "tras" else ck(t.ras)
+        rc = 1 if bug == "trc" else ck(t.rc)
+        wr_pre = ck(bl) if bug == "twr" else ck(bl - 1 + t.wr)
+        bl = ck(bl)         # a READ's burst, to its end
         to_act = Signal(range(max(rp, rc, 2)))
         to_col = Signal(range(max(rcd, 2)))
         to_pre = Signal(range(max(ras, bl, wr_pre, 2)))

@@ -17,6 +17,7 @@ from ringkv.defs.sdram import (
     SdramChip,
     check_burst_length,
     check_cas_latency,
+    check_rate,
     mode_register,
 )
 
@@ -43,12 +44,21 @@ def refresh_interval_clocks(chip: SdramChip, tck_ns: float) -> int:
     return math.floor(chip.refresh_ns / chip.refreshes / tck_ns * REFRESH_MARGIN)
 
 
-def read_latency(cl: int, read_delay: int = 0) -> int:
+def read_latency(cl: int, read_delay: int = 0, rate: int = 1) -> int:
     """Clocks from the READ's issue in the multiplexer to its first word in the PHY's input
     register: the command register, the PHY's output register, then ``CL``, and
     ``read_delay`` more when the input register takes the word an edge later (an SDRAM clock
-    lagging by nearly a period: ``docs/blocks/sdram.md``, "The clock and its phase")."""
-    return cl + 2 + read_delay
+    lagging by nearly a period: ``docs/blocks/sdram.md``, "The clock and its phase").
+
+    At ``rate`` 2 (``CL`` and ``read_delay`` in SDRAM clocks) to the PHY's ``rdata`` register
+    holding the burst's first two words: the command register, the PHY's output register in
+    the middle of the next clock, ``CL + read_delay`` SDRAM clocks, and the pairing of
+    :func:`~ringkv.hw.sdram.phy.half_rate_read_even` (half a clock more when the first word
+    comes at a fast edge between the controller's)."""
+    check_rate(rate)
+    if rate == 1:
+        return cl + 2 + read_delay
+    return -(-(5 + cl + read_delay) // 2)
 
 
 class SdramController(wiring.Component):
@@ -59,11 +69,20 @@ class SdramController(wiring.Component):
     chip : SdramChip
         Geometry and timings (``ringkv.defs.sdram.CHIPS``).
     tck_ns : float
-        The clock period; every timing is rounded up to whole clocks of it.
+        The controller's clock period; every timing is rounded up to whole clocks of it.
     cl : int
-        CAS latency, 2 or 3 (the chip must allow it at ``tck_ns``).
+        CAS latency, 2 or 3 (the chip must allow it at the SDRAM clock, ``tck_ns / rate``).
     bl : int
-        Burst length, 1, 2, 4 or 8 words (sequential bursts): a transfer is whole bursts.
+        Burst length, 1, 2, 4 or 8 16-bit words (sequential bursts): a transfer is whole
+        bursts; at ``rate`` 2 at least 2.
+    rate : int
+        1: the SDRAM clock is the controller's, one 16-bit word a clock. 2: a half-rate PHY
+        (``docs/blocks/sdram.md``, "Half rate"): the SDRAM and the PHY's registers run at twice
+        the controller's clock, in the domain ``fast_domain`` (every other edge of it on the
+        controller's, from the same PLL), and the ports move two words a clock (32 bits, the
+        word at the even address in the low half). The bank machines, the multiplexer, the
+        refresher and the power-up sequence run at the controller's clock and issue one command
+        a clock, in the first of its two SDRAM clocks.
     ports : int
         User ports (``port[i]``, each a flipped :class:`UserPortSignature`).
     count_bits : int
@@ -89,9 +108,9 @@ class SdramController(wiring.Component):
         ``addr`` in 16-bit words (row | bank | column), its low ``log2(bl)`` bits ignored;
         ``count`` bursts of ``bl`` words. Taken one command at a time, round robin.
     port[i].w : stream {data, mask}
-        The write data of the port's write commands, in order; ``mask`` bit set: that byte is
-        not written (DQM).
-    port[i].r : stream of 16 bits
+        The write data of the port's write commands, in order (``16 * rate`` bits a transfer);
+        ``mask`` bit set: that byte is not written (DQM).
+    port[i].r : stream of ``16 * rate`` bits
         The read data of the port's read commands, in order.
     pins : SdramPinsSignature
         To the SDRAM (through the PHY's registers).
@@ -119,19 +138,22 @@ class SdramController(wiring.Component):
     def __init__(self, chip: SdramChip = DEFAULT_CHIP, *, tck_ns: float = 20.0, cl: int = 3,
                  bl: int = 8, ports: int = 1, count_bits: int = 12, queue_depth: int = 4,
                  fifo_depth: int | None = None, init_refreshes: int | None = None,
-                 read_delay: int = 0, pads=None, _bug=None):
+                 read_delay: int = 0, rate: int = 1, fast_domain: str = "sync2x", pads=None,
+                 _bug=None):
         check_type("Chip", chip, SdramChip)
         check_cas_latency(cl)
         check_burst_length(bl)
-        timing = chip.timing(tck_ns)
-        if tck_ns < chip.min_tck(cl):
-            raise ValueError(f"{chip.name} at CAS latency {cl} needs a clock period of at "
-                             f"least {chip.min_tck(cl)} ns, not {tck_ns!r}")
+        check_rate(rate, bl)
+        chip.timing(tck_ns)             # a number, and positive
+        timing = chip.timing(tck_ns / rate)
+        if tck_ns / rate < chip.min_tck(cl):
+            raise ValueError(f"{chip.name} at CAS latency {cl} needs an SDRAM clock period of "
+                             f"at least {chip.min_tck(cl)} ns, not {tck_ns / rate:g}")
         check_int("Ports", ports, low=1, high=16)
         check_int("Count width", count_bits, low=1, high=24, unit=" bits")
         check_int("Queue depth", queue_depth, low=1, high=64)
-        fifo_depth = max(4 * bl, 16) if fifo_depth is None else fifo_depth
-        check_pow2("FIFO depth", fifo_depth, low=max(2 * bl, 2), high=4096)
+        fifo_depth = max(4 * bl // rate, 16) if fifo_depth is None else fifo_depth
+        check_pow2("FIFO depth", fifo_depth, low=max(2 * bl // rate, 2), high=4096)
         check_int("Read delay", read_delay, low=0, high=1, unit=" clocks")
         init_refreshes = chip.init_refreshes if init_refreshes is None else init_refreshes
         check_int("Init refreshes", init_refreshes, low=chip.init_refreshes, high=64)
@@ -141,16 +163,23 @@ class SdramController(wiring.Component):
         self._ports, self._count_bits, self._queue_depth = ports, count_bits, queue_depth
         self._fifo_depth, self._init_refreshes, self._bug = fifo_depth, init_refreshes, _bug
         self._pads, self._read_delay = pads, read_delay
+        self._rate, self._fast = rate, fast_domain
         self._addr_bits = (chip.words - 1).bit_length()
         super().__init__({
-            "port": In(UserPortSignature(self._addr_bits, count_bits)).array(ports),
+            "port": In(UserPortSignature(self._addr_bits, count_bits, rate)).array(ports),
             "pins": Out(SdramPinsSignature(chip)),
             "ready": Out(1),
         })
 
     chip = property(lambda self: self._chip)
+    #: the chip's timings in SDRAM clocks
     timing = property(lambda self: self._timing)
+    #: the controller's clock period
     tck_ns = property(lambda self: self._tck_ns)
+    #: the SDRAM's clock period (``tck_ns / rate``)
+    sdram_tck_ns = property(lambda self: self._tck_ns / self._rate)
+    rate = property(lambda self: self._rate)
+    fast_domain = property(lambda self: self._fast)
     cl = property(lambda self: self._cl)
     read_delay = property(lambda self: self._read_delay)
     bl = property(lambda self: self._bl)
@@ -161,6 +190,9 @@ class SdramController(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         chip, t, cl, bl, bug = self._chip, self._timing, self._cl, self._bl, self._bug
+        rate = self._rate
+        tc = t.at_rate(rate)        # in controller clocks
+        wide = 16 * rate            # bits of a port's word
         nb, npo = chip.banks, self._ports
         port_bits = (npo - 1).bit_length()
         bank_bits, addr_bits = chip.bank_bits, chip.addr_bits
@@ -169,10 +201,10 @@ class SdramController(wiring.Component):
             2 if bug == "burst_length" else bl)
         mode_cl = (5 - cl) if bug == "cas_latency" else cl
         m.submodules.init = init = SdramInit(
-            chip, t, mode=mode_register(mode_cl, mode_bl), refreshes=self._init_refreshes,
+            chip, tc, mode=mode_register(mode_cl, mode_bl), refreshes=self._init_refreshes,
             _bug=bug if bug in INIT_BUGS else None)
         m.submodules.refresher = ref = Refresher(
-            t, refresh_interval_clocks(chip, self._tck_ns),
+            tc, refresh_interval_clocks(chip, self._tck_ns),
             _bug=bug if bug in REFRESH_BUGS else None)
         m.submodules.arbiter = arb = PortArbiter(chip, ports=npo, bl=bl,
                                                  count_bits=self._count_bits)
@@ -181,16 +213,18 @@ class SdramController(wiring.Component):
         for b in range(nb):
             bank = BankMachine(b, t, bl=bl, row_bits=chip.row_bits, col_bits=chip.col_bits,
                                bank_bits=bank_bits, addr_bits=addr_bits, port_bits=port_bits,
-                               depth=self._queue_depth,
+                               depth=self._queue_depth, rate=rate,
                                _bug=bug if bug in BANK_BUGS else None)
             m.submodules[f"bank{b}"] = bank
             banks.append(bank)
         m.submodules.mux = mux = Multiplexer(t, banks=nb, ports=npo, bl=bl, cl=cl,
                                              read_delay=self._read_delay,
                                              layout=layout, bank_bits=bank_bits,
-                                             addr_bits=addr_bits,
+                                             addr_bits=addr_bits, rate=rate,
                                              _bug=bug if bug in MUX_BUGS else None)
-        m.submodules.phy = phy = SdramPhy(chip, pads=self._pads)
+        m.submodules.phy = phy = SdramPhy(chip, pads=self._pads, rate=rate,
+                                          fast_domain=self._fast, read_cl=cl,
+                                          read_delay=self._read_delay)
         wiring.connect(m, wiring.flipped(self.pins), phy.pins)
         # the order of the bursts, its head registered (as the bank machines' decisions are: a
         # burst is seen by both two clocks after it enters)
@@ -234,13 +268,14 @@ class SdramController(wiring.Component):
             order.r_en.eq(mux.col),
         ]
 
-        # write data: each port's FIFO; a WRITE takes bl words from it, one a clock, the first
-        # with the command
+        # write data: each port's FIFO; a WRITE takes bl / rate words from it, one a clock, the
+        # first with the command
         depth = self._fifo_depth
+        bl = bl // rate             # from here on: a burst's clocks, a port's words
         wfifos, rfifos = [], []
         for p in range(npo):
-            w = fifo.SyncFIFO(width=18, depth=depth)
-            r = fifo.SyncFIFOBuffered(width=16, depth=depth)
+            w = fifo.SyncFIFO(width=wide + wide // 8, depth=depth)
+            r = fifo.SyncFIFOBuffered(width=wide, depth=depth)
             m.submodules[f"wfifo{p}"], m.submodules[f"rfifo{p}"] = w, r
             wfifos.append(w)
             rfifos.append(r)
@@ -256,7 +291,7 @@ class SdramController(wiring.Component):
         start_write = mux.col & mux.col_write
         writing = start_write | (wleft != 0)
         wsel = Mux(start_write, mux.col_port, wport)
-        wword = Signal(18)
+        wword = Signal(wide + wide // 8)
         for p in range(npo):
             with m.If(writing & (wsel == p)):
                 m.d.comb += [wfifos[p].r_en.eq(1), wword.eq(wfifos[p].r_data)]
@@ -269,9 +304,9 @@ class SdramController(wiring.Component):
         m.d.sync += [
             phy.dfi.cmd.eq(mux.issue.cmd), phy.dfi.ba.eq(mux.issue.ba),
             phy.dfi.a.eq(mux.issue.a),
-            phy.dfi.dq_o.eq(wword[:16]), phy.dfi.dq_oe.eq(writing),
-            phy.dfi.dqm.eq(Mux(~init.done, 3, Mux(writing, 0 if bug == "dqm" else wword[16:],
-                                                   0))),
+            phy.dfi.dq_o.eq(wword[:wide]), phy.dfi.dq_oe.eq(writing),
+            phy.dfi.dqm.eq(Mux(~init.done, (1 << wide // 8) - 1,
+                               Mux(writing, 0 if bug == "dqm" else wword[wide:], 0))),
         ]
 
         # read data: a READ's bl words reach the PHY's input register read_latency() clocks
@@ -285,7 +320,7 @@ class SdramController(wiring.Component):
             m.d.sync += [rleft.eq(bl - 1), rport.eq(mux.col_port)]
         with m.Elif(rleft != 0):
             m.d.sync += rleft.eq(rleft - 1)
-        latency = read_latency(cl, self._read_delay)
+        latency = read_latency(cl, self._read_delay, rate)
         line_valid = [Signal(name=f"rd_valid{k}") for k in range(latency)]
         line_port = [Signal(max(port_bits, 1), name=f"rd_port{k}") for k in range(latency)]
         m.d.sync += [line_valid[0].eq(reading), line_port[0].eq(rsel)]

@@ -9,7 +9,13 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int
-from ringkv.defs.sdram import Cmd, SdramTiming, check_burst_length, check_cas_latency
+from ringkv.defs.sdram import (
+    Cmd,
+    SdramTiming,
+    check_burst_length,
+    check_cas_latency,
+    check_rate,
+)
 
 from .bank import issue_layout
 
@@ -43,19 +49,26 @@ class Multiplexer(wiring.Component):
     back in order; row commands of younger bursts go ahead (look-ahead), which is what hides
     ``tRP`` and ``tRCD`` of the next bank behind the current burst. Combinational: ``issue``
     is the command of this clock; ``col_port``/``col_write`` name the burst of a column command.
+
+    ``rate`` 2 (a half-rate PHY): ``timing``, ``bl``, ``cl`` and ``read_delay`` are the SDRAM's
+    (its clock, its words); the multiplexer chooses one command a clock, which the PHY issues
+    in the first of the clock's two SDRAM clocks, and every interval above is rounded up to
+    whole clocks of the multiplexer (a burst of ``bl`` words takes ``bl / 2`` of them).
     """
 
     def __init__(self, timing: SdramTiming, *, banks: int, ports: int, bl: int, cl: int,
                  layout: data.StructLayout, bank_bits: int, addr_bits: int,
-                 read_delay: int = 0, _bug=None):
+                 read_delay: int = 0, rate: int = 1, _bug=None):
         check_int("Banks", banks, low=1, high=8)
         check_int("Ports", ports, low=1, high=16)
         check_burst_length(bl)
         check_cas_latency(cl)
+        check_rate(rate, bl)
         if _bug is not None and _bug not in MUX_BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {MUX_BUGS}")
         self._t, self._banks, self._ports, self._bl, self._cl = timing, banks, ports, bl, cl
         self._bank_bits, self._bug, self._read_delay = bank_bits, _bug, read_delay
+        self._rate = rate
         super().__init__({
             "init_cmd": In(4), "init_a": In(addr_bits), "init_done": In(1),
             "ref_active": In(1), "ref_cmd": In(4), "ref_a": In(addr_bits),
@@ -69,11 +82,21 @@ class Multiplexer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        t, bl, cl = self._t, self._bl, self._cl
+        t, cl, rate = self._t, self._cl, self._rate
+
+        def ck(sdram_clocks):       # in clocks of the multiplexer, rounded up
+            return -(-sdram_clocks // rate)
+
+        bl = ck(self._bl)           # clocks of a burst on the data bus
+        # (with read_delay the SDRAM takes the WRITE's data as late as its commands, but its
+        # last read word reaches the FPGA's pins a clock later: one clock more before the FPGA
+        # drives DQ)
+        read_to_write = bl if self._bug == "turnaround" else ck(cl + self._bl + self._read_delay)
+        rrd = ck(t.rrd)
         issue = self.issue
         rd_wait = Signal(range(max(bl, 2)))
-        wr_wait = Signal(range(cl + bl + self._read_delay + 1))
-        rrd_wait = Signal(range(max(t.rrd, 2)))
+        wr_wait = Signal(range(read_to_write + 1))
+        rrd_wait = Signal(range(max(rrd, 2)))
         for c in (rd_wait, wr_wait, rrd_wait):
             with m.If(c != 0):
                 m.d.sync += c.eq(c - 1)
@@ -119,10 +142,6 @@ class Multiplexer(wiring.Component):
                          issue.ba.eq(self.order_bank), issue.a.eq(head.col),
                          self.col.eq(1), self.col_port.eq(head.port),
                          self.col_write.eq(head.write)]
-            # (with read_delay the SDRAM takes the WRITE's data as late as its commands, but
-            # its last read word reaches the FPGA's pins a clock later: one clock more before
-            # the FPGA drives DQ)
-            read_to_write = bl if self._bug == "turnaround" else cl + bl + self._read_delay
             with m.If(head.write):
                 m.d.sync += [rd_wait.eq(bl - 1), wr_wait.eq(bl - 1)]
             with m.Else():
@@ -130,5 +149,5 @@ class Multiplexer(wiring.Component):
         with m.Else():
             m.d.comb += [issue.cmd.eq(row_cmd), issue.ba.eq(row_bank), issue.a.eq(row_a)]
             with m.If(row_cmd == Cmd.ACTIVE.value):
-                m.d.sync += rrd_wait.eq(t.rrd - 1)
+                m.d.sync += rrd_wait.eq(rrd - 1)
         return m

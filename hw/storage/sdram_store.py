@@ -40,12 +40,12 @@ port, so a stalled initiator never holds back the SDRAM's refresh (the controlle
 waits for empty bank queues). ``cmd`` is taken only when idle; ``status`` holds until taken.
 """
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
 from ringkv.defs.checks import check_int, check_pow2, check_type
-from ringkv.defs.sdram import DEFAULT_CHIP, SdramChip, check_burst_length
+from ringkv.defs.sdram import DEFAULT_CHIP, SdramChip, check_burst_length, check_rate
 from ringkv.hw.sdram.arbiter import UserPortSignature
 
 from .port import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature
@@ -85,6 +85,10 @@ class SdramSectorStore(wiring.Component):
         Capacity in sectors (default: every sector from ``base`` to the chip's end).
     base : int
         Word address of sector 0, a multiple of 256.
+    rate : int
+        The controller's (1, or 2 at half rate: its port words are 32 bits, four bytes of the
+        sector in the same little-endian order, byte ``4 * i`` in the low byte of port word
+        ``i``). The byte stream is the same.
 
     Ports
     -----
@@ -98,12 +102,13 @@ class SdramSectorStore(wiring.Component):
 
     def __init__(self, chip: SdramChip = DEFAULT_CHIP, *, bl: int = 8, count_bits: int = 12,
                  fifo_depth: int | None = None, sectors: int | None = None, base: int = 0,
-                 _bug=None):
+                 rate: int = 1, _bug=None):
         check_type("Chip", chip, SdramChip)
         check_burst_length(bl)
+        check_rate(rate, bl)
         check_int("Count width", count_bits, low=1, high=24, unit=" bits")
-        fifo_depth = max(4 * bl, 16) if fifo_depth is None else fifo_depth
-        check_pow2("FIFO depth", fifo_depth, low=max(2 * bl, 2), high=4096)
+        fifo_depth = max(4 * bl // rate, 16) if fifo_depth is None else fifo_depth
+        check_pow2("FIFO depth", fifo_depth, low=max(2 * bl // rate, 2), high=4096)
         check_int("Base", base, low=0, high=chip.words - SECTOR_WORDS)
         if base % SECTOR_WORDS:
             raise ValueError(f"Base must be a multiple of {SECTOR_WORDS} words, not {base!r}")
@@ -114,10 +119,11 @@ class SdramSectorStore(wiring.Component):
             raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
         self._chip, self._bl, self._count_bits = chip, bl, count_bits
         self._fifo_depth, self._sectors, self._base, self._bug = fifo_depth, sectors, base, _bug
+        self._rate = rate
         self._addr_bits = (chip.words - 1).bit_length()
         super().__init__({
             "storage": In(StoragePortSignature()),
-            "sdram": Out(UserPortSignature(self._addr_bits, count_bits)),
+            "sdram": Out(UserPortSignature(self._addr_bits, count_bits, rate)),
         })
 
     @classmethod
@@ -126,19 +132,24 @@ class SdramSectorStore(wiring.Component):
         FIFO depth)."""
         count_bits = len(controller.port[0].cmd.payload.count)
         return cls(controller.chip, bl=controller.bl, count_bits=count_bits,
-                   fifo_depth=controller.fifo_depth, sectors=sectors, base=base, **kw)
+                   fifo_depth=controller.fifo_depth, sectors=sectors, base=base,
+                   rate=getattr(controller, "rate", 1), **kw)
 
     chip = property(lambda self: self._chip)
     bl = property(lambda self: self._bl)
     sectors = property(lambda self: self._sectors)
     base = property(lambda self: self._base)
     fifo_depth = property(lambda self: self._fifo_depth)
+    rate = property(lambda self: self._rate)
 
     def elaborate(self, platform):
         m = Module()
         st, sd = self.storage, self.sdram
         bl, depth, bug = self._bl, self._fifo_depth, self._bug
         bl_log = bl.bit_length() - 1
+        nb = 2 * self._rate                     # bytes of a port word
+        bl_words = bl // self._rate             # port words of a burst
+        bl_words_log = bl_words.bit_length() - 1
         max_count = (1 << self._count_bits) - 1
         state = Signal(_State)
         error = Signal(StorageError)
@@ -193,22 +204,25 @@ class SdramSectorStore(wiring.Component):
         asked = Signal(range(depth + 1))
         room = Signal(range(depth + 1))
         m.d.comb += room.eq(depth - asked)
-        room_bursts = room >> bl_log
-        word = Signal(16)
+        room_bursts = room >> bl_words_log
+        word = Signal(8 * nb)
         have = Signal()          # ``word`` holds a byte to send
-        high = Signal()          # ... and it is the high byte
+        at = Signal(range(nb))   # ... byte number ``at`` of it
+        last = at == nb - 1
         r_take = Signal()
-        lo, hi = (word[8:], word[:8]) if bug == "byte_order" else (word[:8], word[8:])
-        m.d.comb += [st.rdata.valid.eq(have), st.rdata.payload.eq(Mux(high, hi, lo))]
+        in_order = [word[8 * k:8 * k + 8] for k in range(nb)]
+        in_order = in_order[::-1] if bug == "byte_order" else in_order
+        m.d.comb += [st.rdata.valid.eq(have), st.rdata.payload.eq(Array(in_order)[at])]
         byte_out = st.rdata.valid & st.rdata.ready
-        m.d.comb += [r_take.eq((state == _State.READ) & (~have | (high & byte_out))),
+        m.d.comb += [r_take.eq((state == _State.READ) & (~have | (last & byte_out))),
                      sd.r.ready.eq(r_take)]
         r_taken = r_take & sd.r.valid
-        m.d.sync += asked.eq(asked + Mux(sd_taken & ~sd_write, sd_count << bl_log, 0) - r_taken)
+        m.d.sync += asked.eq(asked + Mux(sd_taken & ~sd_write, sd_count << bl_words_log, 0)
+                             - r_taken)
         with m.If(r_taken):
-            m.d.sync += [word.eq(sd.r.payload), have.eq(1), high.eq(0)]
+            m.d.sync += [word.eq(sd.r.payload), have.eq(1), at.eq(0)]
         with m.Elif(byte_out):
-            m.d.sync += [high.eq(1), have.eq(~high)]
+            m.d.sync += [at.eq(at + 1), have.eq(~last)]
         with m.If(byte_out):
             m.d.sync += bytes_left.eq(bytes_left - 1)
 
@@ -221,29 +235,32 @@ class SdramSectorStore(wiring.Component):
                 m.d.sync += state.eq(_State.STATUS)
 
         # ---- write: bytes to words, a burst asked for once its words are in the FIFO ---------
-        low = Signal(8)          # the first byte of a word
-        half = Signal()          # ``low`` holds it
+        early = [Signal(8, name=f"w_byte{k}") for k in range(nb - 1)]  # a word's first bytes
+        got = Signal(range(nb))  # how many of them are in
         w_full = Signal()        # ``w_word`` waits for ``sdram.w``
-        w_word = Signal(16)
-        w_col = Signal(range(bl))
-        ready_bursts = Signal(range(depth // bl + 2))   # complete bursts not yet asked for
+        w_word = Signal(8 * nb)
+        w_col = Signal(range(bl_words))
+        ready_bursts = Signal(range(depth // bl_words + 2))  # complete bursts not yet asked for
         m.d.comb += [sd.w.valid.eq(w_full), sd.w.payload.data.eq(w_word),
                      sd.w.payload.mask.eq(0),
                      st.wdata.ready.eq((state == _State.WRITE) & (bytes_left != 0)
-                                       & (~half | ~w_full | sd.w.ready))]
+                                       & ((got != nb - 1) | ~w_full | sd.w.ready))]
         byte_in = st.wdata.valid & st.wdata.ready
         w_taken = sd.w.valid & sd.w.ready
         with m.If(w_taken):
-            m.d.sync += [w_full.eq(0), w_col.eq(w_col + 1 if bl > 1 else 0)]
+            m.d.sync += [w_full.eq(0), w_col.eq(w_col + 1 if bl_words > 1 else 0)]
         with m.If(byte_in):
             m.d.sync += bytes_left.eq(bytes_left - 1)
-            with m.If(half):
-                pair = (Cat(st.wdata.payload, low) if bug == "byte_order"
-                        else Cat(low, st.wdata.payload))
-                m.d.sync += [w_word.eq(pair), w_full.eq(1), half.eq(0)]
+            with m.If(got == nb - 1):
+                whole = [*early, st.wdata.payload]
+                whole = whole[::-1] if bug == "byte_order" else whole
+                m.d.sync += [w_word.eq(Cat(*whole)), w_full.eq(1), got.eq(0)]
             with m.Else():
-                m.d.sync += [low.eq(st.wdata.payload), half.eq(1)]
-        burst_done = w_taken & (w_col == bl - 1)
+                for k in range(nb - 1):
+                    with m.If(got == k):
+                        m.d.sync += early[k].eq(st.wdata.payload)
+                m.d.sync += got.eq(got + 1)
+        burst_done = w_taken & (w_col == bl_words - 1)
         m.d.sync += ready_bursts.eq(ready_bursts + burst_done
                                     - Mux(sd_taken & sd_write, sd_count, 0))
         with m.If(state == _State.WRITE):

@@ -24,8 +24,8 @@ from .checks import check_int, check_type
 
 __all__ = ["SdramChip", "SdramTiming", "CHIPS", "DEFAULT_CHIP", "Cmd", "CMD_BITS",
            "mode_register", "decode_mode_register", "BurstType", "chip_of",
-           "address_fields", "check_burst_length", "check_cas_latency", "slowest_of",
-           "BOARD_CHIPS", "board_chip", "BistTest", "BistPhase", "BIST_ALL_TESTS"]
+           "address_fields", "check_burst_length", "check_cas_latency", "check_rate", "RATES",
+           "slowest_of", "BOARD_CHIPS", "board_chip", "BistTest", "BistPhase", "BIST_ALL_TESTS"]
 
 
 class BurstType(enum.Enum):
@@ -70,6 +70,21 @@ class SdramTiming:
     power_up: int   # clocks of NOP/INHIBIT with stable clock before the first PRECHARGE
     refi: float     # average interval between refreshes, in clocks (refresh_ns / refreshes)
     ras_max: int    # ACTIVE to PRECHARGE, maximum
+
+    def at_rate(self, rate: int) -> "SdramTiming":
+        """The same intervals in clocks of a controller that runs at ``1 / rate`` of the SDRAM
+        clock and issues its commands in the first SDRAM clock of each of its own: every
+        minimum rounded up, the maximum row-open time down (:data:`RATES`)."""
+        check_rate(rate)
+
+        def up(clocks: int) -> int:
+            return -(-clocks // rate)
+
+        return SdramTiming(
+            tck_ns=self.tck_ns * rate, rcd=up(self.rcd), rp=up(self.rp), ras=up(self.ras),
+            rc=up(self.rc), rrd=up(self.rrd), wr=up(self.wr), rfc=up(self.rfc),
+            mrd=up(self.mrd), power_up=up(self.power_up), refi=self.refi / rate,
+            ras_max=self.ras_max // rate)
 
 
 @dataclass(frozen=True)
@@ -197,6 +212,22 @@ def check_burst_length(bl) -> int:
     if bl not in (1, 2, 4, 8):
         raise ValueError(f"Burst length must be 1, 2, 4 or 8, not {bl!r}")
     return bl
+
+
+#: SDRAM clocks per controller clock: 1 (the controller at the SDRAM clock) or 2 (a half-rate
+#: PHY: the controller at half the SDRAM clock, two words a clock; ``docs/blocks/sdram.md``)
+RATES = (1, 2)
+
+
+def check_rate(rate, bl: int | None = None) -> int:
+    """``rate`` is 1 or 2, and a burst of ``bl`` words fills whole controller clocks."""
+    check_int("Rate", rate)
+    if rate not in RATES:
+        raise ValueError(f"Rate must be 1 or 2 SDRAM clocks a controller clock, not {rate!r}")
+    if bl is not None and bl < rate:
+        raise ValueError(f"Burst length {bl} is shorter than the rate {rate}: a burst must "
+                         f"fill whole controller clocks")
+    return rate
 
 
 _BL_CODE = {1: 0, 2: 1, 4: 2, 8: 3}

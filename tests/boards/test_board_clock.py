@@ -85,3 +85,8 @@ def test_the_simulated_clock_pin_period(mhz):
     period = clock_period_ps(ULX3STop(DEMO_CONFIG, regions=16, sys_mhz=mhz).sys_hz)
     assert period % 2 == 0 and abs(period - 1e6 / mhz) <= 1
     assert period == {40: 25_000, 60: 16_666}[mhz]
+    # with the half-rate SDRAM's second clock: a multiple of 4 ps (both half periods whole),
+    # within 2 ps of the exact one
+    half = clock_period_ps(mhz * 1e6, 2)
+    assert half % 4 == 0 and abs(half - 1e6 / mhz) <= 2
+    assert half == {40: 25_000, 60: 16_668}[mhz]

@@ -164,3 +164,33 @@ def test_the_64_mb_part():
     top = ULX3STop(SMOKE_CONFIG, sdram="64MB", clock="sim", regions=64, lanes=2, macs=4)
     assert top.sdram_chip.words == 1 << 25
     assert top.tier_params["slots"] == 64      # capped by the regions
+
+
+def test_the_board_top_at_half_rate():
+    """``sdram_rate=2`` at 60 MHz: the PLL's CLKOS at half CLKOP's divider in phase with it
+    (the ``sync2x`` domain, 120 MHz), CLKOS2 at the same divider the plan's steps behind it
+    (the SDRAM's clock); every SDRAM pin register on ``sync2x``; CAS latency 3 by default, the
+    SDRAM's period 8.33 ns. With the assumed ECP5 figures no phase closes at 120 MHz (the plan
+    takes the least bad: 171 degrees, near the 180 the field's ULX3S targets use at 1:2) --
+    a phase a real board's sweep must settle (docs/BOARD.md)."""
+    top = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_rate=2, **SMOKE_TOP)
+    assert top.sdram_cl == 3 and abs(top.sdram_tck_ns - 1000 / 120) < 1e-9
+    plan = top.sdram_plan
+    assert not plan.closes and (plan.read_delay, plan.steps, round(plan.phase_deg)) == (1, 19, 171)
+    il = _rtlil(top)
+    pll = il[il.index("cell \\EHXPLLL"):]
+    pll = pll[:pll.index("\n  end")]
+    params = {k: v.strip('"') for k, v in re.findall(r"parameter \\(\w+) (\S+)", pll)}
+    assert (params["CLKOP_DIV"], params["CLKOS_DIV"], params["CLKOS2_DIV"]) == ("10", "5", "5")
+    assert params["CLKOS_CPHASE"] == params["CLKOP_CPHASE"] == "4"
+    assert (params["CLKOS2_CPHASE"], params["CLKOS2_FPHASE"]) == ("6", "3")    # 19 steps
+    assert "CLKOS3_ENABLE" not in params
+    clocks = Counter(re.search(r"connect \\SCLK (\S+)", body).group(1) for body in
+                     re.findall(r"cell \\(?:OFS1P3DX|IFS1P3DX) \S+\n(.*?)\n  end", il, re.S))
+    fast = [net for net in clocks if "sync2x" in net]
+    assert len(fast) == 1 and clocks[fast[0]] >= 16 + 22 + 2 * 16
+    with pytest.raises(ValueError, match="Rate must be 1 or 2"):
+        ULX3STop(SMOKE_CONFIG, sdram_rate=4, **SMOKE_TOP)
+    # the simulation seam takes the fast clock from its own pin
+    assert "sim_clk2x_0__io" in _rtlil(ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_rate=2,
+                                               clock="sim", **SMOKE_TOP))

@@ -372,3 +372,24 @@ def test_cached_board_build_is_reused_without_elaborating(tmp_path, monkeypatch)
         bh.build_board(CFG, **TOP)
     assert bh._recipe(CFG, {**TOP, "storage": "spi"}) != bh._recipe(CFG, TOP)
     assert len(elaborated) == 2
+
+
+@requires_verilator
+@pytest.mark.slow       # its own Verilator build (a few minutes) and the whole check
+def test_board_check_at_half_rate(tmp_path, capsys):
+    """The board with its SDRAM at half rate (``sdram_rate=2``: the system clock at 60 MHz, the
+    SDRAM and the PHY's I/O registers at 120 MHz on the seam's second clock, the strict model
+    on the fast clock): ``ringkv board check`` passes every step, the SDRAM self-test and the
+    hot tier's imports included."""
+    from ringkv.cli import main
+    from ringkv.sim.board_harness import BoardDevice, build_board
+    top = dict(TOP, sys_mhz=60, sdram_rate=2)
+    info = build_board(CFG, **top)[1]
+    assert info["sdram"]["rate"] == 2 and abs(info["sdram"]["tck_ns"] - 1000 / 120) < 1e-9
+    with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True,
+                     log=tmp_path / "sim.log", **top) as dev:
+        assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
+                     "--ping-sizes", "0,16", "--timeout", "120", *SDRAM_ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "[PASS] sdram" in out, out
+    assert "SDRAM violation" not in (tmp_path / "sim.log").read_text()

@@ -17,13 +17,24 @@ CHIP = CHIPS["MT48LC16M16A2-7E"]
 
 @settings(max_examples=examples(fast=4, thorough=40), deadline=None)
 @given(seed=st.integers(0, 2**30), tck=st.sampled_from((7.5, 10.0, 20.0)),
-       bl=st.sampled_from((1, 2, 8)))
-def test_bank_machine_matches_golden(seed, tck, bl):
+       bl=st.sampled_from((1, 2, 8)), rate=st.sampled_from((1, 2)))
+def test_bank_machine_matches_golden(seed, tck, bl, rate):
     """Bursts offered at random to a queue of 3 (often full), and in each clock a random legal
     choice of the multiplexer: the machine's ACTIVE, PRECHARGE or READ/WRITE when it asks, a
     command to another bank, PRECHARGE ALL when it is idle and may precharge, or nothing. Every
-    output equals the golden model's in every clock."""
-    run_against_golden(seed, tck, bl)
+    output equals the golden model's in every clock. ``rate`` 2: the half-rate machine (the
+    SDRAM's timings at ``tck``, the machine at ``2 * tck``)."""
+    run_against_golden(seed, tck, max(bl, rate), rate=rate)
+
+
+@pytest.mark.parametrize("bl", [2, 8])
+def test_half_rate_machine_waits_the_rounded_up_intervals(bl):
+    """At half rate the golden model and the machine agree with the rounding (a golden model of
+    rate 1 at the SDRAM's timings differs: the comparison sees the rate). 6 ns, tRCD 3 SDRAM
+    clocks: 2 of the machine's."""
+    run_against_golden(3, 6.0, bl, rate=2)
+    with pytest.raises(AssertionError):
+        run_against_golden(3, 6.0, bl, rate=2, golden_rate=1)
 
 
 @pytest.mark.parametrize("bug", ["trcd", "tras", "closed_bank"])
@@ -35,11 +46,11 @@ def test_a_broken_machine_differs_from_golden(bug):
         run_against_golden(1, 6.0, 2, bug=bug)
 
 
-def run_against_golden(seed, tck, bl, bug=None):
+def run_against_golden(seed, tck, bl, bug=None, rate=1, golden_rate=None):
     t = CHIP.timing(tck)
     dut = BankMachine(1, t, bl=bl, row_bits=CHIP.row_bits, col_bits=CHIP.col_bits,
-                      bank_bits=2, addr_bits=13, port_bits=1, depth=3, _bug=bug)
-    gold = BankGolden(1, t, bl=bl, depth=3)
+                      bank_bits=2, addr_bits=13, port_bits=1, depth=3, rate=rate, _bug=bug)
+    gold = BankGolden(1, t, bl=bl, depth=3, rate=rate if golden_rate is None else golden_rate)
     rng = random.Random(seed)
 
     async def bench(ctx):

@@ -8,6 +8,11 @@ apart from the machine, follows the issued commands and asserts the chip's rules
 command the machine asked for: no ACTIVE to an open bank, no READ/WRITE to a closed bank or
 another row than the burst's, and tRCD, tRP, tRAS, tRC and tWR (and the read burst before a
 PRECHARGE); and that the machine's open row is the shadow's.
+
+At half rate (``rate=2``) the same harness runs the machine with the SDRAM's timings
+:data:`T2`; the shadow counts the machine's clocks and asserts the rules in SDRAM clocks (two
+a clock: every command in the first SDRAM clock of one, the write recovery from the burst's
+last word ``BL - 1`` SDRAM clocks after the WRITE).
 """
 
 import pytest
@@ -25,6 +30,9 @@ from ringkv.sim.formal import bmc
 T = SdramTiming(tck_ns=10, rcd=3, rp=3, ras=6, rc=10, rrd=1, wr=2, rfc=3, mrd=2, power_up=1,
                 refi=100, ras_max=1000)
 BL = 2
+# the SDRAM's timings for the half-rate machine: in its clocks (rounded up) the shape of T
+T2 = SdramTiming(tck_ns=5, rcd=5, rp=5, ras=11, rc=19, rrd=1, wr=3, rfc=5, mrd=2, power_up=1,
+                 refi=200, ras_max=2000)
 SAT = 15
 # the depth that reaches each broken variant's violation
 # in make test: one broken machine (the proof can fail); every one of them is also caught on
@@ -33,12 +41,17 @@ SAT = 15
 FAST_BUGS = ("open_bank",)
 BROKEN = {"trcd": 9, "trp": 15, "tras": 11, "trc": 16, "twr": 12, "closed_bank": 14,
           "open_bank": 18}
+# half rate: every broken machine fails within 18 clocks (about 2.5 s each); two of them in
+# make test
+HALF_FAST_BUGS = ("trcd", "twr")
+HALF_BROKEN = {bug: 18 for bug in BANK_BUGS}
 
 
 class BankHarness(Elaboratable):
-    def __init__(self, bug=None):
-        self.dut = BankMachine(0, T, bl=BL, row_bits=2, col_bits=2, bank_bits=1, addr_bits=11,
-                               depth=2, _bug=bug)
+    def __init__(self, bug=None, rate=1):
+        self.t, self.rate = (T, 1) if rate == 1 else (T2, rate)
+        self.dut = BankMachine(0, self.t, bl=BL, row_bits=2, col_bits=2, bank_bits=1,
+                               addr_bits=11, depth=2, rate=rate, _bug=bug)
         self.req_valid, self.req_row, self.req_write = Signal(), Signal(2), Signal()
         self.choice, self.other = Signal(3), Signal(2)
 
@@ -48,6 +61,7 @@ class BankHarness(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         m.submodules.dut = dut = self.dut
+        t, r = self.t, self.rate        # the shadow's counts are the machine's clocks: r each
         m.d.comb += [dut.req.valid.eq(self.req_valid), dut.req.payload.row.eq(self.req_row),
                      dut.req.payload.write.eq(self.req_write)]
         cmd, ba, a = dut.issued.cmd, dut.issued.ba, dut.issued.a
@@ -83,11 +97,12 @@ class BankHarness(Elaboratable):
         with m.If((cmd == Cmd.ACTIVE.value) & to_me):
             m.d.sync += [is_open.eq(1), row.eq(a[:2]), since_act.eq(1)]
             m.d.comb += [Assert(~is_open, "ACTIVE to an open bank"),
-                         Assert(since_pre >= T.rp, "tRP"), Assert(since_act >= T.rc, "tRC")]
+                         Assert(since_pre * r >= t.rp, "tRP"),
+                         Assert(since_act * r >= t.rc, "tRC")]
         with m.If(((cmd == Cmd.READ.value) | (cmd == Cmd.WRITE.value)) & to_me):
             m.d.comb += [Assert(is_open, "READ/WRITE to a closed bank"),
                          Assert(row == dut.head.row, "READ/WRITE to another row"),
-                         Assert(since_act >= T.rcd, "tRCD")]
+                         Assert(since_act * r >= t.rcd, "tRCD")]
             with m.If(cmd == Cmd.READ.value):
                 m.d.sync += since_read.eq(1)
             with m.Else():
@@ -95,17 +110,17 @@ class BankHarness(Elaboratable):
         with m.If(precharging):
             m.d.sync += [is_open.eq(0), since_pre.eq(1)]
             with m.If(is_open):
-                m.d.comb += [Assert(since_act >= T.ras, "tRAS"),
-                             Assert(since_write >= BL - 1 + T.wr, "tWR"),
-                             Assert(since_read >= BL, "read burst before PRECHARGE")]
+                m.d.comb += [Assert(since_act * r >= t.ras, "tRAS"),
+                             Assert(since_write * r >= BL - 1 + t.wr, "tWR"),
+                             Assert(since_read * r >= BL, "read burst before PRECHARGE")]
         m.d.comb += Assert(dut.open == is_open, "open row state")
         with m.If(is_open):
             m.d.comb += Assert(dut.row == row, "open row")
         return m
 
 
-def run_sby(name, depth, bug=None) -> str:
-    return bmc(BankHarness(bug), BUILD_ROOT / "formal" / f"sdram_bank_{name}", depth)
+def run_sby(name, depth, bug=None, rate=1) -> str:
+    return bmc(BankHarness(bug, rate), BUILD_ROOT / "formal" / f"sdram_bank_{name}", depth)
 
 
 @requires_yowasp
@@ -131,3 +146,19 @@ def test_bank_broken_variant_fails(bug):
 @pytest.mark.slow       # the same proof, deeper: about a minute more
 def test_bank_invariants_hold_deeper():
     assert run_sby("ok_24", 24) == "PASS"
+
+
+@requires_yowasp
+@requires_yices
+def test_half_rate_bank_invariants_hold():
+    """The half-rate machine keeps every rule, in SDRAM clocks, on every run of up to 14 of its
+    clocks."""
+    assert run_sby("half_ok_14", 14, rate=2) == "PASS"
+
+
+@requires_yowasp
+@requires_yices
+@pytest.mark.parametrize("bug", [pytest.param(bug, marks=() if bug in HALF_FAST_BUGS else (
+    pytest.mark.slow,)) for bug in HALF_BROKEN])
+def test_half_rate_bank_broken_variant_fails(bug):
+    assert run_sby(f"half_bug_{bug}", HALF_BROKEN[bug], bug, rate=2) == "FAIL"

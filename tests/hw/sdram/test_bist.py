@@ -94,3 +94,23 @@ def test_broken_self_tests_miss_the_faults(bug, fault):
     run = run_bist(BistTop(CTRL, _bug=bug), tests, 0, model=SdramModel(CHIP, 25.0, **fault))
     assert run["failed"] == BistPhase.PASS.value
     assert golden_of(tests, 0, **fault)["failed"] != BistPhase.PASS.value
+
+
+#: the half-rate controller at 60 MHz (the SDRAM at 120, CL 3), the self-test through the
+#: 16-bit port widener, as on a half-rate board
+HALF = dict(chip=CHIP, tck_ns=1000 / 60, cl=3, bl=8, rate=2)
+
+
+@pytest.mark.parametrize("fault, tests, phase", [
+    ({}, BIST_ALL_TESTS, BistPhase.PASS),
+    ({"dq_stuck": (9, 1)}, BIST_ALL_TESTS, BistPhase.DATA),
+    ({"a_short": (11, 12)}, BistTest.ADDRESS, BistPhase.ADDRESS),
+])
+def test_half_rate_self_test_against_golden(fault, tests, phase):
+    """At half rate the self-test's answer is still the golden's, word for word (a good chip
+    passes every test; a stuck line and a short are found where the golden finds them)."""
+    model = SdramModel(CHIP, 1000 / 120, **fault)
+    run = run_bist(BistTop(HALF), int(tests), WORDS, pause_ms=1, model=model)
+    assert result_of(run) == golden_of(int(tests), WORDS, **fault)
+    assert run["failed"] == phase.value
+    assert not model.violations

@@ -33,7 +33,12 @@ from ringkv.hw.storage.dma import DmaOp
 from ringkv.hw.storage.port import StorageError, StorageOp
 from ringkv.hw.storage.sdram_store import BUGS, SdramSectorStore
 from ringkv.sim.ring_model import DmaHarness
-from ringkv.sim.sdram_model import SdramModel, SdramViolation, amaranth_sdram
+from ringkv.sim.sdram_model import (
+    SdramModel,
+    SdramViolation,
+    amaranth_sdram,
+    model_for_controller,
+)
 from ringkv.sim.sdram_store_sim import (
     SdramStoreTop,
     preload,
@@ -66,6 +71,13 @@ CONFIGS = {
                                count_bits=2), dict(sectors=9, base=256 * 1021)),
     "AS4C-60MHz-CL2-BL1": (dict(chip=small("AS4C32M16SB-7"), tck_ns=MHZ60, cl=2, bl=1,
                                 count_bits=5), dict(sectors=7, base=256 * 13)),
+    # half rate (32-bit port words): the board's chip with the controller at 60 MHz and the
+    # SDRAM at 120; 2-word bursts (one port word each), 2-bit counts, the pins an edge late
+    "6A-60MHz-half-CL3-BL8": (dict(chip=small(), tck_ns=MHZ60, cl=3, bl=8, rate=2),
+                              dict(sectors=6, base=0)),
+    "7E-50MHz-half-CL2-BL2-RD1": (dict(chip=small("MT48LC16M16A2-7E"), tck_ns=20.0, cl=2, bl=2,
+                                       rate=2, count_bits=2, read_delay=1),
+                                  dict(sectors=5, base=256 * 77)),
 }
 
 
@@ -128,7 +140,7 @@ def run_checked(name, script, *, seed=0, idle=0.0, stall=0.0, hold=0.0, bug=None
     rng = random.Random(seed)
     image = SectorImage(sectors=sectors)
     image.write(0, rng.randbytes(sectors * SECTOR))
-    model = SdramModel(chip, controller["tck_ns"], seed=seed)
+    model = model_for_controller(top.ctrl, seed=seed)
     preload(model, chip, 0, image.read(0, sectors), base=base)
     preloaded = set(model.memory)
     # 100 clocks after the last status: a write's last bursts reach the cells a few clocks
@@ -174,16 +186,17 @@ def test_defaults_and_the_controller_port():
 
 # -- against the golden model ----------------------------------------------------------------
 
-def test_boundaries_without_backpressure():
+@pytest.mark.parametrize("name", ["6A-60MHz-CL2-BL8", "6A-60MHz-half-CL3-BL8"])
+def test_boundaries_without_backpressure(name):
     """First and last sector, the whole store in one command, every RANGE case; exact
-    results and memory."""
+    results and memory (and at half rate, four bytes a port word)."""
     rng = random.Random(5)
     script = [("r", 0, 1), ("r", 5, 1), ("w", 5, rng.randbytes(512), 1),
               ("w", 0, rng.randbytes(512), 1), ("r", 0, 6), ("r", 6, 1), ("r", 5, 2),
               ("r", 0, 0), ("w", 0, b"", 0), ("w", 5, rng.randbytes(512), 2),
               ("w", 6, rng.randbytes(512), 1), ("r", 0xFFFFFFFF, 1), ("r", 0, 0xFFFF),
               ("w", 2, rng.randbytes(2 * 512), 2)]
-    got, want, memory = run_checked("6A-60MHz-CL2-BL8", script)
+    got, want, memory = run_checked(name, script)
     assert got == want
     assert memory == ([], False)
 
@@ -222,15 +235,17 @@ def test_every_bug_has_a_case():
     assert set(BUGS) == {*DATA_BUGS, "eager"}
 
 
+@pytest.mark.parametrize("name", ["6A-60MHz-CL2-BL8", "6A-60MHz-half-CL3-BL8"])
 @pytest.mark.parametrize("bug", DATA_BUGS)
-def test_broken_variant_caught(bug):
+def test_broken_variant_caught(bug, name):
     """Each deliberately broken store fails the comparison with the golden model."""
-    got, want, memory = run_checked("6A-60MHz-CL2-BL8", bug_case(bug), bug=bug)
+    got, want, memory = run_checked(name, bug_case(bug), bug=bug)
     assert got != want or memory != ([], False)
 
 
-def test_broken_variant_script_passes_on_the_correct_store():
-    got, want, memory = run_checked("6A-60MHz-CL2-BL8", bug_case(None))
+@pytest.mark.parametrize("name", ["6A-60MHz-CL2-BL8", "6A-60MHz-half-CL3-BL8"])
+def test_broken_variant_script_passes_on_the_correct_store(name):
+    got, want, memory = run_checked(name, bug_case(None))
     assert got == want and memory == ([], False)
 
 
@@ -299,12 +314,26 @@ def test_clocks_per_sector():
                       ("w", 4): 4 * 512 + 5, ("r", 4): 4 * 512 + 17}
 
 
-def test_first_byte_latency():
+def test_clocks_per_sector_at_half_rate():
+    """The same at half rate (the controller at 60 MHz, the SDRAM at 120, CL 3): still one
+    byte a clock on the storage port; the read right after the write starts 4 clocks sooner,
+    as the write's last burst (issued once its words are in the FIFO) holds the bus for 4
+    controller clocks instead of 8 (the first byte of a read on its own comes after the same
+    12 clocks from an open row: ``test_first_byte_latency``)."""
+    chip = CHIPS["MT48LC16M16A2-6A"].scaled(power_up_ns=500)
+    clocks = transfer_clocks(dict(chip=chip, tck_ns=MHZ60, cl=3, bl=8, rate=2), (1, 4))
+    assert clocks == {("w", 1): 512 + 5, ("r", 1): 512 + 13,
+                      ("w", 4): 4 * 512 + 5, ("r", 4): 4 * 512 + 15}
+
+
+@pytest.mark.parametrize("controller", [dict(cl=2, bl=8), dict(cl=3, bl=8, rate=2)])
+def test_first_byte_latency(controller):
     """Clocks from a read command's transfer to its first byte's at 60 MHz, CL 2, BL 8:
     ``CL + 10`` from an open row, 2 more from a closed bank (``tRCD``), 4 more after a row miss
-    (PRECHARGE, ``tRP``, ACTIVE, ``tRCD``); a sector then takes 512 clocks and the status 1."""
+    (PRECHARGE, ``tRP``, ACTIVE, ``tRCD``); a sector then takes 512 clocks and the status 1.
+    At half rate with CL 3 (the SDRAM at 120 MHz) the same clocks."""
     chip = CHIPS["MT48LC16M16A2-6A"].scaled(power_up_ns=500)
-    top = SdramStoreTop(dict(chip=chip, tck_ns=MHZ60, cl=2, bl=8))
+    top = SdramStoreTop(dict(chip=chip, tck_ns=MHZ60, **controller))
     # sector 8 is row 1 of bank 0, where sector 0 is row 0
     run = run_store(top, [("r", 0, 1), ("r", 0, 1), ("r", 8, 1), ("r", 8, 1)])
     assert run.first_byte == [14, 12, 16, 12]

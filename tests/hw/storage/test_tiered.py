@@ -657,3 +657,18 @@ def test_power_cut_during_a_reexport(seed):
             assert (got == rings).all() and meta == [(count, head)]
         else:
             assert meta == [(0, config.window - 1)] or meta == [(0, 0)]
+
+
+@pytest.mark.slow       # two DMA runs through the real controllers: about 4 minutes
+def test_dma_through_the_half_rate_sdram_controller():
+    """The DMA engine, the tiered storage, the SD native controller on the 4-bit card model and
+    the SDRAM sector store on the half-rate controller (60 MHz, the SDRAM at 120 on the strict
+    pin-level model): exports and imports restore the rings (``import_clocks`` checks them)
+    in the same clocks as at full rate -- the store still moves a byte a clock, so the import
+    from SDRAM is not yet faster (``docs/blocks/tiered_storage.md``)."""
+    from ringkv.sim.tiered_sim import import_clocks
+    config = RingKVConfig(layers=1, q_heads=2, kv_heads=2, head_dim=16, window=8,
+                          max_tokens=64)
+    full = import_clocks(config, 8, mhz=60)
+    half = import_clocks(config, 8, mhz=60, sdram_rate=2)
+    assert half == full and half["import_sdram"] < half["import_card"]
