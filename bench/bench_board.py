@@ -2,7 +2,7 @@
 the gate-level simulation of the board top (``make gatesim``): simulator speed and the smoke
 scenario's wall time.
 
-The build takes 20-50 minutes here (single-threaded WASM tools). Set
+The build takes 45-120 minutes here at 60 MHz (single-threaded WASM tools). Set
 ``RINGKV_BENCH_BOARD_REPORT=1`` to read the figures of the last ``ringkv build`` (its
 ``figures.json``, or nextpnr's ``report.json``) instead of building again, or
 ``RINGKV_BENCH_BOARD_KEEP=1`` to keep the build figures already in ``bench/results.json``
@@ -11,13 +11,19 @@ The build takes 20-50 minutes here (single-threaded WASM tools). Set
 the same design) joins the seed sweep, ``board.slack_pct_min_seeds`` (the worst slack over the
 seeds built).
 
-The gate-level smoke (:func:`ringkv.sim.gatesim.smoke`, on its cached build) runs here unless
+The build's figures carry their parameters: the system clock (``target_mhz``), the clock
+nextpnr placed and routed against (``constrained_mhz``), the placement seed, the shape, and the
+SDRAM's part, CAS latency, capture (``read_delay``) and clock phase (``sdram``).
+
+The gate-level smoke (:func:`ringkv.sim.gatesim.smoke`, on its cached build, at the board's
+default system clock) runs here unless
 ``RINGKV_BENCH_GATESIM_REPORT=1``: then the figures of the last ``make gatesim`` are read
 (``build/gatesim-run/figures.json``, written by it); ``RINGKV_BENCH_GATESIM_KEEP=1`` keeps the
 gate-level figures already in ``bench/results.json`` (a new board build recorded without the
-46-minute smoke; the figures keep their own parameters); ``RINGKV_BENCH_GATESIM_SKIP=1`` leaves
+hour-long smoke; the figures keep their own parameters); ``RINGKV_BENCH_GATESIM_SKIP=1`` leaves
 the gate-level figures out of the group (the build figures alone; the table then says so). Its
-figures are ``board.gatesim_cycles_per_s``
+figures, with the system clock the netlist ran at (``sys_mhz``, ``sys_hz``), are
+``board.gatesim_cycles_per_s``
 (board clock cycles the netlist simulated per second of wall time, the device's own cycle
 counter over the two simulator sessions) and ``board.gatesim_scenario_s`` (the scenario's wall
 time, both sessions, without the build).
@@ -53,8 +59,8 @@ def _gatesim() -> list[dict]:
         fig = {"ok": ok, **fig, "config": SMOKE_CONFIG.__dict__, "top": SMOKE_TOP}
     if not fig["ok"]:
         raise RuntimeError(f"the gate-level smoke scenario failed: {fig}")
-    params = {k: fig[k] for k in ("config", "top", "cycles", "build_s", "when", "load_avg",
-                                  "cores") if k in fig}
+    params = {k: fig[k] for k in ("sys_mhz", "sys_hz", "sdram_read_delay", "config", "top",
+                                  "cycles", "build_s", "when", "load_avg", "cores") if k in fig}
     return [{"name": "board.gatesim_cycles_per_s", "value": fig["cycles_per_s"],
              "unit": "cycles/s", "params": params},
             {"name": "board.gatesim_scenario_s", "value": fig["scenario_s"], "unit": "s",
@@ -135,7 +141,7 @@ def run(smoke: bool = False):
         r = build("ulx3s-85f")
     params = {k: r[k] for k in ("board", "target_mhz", "constrained_mhz", "utilization",
                                 "config", "regions", "uart_baud", "sd_mode", "sd_mhz",
-                                "sd_spi_mhz") if k in r}
+                                "sd_spi_mhz", "sdram") if k in r}
     params["seed"] = r.get("seed", 1)
     out = [{"name": "board.fmax", "value": r["fmax_mhz"], "unit": "MHz", "params": params},
            {"name": "board.slack_pct", "value": r["slack_pct"], "unit": "%",
@@ -159,8 +165,8 @@ def markdown(results):
     return (f"`make bitstream BOARD=ulx3s-85f`: `RingKVTop` ({cfg}; {p['regions']} storage "
             f"regions) + UART at {p['uart_baud']} baud + SD card in "
             f"{'native 4-bit' if p.get('sd_mode') == 'sd4' else 'SPI'} mode at "
-            f"{p.get('sd_mhz', p.get('sd_spi_mhz'))} MHz, PLL from the 25 MHz oscillator. "
-            f"Placed and routed, not "
+            f"{p.get('sd_mhz', p.get('sd_spi_mhz'))} MHz" + _sdram_text(p.get("sdram"))
+            + ", PLL from the 25 MHz oscillator. Placed and routed, not "
             f"out of context. System clock: **{r['value']:.2f} MHz achieved for "
             f"{p['target_mhz']} MHz** (nextpnr report, placement seed {p.get('seed', 1)}"
             + (f"; placed and routed against {p['constrained_mhz']} MHz, an over-constraint "
@@ -175,6 +181,14 @@ def markdown(results):
             + ".\n\n" + table(["cell", "used", "available", "share"], rows)
             + _seeds_markdown(by)
             + _gatesim_markdown(by))
+
+
+def _sdram_text(sdram) -> str:
+    """The SDRAM's parameters of a build, for the sentence that describes the top."""
+    if not sdram:
+        return ""
+    return (f" + SDRAM ({sdram['part']}, CL {sdram['cl']}, read delay {sdram['read_delay']}, "
+            f"its clock {sdram['phase_deg']}° behind the system clock)")
 
 
 def _seeds_markdown(by) -> str:
@@ -195,9 +209,19 @@ def _gatesim_markdown(by) -> str:
     r = by["board.gatesim_cycles_per_s"]
     p = r["params"]
     cfg = ", ".join(f"{k}={v}" for k, v in p["config"].items())
+    mhz = p.get("sys_hz", 0) / 1e6
+    clock = "the system clock not recorded"
+    if mhz:
+        clock = f"system clock {mhz:g} MHz" + (
+            f", SDRAM read delay {p['sdram_read_delay']}"
+            if p.get("sdram_read_delay") is not None else "")
+        build = by.get("board.fmax", {}).get("params", {}).get("target_mhz")
+        if build and abs(mhz - build) > 0.01:
+            clock += f", not the {build:g} MHz of the build above"
     return (f"\n\n`make gatesim`: the `synth_ecp5` netlist of the ULX3S top ({cfg}; "
-            f"{p['top']}) on Verilator with yosys' ECP5 cell models, at its pins: the smoke "
-            f"scenario passed in **{by['board.gatesim_scenario_s']['value'] / 60:.1f} min** "
+            f"{p['top']}; {clock}) on Verilator with yosys' ECP5 cell models, at its pins: "
+            f"the smoke scenario passed in "
+            f"**{by['board.gatesim_scenario_s']['value'] / 60:.1f} min** "
             f"of wall time ({p['cycles']} board clock cycles, "
             f"**{r['value']} cycles/s**; build {p.get('build_s', 0) / 60:.1f} min, cached "
             f"after the first run"

@@ -16,8 +16,9 @@ elapsed, plus a heartbeat with the current phase every ``heartbeat_s`` seconds: 
 are single-threaded and the whole build takes 20-50 minutes here.
 
 **Over-constraint.** nextpnr places and routes against a clock :data:`OVERCONSTRAIN_PCT`
-faster than the system clock (``constrain_mhz``, default 46 MHz for 40 MHz), so that its
-timing-driven placer and router work for margin rather than stopping at the bare constraint.
+faster than the system clock (``constrain_mhz``, default 69 MHz for the default 60 MHz, 46 MHz
+for 40 MHz), so that its timing-driven placer and router work for margin rather than stopping
+at the bare constraint.
 nextpnr derives the PLL output's constraint from the 25 MHz input's and the ``EHXPLLL``
 dividers, so the build appends a second ``FREQUENCY PORT`` for ``clk25`` to the LPF
 (``add_preferences``; nextpnr keeps the last one) scaled by ``constrain_mhz / sys_mhz``, and
@@ -48,6 +49,7 @@ from ringkv.host.errors import ArgumentParser, RingKVError, UsageError, run_main
 from ringkv.sim.toolchain import setup_environ
 
 from .synth import AFTER_READ
+from .ulx3s import SYS_MHZ
 
 __all__ = ["build", "main", "BOARDS", "BuildFailed", "report_figures", "slack_pct",
            "SLACK_TARGET_PCT", "OVERCONSTRAIN_PCT", "overconstraint_lpf", "phase_of",
@@ -193,7 +195,7 @@ def _run_script(build_dir: Path, script: str, log_path: Path, progress: _Progres
                           + "".join(tail))
 
 
-def build(board: str = "ulx3s-85f", *, sys_mhz: float = 40.0, regions: int = 4096,
+def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 4096,
           build_dir=None, seed: int = 1, storage: str = "sd4", out=None,
           heartbeat_s: float = 60.0, constrain_mhz: float | None = None,
           config=None, lanes: int = 4, macs: int = 8, sealed: bool = False,
@@ -368,7 +370,9 @@ def _check_options(args) -> None:
 def main(argv=None):
     parser = ArgumentParser(prog="ringkv build", description=__doc__.splitlines()[0])
     parser.add_argument("--board", default="ulx3s-85f", choices=sorted(BOARDS))
-    parser.add_argument("--sys-mhz", type=float, default=40.0)
+    parser.add_argument("--sys-mhz", type=float, default=SYS_MHZ,
+                        help=f"the system clock, the PLL's output (default {SYS_MHZ:g}; 40: the "
+                             "fallback, docs/BOARD.md)")
     parser.add_argument("--regions", type=int, default=4096)
     parser.add_argument("--storage", default="sd4", choices=["sd4", "spi"],
                         help="SD card mode: native 4-bit (default) or SPI")

@@ -6,16 +6,18 @@ with the shipped trained model's calibrated per-layer scales, the numerics that 
 accuracy targets and fits the block RAM; ``docs/BENCHMARKS.md``):
 
 * the 25 MHz oscillator drives an ECP5 ``EHXPLLL`` to the system clock (``sys_mhz``, default
-  40 MHz; parameters from :func:`pll_params`, the same search as Trellis' ``ecppll``); the
-  system reset is held until the PLL locks;
+  60 MHz, :data:`SYS_MHZ`; 40 MHz is the tested fallback, ``docs/BOARD.md``; parameters from
+  :func:`pll_params`, the same search as Trellis' ``ecppll``); the system reset is held until
+  the PLL locks;
 * the FT231X USB UART (pins M1/L4) carries the framed protocol through
   :class:`ringkv.hw.link.uart.UART` at ``baud`` (default 3 Mbaud, a fractional divisor, so the
   average bit time is exact);
 * the micro-SD slot on the top's storage port, by default (``storage="sd4"``) in native mode
   with the 4-bit bus through :class:`ringkv.hw.storage.sdnative.SDNativeController` at SD CLK =
-  f_sys / 2 (20 MHz at 40 MHz; <= ``sd4_mhz``, 25 MHz: default speed), 400 kHz or less during
-  initialisation. The pins are our own resource :data:`SD_NATIVE` (``sd_card_native``: CLK out,
-  CMD and DAT0-3 bidirectional with the FPGA's pull-ups), because amaranth-boards 0.0.21's
+  f_sys / 4 at 60 MHz (15 MHz; f_sys / 2, 20 MHz, at 40 MHz: the fastest even division
+  <= ``sd4_mhz``, 25 MHz, default speed), 400 kHz or less during initialisation. The pins are
+  our own resource :data:`SD_NATIVE` (``sd_card_native``: CLK out, CMD and DAT0-3
+  bidirectional with the FPGA's pull-ups), because amaranth-boards 0.0.21's
   ``SDCardResources`` declares the 4-bit resource's CMD pin as output only, while the card
   answers on CMD. ``storage="spi"`` keeps SPI mode (``sd_card_spi``: CS on DAT3, CLK, COPI on
   CMD, CIPO on DAT0) through :class:`ringkv.hw.storage.sdspi.SDSPIController` at ``sd_mhz``;
@@ -71,7 +73,7 @@ from ringkv.hw.storage.sdram_store import SdramSectorStore
 from ringkv.hw.storage.sdspi import SDSPIController
 from ringkv.hw.top import RingKVTop
 
-__all__ = ["ULX3STop", "pll_params", "SD_NATIVE", "SIM_CLK2X", "STORAGE_MODES",
+__all__ = ["ULX3STop", "SYS_MHZ", "pll_params", "SD_NATIVE", "SIM_CLK2X", "STORAGE_MODES",
            "SIM_LOCK_CYCLES", "CLOCKS", "ACTIVITY_CYCLES", "ERROR_CYCLES", "IoTiming", "ECP5_IO",
            "T_AC_CL2", "SdramClockPlan", "sdram_clock_plan", "SDRAM_BL"]
 
@@ -97,6 +99,12 @@ STORAGE_MODES = ("sd4", "spi")
 SIM_LOCK_CYCLES = 16
 #: System clock cycles the reset is held after the PLL (or its stand-in) locks.
 POR_HOLD_CYCLES = 2**8
+#: The default system clock (MHz) of :class:`ULX3STop`, ``ringkv build --sys-mhz`` and ``make
+#: gatesim``: the PLL's output. 60 MHz: the build of bab76a5 met timing there with 11.7 %
+#: slack (``docs/BOARD.md`` says what else was checked at it); 40 MHz is the fallback
+#: (``ringkv build --sys-mhz 40``) until ``ringkv board check`` has passed on a real board at
+#: 60 MHz.
+SYS_MHZ = 60.0
 #: The clock sources of :class:`ULX3STop`: the board's PLL, or the simulation seam.
 CLOCKS = ("pll", "sim")
 #: the part named in the hot tier's parameters for each of ``BOARD_CHIPS`` (only its size counts:
@@ -241,9 +249,9 @@ def sdram_clock_plan(chip: SdramChip, tck_ns: float, cl: int, *, vco_mhz: float,
                           read_delay=read_delay)
 
 
-#: LED 4 stays lit this many clocks after a byte on the link (~52 ms at 40 MHz).
+#: LED 4 stays lit this many clocks after a byte on the link (~35 ms at 60 MHz, ~52 at 40).
 ACTIVITY_CYCLES = 1 << 21
-#: LED 5 stays lit this many clocks after a link error (~0.42 s at 40 MHz).
+#: LED 5 stays lit this many clocks after a link error (~0.28 s at 60 MHz, ~0.42 at 40).
 ERROR_CYCLES = 1 << 24
 
 
@@ -258,8 +266,10 @@ def _stretch(m, event, cycles: int):
 
 
 class ULX3STop(Elaboratable):
-    """The board top level; see the module docstring. ``sealed``: the sealed device
-    (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenant slots, the record MAC).
+    """The board top level; see the module docstring. ``sys_mhz``: the system clock (the
+    PLL's output, :func:`pll_params`'s nearest; default :data:`SYS_MHZ`). ``sealed``: the
+    sealed device (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenant slots,
+    the record MAC).
     ``sdram``: the SDRAM part (:data:`ringkv.defs.sdram.BOARD_CHIPS` or a part's name; None:
     no SDRAM), ``sdram_cl`` its CAS latency, ``sdram_phase`` the SDRAM clock's phase in degrees
     (None: :func:`sdram_clock_plan`'s), ``sdram_read_delay`` the controller's ``read_delay``
@@ -270,7 +280,7 @@ class ULX3STop(Elaboratable):
     at the same frequency, the plan's phase behind it), ``sdram_cl`` then 3 by default; the
     self-test through a :class:`~ringkv.hw.sdram.widener.PortWidener`."""
 
-    def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = 40.0,
+    def __init__(self, config: RingKVConfig = TRAINED_CONFIG, *, sys_mhz: float = SYS_MHZ,
                  baud: int = 3_000_000, regions: int = 4096, lanes: int = 4, macs: int = 8,
                  sd_mhz: float = 10.0, storage: str = "sd4", sd4_mhz: float = 25.0,
                  clock: str = "pll", sealed: bool = False, sdram: str | None = "32MB",

@@ -11,8 +11,9 @@ as the simulation's ports:
   ``sim/ecp5_io_sim.v``, not by yosys' ``cells_io.vh``, whose ``TRELLIS_IO`` drives input pads
   with ``'z'`` and which Verilator rejects at the top level (the file says what differs);
 * the one seam is ``ULX3STop(clock="sim")``: no ``EHXPLLL``; the ``clk25`` pin is driven at
-  the PLL's output frequency (40 MHz) and the lock output is a counter (see the board
-  module's docstring);
+  the PLL's output frequency (the top's ``sys_mhz``: the board's default,
+  :data:`ringkv.boards.ulx3s.SYS_MHZ`, unless ``--top`` names another; :func:`board_clock`)
+  and the lock output is a counter (see the board module's docstring);
 * the UART pins ``uart_0__rx__io``/``uart_0__tx__io`` meet a bit-serial line model at the
   board's baud rate (:class:`ringkv.sim.cocotb_board.UartLine`: 8N1, mid-bit sampling,
   framing errors counted), bridged to a TCP socket exactly as :mod:`ringkv.sim.harness`;
@@ -51,13 +52,27 @@ __all__ = ["BOARD_TOP", "BOARDS", "board_top", "board_verilog", "IO_MODELS", "GA
            "ODDR_MODEL",
            "ecp5_share", "gate_netlist", "mult18x18d_model", "ecp5_cells_sim",
            "check_dp16kd_clocks", "DP16KD_BODY", "GateBoardDevice",
-           "build_board", "serve_board", "BoardDevice", "main"]
+           "build_board", "serve_board", "BoardDevice", "main", "board_clock"]
 
 log = logging.getLogger(__name__)
 
 BOARD_TOP = "ringkv_ulx3s"
 #: ``--board`` names served here (the same names as ``ringkv build --board``).
 BOARDS = ("ulx3s-85f",)
+
+
+def board_clock(sys_mhz: float | None = None) -> float:
+    """The system clock (MHz) a board top runs at: ``sys_mhz``, or None for the board's
+    default (:data:`ringkv.boards.ulx3s.SYS_MHZ`). ``ValueError`` (its message says why) when
+    it is not positive or no ``EHXPLLL`` setting reaches it from the 25 MHz oscillator. (The
+    simulation modules other than this one do not import the board package.)"""
+    from ringkv.boards.ulx3s import SYS_MHZ, pll_params
+    if sys_mhz is None:
+        return SYS_MHZ
+    if isinstance(sys_mhz, bool) or not isinstance(sys_mhz, int | float) or not sys_mhz > 0:
+        raise ValueError(f"the system clock must be a positive number of MHz, not {sys_mhz!r}")
+    pll_params(25.0, sys_mhz)
+    return float(sys_mhz)
 
 
 def board_top(config: RingKVConfig = TRAINED_CONFIG, *, gate: bool = False, **top_kwargs):

@@ -4,18 +4,21 @@ Started by :func:`ringkv.sim.board_harness.serve_board` (``ringkv sim --board``)
 pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors, port,
 ``sys_hz``, ``baud``, the SD adapter's name, ``cut_after``, ``card``).
 
-* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`); a top
+* ``clk25_0__io`` is driven at ``sys_hz`` (the PLL seam, :mod:`ringkv.boards.ulx3s`), its
+  period in whole, even picoseconds (:func:`clock_period_ps`: 16,666 ps at 60 MHz); a top
   with a half-rate SDRAM also has ``sim_clk2x_0__io``, driven at twice that from the same
-  instant (the seam's stand-in for the PLL's in-phase ``CLKOS``).
+  instant (the seam's stand-in for the PLL's in-phase ``CLKOS``), the system clock's period
+  then a multiple of 4 ps.
 * :class:`UartLine` is the host's side of the serial line, like the FT231X: it sends the
   socket's bytes on ``uart_0__rx__io`` as 8N1 characters at the baud rate (bit edges at the
   exact ideal times, rounded to the picosecond, back to back) and receives
   ``uart_0__tx__io``: a falling edge starts a character, every bit is sampled at its middle
   by the ideal bit time, a stop bit read as 0 counts a framing error (the byte is dropped, as
-  a real receiver does) and a start bit that is high again at its middle counts a glitch. The
-  device's transmitter spreads its fractional divisor (40 MHz / 3 Mbaud = 13 1/3 clocks) over
-  the bits, each edge within one clock (25 ns of 333 ns) of the ideal one: mid-bit sampling
-  tolerates it. Received bytes go to the socket when the line has been idle for two bit times.
+  a real receiver does) and a start bit that is high again at its middle counts a glitch. At
+  the default 60 MHz a bit is exactly 20 clocks; at 40 MHz the device's transmitter spreads its
+  fractional divisor (40 MHz / 3 Mbaud = 13 1/3 clocks) over the bits, each edge within one
+  clock (25 ns of 333 ns) of the ideal one: mid-bit sampling tolerates it. Received bytes go
+  to the socket when the line has been idle for two bit times.
   The counters are printed to the simulator's log (stderr) at the end of every connection.
 * The SD pins go to the card model chosen by name in :data:`SD_ADAPTERS`: ``"sd4"`` (the
   bitstream's default, native 4-bit: :class:`CocotbSD4Pads` with the strict 4-bit card model
@@ -29,7 +32,7 @@ pytest directly. The parameters come as JSON in ``RINGKV_BOARD`` (image, sectors
   meet the strict pin-level SDRAM model (:class:`CocotbSdramPads` on
   :class:`~ringkv.sim.sdram_model.SdramModel`, with the faults of ``sdram_faults``, if any):
   any violation of the chip's rules stops the simulated board (exit status 1). A top whose
-  controller has ``read_delay`` 1 (the board at 60 MHz) meets the model through
+  controller has ``read_delay`` 1 (the board at 60 MHz, its default) meets the model through
   :class:`~ringkv.sim.sdram_model.PinDelay`: the SDRAM takes the pins an edge later.
 """
 
@@ -54,7 +57,7 @@ from .sdram_model import PinDelay, SdramModel, SdramPins, SdramViolation
 from .sector_model import PowerCut, SectorImage
 
 __all__ = ["UartLine", "SD_ADAPTERS", "CocotbSD4Pads", "SDProtocolViolation", "start_board",
-           "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
+           "clock_period_ps", "serve", "PINS", "CocotbSdramPads", "SDRAM_PADS"]
 
 #: The board top's port names (amaranth-boards' resource names, ``__io`` the pad).
 PINS = {"clk": "clk25_0__io", "clk2x": "sim_clk2x_0__io", "rx": "uart_0__rx__io",
@@ -306,19 +309,8 @@ def _sdram(dut, params):
     # at half rate the pads' registers and the SDRAM run on the seam's second clock
     fast = sdram.get("rate", 1) == 2
     return CocotbSdramPads(dut, model, getattr(dut, PINS["clk2x" if fast else "clk"]),
-                           clock_period_ps(params) // (2 if fast else 1),
+                           _board_period_ps(params) // (2 if fast else 1),
                            pin_delay=sdram.get("read_delay", 0))
-
-
-def clock_period_ps(params: dict) -> int:
-    """The system clock's period in ps; with the half-rate SDRAM's second clock, a multiple
-    of 4 ps, so that both clocks' half periods are whole picoseconds and every other edge of
-    the fast clock falls at the instant of one of the system clock's (``sys_hz`` 0.01 %
-    off at most: the UART's divisor tolerates far more)."""
-    sdram = params.get("sdram") or {}
-    if sdram.get("rate", 1) == 2:
-        return 4 * round(10**12 / params["sys_hz"] / 4)
-    return round(10**12 / params["sys_hz"])
 
 
 async def _serve_sdram(sdram):
@@ -340,9 +332,28 @@ async def _serve_card(card):
         os._exit(1)
 
 
+def clock_period_ps(sys_hz: float, rate: int = 1) -> int:
+    """The board clock's period on the simulated ``clk25`` pin: whole picoseconds (the
+    simulation's precision) and even, since cocotb's ``Clock`` splits a period into two equal
+    halves and refuses an odd one. 25,000 ps at 40 MHz (exact); 16,666 ps at 60 MHz, whose
+    16,666.7 ps would round to an odd 16,667: the simulated board runs 40 ppm fast
+    (60.0024 MHz), far inside what the UART's mid-bit sampling tolerates; the SDRAM model
+    counts clocks, not time. With the half-rate SDRAM (``rate`` 2) a multiple of 4 ps, so that
+    the second clock's half period is whole picoseconds too and every other edge of it falls
+    at the instant of one of the system clock's (16,668 ps at 60 MHz, 0.01 % slow). Every use
+    of the period (the clocks, the SDRAM adapter's skipped clocks, the waits) takes this
+    one."""
+    step = 2 * rate
+    return step * round(10**12 / sys_hz / step)
+
+
+def _board_period_ps(params: dict) -> int:
+    return clock_period_ps(params["sys_hz"], (params.get("sdram") or {}).get("rate", 1))
+
+
 def start_board(dut, params: dict, on_bytes=None):
     """Clock, UART line and SD card on the pins; returns ``(line, image, card)``."""
-    period_ps = clock_period_ps(params)
+    period_ps = _board_period_ps(params)
     Clock(getattr(dut, PINS["clk"]), period_ps, unit="ps").start()
     if (params.get("sdram") or {}).get("rate", 1) == 2:
         # the seam's second clock (ULX3STop's SIM_CLK2X), started in the same instant
@@ -368,7 +379,7 @@ async def serve(dut):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     sock = _Socket(params["port"])
     line, image, _ = start_board(dut, params, on_bytes=sock.send)
-    period_ps = clock_period_ps(params)
+    period_ps = _board_period_ps(params)
     # The board is configured and out of reset before a host opens its port: the URL is
     # printed once the PLL stand-in has locked and the power-on reset hold is over. (A byte
     # that arrives while the reset is held is lost, as on the board; the RTL simulation runs

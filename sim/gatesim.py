@@ -44,9 +44,16 @@ miss, then a power cut (the simulator killed), a restart on the same card image,
 own recovery scan finding the record, and a QUERY hit with the rings equal to the golden core's
 again. It prints a one-line summary and writes ``figures.json`` in its work directory (read by
 ``bench/bench_board.py``).
+
+The top runs at the system clock of ``--sys-mhz`` (default: the board's,
+:data:`ringkv.boards.ulx3s.SYS_MHZ`, through :func:`~ringkv.sim.board_harness.board_clock`):
+what differs with the clock is in the netlist (the UART's fractional divisor, the SD clock's
+dividers, the SDRAM controller's timings in clocks and its ``read_delay``, 1 at 60 MHz, 0 at
+40), and the testbench drives the clock pin, the UART line and the SDRAM model at that
+frequency. The clock is always passed to the top, so the build directory
+(``build/gate/<key>``) names it.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -57,8 +64,10 @@ import numpy as np
 
 from ringkv.defs.config import RingKVConfig
 from ringkv.defs.protocol import REQUESTS, RESPONSES, RING_CLEAR_ALL, Op, Status
+from ringkv.host.errors import ArgumentParser, UsageError, run_main
 
-from .board_harness import GateBoardDevice, build_board
+from . import procs
+from .board_harness import GateBoardDevice, board_clock, build_board
 from .board_harness import main as board_main
 
 __all__ = ["smoke", "main", "SMOKE_CONFIG", "SMOKE_TOP"]
@@ -72,28 +81,42 @@ SMOKE_CONFIG = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=8, window=
 SMOKE_TOP = {"regions": 4, "lanes": 2, "macs": 4}
 #: Seconds the smoke waits for a recovery scan of the gate-level board (about 5 min here).
 RECOVERY_TIMEOUT_S = 1800
+#: Seconds the smoke waits for the answer to any one request. Its longest, the board check's
+#: prefill of 10 tokens (640 B of q/k/v in, 640 B of outputs back), keeps the link busy for
+#: some 258,000 board clocks at 60 MHz (200 clocks a byte at 3 Mbaud; 172,000 at 40 MHz),
+#: which the netlist simulates at 300-1,400 cycles/s on this 2-core machine, by its load:
+#: 600 s, the timeout before, ran out at 60 MHz on a loaded machine. An hour: a device that
+#: never answers is still found, an hour later.
+REQUEST_TIMEOUT_S = 3600
 
 
 def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
-          say=print) -> tuple[bool, dict]:
-    """Build (cached) and run the smoke scenario on the gate-level board; ``(ok, figures)``."""
+          say=print, *, sys_mhz: float | None = None) -> tuple[bool, dict]:
+    """Build (cached) and run the smoke scenario on the gate-level board; ``(ok, figures)``.
+
+    ``sys_mhz``: the system clock (None: ``top``'s ``sys_mhz``, else the board's default,
+    :data:`~ringkv.boards.ulx3s.SYS_MHZ`); ``figures`` has ``sys_mhz`` (that request) and
+    ``sys_hz`` (the PLL's output that the netlist and the testbench use)."""
     from ringkv.host.device.board_check import BoardCheck
     from ringkv.host.device.fpga import FpgaDevice
     from ringkv.host.device.link import DeviceError, Link, LinkError
 
-    top = SMOKE_TOP if top is None else top
+    top = dict(SMOKE_TOP if top is None else top)
+    top["sys_mhz"] = board_clock(top.get("sys_mhz") if sys_mhz is None else sys_mhz)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     image = workdir / "card.img"
     image.unlink(missing_ok=True)
     t0 = time.monotonic()
-    build_board(config, gate=True, **top)
-    figures = {"build_s": round(time.monotonic() - t0, 1)}
+    _, info = build_board(config, gate=True, **top)
+    figures = {"sys_mhz": top["sys_mhz"], "sys_hz": info["sys_hz"],
+               "sdram_read_delay": (info["sdram"] or {}).get("read_delay"),
+               "build_s": round(time.monotonic() - t0, 1)}
     t1 = time.monotonic()
     cycles = 0
     with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-1.log",
                          **top) as dev:
-        link = Link(dev.url, timeout=600)
+        link = Link(dev.url, timeout=REQUEST_TIMEOUT_S)
         # recovery scans (power-on, and the check's rebuild at its end) take minutes of wall
         # time here: the board's 0.25 s at 1,000-odd cycles/s
         # the SDRAM step over one burst-row of words, no pause (at ~600 cycles/s the whole
@@ -121,7 +144,7 @@ def smoke(workdir, config: RingKVConfig = SMOKE_CONFIG, top: dict | None = None,
         return False, figures
     with GateBoardDevice(image, config=config, prebuilt=True, log=workdir / "sim-2.log",
                          **top) as dev:
-        link = Link(dev.url, timeout=600)
+        link = Link(dev.url, timeout=REQUEST_TIMEOUT_S)
         fpga = FpgaDevice(link, config)
         fpga.check_config()
         st = fpga.wait_ready(timeout=RECOVERY_TIMEOUT_S)    # the device's own recovery scan
@@ -154,26 +177,47 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] != "smoke":
         return board_main(argv, gate=True)          # serve, as ``ringkv sim --board --gate``
-    parser = argparse.ArgumentParser(prog="python -m ringkv.sim.gatesim smoke",
-                                     description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m ringkv.sim.gatesim smoke",
+                            description=__doc__.splitlines()[0])
     parser.add_argument("smoke")
     parser.add_argument("--workdir", default="build/gatesim-run")
     parser.add_argument("--config", default=None, help="RingKVConfig fields as JSON")
     parser.add_argument("--top", default=None, help="ULX3STop keyword arguments as JSON")
+    parser.add_argument("--sys-mhz", type=float, default=None,
+                        help=f"the system clock (default: the board's, {board_clock():g} "
+                             "MHz, or --top's sys_mhz)")
     args = parser.parse_args(argv)
-    config = RingKVConfig(**json.loads(args.config)) if args.config else SMOKE_CONFIG
-    top = json.loads(args.top) if args.top else SMOKE_TOP
-    ok, fig = smoke(args.workdir, config, top)
+    try:
+        config = RingKVConfig(**json.loads(args.config)) if args.config else SMOKE_CONFIG
+        top = json.loads(args.top) if args.top else dict(SMOKE_TOP)
+        if not isinstance(top, dict):
+            raise ValueError("--top is a JSON object")
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"bad --config or --top: {e}", param="config") from None
+    if args.sys_mhz is not None and "sys_mhz" in top and top["sys_mhz"] != args.sys_mhz:
+        raise UsageError(f"--sys-mhz {args.sys_mhz:g} and --top's sys_mhz {top['sys_mhz']!r} "
+                         "disagree", param="sys_mhz", hint="give the clock once")
+    try:
+        sys_mhz = board_clock(args.sys_mhz if args.sys_mhz is not None else top.get("sys_mhz"))
+    except ValueError as e:
+        raise UsageError(f"bad system clock (--sys-mhz, or --top's sys_mhz): {e}",
+                         param="sys_mhz") from None
+    # SIGTERM and SIGHUP as Ctrl-C: the simulators this starts (their own process groups)
+    # stop with it, however it ends
+    with procs.interruptible():
+        ok, fig = smoke(args.workdir, config, top, sys_mhz=sys_mhz)
+    top = {**top, "sys_mhz": fig["sys_mhz"]}
     # the figures of this run, for the board benchmark (bench/bench_board.py)
     (Path(args.workdir) / "figures.json").write_text(json.dumps(
         {"ok": ok, **fig, "config": config.__dict__, "top": top,
          "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
     print(f"gatesim: {'PASS' if ok else 'FAIL'} -- synth_ecp5 netlist of the ULX3S top at its "
-          f"pins (config digest {config.digest().hex()[:16]}, {top}): {fig['cycles']} board "
-          f"cycles in {fig['scenario_s']} s = {fig['cycles_per_s']} cycles/s; build "
-          f"{fig['build_s']} s")
+          f"pins at {fig['sys_hz'] / 1e6:g} MHz (config digest {config.digest().hex()[:16]}, "
+          f"{top}): {fig['cycles']} board cycles in {fig['scenario_s']} s = "
+          f"{fig['cycles_per_s']} cycles/s; build {fig['build_s']} s")
     return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # "ringkv: " lines, as the board server's (SimDevice names the last one when it fails)
+    sys.exit(run_main(main))

@@ -104,7 +104,9 @@ def test_parameter_errors():
         ULX3STop(SMOKE_CONFIG, sdram_cl=4, **SMOKE_TOP)
     at60 = ULX3STop(SMOKE_CONFIG, sys_mhz=60, **SMOKE_TOP).sdram_plan
     assert at60.closes and at60.read_delay == 1
-    assert ULX3STop(SMOKE_CONFIG, **SMOKE_TOP).sdram_plan.read_delay == 0
+    assert ULX3STop(SMOKE_CONFIG, **SMOKE_TOP).sdram_plan == at60        # the default clock
+    at40 = ULX3STop(SMOKE_CONFIG, sys_mhz=40, **SMOKE_TOP).sdram_plan
+    assert at40.closes and at40.read_delay == 0
     forced = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_read_delay=0, **SMOKE_TOP).sdram_plan
     assert not forced.closes and forced.read_delay == 0
     top = ULX3STop(SMOKE_CONFIG, sys_mhz=60, sdram_phase=90, **SMOKE_TOP)
@@ -118,12 +120,22 @@ def _rtlil(top):
     return plan.files["top.il"]
 
 
-def test_the_board_top_with_its_sdram():
-    """The bitstream's top (the PLL): EHXPLLL's CLKOS enabled at CLKOP's divider and 26 phase
-    steps behind it (CPHASE 6 + 3, FPHASE 2); the SDRAM pins in the I/O cells' registers and
-    the clock from an ODDRX1F; the hot tier with its compact slots (the small configuration:
-    4 regions, so 4 slots); LED 6; the top executes SDRAM_TEST."""
-    top = ULX3STop(SMOKE_CONFIG, **SMOKE_TOP)
+#: system clock (None: the default) -> (CLKOP_DIV, CLKOP_CPHASE, CLKOS_CPHASE, CLKOS_FPHASE,
+#: the controller's read_delay): 69 phase steps at 60 MHz (310.5 degrees), 26 at 40 (78)
+PLL_PHASES = {None: (10, 4, 4 + 8, 5, 1), 40: (15, 6, 6 + 3, 2, 0)}
+
+
+@pytest.mark.parametrize("mhz", [None, pytest.param(40, marks=pytest.mark.slow)])
+def test_the_board_top_with_its_sdram(mhz):
+    """The bitstream's top (the PLL) at the default clock, 60 MHz, and at the 40 MHz fallback:
+    EHXPLLL's CLKOS enabled at CLKOP's divider and the plan's phase steps behind it (60 MHz:
+    69 steps, CPHASE 4 + 8, FPHASE 5; 40 MHz: 26 steps, CPHASE 6 + 3, FPHASE 2); the SDRAM
+    pins in the I/O cells' registers and the clock from an ODDRX1F; the hot tier with its
+    compact slots (the small configuration: 4 regions, so 4 slots); LED 6; the top executes
+    SDRAM_TEST."""
+    top = ULX3STop(SMOKE_CONFIG, **({} if mhz is None else {"sys_mhz": mhz}), **SMOKE_TOP)
+    div, op_cphase, os_cphase, os_fphase, read_delay = PLL_PHASES[mhz]
+    assert top.sys_hz == (mhz or 60) * 1e6 and top.sdram_plan.read_delay == read_delay
     assert top.top.has_sdram_test
     assert top.tier_params is top.top.tier
     assert (top.tier_params["slots"], top.tier_params["slot_token_sectors"]) == (4, 1)
@@ -133,12 +145,14 @@ def test_the_board_top_with_its_sdram():
     pll = pll[:pll.index("\n  end")]
     params = dict(re.findall(r"parameter \\(\w+) (\S+)", pll))
     assert params["CLKOS_ENABLE"] == '"ENABLED"' and params["CLKOS_DIV"] == params["CLKOP_DIV"]
-    assert int(params["CLKOS_CPHASE"]) == int(params["CLKOP_CPHASE"]) + 3 == 9
-    assert int(params["CLKOS_FPHASE"]) == 2
+    assert int(params["CLKOP_DIV"]) == div and int(params["CLKOP_CPHASE"]) == op_cphase
+    assert int(params["CLKOS_CPHASE"]) == os_cphase and int(params["CLKOS_FPHASE"]) == os_fphase
     cells = Counter(re.findall(r"cell \\(\w+) ", il))
     assert cells["IFS1P3DX"] == 16 and cells["ODDRX1F"] == 1
     assert cells["OFS1P3DX"] >= 22 + 2 * 16
     assert "led_6__io" in il and "sdram_0__dq__io" in il
+    if mhz is not None:
+        return
     # without the SDRAM: the top of before (no SDRAM pins, six LEDs, no SDRAM_TEST)
     bare = ULX3STop(SMOKE_CONFIG, sdram=None, **SMOKE_TOP)
     assert not bare.top.has_sdram_test

@@ -1,7 +1,9 @@
 """The ULX3S board top at its pins on Verilator (``ringkv.sim.board_harness``): cocotbext-uart
 as the line partner, the LEDs, and ``ringkv board check`` over the socket bridge. The top is
-the bitstream's default (SD native 4-bit: the strict 4-bit card model on the platform's ``BB``
-pads, split by :func:`~ringkv.sim.board_harness.expose_bidir_pads`).
+the bitstream's default (the 60 MHz system clock, so the SDRAM controller takes read data an
+edge later, ``read_delay`` 1; SD native 4-bit: the strict 4-bit card model on the platform's
+``BB`` pads, split by :func:`~ringkv.sim.board_harness.expose_bidir_pads`); a slow test runs
+the board check on the 40 MHz fallback.
 
 One Verilator build of the board top (a small configuration, cached in ``build/board``) serves
 every test here; each test starts its own simulator process on it (fresh power-up).
@@ -21,7 +23,7 @@ from ringkv.sim.gatesim import SMOKE_CONFIG, SMOKE_TOP
 #: in its numerics (ringkv-fx1c); the same as the gate-level smoke's.
 CFG, TOP = SMOKE_CONFIG, SMOKE_TOP
 #: The SDRAM step on the simulated board: the full pattern over 4096 words (the whole 32 MB
-#: would take 34 million clocks, half an hour here) and a 1 ms pause (40,000 clocks)
+#: would take 34 million clocks, half an hour here) and a 1 ms pause (60,000 clocks)
 SDRAM_ARGS = ["--sdram-words", "4096", "--sdram-pause", "1"]
 
 
@@ -29,7 +31,10 @@ SDRAM_ARGS = ["--sdram-words", "4096", "--sdram-pause", "1"]
 def board_build():
     from ringkv.sim.board_harness import build_board
     build = build_board(CFG, **TOP)
-    assert build[1]["storage"] == "sd4"     # the bitstream's default top: SD native 4-bit
+    # the bitstream's default top: 60 MHz (the SDRAM's read data an edge later), SD native
+    # 4-bit
+    assert build[1]["storage"] == "sd4" and build[1]["sys_hz"] == 60e6
+    assert build[1]["sdram"]["read_delay"] == 1
     return build
 
 
@@ -101,7 +106,7 @@ def test_board_check_on_the_pin_level_board(board_build, tmp_path, capsys):
     # STORAGE_INFO in the storage step: the bitstream's SD mode and clock, the card model's
     # type (OCR) and capacity (its CSD: the image rounded up to 1024 sectors)
     card = 1024 * -(-TOP["regions"] * RecordLayout(CFG).sectors_per_region // 1024)
-    assert (f"SD card, native 4-bit bus at 20 MHz: SDHC/SDXC, {card // 2:.1f} KiB "
+    assert (f"SD card, native 4-bit bus at 15 MHz: SDHC/SDXC, {card // 2:.1f} KiB "
             f"({card} sectors), initialised;") in first, first
     assert "region 0 holds no record" in first, first
     assert "region 1 holds no record (kept: region 0: a valid record)" in second, second
@@ -128,7 +133,7 @@ def test_board_check_names_an_sdsc_card(board_build, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "[PASS] identity" in out and "[FAIL] storage" in out, out
     assert "[PASS] sdram" in out, out      # the memory test needs no card
-    assert "native 4-bit bus at 20 MHz: SDSC" in out and "NOT initialised" in out, out
+    assert "native 4-bit bus at 15 MHz: SDSC" in out and "NOT initialised" in out, out
     assert "storage errors, the last NOT_READY" in out, out
     assert "native mode supports SDHC/SDXC only" in out and "--storage spi" in out, out
 
@@ -177,6 +182,28 @@ def test_board_check_on_the_spi_variant(tmp_path, capsys):
     assert "board check: 8/8 steps passed" in out
     assert ("SD card, SPI mode (1-bit) at 10 MHz: SDHC/SDXC, size unknown (SPI mode does not "
             "read the CSD), initialised;") in out, out
+
+
+@requires_verilator
+@pytest.mark.slow
+def test_board_check_at_the_40_mhz_fallback(tmp_path, capsys):
+    """The board at the system clock it falls back to (``ringkv build --sys-mhz 40``: the
+    SDRAM's read data taken ``CL`` edges after the READ, ``read_delay`` 0; SD CLK 20 MHz):
+    ``ringkv board check`` passes every step (its own build)."""
+    from ringkv.cli import main
+    from ringkv.sim.board_harness import BoardDevice, build_board
+    top = dict(TOP, sys_mhz=40)
+    info = build_board(CFG, **top)[1]
+    assert info["sys_hz"] == 40e6 and info["sdram"]["read_delay"] == 0
+    with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True,
+                     log=tmp_path / "sim.log", **top) as dev:
+        assert main(["board", "check", "--link", dev.url, "--config", json.dumps(CFG.__dict__),
+                     "--ping-sizes", "0,16", *SDRAM_ARGS]) == 0
+    out = capsys.readouterr().out
+    assert "board check: 8/8 steps passed" in out, out
+    assert "SD card, native 4-bit bus at 20 MHz: SDHC/SDXC" in out, out
+    log = (tmp_path / "sim.log").read_text()
+    assert "SD protocol violation" not in log and "SDRAM violation" not in log, log
 
 
 def test_board_check_without_a_device(capsys):

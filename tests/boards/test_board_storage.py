@@ -13,10 +13,12 @@ def test_storage_parameter():
     with pytest.raises(ValueError, match=r"^storage must be one of \('sd4', 'spi'\), "
                                          r"not 'sdio'$"):
         ULX3STop(DEMO_CONFIG, regions=16, storage="sdio")
-    assert ULX3STop(DEMO_CONFIG, regions=16).sd_half == 1             # 20 MHz at 40 MHz
+    assert ULX3STop(DEMO_CONFIG, regions=16, sys_mhz=40).sd_half == 1  # 20 MHz
     assert ULX3STop(DEMO_CONFIG, regions=16, sys_mhz=50).sd_half == 1  # 25 MHz
     assert ULX3STop(DEMO_CONFIG, regions=16, sys_mhz=60).sd_half == 2  # 15 MHz, not 30
-    assert ULX3STop(DEMO_CONFIG, regions=16, storage="spi").sd_half == 2
+    assert ULX3STop(DEMO_CONFIG, regions=16).sd_half == 2              # the default, 60 MHz
+    assert ULX3STop(DEMO_CONFIG, regions=16, sys_mhz=40, storage="spi").sd_half == 2  # 10 MHz
+    assert ULX3STop(DEMO_CONFIG, regions=16, storage="spi").sd_half == 3               # 10 MHz
 
 
 def _prepare(storage):

@@ -29,7 +29,7 @@ from ringkv.defs.record import RecordLayout, token_bytes
 from ringkv.host.device.frames import encode_request, encode_response
 from ringkv.host.device.ops import pack_attn, unpack_attn
 from ringkv.host.golden.fixed import FixedRingCore
-from ringkv.sim.cocotb_board import PINS, SD_ADAPTERS, UartLine
+from ringkv.sim.cocotb_board import PINS, SD_ADAPTERS, UartLine, clock_period_ps
 from ringkv.sim.sector_model import SectorImage
 
 BAUD_TIMEOUT_US = 4000
@@ -49,7 +49,7 @@ def _led(dut, i):
 async def _power_up(dut):
     """Clock, SD card, UART partner; wait until the card is initialised (LED 1)."""
     params = _params()
-    Clock(getattr(dut, PINS["clk"]), round(1e12 / params["sys_hz"]), unit="ps").start()
+    Clock(getattr(dut, PINS["clk"]), clock_period_ps(params["sys_hz"]), unit="ps").start()
     image = SectorImage(params["image"], params["sectors"])
     card = SD_ADAPTERS[params.get("storage", "spi")](dut, image, None)
     cocotb.start_soon(card.run())
