@@ -35,14 +35,15 @@ class SdramStoreTop(wiring.Component):
     """:class:`SdramSectorStore` on port 0 of a one-port :class:`SdramController`.
 
     ``controller`` holds the controller's parameters (``chip``, ``tck_ns``, ``cl``, ``bl``,
-    ...), ``store`` the store's (``sectors``, ``base``, ``_bug``). Ports: ``storage`` (the
-    store's), ``pins`` (the controller's), ``ready`` (the SDRAM's power-up is done)."""
+    ...), ``store`` the store's (``sectors``, ``base``, ``width``, ``_bug``). Ports:
+    ``storage`` (the store's), ``pins`` (the controller's), ``ready`` (the SDRAM's power-up is
+    done)."""
 
     def __init__(self, controller: dict, store: dict | None = None):
         self.ctrl = SdramController(**controller)
         self.store = SdramSectorStore.for_controller(self.ctrl, **(store or {}))
         super().__init__({
-            "storage": In(StoragePortSignature()),
+            "storage": In(StoragePortSignature(self.store.width)),
             "pins": Out(SdramPinsSignature(self.ctrl.chip)),
             "ready": Out(1),
         })
@@ -144,12 +145,14 @@ def run_store(top: SdramStoreTop, script, *, model: SdramModel | None = None, se
 
 
 
-def transfer_clocks(controller: dict, counts=(1, 8, 256), *, lba: int = 0, seed: int = 0):
+def transfer_clocks(controller: dict, counts=(1, 8, 256), *, lba: int = 0, seed: int = 0,
+                    store: dict | None = None):
     """Exact clocks of a write and then a read of ``count`` sectors at ``lba`` for each of
     ``counts``, one after the other on a store over the whole chip, no idle and no
     backpressure: ``{("w" | "r", count): clocks}`` from the command offered to the status's
-    transfer. Every read must return what was written (else ``AssertionError``)."""
-    top = SdramStoreTop(controller)
+    transfer. Every read must return what was written (else ``AssertionError``). ``store``:
+    the store's parameters (``width``, ...)."""
+    top = SdramStoreTop(controller, store)
     rng = random.Random(seed)
     script = []
     for count in counts:

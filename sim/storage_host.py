@@ -10,9 +10,11 @@ withheld ``ready`` on every stream it sinks, so each controller is tested under 
 * :class:`CocotbStorageHost` -- the same for the Verilated controller (cocotb).
 
 The target side, a Python model of what answers a storage port, is ``sim/sector_model.py``.
-Both drivers return the controller's :class:`~ringkv.hw.storage.StorageError` together with what
-moved: a write stops offering bytes once the status arrives (an early error status ends the
-data phase), a read returns the bytes handed over before the status.
+The Amaranth drivers take the port's width from its data streams: a byte a transfer, or four on
+a wide port (``StoragePortSignature(width=4)``, the first byte low); they count and return bytes
+either way. Both drivers return the controller's :class:`~ringkv.hw.storage.StorageError`
+together with what moved: a write stops offering bytes once the status arrives (an early error
+status ends the data phase), a read returns the bytes handed over before the status.
 """
 
 import random
@@ -27,6 +29,11 @@ __all__ = ["storage_write", "storage_read", "CocotbStorageHost", "STORAGE_CMD_FI
 #: :data:`~ringkv.hw.storage.StorageCommand` (``op``, ``lba``, ``count``).
 STORAGE_CMD_FIELDS = [(name, field.width) for name, field in StorageCommand]
 _STATUS_FIELDS = [(name, field.width) for name, field in StorageStatus]
+
+
+def _width(port):
+    """Bytes a data transfer of ``port`` (1, or 4 on a wide port: ``StoragePortSignature``)."""
+    return len(port.rdata.payload) // 8
 
 
 def _status_ready(ctx, port, rng, hold, data_done):
@@ -48,6 +55,7 @@ async def storage_write(ctx, port, lba, data, *, count=None, rng=None, idle=0.0,
     count = len(data) // 512 if count is None else count
     await stream_put(ctx, port.cmd, {"op": StorageOp.WRITE, "lba": lba, "count": count},
                      rng=rng, idle=idle)
+    w = _width(port)
     i = 0
     while True:
         st_ready = _status_ready(ctx, port, rng, hold, i == len(data))
@@ -56,11 +64,11 @@ async def storage_write(ctx, port, lba, data, *, count=None, rng=None, idle=0.0,
                 ctx.set(port.wdata.valid, 0)
             else:
                 ctx.set(port.wdata.valid, 1)
-                ctx.set(port.wdata.payload, data[i])
+                ctx.set(port.wdata.payload, int.from_bytes(data[i:i + w], "little"))
         _, _, ready, valid, st_valid, st = await ctx.tick().sample(
             port.wdata.ready, port.wdata.valid, port.status.valid, port.status.payload)
         if ready and valid and i < len(data):
-            i += 1
+            i += w
             if i == len(data):
                 ctx.set(port.wdata.valid, 0)
         if st_valid and st_ready:
@@ -76,6 +84,7 @@ async def storage_read(ctx, port, lba, count, *, rng=None, stall=0.0, hold=0.0):
     Returns ``(StorageError, the bytes received)``."""
     await stream_put(ctx, port.cmd, {"op": StorageOp.READ, "lba": lba, "count": count},
                      rng=rng, idle=stall)
+    w = _width(port)
     out = bytearray()
     while True:
         st_ready = _status_ready(ctx, port, rng, hold, len(out) == count * 512)
@@ -84,7 +93,7 @@ async def storage_read(ctx, port, lba, count, *, rng=None, stall=0.0, hold=0.0):
         _, _, valid, byte, st_valid, st = await ctx.tick().sample(
             port.rdata.valid, port.rdata.payload, port.status.valid, port.status.payload)
         if take and valid:
-            out.append(byte)
+            out += byte.to_bytes(w, "little")
         if st_valid and st_ready:
             ctx.set(port.rdata.ready, 0)
             ctx.set(port.status.ready, 0)

@@ -19,11 +19,13 @@ this port, or on another port once the arbiter has taken it after this one) sees
 words; the SDRAM cells themselves hold them ``tWR`` after the WRITE burst, a few clocks later.
 
 Throughput: one byte per clock on ``rdata``/``wdata``, the port's peak, half of what the
-SDRAM's 16-bit bus moves. Reads keep bursts in flight ahead: the store asks for a burst as soon
-as the controller's read FIFO (``fifo_depth`` words) has room for it beyond every word already
-asked for, so the FIFO holds up to ``2 * fifo_depth`` clocks of bytes in reserve over a refresh
-or a row change. Writes pair two bytes into a word (``mask`` 0) and ask for a burst once its
-``bl`` words are in the write FIFO. Exact clocks: ``docs/blocks/sdram_store.md``.
+SDRAM's 16-bit bus moves; with ``width=4`` (half rate only) a 32-bit port word a clock, the
+wide storage port (``docs/blocks/sdram_store.md``). Reads keep bursts in flight ahead: the
+store asks for a burst as soon as the controller's read FIFO (``fifo_depth`` words) has room
+for it beyond every word already asked for, so the FIFO holds up to ``2 * fifo_depth`` clocks
+of bytes in reserve over a refresh or a row change. Writes pair two bytes into a word (``mask``
+0) and ask for a burst once its ``bl`` words are in the write FIFO. Exact clocks:
+``docs/blocks/sdram_store.md``.
 
 Latency: the status of a ``RANGE`` command is valid the clock after the command's transfer; a
 read's first byte is handed over ``CL + 10`` clocks after it from an open row (the store's state
@@ -48,7 +50,7 @@ from ringkv.defs.checks import check_int, check_pow2, check_type
 from ringkv.defs.sdram import DEFAULT_CHIP, SdramChip, check_burst_length, check_rate
 from ringkv.hw.sdram.arbiter import UserPortSignature
 
-from .port import SECTOR_BYTES, StorageError, StorageOp, StoragePortSignature
+from .port import SECTOR_BYTES, STORAGE_WIDTHS, StorageError, StorageOp, StoragePortSignature
 
 __all__ = ["SdramSectorStore", "SECTOR_WORDS", "BUGS"]
 
@@ -89,6 +91,9 @@ class SdramSectorStore(wiring.Component):
         The controller's (1, or 2 at half rate: its port words are 32 bits, four bytes of the
         sector in the same little-endian order, byte ``4 * i`` in the low byte of port word
         ``i``). The byte stream is the same.
+    width : int
+        Bytes a storage transfer: 1, or 4 at rate 2 (``StoragePortSignature(width=4)``: a
+        port word a transfer, no byte loop).
 
     Ports
     -----
@@ -102,7 +107,7 @@ class SdramSectorStore(wiring.Component):
 
     def __init__(self, chip: SdramChip = DEFAULT_CHIP, *, bl: int = 8, count_bits: int = 12,
                  fifo_depth: int | None = None, sectors: int | None = None, base: int = 0,
-                 rate: int = 1, _bug=None):
+                 rate: int = 1, width: int = 1, _bug=None):
         check_type("Chip", chip, SdramChip)
         check_burst_length(bl)
         check_rate(rate, bl)
@@ -115,14 +120,18 @@ class SdramSectorStore(wiring.Component):
         room = (chip.words - base) // SECTOR_WORDS
         sectors = room if sectors is None else sectors
         check_int("Sectors", sectors, low=1, high=room)
+        if width not in (1, 2 * rate) or width not in STORAGE_WIDTHS:
+            raise ValueError(f"Width must be 1 byte, or 4 (a port word) at rate 2, not "
+                             f"{width!r} at rate {rate}")
         if _bug is not None and _bug not in BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
+        self._width = width
         self._chip, self._bl, self._count_bits = chip, bl, count_bits
         self._fifo_depth, self._sectors, self._base, self._bug = fifo_depth, sectors, base, _bug
         self._rate = rate
         self._addr_bits = (chip.words - 1).bit_length()
         super().__init__({
-            "storage": In(StoragePortSignature()),
+            "storage": In(StoragePortSignature(width)),
             "sdram": Out(UserPortSignature(self._addr_bits, count_bits, rate)),
         })
 
@@ -141,6 +150,7 @@ class SdramSectorStore(wiring.Component):
     base = property(lambda self: self._base)
     fifo_depth = property(lambda self: self._fifo_depth)
     rate = property(lambda self: self._rate)
+    width = property(lambda self: self._width)
 
     def elaborate(self, platform):
         m = Module()
@@ -205,14 +215,18 @@ class SdramSectorStore(wiring.Component):
         room = Signal(range(depth + 1))
         m.d.comb += room.eq(depth - asked)
         room_bursts = room >> bl_words_log
+        sw = self._width                        # bytes a storage transfer
+        per = nb // sw                          # storage transfers a port word
         word = Signal(8 * nb)
-        have = Signal()          # ``word`` holds a byte to send
-        at = Signal(range(nb))   # ... byte number ``at`` of it
-        last = at == nb - 1
+        have = Signal()          # ``word`` holds a byte (a transfer) to send
+        at = Signal(range(max(per, 2)))         # ... transfer number ``at`` of it
+        last = (at == per - 1) if per > 1 else Const(1)
         r_take = Signal()
         in_order = [word[8 * k:8 * k + 8] for k in range(nb)]
         in_order = in_order[::-1] if bug == "byte_order" else in_order
-        m.d.comb += [st.rdata.valid.eq(have), st.rdata.payload.eq(Array(in_order)[at])]
+        pieces = [Cat(*in_order[sw * k:sw * k + sw]) for k in range(per)]
+        m.d.comb += [st.rdata.valid.eq(have),
+                     st.rdata.payload.eq(Array(pieces)[at] if per > 1 else pieces[0])]
         byte_out = st.rdata.valid & st.rdata.ready
         m.d.comb += [r_take.eq((state == _State.READ) & (~have | (last & byte_out))),
                      sd.r.ready.eq(r_take)]
@@ -224,19 +238,21 @@ class SdramSectorStore(wiring.Component):
         with m.Elif(byte_out):
             m.d.sync += [at.eq(at + 1), have.eq(~last)]
         with m.If(byte_out):
-            m.d.sync += bytes_left.eq(bytes_left - 1)
+            m.d.sync += bytes_left.eq(bytes_left - sw)
 
         if bug == "eager":
             room_bursts = Const(max_count)
         with m.If(state == _State.READ):
             with m.If(~sd_valid & (bursts_left != 0) & (room_bursts != 0)):
                 ask(smallest(bursts_left, room_bursts, Const(max_count)))
-            with m.If(byte_out & (bytes_left == 1)):
+            with m.If(byte_out & (bytes_left == sw)):
                 m.d.sync += state.eq(_State.STATUS)
 
         # ---- write: bytes to words, a burst asked for once its words are in the FIFO ---------
-        early = [Signal(8, name=f"w_byte{k}") for k in range(nb - 1)]  # a word's first bytes
-        got = Signal(range(nb))  # how many of them are in
+        # a word's first transfers, and how many of them are in
+        early = [Signal(8 * sw, name=f"w_piece{k}") for k in range(per - 1)]
+        got = Signal(range(max(per, 2)))
+        got_last = (got == per - 1) if per > 1 else Const(1)
         w_full = Signal()        # ``w_word`` waits for ``sdram.w``
         w_word = Signal(8 * nb)
         w_col = Signal(range(bl_words))
@@ -244,19 +260,20 @@ class SdramSectorStore(wiring.Component):
         m.d.comb += [sd.w.valid.eq(w_full), sd.w.payload.data.eq(w_word),
                      sd.w.payload.mask.eq(0),
                      st.wdata.ready.eq((state == _State.WRITE) & (bytes_left != 0)
-                                       & ((got != nb - 1) | ~w_full | sd.w.ready))]
+                                       & (~got_last | ~w_full | sd.w.ready))]
         byte_in = st.wdata.valid & st.wdata.ready
         w_taken = sd.w.valid & sd.w.ready
         with m.If(w_taken):
             m.d.sync += [w_full.eq(0), w_col.eq(w_col + 1 if bl_words > 1 else 0)]
         with m.If(byte_in):
-            m.d.sync += bytes_left.eq(bytes_left - 1)
-            with m.If(got == nb - 1):
-                whole = [*early, st.wdata.payload]
-                whole = whole[::-1] if bug == "byte_order" else whole
-                m.d.sync += [w_word.eq(Cat(*whole)), w_full.eq(1), got.eq(0)]
+            m.d.sync += bytes_left.eq(bytes_left - sw)
+            with m.If(got_last):
+                whole = Cat(*early, st.wdata.payload)
+                if bug == "byte_order":
+                    whole = Cat(*[whole[8 * k:8 * k + 8] for k in range(nb)][::-1])
+                m.d.sync += [w_word.eq(whole), w_full.eq(1), got.eq(0)]
             with m.Else():
-                for k in range(nb - 1):
+                for k in range(per - 1):
                     with m.If(got == k):
                         m.d.sync += early[k].eq(st.wdata.payload)
                 m.d.sync += got.eq(got + 1)
