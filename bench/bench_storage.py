@@ -55,16 +55,18 @@ SD4_BOARD = dict(init_half_period=50, half_period=1, resp_timeout=64, data_timeo
 SD4_CARD = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
 
 
-def dma_cycles(config, count: int, *, mac: bool = False, sealed: bool = False) -> dict:
+def dma_cycles(config, count: int, *, mac: bool = False, sealed: bool = False,
+               width: int = 1) -> dict:
     """Clocks of one export and one import of ``count`` tokens: ``DmaHarness`` (with the record
     MAC when ``mac``), the storage model at its peak of one byte per clock, counted from the
     command's transfer to the response. ``sealed`` (with ``mac``): under key slot 0, and the
-    record must verify as the golden sealed record under that key. Returns ``export``,
+    record must verify as the golden sealed record under that key. ``width`` 4: the engine's
+    wide storage port (the model serves a four-byte word a clock). Returns ``export``,
     ``import`` and ``record_bytes``."""
     if sealed and not mac:
         raise ValueError("a sealed transfer needs the MAC (mac=True)")
     lay = RecordLayout(config)
-    h = DmaHarness(config, 2, mac=mac)
+    h = DmaHarness(config, 2, mac=mac, width=width)
     image = SectorImage(sectors=2 * lay.sectors_per_region)
     key = random.Random(count).randbytes(32)
     clock = [0]

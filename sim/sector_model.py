@@ -163,9 +163,13 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
     ``fail(op, lba, count)`` (optional) is asked at each command in range: ``None``, or the
     number of data bytes after which that transfer ends early with ``CARD`` (a write's sector
     in progress is not stored, earlier ones are; ``0``: no data phase at all).
+    A wide port (``StoragePortSignature(width=4)``) moves four bytes a transfer, the first
+    low: byte counts (``error_after``, ``fail``) end at the last whole transfer before them,
+    and a power cut (``cut_after``) still falls between two bytes of a sector.
     """
     budget = _Budget(cut_after)
     error_budget = [error_after]
+    w = len(port.rdata.payload) // 8       # bytes a data transfer (a wide port: 4)
 
     def chance(p):
         return rng is not None and p > 0 and rng.random() < p
@@ -203,13 +207,13 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
         if op == StorageOp.READ:
             data = image.read(lba, count)
             if fail_at is not None and fail_at < len(data):
-                data = data[:fail_at]
-            for byte in data:
+                data = data[:fail_at - fail_at % w]         # whole transfers
+            for i in range(0, len(data), w):
                 while chance(idle):
                     ctx.set(port.rdata.valid, 0)
                     await ctx.tick()
                 ctx.set(port.rdata.valid, 1)
-                ctx.set(port.rdata.payload, byte)
+                ctx.set(port.rdata.payload, int.from_bytes(data[i:i + w], "little"))
                 await tick_until(ctx, port.rdata.ready)
             ctx.set(port.rdata.valid, 0)
             if fail_at is not None and fail_at < count * SECTOR_BYTES:
@@ -220,30 +224,32 @@ async def serve_storage(ctx, port, image: SectorImage, *, rng=None, idle=0.0, st
             moved = 0
             for s in range(count):
                 sector = bytearray()
-                for _ in range(SECTOR_BYTES):
-                    if error_budget[0] == 0 or (fail_at is not None and moved == fail_at):
+                for _ in range(SECTOR_BYTES // w):
+                    if (error_budget[0] is not None and error_budget[0] < w) or (
+                            fail_at is not None and moved + w > fail_at):
                         failed = True
                         break
                     while chance(stall):
                         ctx.set(port.wdata.ready, 0)
                         await ctx.tick()
                     ctx.set(port.wdata.ready, 1)
-                    (byte,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
-                    if budget.take():
-                        ctx.set(port.wdata.ready, 0)
-                        image.write(lba + s, bytes(sector))
-                        raise PowerCut(f"power cut in sector {lba + s} after {len(sector)} "
-                                       f"bytes")
-                    sector.append(byte)
-                    moved += 1
+                    (word,) = await tick_until(ctx, port.wdata.valid, port.wdata.payload)
+                    for byte in word.to_bytes(w, "little"):
+                        if budget.take():
+                            ctx.set(port.wdata.ready, 0)
+                            image.write(lba + s, bytes(sector))
+                            raise PowerCut(f"power cut in sector {lba + s} after "
+                                           f"{len(sector)} bytes")
+                        sector.append(byte)
+                    moved += w
                     if error_budget[0] is not None:
-                        error_budget[0] -= 1
+                        error_budget[0] -= w
                 if failed:
                     break
                 image.write(lba + s, bytes(sector))
             ctx.set(port.wdata.ready, 0)
             if failed:
-                if error_budget[0] == 0:
+                if error_budget[0] is not None and error_budget[0] < w:
                     error_budget[0] = None       # error_after fails once
                 await status(StorageError.CARD)
                 continue

@@ -87,14 +87,17 @@ async def dma_op(ctx, h, op, region, *, count=0, hash=0, seq=0, sealed=0, slot=0
 
 
 def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_after=None,
-             dead=False, log=None, error_after=None, process=None, hold=0.0, mac=True):
+             dead=False, log=None, error_after=None, process=None, hold=0.0, mac=True,
+             width=1, fail=None):
     """Run ``body(ctx, h, rng)`` against a harness whose storage is ``image``, with the MAC
     (``mac``, default) or without; ``process(h)`` (optional) gives an extra background process
     (a monitor); ``hold``: the chance per clock that the MAC refuses a new message (busy with
     another user). With the MAC, every clock a byte the engine offers it must find it ready
     (else the simulation fails). With a power cut (``cut_after``) the simulation ends when the
-    server loses power, else when the body ends."""
-    h = DmaHarness(config, regions, mac=mac)
+    server loses power, else when the body ends. ``width``: the engine's storage port's
+    bytes a transfer (4: the wide port; the sector model serves it in words); ``fail``: the
+    sector model's (a transfer ended early with ``CARD``)."""
+    h = DmaHarness(config, regions, mac=mac, width=width)
     sim = Simulator(h)
     sim.add_clock(1e-8)
     rng = random.Random(seed)
@@ -104,7 +107,7 @@ def simulate(config, regions, image, body, *, seed=0, idle=0.0, stall=0.0, cut_a
         try:
             await serve_storage(ctx, h.storage, image, rng=random.Random(seed + 1), idle=idle,
                                 stall=stall, cut_after=cut_after, dead=dead, log=log,
-                                error_after=error_after)
+                                error_after=error_after, fail=fail)
         except PowerCut as e:
             result["cut"] = str(e)
 

@@ -62,6 +62,20 @@ metadata reads and a few clocks per state change; see ``docs/BENCHMARKS.md`` for
 Backpressure: ``cmd`` is accepted only when idle; ``resp`` holds until taken; every storage
 stream may stall at any time. The ring and token ports have fixed latency and no backpressure.
 
+**A wide storage port** (``width=4``: ``StoragePortSignature(width=4)``, the SDRAM tier's at
+half rate): an open import's K/V area moves a four-byte word a clock, into the payload CRC
+(:class:`~ringkv.hw.storage.crc_bytes.CrcBytes`, four bytes a clock) and the K/V writer
+(:class:`~ringkv.hw.storage.kv_words.KvWordWriter`: V turned from the record's columns to the
+rings' rows) and from it into the ring port's four-byte writes (``ring_wide``: the attention
+core must take them, ``AttentionCore.takes_wide_writes``); the ring metadata is written once
+the writer's last chunk is in (state ``KV_DRAIN``). The header, the tokens and a sealed
+import's K/V area (the MAC takes a byte a clock) come a byte a clock through a
+:class:`~ringkv.hw.storage.port_width.WordsToBytes`; an OK status that arrives while it still
+holds the last word's bytes waits for them. Export's bytes go four to a word through a
+:class:`~ringkv.hw.storage.port_width.BytesToWords` (3 clocks more). Exact clocks against the
+byte port: ``tests/hw/storage/test_dma.py``'s ``test_wide_port_clocks``; an open import's K/V
+words are not on :attr:`DmaEngine.record_tap` (its CRC and the writer take them whole).
+
 Structure: this module is the transfer sequencer (request registers, storage commands, the phase
 state machine, the header checks' order); the header bytes come from
 :class:`~ringkv.hw.storage.record_header.HeaderEncoder` and go to
@@ -73,7 +87,7 @@ state machine, the header checks' order); the header bytes come from
 consumer of the byte stream attaches (``docs/blocks/dma.md``).
 """
 
-from amaranth import Module, Mux, Signal
+from amaranth import Const, Module, Mux, Signal
 from amaranth.lib import crc, data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -93,6 +107,7 @@ from ..attention.ring_port import RingPortSignature
 from ..enums import shaped
 from ..seal.mac import MacPortSignature
 from ..store.token_memory import TokenReadSignature
+from .crc_bytes import CrcBytes
 from .dma_stream import (
     ByteSource,
     RecordCursor,
@@ -101,7 +116,9 @@ from .dma_stream import (
     TokenChecker,
     WritePipeline,
 )
-from .port import StorageError, StorageOp, StoragePortSignature
+from .kv_words import KvWordWriter, kv_words_supported
+from .port import STORAGE_WIDTHS, StorageError, StorageOp, StoragePortSignature
+from .port_width import BytesToWords, WordsToBytes
 from .record_header import HEADER_CHECKS, HeaderEncoder, HeaderParser
 
 __all__ = ["DmaOp", "DmaCommand", "DmaResponse", "DmaEngine", "RecordStatus", "RecordKind"]
@@ -137,7 +154,9 @@ class DmaEngine(wiring.Component):
 
     Parameters: ``config`` (:class:`RingKVConfig`; ``window`` and ``head_dim`` powers of two,
     ``token_width`` <= 32), ``regions`` (storage regions, region ``r`` at sector
-    ``base_lba + r * sectors_per_region``), ``base_lba``.
+    ``base_lba + r * sectors_per_region``), ``base_lba``, ``width`` (the storage port's bytes
+    a transfer: 1, or 4 when a K row is whole words, ``kv_words_supported``; see the module's
+    docstring).
 
     Ports: ``cmd`` (In stream of :data:`DmaCommand`), ``resp`` (Out stream of
     :data:`DmaResponse`), ``storage`` (Out :class:`StoragePortSignature`), ``ring`` (Out
@@ -150,8 +169,14 @@ class DmaEngine(wiring.Component):
     the core serves another user.
     """
 
-    def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0):
+    def __init__(self, config: RingKVConfig, regions: int, base_lba: int = 0, *,
+                 width: int = 1):
         check_type("config", config, RingKVConfig)
+        if width not in STORAGE_WIDTHS:
+            raise ValueError(f"width must be one of {STORAGE_WIDTHS} bytes, not {width!r}")
+        if width == 4 and not kv_words_supported(config):
+            raise ValueError(f"a storage port of four-byte words needs a K row of whole words: "
+                             f"head_dim * EB = {config.head_dim * RecordLayout(config).elem_bytes}")
         check_int("regions", regions, low=1, high=(1 << 16) - 1)
         check_int("base_lba", base_lba, low=0)
         check_pow2("window", config.window)
@@ -168,10 +193,11 @@ class DmaEngine(wiring.Component):
             raise ValueError("a record area must be less than 65536 sectors")
         self._config, self._regions, self._base_lba, self._layout = (config, regions, base_lba,
                                                                      layout)
+        self._width = width
         super().__init__({
             "cmd": In(stream.Signature(DmaCommand)),
             "resp": Out(stream.Signature(DmaResponse)),
-            "storage": Out(StoragePortSignature()),
+            "storage": Out(StoragePortSignature(width)),
             "ring": Out(RingPortSignature.for_config(config)),
             "tokens": Out(TokenReadSignature(config.max_tokens, config.token_width)),
             "busy": Out(1),
@@ -194,6 +220,11 @@ class DmaEngine(wiring.Component):
     @property
     def layout(self):
         return self._layout
+
+    @property
+    def width(self):
+        """Bytes a storage transfer: 1, or 4 (an open import's K/V area a word a clock)."""
+        return self._width
 
     def elaborate(self, platform):
         m = Module()
@@ -240,7 +271,9 @@ class DmaEngine(wiring.Component):
         m.d.comb += s0.eq(head + 1 - v)          # oldest valid slot, mod W (W a power of two)
 
         # --- the pieces ------------------------------------------------------------------
-        m.submodules.pcrc = pcrc = _RECORD_CRC(data_width=8).create()
+        wide = self._width == 4
+        m.submodules.pcrc = pcrc = (CrcBytes(RECORD_CRC) if wide else
+                                    _RECORD_CRC(data_width=8).create())
         m.submodules.hcrc = hcrc = _RECORD_CRC(data_width=8).create()
         m.submodules.cursor = cursor = RecordCursor(c)
         m.submodules.header_encoder = henc = HeaderEncoder(c)
@@ -287,10 +320,37 @@ class DmaEngine(wiring.Component):
         # clock was one of the DMA's longest paths at the board's 60 MHz); import's come from
         # the storage port's read data in the clock it hands them over (below).
         m.d.comb += [hcrc.valid.eq(wpipe.hdr_valid), hcrc.data.eq(wpipe.hdr_byte)]
-        wiring.connect(m, wpipe.wdata, wiring.flipped(st.wdata))
+        if wide:
+            # export's bytes, four to a storage word
+            m.submodules.pack = pack = BytesToWords()
+            wiring.connect(m, wpipe.wdata, pack.i)
+            wiring.connect(m, pack.o, wiring.flipped(st.wdata))
+            wpipe_empty = wpipe.empty & ~pack.o.valid
+        else:
+            wiring.connect(m, wpipe.wdata, wiring.flipped(st.wdata))
+            wpipe_empty = wpipe.empty
+
+        # --- import: the storage's read data as bytes (rd_*), or on a wide port an open
+        # import's K/V area as words (word_mode: the payload CRC four bytes a clock, the K/V
+        # writer into the ring port's four-byte writes, docs/blocks/dma.md)
+        rd_valid, rd_ready = Signal(), Signal()
+        word_mode = Signal()
+        if wide:
+            m.submodules.unpack = unpack = WordsToBytes()
+            m.submodules.kv_writer = kvw = KvWordWriter(c)
+            m.d.comb += word_mode.eq(importing & (seg == RecordSegment.KV) & ~mac_run)
+            m.d.comb += [unpack.i.valid.eq(st.rdata.valid & ~word_mode),
+                         unpack.i.payload.eq(st.rdata.payload),
+                         rd_valid.eq(unpack.o.valid), unpack.o.ready.eq(rd_ready)]
+            with m.If(~word_mode):
+                m.d.comb += st.rdata.ready.eq(unpack.i.ready)
+            rbyte = unpack.o.payload
+            m.d.comb += [kvw.valid_slots.eq(v), kvw.first_slot.eq(s0), kvw.writes.ready.eq(1)]
+        else:
+            m.d.comb += [rd_valid.eq(st.rdata.valid), st.rdata.ready.eq(rd_ready)]
+            rbyte = st.rdata.payload
 
         # --- import: header parse, token compare; K/V bytes go straight to the ring port -----
-        rbyte = st.rdata.payload
         m.d.comb += [hparse.pos.eq(hdr_pos), hparse.byte.eq(rbyte),
                      tcheck.byte.eq(rbyte), tcheck.sel.eq(cursor.token_byte),
                      tcheck.token_word.eq(self.tokens.data)]
@@ -303,6 +363,15 @@ class DmaEngine(wiring.Component):
         m.d.comb += [crc_v.eq(wpipe.tap_valid), crc_d.eq(wpipe.tap_byte)]
         m.d.sync += [pcrc_v.eq(crc_v), pcrc_d.eq(crc_d)]
         m.d.comb += [pcrc.valid.eq(pcrc_v), pcrc.data.eq(pcrc_d)]
+        if wide:
+            # a K/V word of word mode, a clock behind as the bytes are
+            crc_wv, crc_wd = Signal(), Signal(32)
+            pcrc_wv, pcrc_wd = Signal(), Signal(32)
+            m.d.sync += [pcrc_wv.eq(crc_wv), pcrc_wd.eq(crc_wd)]
+            with m.If(pcrc_wv):
+                m.d.comb += [pcrc.valid.eq(1), pcrc.data.eq(pcrc_wd), pcrc.n.eq(4)]
+            with m.Else():
+                m.d.comb += pcrc.n.eq(1)
         tap = self.record_tap
         # (an export's header byte is on the tap a clock after its issue, the cursor one past it)
         m.d.comb += [tap.valid.eq(hcrc.valid | crc_v), tap.segment.eq(seg),
@@ -342,6 +411,11 @@ class DmaEngine(wiring.Component):
         m.d.comb += [self.ring.ring_addr.eq(cursor.ring_addr), self.ring.meta_ring.eq(ml),
                      self.tokens.addr.eq(cursor.token_index), self.ring.ring_wdata.eq(rbyte),
                      self.ring.meta_wcount.eq(meta_w_count), self.ring.meta_whead.eq(meta_w_head)]
+        if wide:
+            with m.If(kvw.writes.valid):
+                m.d.comb += [self.ring.ring_addr.eq(kvw.writes.payload.addr),
+                             self.ring.ring_wdata.eq(kvw.writes.payload.data),
+                             self.ring.ring_we.eq(1), self.ring.ring_wide.eq(1)]
         with m.FSM(name="dma"):
             with m.State("IDLE"):
                 m.d.comb += self.cmd.ready.eq(1)
@@ -425,9 +499,15 @@ class DmaEngine(wiring.Component):
                     m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
                                  total_nz.eq(seg_count != 0)]
                     m.d.comb += cursor.start.eq(1)
+                    if wide:
+                        m.d.comb += [kvw.start.eq(1), unpack.clear.eq(1), pack.clear.eq(1)]
                     m.next = "SEGMENT_DATA"
             with m.State("SEGMENT_DATA"):
-                m.d.comb += [self.busy.eq(1), st.status.ready.eq(1)]
+                # on a wide port an OK status may come while the unpacker still holds the
+                # last word's bytes: it waits for them (an error status is taken at once)
+                status_wait = ((st.status.payload.error == StorageError.OK) & total_nz
+                               & unpack.o.valid) if wide else Const(0)
+                m.d.comb += [self.busy.eq(1), st.status.ready.eq(~status_wait)]
                 with m.If(exporting):
                     with m.If(total_nz & wpipe.room):
                         m.d.sync += [total_left.eq(total_left - 1), total_nz.eq(total_left != 1)]
@@ -451,9 +531,22 @@ class DmaEngine(wiring.Component):
                                              wpipe.source.eq(ByteSource.RING)]
                         with m.Else():         # padding to the sector
                             m.d.comb += [wpipe.source.eq(ByteSource.CONST), wpipe.const.eq(0)]
+                if wide:
+                    with m.Elif(word_mode):
+                        # an open import's K/V area (and its padding), a word a clock
+                        to_kvw = pay_left != 0
+                        m.d.comb += [st.rdata.ready.eq(total_nz & (kvw.words.ready | ~to_kvw)),
+                                     kvw.words.valid.eq(st.rdata.valid & total_nz & to_kvw),
+                                     kvw.words.payload.eq(st.rdata.payload)]
+                        with m.If(st.rdata.valid & st.rdata.ready):
+                            m.d.sync += [total_left.eq(total_left - 4),
+                                         total_nz.eq(total_left != 4)]
+                            with m.If(to_kvw):
+                                m.d.sync += [pay_left.eq(pay_left - 4), kv_started.eq(1)]
+                                m.d.comb += [crc_wv.eq(1), crc_wd.eq(st.rdata.payload)]
                 with m.Else():
-                    m.d.comb += st.rdata.ready.eq(total_nz)
-                    with m.If(st.rdata.valid & total_nz):
+                    m.d.comb += rd_ready.eq(total_nz)
+                    with m.If(rd_valid & total_nz):
                         m.d.sync += [total_left.eq(total_left - 1), total_nz.eq(total_left != 1)]
                         with m.If(seg == RecordSegment.HDR):
                             m.d.comb += [hcrc.valid.eq(1), hcrc.data.eq(rbyte), hparse.valid.eq(1),
@@ -468,11 +561,13 @@ class DmaEngine(wiring.Component):
                             with m.Elif(importing):
                                 m.d.comb += self.ring.ring_we.eq(1)
                                 m.d.sync += kv_started.eq(1)
-                data_done = ~total_nz & wpipe.empty
-                with m.If(st.status.valid):
+                data_done = ~total_nz & wpipe_empty
+                with m.If(st.status.valid & ~status_wait):
                     with m.If((st.status.payload.error != StorageError.OK) | ~data_done):
                         m.d.sync += status.eq(RecordStatus.STORAGE)
                         m.d.comb += wpipe.flush.eq(1)
+                        if wide:
+                            m.d.comb += [pack.clear.eq(1), unpack.clear.eq(1), kvw.flush.eq(1)]
                         m.next = "FAIL"
                     with m.Else():
                         m.next = "SEGMENT_NEXT"
@@ -511,7 +606,14 @@ class DmaEngine(wiring.Component):
                                 m.d.sync += seg.eq(RecordSegment.KV)
                                 m.next = "SEGMENT_COMMAND"
                         with m.Default():
-                            m.next = "CRC_EVALUATE"
+                            m.next = "KV_DRAIN" if wide else "CRC_EVALUATE"
+            if wide:
+                # the K/V writer's last V chunk reaches the rings ``v`` clocks after its last
+                # word; the ring metadata is written after it
+                with m.State("KV_DRAIN"):
+                    m.d.comb += self.busy.eq(1)
+                    with m.If(kvw.idle):
+                        m.next = "CRC_EVALUATE"
             # ---- import: header checks, in the golden model's order ----
             with m.State("HEADER_EVALUATE"):
                 m.d.comb += self.busy.eq(1)

@@ -167,16 +167,19 @@ def test_sealed_export_unset_slot_is_no_key():
 
 # --- import ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("config,count,slot,seed", [
-    (TINY, 0, 1, 30), pytest.param(TINY, 3, 0, 31, marks=SLOW),
-    pytest.param(TINY, 35, 2, 32, marks=SLOW), (TINY, 36, 3, 33),
-    pytest.param(TINY, 37, 1, 34, marks=SLOW), (TINY, 40, 0, 35),
-    pytest.param(SMALL, 600, 2, 36, marks=SLOW), pytest.param(SMALL2, 21, 3, 37, marks=SLOW),
+@pytest.mark.parametrize("config,count,slot,seed,width", [
+    (TINY, 0, 1, 30, 1), pytest.param(TINY, 3, 0, 31, 1, marks=SLOW),
+    pytest.param(TINY, 35, 2, 32, 1, marks=SLOW), (TINY, 36, 3, 33, 1),
+    pytest.param(TINY, 37, 1, 34, 1, marks=SLOW), (TINY, 40, 0, 35, 1),
+    pytest.param(SMALL, 600, 2, 36, 1, marks=SLOW),
+    pytest.param(SMALL2, 21, 3, 37, 1, marks=SLOW),
+    (TINY, 36, 2, 38, 4), pytest.param(SMALL2, 21, 1, 39, 4, marks=SLOW),
 ])
-def test_sealed_import_of_golden_record(config, count, slot, seed):
+def test_sealed_import_of_golden_record(config, count, slot, seed, width):
     """A golden sealed record imports under its slot: ``OK``, the rings and metadata are the
     golden import's; ``VERIFY`` with the slot is ``OK`` and ``HEADER`` reports the key id. The
-    MAC refuses a new message at random clocks (the engine waits)."""
+    MAC refuses a new message at random clocks (the engine waits). On a wide storage port
+    (``width`` 4) a sealed import moves its K/V area a byte a clock, at the MAC's pace."""
     rng = random.Random(seed)
     image = new_image(config, 2, rng)
     session = random_session(config, rng, count)
@@ -193,7 +196,8 @@ def test_sealed_import_of_golden_record(config, count, slot, seed):
         hdr = await dma_op(ctx, h, DmaOp.HEADER, 1)
         return imp, state, ver, hdr
 
-    res = simulate(config, 2, image, body, seed=seed, idle=0.3, stall=0.3, hold=0.7)
+    res = simulate(config, 2, image, body, seed=seed, idle=0.3, stall=0.3, hold=0.7,
+                   width=width)
     imp, (got, meta), ver, hdr = res["value"]
     kid = KEYS[slot][0]
     assert imp == (RecordStatus.OK, count, 0x55, 9, kid)
@@ -241,9 +245,10 @@ def forge(config, image, region, how, rng):
     return bytes(tok), int.from_bytes(header[48:56], "little")
 
 
-@pytest.mark.parametrize("how", ["kv", pytest.param("token", marks=SLOW), "tag", "key_id",
-                                 pytest.param("seq", marks=SLOW)])
-def test_forged_record_is_bad_mac_and_rings_empty(how):
+@pytest.mark.parametrize("how,width", [("kv", 1), pytest.param("token", 1, marks=SLOW),
+                                       ("tag", 1), ("key_id", 1),
+                                       pytest.param("seq", 1, marks=SLOW), ("kv", 4)])
+def test_forged_record_is_bad_mac_and_rings_empty(how, width):
     """A sealed record changed by someone without the key, both CRCs recomputed: the import
     is ``BAD_MAC`` and every ring is left empty (count 0), as the golden import says; the
     record as written still imports (the check is not stuck)."""
@@ -271,7 +276,7 @@ def test_forged_record_is_bad_mac_and_rings_empty(how):
         return bad, state, good
 
     bad_image = bytes(image[:])
-    res = simulate(config, 2, image, body, seed=5, idle=0.2, stall=0.2)
+    res = simulate(config, 2, image, body, seed=5, idle=0.2, stall=0.2, width=width)
     bad, (got, meta), good = res["value"]
     assert bad[0] is RecordStatus.BAD_MAC
     assert meta == [(0, config.window - 1)] * (config.layers * config.kv_heads)   # cleared

@@ -91,12 +91,15 @@ def test_parameter_errors():
 
 # --- export is bit-exact with the golden encoder ---------------------------------------------
 
-@pytest.mark.parametrize("config,count,seed", [
-    (SMALL, 0, 0), (SMALL, 1, 1), (SMALL, 7, 2), (SMALL, 8, 3), (SMALL, 300, 4),
-    (TINY, 40, 5), (TINY, 3, 6),
-    (SMALL2, 0, 7), (SMALL2, 5, 8), (SMALL2, 300, 9), (TINY2, 40, 10),
+@pytest.mark.parametrize("config,count,seed,width", [
+    (SMALL, 0, 0, 1), (SMALL, 1, 1, 1), (SMALL, 7, 2, 1), (SMALL, 8, 3, 1), (SMALL, 300, 4, 1),
+    (TINY, 40, 5, 1), (TINY, 3, 6, 1),
+    (SMALL2, 0, 7, 1), (SMALL2, 5, 8, 1), (SMALL2, 300, 9, 1), (TINY2, 40, 10, 1),
+    (SMALL, 0, 50, 4), (SMALL, 7, 51, 4), (TINY, 40, 52, 4), (SMALL2, 300, 53, 4),
 ])
-def test_export_bit_exact(config, count, seed):
+def test_export_bit_exact(config, count, seed, width):
+    """The export's sector writes equal the golden encoder's, the header last; on a port of
+    bytes and on a wide one (the write pipeline's bytes four to a word)."""
     rng = random.Random(seed)
     image = new_image(config, 3, rng)
     before = bytes(image[:])
@@ -108,7 +111,8 @@ def test_export_bit_exact(config, count, seed):
         return await dma_op(ctx, h, DmaOp.EXPORT, 2, hash=0xFEED0000 + seed, seq=seed + 10,
                             rng=rng, idle=0.3)
 
-    res = simulate(config, 3, image, body, seed=seed, idle=0.3, stall=0.3, log=log)
+    res = simulate(config, 3, image, body, seed=seed, idle=0.3, stall=0.3, log=log,
+                   width=width)
     assert res["value"] == (RecordStatus.OK, count, 0xFEED0000 + seed, seed + 10)
     lay = RecordLayout(config)
     expect = bytearray(before)
@@ -127,10 +131,14 @@ def test_export_bit_exact(config, count, seed):
 SLOW = pytest.mark.slow
 
 
+@pytest.mark.parametrize("width", [1, 4])
 @pytest.mark.parametrize("config,seed", [(SMALL, 10), pytest.param(SMALL, 11, marks=SLOW),
                                          (TINY, 12), pytest.param(TINY, 13, marks=SLOW),
                                          (SMALL2, 14), (TINY2, 15)])
-def test_round_trip(config, seed):
+def test_round_trip(config, seed, width):
+    """Export, wipe, import, verify: the rings and metadata come back; on a storage port of
+    bytes and on a wide one (``width`` 4: the import's K/V area a word a clock through the
+    K/V writer into four-byte ring writes)."""
     rng = random.Random(seed)
     image = new_image(config, 2, rng)
     rings, count, head, tokens = random_session(config, rng)
@@ -144,7 +152,7 @@ def test_round_trip(config, seed):
         ver = await dma_op(ctx, h, DmaOp.VERIFY, 1)
         return exp, imp, ver, await read_state(ctx, h, config)
 
-    res = simulate(config, 2, image, body, seed=seed, idle=0.2, stall=0.2)
+    res = simulate(config, 2, image, body, seed=seed, idle=0.2, stall=0.2, width=width)
     exp, imp, ver, (got, meta) = res["value"]
     assert exp[0] is RecordStatus.OK and imp == (RecordStatus.OK, count, 99, 3)
     assert ver == (RecordStatus.OK, count, 99, 3)
@@ -163,8 +171,9 @@ def write_golden(config, image, region, rng, count=None, *, hash=5, seq=1, other
     return rings, count, head, tokens
 
 
+@pytest.mark.parametrize("width", [1, 4])
 @pytest.mark.parametrize("config", [SMALL, SMALL2])
-def test_import_checks_match_golden(config):
+def test_import_checks_match_golden(config, width):
     """Flipped bits, wrong tokens, wrong hash, empty and out-of-range regions, foreign config
     (the other numerics): the gateware's status equals the golden import's, and nothing changes
     but on success."""
@@ -211,7 +220,7 @@ def test_import_checks_match_golden(config):
                                                             .region_lba(region), 1), region)))
         return out, stale
 
-    res = simulate(config, 4, image, body, seed=21)
+    res = simulate(config, 4, image, body, seed=21, width=width)
     out, stale = res["value"]
     by_name = {name: (st, state) for name, st, state in out}
     assert by_name["ok"][0] is RecordStatus.OK
@@ -260,7 +269,8 @@ def test_export_refuses_inconsistent_metadata():
     assert log == [] and not any(image[:])
 
 
-def test_storage_error_is_reported():
+@pytest.mark.parametrize("width", [1, 4])
+def test_storage_error_is_reported(width):
     config = TINY
     rng = random.Random(31)
     image = new_image(config, 2)
@@ -272,14 +282,15 @@ def test_storage_error_is_reported():
         b = await dma_op(ctx, h, DmaOp.IMPORT, 0, count=10, hash=1)
         return a[0], b[0], await read_state(ctx, h, config)
 
-    res = simulate(config, 2, image, body, dead=True)
+    res = simulate(config, 2, image, body, dead=True, width=width)
     a, b, (got, meta) = res["value"]
     assert a is RecordStatus.STORAGE and b is RecordStatus.STORAGE
     assert (got == rings).all() and meta == [(10, head)]
 
 
-@pytest.mark.parametrize("seed", [33, pytest.param(34, marks=pytest.mark.slow)])
-def test_early_error_mid_export_leaves_nothing_behind(seed):
+@pytest.mark.parametrize("seed,width", [(33, 1), pytest.param(34, 1, marks=pytest.mark.slow),
+                                        (35, 4)])
+def test_early_error_mid_export_leaves_nothing_behind(seed, width):
     """The storage answers an error in the middle of an export's data (the export datapath's
     read pipeline and FIFO hold bytes then): STORAGE; the next export on a healthy medium is
     bit-exact (no byte of the failed one left in the pipeline)."""
@@ -298,7 +309,7 @@ def test_early_error_mid_export_leaves_nothing_behind(seed):
         return a[0], b
 
     res = simulate(config, 2, image, body, seed=seed, idle=0.3, stall=0.3,
-                   error_after=error_after)
+                   error_after=error_after, width=width)
     a, b = res["value"]
     assert a is RecordStatus.STORAGE
     assert b == (RecordStatus.OK, count, 6, 2)
@@ -306,6 +317,46 @@ def test_early_error_mid_export_leaves_nothing_behind(seed):
     for off, data in encode_record(config, tokens, rings, count=count, ring_head=head,
                                    prefix_hash=6, commit_seq=2):
         assert bytes(image[base + off * SECTOR:base + off * SECTOR + len(data)]) == data
+
+
+@pytest.mark.parametrize("at", [1, 6, 130, 255])
+def test_early_error_mid_wide_import_empties_the_rings(at):
+    """On a wide port the storage ends an open import's K/V read early (``CARD`` after ``at``
+    bytes of it, its last whole word: the K/V writer holds a chunk, or one fills): STORAGE,
+    the rings empty (count 0, head W - 1), or unchanged when no K/V word came (``at`` < 4:
+    the import's rule, nothing written before the K/V phase changes nothing); the same import
+    again brings the record back exactly."""
+    config = SMALL
+    rng = random.Random(60 + at)
+    image = new_image(config, 2, rng)
+    rings, count, head, tokens = random_session(config, rng, config.window + 3)
+    lay = RecordLayout(config)
+    armed = [True]
+
+    def fail(op, lba, n):
+        if op == StorageOp.READ and lba == lay.region_lba(0) + lay.kv_sector and armed[0]:
+            armed[0] = False
+            return at
+        return None
+
+    async def body(ctx, h, rng):
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        a = await dma_op(ctx, h, DmaOp.EXPORT, 0, hash=5, seq=1)
+        await load_state(ctx, h, config, rand_rings(config, rng), 2, 1, tokens)
+        b = await dma_op(ctx, h, DmaOp.IMPORT, 0, count=count, hash=5)
+        after_b = await read_state(ctx, h, config)
+        c = await dma_op(ctx, h, DmaOp.IMPORT, 0, count=count, hash=5)
+        return a[0], b[0], after_b[1], c, await read_state(ctx, h, config)
+
+    res = simulate(config, 2, image, body, seed=at, stall=0.2, width=4, fail=fail)
+    a, b, meta_b, c, (got, meta) = res["value"]
+    LH = config.layers * config.kv_heads
+    assert a is RecordStatus.OK and b is RecordStatus.STORAGE
+    # fewer than 4 bytes: no whole word came, no K/V byte was written, nothing changed
+    assert meta_b == [(0, config.window - 1) if at >= 4 else (2, 1)] * LH
+    assert c == (RecordStatus.OK, count, 5, 1) and meta == [(count, head)] * LH
+    for s in valid_slots(config, count, head):
+        assert (got[:, :, :, s, :] == rings[:, :, :, s, :]).all()
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -490,3 +541,28 @@ def test_record_tap_carries_the_record(config, count, seed):
     assert area(imp, RecordSegment.HDR) == header
     assert [p for s, p, _ in imp if s == RecordSegment.HDR] == list(range(SECTOR))
     assert area(imp, RecordSegment.TOK) == tok and area(imp, RecordSegment.KV) == kv
+
+
+MID = RingKVConfig(layers=2, q_heads=4, kv_heads=2, head_dim=16, window=16, token_width=16,
+                   max_tokens=600)
+MID2 = RingKVConfig(**{**MID.__dict__, "numerics": "ringkv-fx2"})
+
+
+@pytest.mark.parametrize("config", [MID, MID2])
+def test_wide_port_clocks(config):
+    """Exact clocks of an export and an open import at the storage port's peak, on a port of
+    bytes and on a wide one: the wide import reads its K/V sectors a word a clock (384 clocks
+    less a sector), gives 3 clocks back (the unpacker's and the K/V writer's latencies), and
+    waits for the K/V writer's last chunk where no padding words hide it (``v - 1`` clocks
+    less those words); the export takes 3 clocks more (its bytes packed into words)."""
+    from bench.bench_storage import dma_cycles
+    lay = RecordLayout(config)
+    per_slot = 2 * config.layers * config.kv_heads * config.head_dim * lay.elem_bytes
+    for count in (1, 3, 16, 300):
+        narrow, wide = dma_cycles(config, count), dma_cycles(config, count, width=4)
+        v = min(count, config.window)
+        kv_sectors = -(-v * per_slot // SECTOR)
+        pad_words = (kv_sectors * SECTOR - v * per_slot) // 4
+        assert wide["export"] == narrow["export"] + 3, count
+        assert wide["import"] == (narrow["import"] - 384 * kv_sectors + 3
+                                  + max(0, v - 1 - pad_words)), count
