@@ -121,6 +121,12 @@ class DmaHarness(wiring.Component):
     engine's ``cmd`` while high, as while it serves another user (the tenant-seed derivation).
     Without ``mac`` they are left open (the engine's open transfers never use them).
 
+    With ``width=4`` the engine's storage port moves four-byte words (``DmaEngine(width=4)``:
+    an open import's K/V area a word a clock, into the ring model's four-byte writes): the
+    port ``storage``, or with ``tiered`` a ``TieredStorage(width=4)`` whose SDRAM side is wide
+    too (``sdram``'s ``store`` then needs ``width=4`` on a half-rate controller) and whose
+    card side stays a port of bytes.
+
     With ``tiered`` (a dict of :class:`~ringkv.hw.storage.tiered.TieredStorage` parameters
     besides ``regions`` and ``sectors_per_region``, which come from the engine) the engine's
     storage port goes to a tiered storage: its ``card`` side to the SD controller of ``sd`` or
@@ -130,15 +136,20 @@ class DmaHarness(wiring.Component):
     """
 
     def __init__(self, config, regions, *, sd=None, sd4=None, sdram=None, mac=False,
-                 tiered=None):
+                 tiered=None, width=1):
+        if width != 1 and tiered is None and (sd is not None or sd4 is not None
+                                              or sdram is not None):
+            raise ValueError("a wide storage port (width 4) goes to the port ``storage`` or "
+                             "to a tiered storage")
         if tiered is not None:
-            self._init_tiered(config, regions, sd, sd4, sdram, mac, tiered)
+            self._init_tiered(config, regions, sd, sd4, sdram, mac,
+                              {**tiered, "width": tiered.get("width", width)})
             return
         self.tier = None
         if sum(x is not None for x in (sd, sd4, sdram)) > 1:
             raise ValueError("give one of sd (SPI mode), sd4 (native mode) or sdram")
         self._config = config
-        self.dma = DmaEngine(config, regions)
+        self.dma = DmaEngine(config, regions, width=width)
         self.mac = MacUnit() if mac else None
         self.rings = RingMemoryModel(config)
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
@@ -157,7 +168,7 @@ class DmaHarness(wiring.Component):
         if sd is not None and sd4 is not None:
             raise ValueError("give one of sd (SPI mode) or sd4 (native mode)")
         self._config = config
-        self.dma = DmaEngine(config, regions)
+        self.dma = DmaEngine(config, regions, width=tiered.get("width", 1))
         self.mac = MacUnit() if mac else None
         self.rings = RingMemoryModel(config)
         self.tmem = TokenMemory(config.max_tokens, config.token_width, read_ports=1)
@@ -176,7 +187,7 @@ class DmaHarness(wiring.Component):
         else:
             ports["sdbus"] = Out(SDBusSignature())
         if self.sdram_top is None:
-            ports["sdram"] = Out(StoragePortSignature())
+            ports["sdram"] = Out(StoragePortSignature(self.tier.width))
         else:
             ports["pins"] = Out(SdramPinsSignature(self.sdram_top.ctrl.chip))
         if self.sd is not None or self.sdram_top is not None:

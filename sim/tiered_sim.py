@@ -279,7 +279,7 @@ SD4_CARD_FIGURES = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
 
 
 def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
-                  slot_token_sectors=None, sdram_rate: int = 1) -> dict:
+                  slot_token_sectors=None, sdram_rate: int = 1, width: int = 1) -> dict:
     """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
     through a tiered storage whose card side is the SD native controller on the bit-level
     4-bit card model and whose SDRAM side is the SDRAM sector store on the SDRAM controller and
@@ -289,7 +289,9 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
     import reads the card (``import_card``), region 2's reads the slot (``import_sdram``); both
     must hit and restore the rings. Clocks from the DMA command's transfer to its response's.
     ``slot_token_sectors``: the tier's compact slots (``None``: whole regions).
-    ``sdram_rate`` 2: the SDRAM controller at half rate (CL 3, the SDRAM at twice ``mhz``).
+    ``sdram_rate`` 2: the SDRAM controller at half rate (CL 3, the SDRAM at twice ``mhz``);
+    ``width`` 4 (at half rate only): the engine, the tier and the SDRAM store on four-byte
+    words (an open import's K/V area a word a clock from the slot).
     Returns ``{"export": [...], "import_card", "import_sdram", "sectors"}``."""
     import numpy as np
 
@@ -307,11 +309,13 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
     tck = 1000.0 / mhz
     lay = RecordLayout(config)
     regions, spr = 4, lay.sectors_per_region
-    h = DmaHarness(config, regions, tiered=dict(slots=2, slot_token_sectors=slot_token_sectors),
+    h = DmaHarness(config, regions, tiered=dict(slots=2, slot_token_sectors=slot_token_sectors,
+                                                width=width),
                    sd4=SD4_FIGURES,
                    sdram={"controller": dict(chip=chip, tck_ns=tck, cl=2 if sdram_rate == 1
                                              else 3, rate=sdram_rate),
-                          "store": dict(sectors=2 * slot_sectors(lay, slot_token_sectors))})
+                          "store": dict(sectors=2 * slot_sectors(lay, slot_token_sectors),
+                                        width=width)})
     card = SDCard4(SectorImage(None, ((regions * spr + 1023) // 1024) * 1024),
                    **SD4_CARD_FIGURES)
     ctrl = h.sdram_top.ctrl
@@ -568,3 +572,127 @@ class TieredFormalHarness(Elaboratable):
                         m.d.comb += Assert(same(Const(s * self.SLOT_SPR + self.slot_offset[o], 3),
                                                 region_of[s] * self.SPR + o))
         return m
+
+
+def switch_clocks(config, count: int, *, mhz=60.0, chip=None, seed=0, sdram_rate: int = 2,
+                  width: int = 4, slot_token_sectors=None) -> dict:
+    """Exact clocks of the switch to a resident conversation: the DMA engine's IMPORT of one
+    record of ``count`` tokens from its SDRAM slot, through the tiered storage, the SDRAM
+    sector store and the SDRAM controller (``sdram_rate``; CL 3 at half rate, 2 at full) on
+    the pin-level SDRAM model, one system clock of ``mhz`` (Amaranth simulator); ``width``:
+    the engine's, the tier's and the store's transfer width (4: the four-byte import; at half
+    rate only). The record is first exported (to the card, served by the sector model at a
+    byte a clock, and to the slot); the import must hit the slot (no card command), return
+    ``OK`` and leave the rings the export read. Returns ``{"export", "import_sdram",
+    "sectors", "kv_sectors"}``: clocks from the DMA command's transfer to its response's."""
+    import numpy as np
+
+    from ringkv.defs.hot_tier import slot_sectors
+    from ringkv.defs.record import RecordLayout, RecordStatus
+    from ringkv.defs.sdram import DEFAULT_CHIP
+    from ringkv.host.record import ring_dtype, ring_image, rings_from_image
+    from ringkv.hw.storage.dma import DmaOp
+    from ringkv.sim.ring_model import DmaHarness
+
+    from .sdram_model import add_controller_clocks, amaranth_sdram, model_for_controller
+
+    rng = random.Random(seed)
+    chip = chip or DEFAULT_CHIP.scaled(power_up_ns=500)
+    lay = RecordLayout(config)
+    regions = 2
+    h = DmaHarness(config, regions, tiered=dict(slots=2, slot_token_sectors=slot_token_sectors,
+                                                width=width),
+                   sdram={"controller": dict(chip=chip, tck_ns=1000.0 / mhz,
+                                             cl=2 if sdram_rate == 1 else 3, rate=sdram_rate),
+                          "store": dict(sectors=2 * slot_sectors(lay, slot_token_sectors),
+                                        width=width)})
+    card = SectorImage(None, regions * lay.sectors_per_region)
+    ctrl = h.sdram_top.ctrl
+    sdram = model_for_controller(ctrl, seed=seed)
+    sim = Simulator(h)
+    pin_domain = add_controller_clocks(sim, ctrl)
+    sim.add_testbench(amaranth_sdram(sdram, h.pins, domain=pin_domain), background=True)
+    card_log = []
+
+    async def card_proc(ctx):
+        await serve_storage(ctx, h.card, card, log=card_log)
+    sim.add_testbench(card_proc, background=True)
+    clock = {"n": 0}
+    out = {}
+
+    async def counter(ctx):
+        async for _ in ctx.tick():
+            clock["n"] += 1
+
+    async def op(ctx, payload):
+        await stream_put(ctx, h.cmd, payload)
+        start = clock["n"]
+        resp = await stream_get(ctx, h.resp)
+        return RecordStatus(resp.status.value), clock["n"] - start
+
+    async def load_rings(ctx, image, n, head):
+        ctx.set(h.tap.we, 1)
+        for i, byte in enumerate(image):
+            ctx.set(h.tap.addr, i)
+            ctx.set(h.tap.wdata, int(byte))
+            await ctx.tick()
+        ctx.set(h.tap.we, 0)
+        ctx.set(h.tap.meta_we, 1)
+        for ring in range(config.layers * config.kv_heads):
+            ctx.set(h.tap.meta_ring, ring)
+            ctx.set(h.tap.meta_wcount, n)
+            ctx.set(h.tap.meta_whead, head)
+            await ctx.tick()
+        ctx.set(h.tap.meta_we, 0)
+
+    async def read_rings(ctx, size):
+        got = bytearray()
+        for i in range(size):
+            ctx.set(h.tap.addr, i)
+            await ctx.tick()
+            got.append(ctx.get(h.tap.rdata))
+        return bytes(got)
+
+    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
+    dt = ring_dtype(config)
+    rings = np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
+                          dtype=dt).reshape(shape).copy()
+    image = ring_image(config, rings)
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+    head = (count - 1) % config.window
+
+    async def bench(ctx):
+        await tick_until(ctx, h.sd_ready)
+        await load_rings(ctx, image, count, head)
+        ctx.set(h.tok_clear, 1)
+        await ctx.tick()
+        ctx.set(h.tok_clear, 0)
+        ctx.set(h.tok_append.valid, 1)
+        for tok in tokens:
+            ctx.set(h.tok_append.payload, tok)
+            await ctx.tick()
+        ctx.set(h.tok_append.valid, 0)
+        status, out["export"] = await op(ctx, {"op": DmaOp.EXPORT, "region": 1, "hash": 7,
+                                               "seq": 1})
+        assert status == RecordStatus.OK, status
+        await load_rings(ctx, bytes(len(image)), 0, config.window - 1)
+        n_card = len(card_log)
+        status, out["import_sdram"] = await op(ctx, {"op": DmaOp.IMPORT, "region": 1,
+                                                     "count": count, "hash": 7})
+        assert status == RecordStatus.OK, status
+        assert len(card_log) == n_card, "the import read the card"
+        out["rings"] = await read_rings(ctx, len(image))
+
+    sim.add_process(counter)
+    sim.add_testbench(bench)
+    sim.run()
+    if sdram.violations:
+        raise RuntimeError(f"SDRAM violations: {sdram.violations}")
+    got = rings_from_image(config, out.pop("rings"))
+    slots = [(head - min(count, config.window) + 1 + t) % config.window
+             for t in range(min(count, config.window))]
+    if not (got[:, :, :, slots, :] == rings[:, :, :, slots, :]).all():
+        raise RuntimeError("the import from SDRAM did not restore the rings")
+    out["sectors"] = 1 + lay.token_sectors(count) + lay.kv_sectors(count)
+    out["kv_sectors"] = lay.kv_sectors(count)
+    return out

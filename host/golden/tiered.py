@@ -51,7 +51,11 @@ class GoldenTieredStorage:
     """The tiered storage's decisions, as plain Python."""
 
     def __init__(self, *, regions, sectors_per_region, base_lba=0, slots=256, sdram_base=0,
-                 stamp_width=32, kv_sector=None, slot_token_sectors=None):
+                 stamp_width=32, kv_sector=None, slot_token_sectors=None, width=1):
+        # ``width`` (the block's data transfer width) changes no route and no clock this model
+        # counts: the routes are per command, the clocks from a command to its backend's
+        # command and from the backends' statuses to the initiator's
+        del width
         self.regions, self.spr, self.base = regions, sectors_per_region, base_lba
         # the gap [gap_lo, gap_hi) of region offsets not held in a slot (empty: the whole
         # region is held, the slot is ``sectors_per_region`` long)

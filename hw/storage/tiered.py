@@ -79,7 +79,8 @@ from ringkv.defs.checks import check_int, check_pow2
 from ringkv.defs.hot_tier import COUNT_FIELD_WIDTH, MAX_SLOTS
 
 from ..store.hot_tier import HotTier, Op, Status
-from .port import StorageError, StorageOp, StoragePortSignature
+from .port import STORAGE_WIDTHS, StorageError, StorageOp, StoragePortSignature
+from .port_width import StorageWidener
 
 __all__ = ["TieredStorage", "EXTENTS", "BUGS"]
 
@@ -162,15 +163,19 @@ class TieredStorage(wiring.Component):
         Compact slots: the token sectors a slot holds, 0..kv_sector - 1 (T; the slot holds
         the header, T token sectors and the sectors from ``kv_sector``). ``None`` (default):
         all of them, a slot is ``sectors_per_region`` sectors.
+    width : int
+        Bytes a transfer on ``storage`` and ``sdram``: 1, or 4 (the SDRAM store's wide port at
+        half rate, for the four-byte import); ``card`` stays a port of bytes, behind a
+        :class:`~ringkv.hw.storage.port_width.StorageWidener` inside.
     formal : bool
         Build the tables as registers (the hot tier's and :attr:`extent_rows`) for a formal
         harness's properties (small configurations).
 
     Ports
     -----
-    storage : In(StoragePortSignature)
+    storage : In(StoragePortSignature(width))
         The target side, for the DMA.
-    card, sdram : Out(StoragePortSignature)
+    card : Out(StoragePortSignature()), sdram : Out(StoragePortSignature(width))
         Initiator sides: the SD controller (or the sector model), the SDRAM sector store.
     drop : In(stream.Signature(log2(regions)))
         Regions whose record the directory deleted: their copies are dropped.
@@ -183,7 +188,7 @@ class TieredStorage(wiring.Component):
     def __init__(self, *, regions: int, sectors_per_region: int, base_lba: int = 0,
                  slots: int = 256, sdram_base: int = 0, stamp_width: int = 32,
                  kv_sector: int | None = None, slot_token_sectors: int | None = None,
-                 formal=False, _bug=None, _full=False, _extents_init=None):
+                 width: int = 1, formal=False, _bug=None, _full=False, _extents_init=None):
         check_pow2("regions", regions, low=2, high=32768)
         check_int("sectors_per_region", sectors_per_region, low=1, high=65535)
         check_int("base_lba", base_lba, low=0)
@@ -208,8 +213,11 @@ class TieredStorage(wiring.Component):
         if sdram_base + slots * slot_sectors > 1 << 32:
             raise ValueError(f"{slots} slots of {slot_sectors} sectors from "
                              f"{sdram_base} do not fit in 32-bit sector addresses")
+        if width not in STORAGE_WIDTHS:
+            raise ValueError(f"width must be one of {STORAGE_WIDTHS} bytes, not {width!r}")
         if _bug is not None and _bug not in BUGS:
             raise ValueError(f"Unknown bug {_bug!r}; known: {BUGS}")
+        self._width = width
         self._regions, self._spr, self._base = regions, sectors_per_region, base_lba
         self._slots, self._sdram_base, self._stamp_width = slots, sdram_base, stamp_width
         self._kv_sector, self._slot_tokens = kv_sector, slot_token_sectors
@@ -231,9 +239,9 @@ class TieredStorage(wiring.Component):
         self.extent_rows = ([Signal(shape, name=f"extents{s}", init=init[s])
                              for s in range(slots)] if formal else None)
         super().__init__({
-            "storage": In(StoragePortSignature()),
+            "storage": In(StoragePortSignature(width)),
             "card": Out(StoragePortSignature()),
-            "sdram": Out(StoragePortSignature()),
+            "sdram": Out(StoragePortSignature(width)),
             "drop": In(stream.Signature(max(regions.bit_length() - 1, 1))),
             "residents_req": In(stream.Signature(1)),
             "residents": Out(stream.Signature(COUNT_FIELD_WIDTH)),
@@ -249,6 +257,7 @@ class TieredStorage(wiring.Component):
     slot_token_sectors = property(lambda self: self._slot_tokens)
     #: sectors per slot: ``sectors_per_region`` less the gap
     slot_sectors = property(lambda self: self._slot_sectors)
+    width = property(lambda self: self._width)
 
     def params(self) -> dict:
         """The parameters the golden model takes."""
@@ -279,6 +288,11 @@ class TieredStorage(wiring.Component):
         m = Module()
         m.submodules.hot = hot = self.hot
         st, card, sd = self.storage, self.card, self.sdram
+        if self._width != 1:
+            # the card's controller moves bytes: a widener between it and the wide logic
+            m.submodules.card_widener = widener = StorageWidener()
+            wiring.connect(m, widener.narrow, wiring.flipped(self.card))
+            card = widener.wide
         nr, spr, bug = self._regions, self._spr, self._bug
         qb = nr.bit_length() - 1                 # region bits; the division's steps
         ob = spr.bit_length()                    # an offset or an extent bound, 0..spr
@@ -395,7 +409,7 @@ class TieredStorage(wiring.Component):
         sd_err = Signal(StorageError)
         c_buf_valid = Signal()
         s_buf_valid = Signal()
-        buf = Signal(8)
+        buf = Signal(8 * self._width)
 
         idle = state == _State.IDLE
         residents = Signal(COUNT_FIELD_WIDTH)

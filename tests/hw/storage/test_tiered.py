@@ -365,6 +365,14 @@ def test_random_traffic_with_drops():
     assert any(o.residents for o in run.ops)
 
 
+def test_random_traffic_wide():
+    """The same on the wide port (``width=4``: the storage and SDRAM sides four-byte words,
+    the card's bytes through the tier's widener): the golden's routes, clocks and statuses,
+    the card's bytes on every read."""
+    run = _random_run({**EVICT, "width": 4}, 15, 24, 0.2)
+    assert any(o.sdram and not o.card for o in run.ops)
+
+
 def test_random_traffic_compact():
     """The same over compact slots (``GAP``): exports whose tokens reach the gap or not."""
     run = _random_run(GAP, 12, 24, 0.2)
@@ -464,11 +472,14 @@ def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiere
     return out.get("value")
 
 
-def test_dma_over_tiers():
+@pytest.mark.parametrize("width", [1, 4])
+def test_dma_over_tiers(width):
     """The DMA engine, unchanged, over the tiered storage: an export writes the record to the
     card and the slot (the same bytes), the import reads it from SDRAM (no card command) and
     restores the rings; after a power cut (a new harness on the card, the SDRAM noise) the
-    same import reads the card and restores the same rings."""
+    same import reads the card and restores the same rings. ``width`` 4: the engine and the
+    tier's SDRAM side move four-byte words, the card stays a port of bytes behind the tier's
+    widener."""
     config, regions, r = TINY, 4, 2
     rng = random.Random(5)
     lay = RecordLayout(config)
@@ -487,7 +498,9 @@ def test_dma_over_tiers():
         assert len(logs["card"]) == n_card          # nothing read from the card
         return exp, imp, await read_state(ctx, h, config)
 
-    exp, imp, (got, meta) = simulate_dma(config, regions, card, sdram, body, p=0.2)
+    tiered = dict(slots=2, width=width)
+    exp, imp, (got, meta) = simulate_dma(config, regions, card, sdram, body, p=0.2,
+                                         tiered=tiered)
     assert exp[0] == RecordStatus.OK and imp[:4] == (RecordStatus.OK, count, 99, 4)
     assert (got == rings).all() and meta == [(count, head)]
     # slot 0 holds the card's bytes of the sectors the export wrote (header, tokens, K/V)
@@ -502,7 +515,7 @@ def test_dma_over_tiers():
         assert not logs["sdram"]
         return imp, await read_state(ctx, h, config)
 
-    imp2, (got2, meta2) = simulate_dma(config, regions, card, sdram, after_cut)
+    imp2, (got2, meta2) = simulate_dma(config, regions, card, sdram, after_cut, tiered=tiered)
     assert imp2[:4] == (RecordStatus.OK, count, 99, 4)
     assert (got2 == rings).all() and meta2 == [(count, head)]
 
@@ -664,11 +677,44 @@ def test_dma_through_the_half_rate_sdram_controller():
     """The DMA engine, the tiered storage, the SD native controller on the 4-bit card model and
     the SDRAM sector store on the half-rate controller (60 MHz, the SDRAM at 120 on the strict
     pin-level model): exports and imports restore the rings (``import_clocks`` checks them)
-    in the same clocks as at full rate -- the store still moves a byte a clock, so the import
-    from SDRAM is not yet faster (``docs/blocks/tiered_storage.md``)."""
+    in the same clocks as at full rate on the byte port; on the wide port (four-byte words
+    end to end) the import from SDRAM is faster by the K/V sector's three quarters."""
     from ringkv.sim.tiered_sim import import_clocks
     config = RingKVConfig(layers=1, q_heads=2, kv_heads=2, head_dim=16, window=8,
                           max_tokens=64)
     full = import_clocks(config, 8, mhz=60)
     half = import_clocks(config, 8, mhz=60, sdram_rate=2)
     assert half == full and half["import_sdram"] < half["import_card"]
+    # on four-byte words: the slot's K/V sector a word a clock (374 clocks fewer, as in
+    # test_switch_from_sdram_at_four_bytes_a_clock); the card's import a clock more (its
+    # widener hands the status on after the last word); the exports paced by the card
+    wide = import_clocks(config, 8, mhz=60, sdram_rate=2, width=4)
+    assert wide == {**half, "import_sdram": half["import_sdram"] - 374,
+                    "import_card": half["import_card"] + 1}
+
+
+SWITCH = RingKVConfig(layers=1, q_heads=2, kv_heads=2, head_dim=16, window=8, max_tokens=64)
+
+
+def test_switch_from_sdram_at_four_bytes_a_clock():
+    """The four-byte import end to end: the DMA engine, the tiered storage and the SDRAM
+    sector store on four-byte words, the SDRAM controller at half rate (60 MHz, the SDRAM at
+    120, CL 3) on the strict pin-level model. A record exported to the card and its slot
+    imports from the slot (no card command) and restores the rings (``switch_clocks`` checks
+    both) in 1,244 clocks: the byte port's 1,618 (``test_switch_from_sdram_on_bytes``) less
+    384 for its one K/V sector read a word a clock, plus the 3 of the wide path and the K/V
+    writer's last chunk (``v - 1`` = 7 clocks, no padding words after it): the SDRAM keeps up
+    with a word a clock."""
+    from ringkv.sim.tiered_sim import switch_clocks
+    r = switch_clocks(SWITCH, 8, width=4)
+    assert (r["import_sdram"], r["kv_sectors"]) == (1618 - 384 + 3 + 7, 1)
+
+
+@pytest.mark.slow
+def test_switch_from_sdram_on_bytes():
+    """The same record on the byte port (the half-rate controller and the full-rate one):
+    1,618 clocks either way, a byte a clock."""
+    from ringkv.sim.tiered_sim import switch_clocks
+    half = switch_clocks(SWITCH, 8, width=1)
+    full = switch_clocks(SWITCH, 8, width=1, sdram_rate=1)
+    assert half["import_sdram"] == full["import_sdram"] == 1618
