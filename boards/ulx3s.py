@@ -62,12 +62,14 @@ from amaranth.lib import io, wiring
 from ringkv.defs.config import TRAINED_CONFIG, RingKVConfig
 from ringkv.defs.hot_tier import BOARD_SDRAM_PART
 from ringkv.defs.protocol import StorageKind
+from ringkv.defs.record import RecordLayout
 from ringkv.defs.sdram import SdramChip, board_chip, check_rate
 from ringkv.hw.link.skid import StreamRegister
 from ringkv.hw.link.uart import UART
 from ringkv.hw.sdram.bist import SdramBist
 from ringkv.hw.sdram.controller import SdramController
 from ringkv.hw.sdram.widener import PortWidener
+from ringkv.hw.storage.kv_words import kv_words_supported
 from ringkv.hw.storage.sdnative import SDNativeController
 from ringkv.hw.storage.sdram_store import SdramSectorStore
 from ringkv.hw.storage.sdspi import SDSPIController
@@ -313,10 +315,17 @@ class ULX3STop(Elaboratable):
         if sdram is not None:
             board_chip(sdram)                   # a part of BOARD_CHIPS or CHIPS, else an error
         tier = None if sdram is None else {"part": _TIER_PART.get(sdram, sdram)}
+        # at half rate the store hands over 32-bit port words: the four-byte import, where
+        # the shape allows it (a K row and a bank word of whole four-byte groups)
+        eb = RecordLayout(config).elem_bytes
+        self.storage_width = 4 if (sdram is not None and sdram_rate == 2
+                                   and kv_words_supported(config)
+                                   and (macs * eb) % 4 == 0) else 1
         self.top = RingKVTop(config, regions=regions, lanes=lanes, macs=macs,
                              storage_kind=kind,
                              sd_clock_hz=round(self.sys_hz / (2 * self.sd_half)),
-                             sealed=sealed, tier=tier, sdram_test=sdram is not None)
+                             sealed=sealed, tier=tier, sdram_test=sdram is not None,
+                             storage_width=self.storage_width)
         self._sdram_setup(sdram, (2 if sdram_rate == 1 else 3) if sdram_cl is None else sdram_cl,
                           sdram_phase, sdram_read_delay)
 
@@ -521,7 +530,8 @@ class ULX3STop(Elaboratable):
         m.submodules.sdram = ctrl = SdramController(
             chip, tck_ns=self.sdram_tck_ns * self.sdram_rate, cl=self.sdram_cl, bl=SDRAM_BL,
             ports=2, read_delay=self.sdram_plan.read_delay, pads=pads, rate=self.sdram_rate)
-        m.submodules.sdram_store = store = SdramSectorStore.for_controller(ctrl)
+        m.submodules.sdram_store = store = SdramSectorStore.for_controller(
+            ctrl, width=self.storage_width)
         m.submodules.sdram_bist = bist = SdramBist(chip, bl=SDRAM_BL,
                                                    clocks_per_ms=round(self.sys_hz / 1000))
         wiring.connect(m, store.sdram, ctrl.port[0])

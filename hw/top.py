@@ -61,7 +61,8 @@ from .sdram.bist import BistSignature
 from .seal.key_slots import KeySlots
 from .seal.mac import MacCore
 from .storage.dma import DmaEngine
-from .storage.port import StorageInfoSignature, StoragePortSignature
+from .storage.kv_words import kv_words_supported
+from .storage.port import STORAGE_WIDTHS, StorageInfoSignature, StoragePortSignature
 from .storage.tiered import TieredStorage
 from .store.directory import CacheDirectory
 from .store.hash_engine import HashEngine
@@ -126,6 +127,11 @@ class RingKVTop(wiring.Component):
         then has an ``sdram`` port (to the SDRAM sector store; slot ``s`` from its sector
         ``s * slot_sectors``), the directory's deletes drop their regions' copies, and
         ``STORAGE_INFO`` reports the tier. :attr:`tier` is the resolved dict.
+    storage_width : int
+        With a tier, the bytes a transfer between the DMA, the tiered storage and the SDRAM
+        sector store (``sdram``): 1 (default), or 4: the four-byte import (an open import's
+        K/V area a word a clock from an SDRAM slot, ``docs/blocks/dma.md``), for an SDRAM
+        store of 32-bit words (a half-rate controller); the card side stays a port of bytes.
     sdram_test : bool
         The build executes ``SDRAM_TEST`` (:data:`~ringkv.defs.protocol.SDRAM_OPS`) through its
         ``sdram_test`` port (default: no; the ULX3S top with its SDRAM sets it and connects
@@ -178,7 +184,7 @@ class RingKVTop(wiring.Component):
                  max_payload: int = DEFAULT_MAX_PAYLOAD, timeout: int = 1 << 16,
                  base_lba: int = 0, storage_kind: StorageKind = StorageKind.NONE,
                  sd_clock_hz: int = 0, sealed: bool = False, tier: dict | None = None,
-                 sdram_test: bool = False):
+                 sdram_test: bool = False, storage_width: int = 1):
         check_type("config", config, RingKVConfig)
         check_pow2("regions", regions, low=2, high=1 << 15)
         links = regions if links is None else links
@@ -227,12 +233,25 @@ class RingKVTop(wiring.Component):
             tier = tier_parameters(self._layout, regions,
                                    **{k: v for k, v in tier.items() if k != "_bug"})
         self._tier = tier
+        if storage_width not in STORAGE_WIDTHS:
+            raise ValueError(f"storage_width must be one of {STORAGE_WIDTHS} bytes, not "
+                             f"{storage_width!r}")
+        if storage_width != 1:
+            if tier is None:
+                raise ValueError("storage_width 4 needs the SDRAM tier (tier=...): the card's "
+                                 "controllers move bytes")
+            if not kv_words_supported(config) or (macs * RecordLayout(config).elem_bytes) % 4:
+                raise ValueError(f"storage_width 4 needs a K row and a bank word of whole "
+                                 f"four-byte groups: head_dim * EB = "
+                                 f"{config.head_dim * self._layout.elem_bytes}, macs * EB = "
+                                 f"{macs * self._layout.elem_bytes}")
+        self._storage_width = storage_width
         if tier is not None:
             self.tier_storage = TieredStorage(
                 regions=regions, sectors_per_region=self._layout.sectors_per_region,
                 base_lba=base_lba, kv_sector=self._layout.kv_sector, slots=tier["slots"],
                 slot_token_sectors=tier["slot_token_sectors"],
-                stamp_width=tier["stamp_width"], _bug=tier_bug)
+                stamp_width=tier["stamp_width"], width=storage_width, _bug=tier_bug)
         # children built here so that their parameter checks run at construction
         self.decoder = FrameDecoder(max_payload=max_payload, timeout=timeout)
         self.encoder = FrameEncoder()
@@ -241,7 +260,7 @@ class RingKVTop(wiring.Component):
                                  count_width=24, seed=hash_seed(config), seed_input=sealed)
         self.directory = CacheDirectory(buckets=buckets, links=links, regions=regions,
                                         count_width=24, hash_width=64, stamp_width=32)
-        self.dma = DmaEngine(config, regions, base_lba)
+        self.dma = DmaEngine(config, regions, base_lba, width=storage_width)
         self.attention = AttentionCore(layers=config.layers, q_heads=config.q_heads,
                                        kv_heads=config.kv_heads, head_dim=config.head_dim,
                                        window=config.window, lanes=lanes, macs=macs,
@@ -262,14 +281,14 @@ class RingKVTop(wiring.Component):
             "storage_info": In(StorageInfoSignature()),
         }
         if tier is not None:
-            ports["sdram"] = Out(StoragePortSignature())
+            ports["sdram"] = Out(StoragePortSignature(storage_width))
         if sdram_test:
             ports["sdram_test"] = Out(BistSignature())
         super().__init__(ports)
         #: The storage port the DMA and SECTOR_READ drive (not a port): ``storage`` itself, or
         #: with a tier the tiered storage's target side.
         self.initiator = (self.storage if tier is None
-                          else StoragePortSignature().create(path=("initiator",)))
+                          else StoragePortSignature(storage_width).create(path=("initiator",)))
         #: High while the recovery scan runs (not a port: a simulation observation point;
         #: the link's STORAGE_STATUS reports the same).
         self.recovering = Signal()
@@ -288,6 +307,8 @@ class RingKVTop(wiring.Component):
     tier = property(lambda self: self._tier)
     #: the build executes SDRAM_TEST (its ``sdram_test`` port exists)
     has_sdram_test = property(lambda self: self._sdram_test)
+    #: bytes a transfer between the DMA and the tiered storage, and on ``sdram``
+    storage_width = property(lambda self: self._storage_width)
 
     # ------------------------------------------------------------------------------------
     def elaborate(self, platform):

@@ -3,7 +3,8 @@
 
 A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. The top's
 storage port belongs to the DMA except while a ``SECTOR_READ`` runs: the sector is read into a
-512-byte buffer (at the storage port's pace), then sent at 2 clocks per byte. A storage error or
+512-byte buffer (at the storage port's pace; four bytes a row on a wide port,
+``RingKVTop(storage_width=4)``), then sent at 2 clocks per byte. A storage error or
 a short sector answers ``STORAGE_ERROR``.
 
 ``STORAGE_INFO`` answers at once (no storage command) with the build's storage parameters
@@ -66,9 +67,21 @@ class StorageUnit(CommandUnit):
         with m.If(st_top):
             m.d.comb += [st.cmd.payload.op.eq(StorageOp.READ), st.cmd.payload.lba.eq(self.top_lba),
                          st.cmd.payload.count.eq(1)]
-        m.submodules.sector = sector = memory.Memory(shape=8, depth=SECTOR_BYTES, init=[])
-        self.sec_wr = sector.write_port()
-        self.sec_rd = sector.read_port(transparent_for=())
+        # the sector buffer, a byte a row; on a wide storage port a word a row (four bytes,
+        # the first low), read back a byte at a time (``sec_byte``)
+        self.wide = wide = len(st.rdata.payload) == 32
+        if wide:
+            m.submodules.sector = sector = memory.Memory(shape=32, depth=SECTOR_BYTES // 4,
+                                                        init=[])
+            self.sec_wr = sector.write_port()
+            self.sec_rd = sector.read_port(transparent_for=())
+            self.sec_sel = Signal(2)                 # the byte of the row read, a clock later
+            self.sec_byte = self.sec_rd.data.word_select(self.sec_sel, 8)
+        else:
+            m.submodules.sector = sector = memory.Memory(shape=8, depth=SECTOR_BYTES, init=[])
+            self.sec_wr = sector.write_port()
+            self.sec_rd = sector.read_port(transparent_for=())
+            self.sec_byte = self.sec_rd.data
         self.sec_err = Signal()
         # the storage port's error record (STORAGE_INFO)
         self.last_error = Signal(StorageError)
@@ -148,11 +161,13 @@ class StorageUnit(CommandUnit):
         with m.State("SECTOR_DATA"):
             # the storage contract: count*512 bytes, then one status (early on an error);
             # top_rready is ``idx != SECTOR_BYTES``, kept as a register
-            m.d.comb += [sec_wr.addr.eq(idx), sec_wr.data.eq(st.rdata.payload)]
+            step = 4 if self.wide else 1             # bytes a transfer
+            m.d.comb += [sec_wr.addr.eq(idx >> 2 if self.wide else idx),
+                         sec_wr.data.eq(st.rdata.payload)]
             with m.If(st.rdata.valid & (idx != SECTOR_BYTES)):
                 m.d.comb += sec_wr.en.eq(1)
-                m.d.sync += idx.eq(idx + 1)
-                with m.If(idx == SECTOR_BYTES - 1):
+                m.d.sync += idx.eq(idx + step)
+                with m.If(idx == SECTOR_BYTES - step):
                     m.d.sync += self.top_rready.eq(0)
             with m.If(st.status.valid):
                 m.d.sync += [self.st_top.eq(0), self.top_rready.eq(0)]
@@ -162,11 +177,13 @@ class StorageUnit(CommandUnit):
                 with m.Else():
                     d.respond(Status.OK, SECTOR_BYTES, "SECTOR")
         with m.State("SECTOR_READ_ISSUE"):
-            m.d.comb += [sec_rd.addr.eq(idx), sec_rd.en.eq(1)]
+            m.d.comb += [sec_rd.addr.eq(idx >> 2 if self.wide else idx), sec_rd.en.eq(1)]
+            if self.wide:
+                m.d.sync += self.sec_sel.eq(idx[:2])
             m.next = "SECTOR_READ_SEND"
         with m.State("SECTOR_READ_SEND"):
             m.d.comb += [sec_rd.en.eq(0), enc.data.valid.eq(1),
-                         enc.data.payload.eq(sec_rd.data)]
+                         enc.data.payload.eq(self.sec_byte)]
             with m.If(enc.data.ready):
                 m.d.sync += idx.eq(idx + 1)
                 with m.If(idx == SECTOR_BYTES - 1):

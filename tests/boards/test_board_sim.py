@@ -379,11 +379,15 @@ def test_cached_board_build_is_reused_without_elaborating(tmp_path, monkeypatch)
 def test_board_check_at_half_rate(tmp_path, capsys):
     """The board with its SDRAM at half rate (``sdram_rate=2``: the system clock at 60 MHz, the
     SDRAM and the PHY's I/O registers at 120 MHz on the seam's second clock, the strict model
-    on the fast clock): ``ringkv board check`` passes every step, the SDRAM self-test and the
-    hot tier's imports included."""
+    on the fast clock; the four-byte import, ``storage_width`` 4): ``ringkv board check``
+    passes every step, the SDRAM self-test and the hot tier's imports included."""
+    from ringkv.boards.ulx3s import ULX3STop
     from ringkv.cli import main
     from ringkv.sim.board_harness import BoardDevice, build_board
     top = dict(TOP, sys_mhz=60, sdram_rate=2)
+    # the four-byte import: the DMA, the tier and the store on 32-bit words (the board
+    # check's export/import step reads the record back from the SDRAM slot)
+    assert ULX3STop(CFG, **top).storage_width == 4
     info = build_board(CFG, **top)[1]
     assert info["sdram"]["rate"] == 2 and abs(info["sdram"]["tck_ns"] - 1000 / 120) < 1e-9
     with BoardDevice(tmp_path / "card.img", config=CFG, prebuilt=True,

@@ -224,3 +224,51 @@ def test_sdram_test_empties_the_tier_and_the_card_serves_after_it():
     assert out["record_status"] == RecordStatus.OK.value
     assert out["sdram_reads_after"] == out["sdram_reads"]        # nothing from SDRAM
     assert out["card_reads_after"] > out["card_reads"]           # the card served it
+
+
+def test_the_four_byte_import_in_the_top():
+    """``RingKVTop(tier=..., storage_width=4)``: the DMA, the tiered storage and the SDRAM side
+    on four-byte words, the card's bytes through the tier's widener. An EXPORT writes both
+    tiers the golden bytes (the SDRAM slot's sectors equal the card's); ``SECTOR_READ``s of
+    the record's header (a committed copy: from the slot, as words) and of a sector outside
+    the record area (from the card) return the card's bytes; a QUERY imports from the slot
+    (no card read) and restores the rings bit-exactly."""
+    from ringkv.defs.record import RecordLayout
+    rng = np.random.default_rng(7)
+    tokens = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
+    top = make_top(tier=TIER, storage_width=4)
+    assert top.storage_width == 4 and top.dma.width == 4
+    card = image_for(top)
+    sdram = SectorImage(None, top.tier["sdram_sectors"])
+    lose_sdram(sdram, random.Random(3))
+    lay = RecordLayout(CFG)
+    card_log, sdram_log, out, clock = [], [], {}, {"n": 0}
+    scenario = _scenario(tokens, rng, out, clock)
+
+    async def with_sector_reads(ctx, link):
+        await scenario(ctx, link)
+        n_card = len(card_log)
+        out["header"] = await link.call(ctx, Op.SECTOR_READ,
+                                        req(Op.SECTOR_READ, lba=lay.region_lba(0)))
+        out["header_from_card"] = len(card_log) != n_card
+        last = card.sectors - 1
+        out["outside"] = await link.call(ctx, Op.SECTOR_READ, req(Op.SECTOR_READ, lba=last))
+
+    run_top(top, card, with_sector_reads, storage_log=card_log, sdram_image=sdram,
+            sdram_log=sdram_log, monitors=[_counter(clock)])
+    assert (out["status"], out["record"]) == (Status.HIT, RecordStatus.OK)
+    assert out["rings_after"] == out["rings"]
+    reads = [c for c in sdram_log if c[0] == StorageOp.READ]
+    assert len(reads) >= 3 + 1                     # the QUERY's three, the header's
+    assert out["header"] == card.read(lay.region_lba(0), 1) and not out["header_from_card"]
+    assert out["outside"] == card.read(card.sectors - 1, 1)
+    for k in (0, 1, lay.kv_sector):
+        assert sdram.read(k) == card.read(lay.region_lba(0) + k)
+
+
+def test_storage_width_errors():
+    with pytest.raises(ValueError, match=r"^storage_width must be one of \(1, 4\) bytes, "
+                                         r"not 2$"):
+        make_top(tier=TIER, storage_width=2)
+    with pytest.raises(ValueError, match=r"^storage_width 4 needs the SDRAM tier"):
+        make_top(storage_width=4)
