@@ -48,9 +48,11 @@ MAC's last-byte-to-tag latency (42..83) from its last payload byte to the respon
 The ring port is byte-addressed (``element * EB + byte``, ``EB`` bytes per element from the
 configuration's numerics): the KV loops step over elements as above with the byte of the element
 innermost, so a record's bytes of one element are consecutive and little-endian (the record
-format's order) and both directions move one byte per clock whatever ``EB``.
+format's order) and both directions move one byte per clock whatever ``EB`` (on a wide port
+an open import's K/V area a word a clock: below).
 
-Throughput: one byte per clock on the storage port's data streams (its peak) in every data phase,
+Throughput (the byte port): one byte per clock on the storage port's data streams (its peak) in
+every data phase,
 with a 4-entry FIFO behind a two-stage read pipeline (the ring port's read latency is two
 clocks, the token port's one; the token byte waits a clock in a register). The payload CRC
 runs one clock behind its bytes (a register between the byte and the CRC: the board build's
@@ -284,6 +286,9 @@ class DmaEngine(wiring.Component):
         # --- segment and address generator -------------------------------------------------
         seg = Signal(RecordSegment)
         pay_left = Signal(34)             # payload bytes left in the segment
+        # word mode's ``pay_left != 0``, a register of its own (as ``total_nz``): the 34-bit
+        # compare would sit in front of the storage port's ``rdata.ready``
+        pay_nz = Signal()
         total_left = Signal(26)           # bytes (payload + padding) left in the segment
         # ``total_left != 0`` as a register of its own, kept with every write of total_left:
         # the 26-bit compare in front of the byte issue (and from there the header CRC's
@@ -496,7 +501,8 @@ class DmaEngine(wiring.Component):
                                                       StorageOp.READ)),
                              st.cmd.payload.lba.eq(seg_lba), st.cmd.payload.count.eq(seg_count)]
                 with m.If(st.cmd.ready):
-                    m.d.sync += [pay_left.eq(seg_pay), total_left.eq(seg_count * SECTOR),
+                    m.d.sync += [pay_left.eq(seg_pay), pay_nz.eq(seg_pay != 0),
+                                 total_left.eq(seg_count * SECTOR),
                                  total_nz.eq(seg_count != 0)]
                     m.d.comb += cursor.start.eq(1)
                     if wide:
@@ -505,8 +511,10 @@ class DmaEngine(wiring.Component):
             with m.State("SEGMENT_DATA"):
                 # on a wide port an OK status may come while the unpacker still holds the
                 # last word's bytes: it waits for them (an error status is taken at once)
+                # (or a word the port hands over in the status's own clock)
                 status_wait = ((st.status.payload.error == StorageError.OK) & total_nz
-                               & unpack.o.valid) if wide else Const(0)
+                               & (unpack.o.valid | (st.rdata.valid & unpack.i.ready
+                                                    & ~word_mode))) if wide else Const(0)
                 m.d.comb += [self.busy.eq(1), st.status.ready.eq(~status_wait)]
                 with m.If(exporting):
                     with m.If(total_nz & wpipe.room):
@@ -534,7 +542,7 @@ class DmaEngine(wiring.Component):
                 if wide:
                     with m.Elif(word_mode):
                         # an open import's K/V area (and its padding), a word a clock
-                        to_kvw = pay_left != 0
+                        to_kvw = pay_nz
                         m.d.comb += [st.rdata.ready.eq(total_nz & (kvw.words.ready | ~to_kvw)),
                                      kvw.words.valid.eq(st.rdata.valid & total_nz & to_kvw),
                                      kvw.words.payload.eq(st.rdata.payload)]
@@ -542,7 +550,8 @@ class DmaEngine(wiring.Component):
                             m.d.sync += [total_left.eq(total_left - 4),
                                          total_nz.eq(total_left != 4)]
                             with m.If(to_kvw):
-                                m.d.sync += [pay_left.eq(pay_left - 4), kv_started.eq(1)]
+                                m.d.sync += [pay_left.eq(pay_left - 4), pay_nz.eq(pay_left != 4),
+                                             kv_started.eq(1)]
                                 m.d.comb += [crc_wv.eq(1), crc_wd.eq(st.rdata.payload)]
                 with m.Else():
                     m.d.comb += rd_ready.eq(total_nz)

@@ -70,17 +70,21 @@ class KvWordWriter(wiring.Component):
     Ports:
 
     * ``start`` (In 1), with ``valid_slots`` (In: ``v = min(count, W)``, at least 1) and
-      ``first_slot`` (In: the oldest valid slot): begin a K/V area; forgets anything buffered.
-    * ``flush`` (In 1): drop everything buffered or in flight (a failed transfer).
+      ``first_slot`` (In: the oldest valid slot): begin a K/V area; forgets anything buffered
+      (a word taken in its clock too).
+    * ``flush`` (In 1): drop everything buffered or in flight (a failed transfer), a word
+      taken in its clock too.
     * ``words`` (In stream of 32 bits): the K/V area's bytes in record order, four a transfer,
       the first in the low byte (``LH * v * d * EB / 4`` words of K, then as many of V).
     * ``writes`` (Out stream of :data:`KvWrite`): the ring-port writes, one per input word; K
       in the input's order, V a chunk at a time (slots oldest first), a chunk after its last
       word. Every byte of the valid slots is written once; nothing else is.
-    * ``idle`` (Out 1): nothing buffered and no write pending.
+    * ``idle`` (Out 1): no whole chunk waiting to drain and no write pending (a chunk still
+      filling does not count: ``idle`` after the area's last word means every write is out).
 
     Latency: a K word is on ``writes`` the clock after it is taken; a V chunk's first write
-    the clock after its last word is taken, its last ``v`` clocks later. Throughput: one word a
+    two clocks after its last word is taken (its buffer marked full, then the output
+    register), its last ``v - 1`` clocks after that. Throughput: one word a
     clock each way (``words.ready`` stays high while ``writes.ready`` does). Backpressure:
     ``writes.ready`` low holds the output, then the drain, then ``words``; nothing is lost.
     """
@@ -198,7 +202,9 @@ class KvWordWriter(wiring.Component):
             m.d.comb += words_ok.eq(out_free)
         with m.Else():
             m.d.comb += words_ok.eq(~full.bit_select(fsel, 1) if NB > 1 else ~full[0])
-        m.d.comb += self.words.ready.eq(words_ok & ~reset)
+        # (not gated by ``start``/``flush``: a word taken in their clock is dropped with the
+        # rest; the DMA never offers one then, and its ready stays off their paths)
+        m.d.comb += self.words.ready.eq(words_ok)
         take = Signal()
         m.d.comb += take.eq(self.words.valid & self.words.ready)
 

@@ -17,7 +17,10 @@ Protocol, seen from the initiator (the DMA):
 
 On an error the target may stop the data phase early and send the status at once (a card that
 stops answering ends in a timeout error, never a hang), so an initiator keeps ``status.ready``
-high during the data phase and aborts the transfer when an error status arrives. A command with
+high during the data phase and aborts the transfer when an error status arrives. (An
+initiator that holds data of its own a few clocks behind the port, the wide DMA's unpacker
+or a ``StorageWidener``'s packer, may hold an ``OK`` status until that data is out; an error
+status is taken at once by the DMA, after at most one word by the widener.) A command with
 ``count == 0`` or outside the medium gets ``RANGE`` without a data phase.
 
 Peak bandwidth of the port: one transfer per clock on ``wdata``/``rdata``: a byte (8-bit data

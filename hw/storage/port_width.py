@@ -96,12 +96,12 @@ class StorageWidener(wiring.Component):
     """``wide`` (In ``StoragePortSignature(width=4)``: the wide initiator's target) on
     ``narrow`` (Out ``StoragePortSignature()``: a target of bytes).
 
-    ``cmd`` passes through unchanged, ``status`` too once the packer has handed over its
-    last whole word; ``wide.wdata`` words go out as four bytes, ``narrow.rdata`` bytes come
-    in as words. Every transfer is whole sectors (512 bytes, 128
-    words), so words never straddle transfers; a transfer that the target ends early with an
-    error status leaves a partial word, dropped when the next command is taken. Throughput:
-    one byte a clock on ``narrow``, a word every four clocks on ``wide``.
+    ``cmd`` passes through unchanged, ``status`` too once the packer has handed over its last
+    whole word (held while a word waits or a byte comes in); ``wide.wdata`` words go out as
+    four bytes, ``narrow.rdata`` bytes come in as words. Every transfer is whole sectors (512
+    bytes, 128 words), so words never straddle transfers; a transfer that the target ends early
+    with an error status leaves a partial word, dropped with the status. Throughput: one byte a
+    clock on ``narrow``, a word every four clocks on ``wide``.
     """
 
     def __init__(self):
@@ -117,13 +117,17 @@ class StorageWidener(wiring.Component):
         wiring.connect(m, flipped(w.cmd), flipped(n.cmd))         # through, both ways
         # the status after the last word: a word still in the packer goes first (the status
         # follows the target's last byte at once, the word it completes a clock later)
+        # (nor in the clock a byte comes in: it may complete a word)
+        hold = pack.o.valid | (n.rdata.valid & n.rdata.ready)
         m.d.comb += [w.status.payload.eq(n.status.payload),
-                     w.status.valid.eq(n.status.valid & ~pack.o.valid),
-                     n.status.ready.eq(w.status.ready & ~pack.o.valid)]
+                     w.status.valid.eq(n.status.valid & ~hold),
+                     n.status.ready.eq(w.status.ready & ~hold)]
         wiring.connect(m, flipped(w.wdata), unpack.i)
         wiring.connect(m, unpack.o, flipped(n.wdata))
         wiring.connect(m, flipped(n.rdata), pack.i)
         wiring.connect(m, pack.o, flipped(w.rdata))
-        new = n.cmd.valid & n.cmd.ready
+        # a new command, or the status that ends a transfer (early, on an error: a write's
+        # word left in the unpacker would keep offering bytes to an idle target)
+        new = (n.cmd.valid & n.cmd.ready) | (w.status.valid & w.status.ready)
         m.d.comb += [unpack.clear.eq(new), pack.clear.eq(new)]
         return m

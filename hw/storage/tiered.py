@@ -59,14 +59,14 @@ clocks after the later backend status, 6 when it commits or aborts. Pass-through
 add no clock after the command: the data and status streams are connected straight through.
 The table for each case is in ``docs/blocks/tiered_storage.md``.
 
-Throughput and backpressure: one byte per clock in both directions; the tee holds each byte in
-a one-byte register per tier and takes the next when both have taken theirs (or answered: a
-tier whose status came early no longer gates the other). Every stream may stall at any time.
-``cmd`` is taken only when idle; ``status`` holds until taken. ``drop`` and ``residents_req``
-are taken only when idle and no ``cmd`` is offered (``cmd`` first, then ``drop``): a DROP
-keeps the block 4 clocks (idle again 4 clocks after the drop's transfer), a COUNT gives
-``residents.valid`` ``slots + 4`` clocks after the request's transfer and holds until it is
-taken; a command offered meanwhile waits.
+Throughput and backpressure: one transfer (a byte, or a word at ``width=4``) per clock in both
+directions; the tee holds each transfer in a register per tier and takes the next when both
+have taken theirs (or answered: a tier whose status came early no longer gates the other).
+Every stream may stall at any time. ``cmd`` is taken only when idle; ``status`` holds until
+taken. ``drop`` and ``residents_req`` are taken only when idle and no ``cmd`` is offered
+(``cmd`` first, then ``drop``): a DROP keeps the block 4 clocks (idle again 4 clocks after the
+drop's transfer), a COUNT gives ``residents.valid`` ``slots + 4`` clocks after the request's
+transfer and holds until it is taken; a command offered meanwhile waits.
 """
 
 from types import SimpleNamespace

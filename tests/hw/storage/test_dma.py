@@ -319,10 +319,11 @@ def test_early_error_mid_export_leaves_nothing_behind(seed, width):
         assert bytes(image[base + off * SECTOR:base + off * SECTOR + len(data)]) == data
 
 
-@pytest.mark.parametrize("at", [1, 6, 130, 255])
+@pytest.mark.parametrize("at", [1, 6, 130, 255, 256, 300])
 def test_early_error_mid_wide_import_empties_the_rings(at):
     """On a wide port the storage ends an open import's K/V read early (``CARD`` after ``at``
-    bytes of it, its last whole word: the K/V writer holds a chunk, or one fills): STORAGE,
+    bytes of it, its last whole word: the K/V writer holds a chunk, or one fills; or in the
+    padding after the last K/V word, 256 and 300): STORAGE,
     the rings empty (count 0, head W - 1), or unchanged when no K/V word came (``at`` < 4:
     the import's rule, nothing written before the K/V phase changes nothing); the same import
     again brings the record back exactly."""

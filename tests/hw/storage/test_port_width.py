@@ -200,3 +200,52 @@ def test_widener_on_a_byte_target(tmp_path):
         assert early_write == ("early write", at, CARD)
         assert after_write == ("after write", at, OK, True)
     assert image.read(3, 2) == written[3] and image.read(9, 3) == written[9]
+
+
+def test_widener_holds_a_status_that_comes_with_the_last_byte():
+    """A byte target that raises its status in the clock of its last byte (the protocol's
+    "after the last byte" at its tightest): the wide side gets the word first, then the
+    status; with the status an unfinished word (an early error after 6 bytes) is dropped,
+    so the next transfer starts clean."""
+    dut = StorageWidener()
+    got = []
+
+    async def bench(ctx):
+        w, n = dut.wide, dut.narrow
+        ctx.set(w.rdata.ready, 1)
+        ctx.set(w.status.ready, 1)
+        for data, error in ((b"\x01\x02\x03\x04", StorageError.OK),
+                            (b"\x11\x12\x13\x14\x15\x16", StorageError.CARD),
+                            (b"\x21\x22\x23\x24", StorageError.OK)):
+            ctx.set(n.cmd.ready, 1)
+            ctx.set(w.cmd.valid, 1)
+            await ctx.tick()
+            ctx.set(w.cmd.valid, 0)
+            ctx.set(n.cmd.ready, 0)
+            for k, byte in enumerate(data):
+                ctx.set(n.rdata.valid, 1)
+                ctx.set(n.rdata.payload, byte)
+                if k == len(data) - 1:              # the status with the last byte
+                    ctx.set(n.status.valid, 1)
+                    ctx.set(n.status.payload, {"error": error})
+                if ctx.get(w.rdata.valid):
+                    got.append(("word", ctx.get(w.rdata.payload)))
+                await ctx.tick()
+            ctx.set(n.rdata.valid, 0)
+            for _ in range(4):
+                if ctx.get(w.rdata.valid):
+                    got.append(("word", ctx.get(w.rdata.payload)))
+                if ctx.get(w.status.valid):
+                    got.append(("status", StorageError(ctx.get(w.status.payload.error))))
+                    await ctx.tick()
+                    ctx.set(n.status.valid, 0)
+                    break
+                await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == [("word", 0x04030201), ("status", StorageError.OK),
+                   ("word", 0x14131211), ("status", StorageError.CARD),
+                   ("word", 0x24232221), ("status", StorageError.OK)]
