@@ -134,15 +134,15 @@ class KvWordWriter(wiring.Component):
             m.d.sync += [v.eq(self.valid_slots), s0.eq(self.first_slot),
                          *(Lx[n].eq(self.valid_slots * (n * EB)) for n in range(1, 5))]
 
-        def col_step(x, name):
+        def col_step(x, name, mult=Lx):
             """(column ends crossed, position in the column) of position ``x`` of the
-            current column (``x < L + 4``)."""
+            current column (``x < L + 4``), for a column of ``mult[1]`` bytes."""
             if bug == "column_wrap":
                 return Const(0, 3), x
             dj = Signal(3, name=f"{name}_dj")
-            m.d.comb += dj.eq(sum((x >= Lx[n]).as_unsigned() for n in range(1, 5)))
+            m.d.comb += dj.eq(sum((x >= mult[n]).as_unsigned() for n in range(1, 5)))
             pos = Signal(range(W * EB + 4), name=f"{name}_pos")
-            m.d.comb += pos.eq(x - Array(Lx)[dj])
+            m.d.comb += pos.eq(x - Array(mult)[dj])
             return dj, pos
 
         def wrap_slot(base, t):
@@ -170,8 +170,11 @@ class KvWordWriter(wiring.Component):
         o = Signal(range(max(ROW_WORDS, 2)))    # K: the word of the row
         chunk = Signal(range(max(CHUNKS, 2)))   # V: the chunk of the ring
         w = Signal(range(W + 1))            # V: the word of the chunk
-        j = Signal(range(C + 1))            # V: byte 0's column in the chunk
-        p = Signal(range(W * EB + 4))       # V: byte 0's position in its column
+        # V: each byte of the next word, its column in the chunk and its position in the
+        # column, registered (the write enables start at flip-flops; the next word's are
+        # computed from these, a word ahead)
+        k_col = [Signal(range(C + 4), name=f"col{k}") for k in range(4)]
+        k_pos = [Signal(range(W * EB + 4), name=f"pos{k}") for k in range(4)]
         fsel = Signal(range(NB))            # V: the buffer being filled
         # a buffer holds a whole chunk not yet drained; which chunk it is
         full = Signal(NB)
@@ -186,15 +189,19 @@ class KvWordWriter(wiring.Component):
                 m.submodules[f"col{jj}_sub{rr}"] = mem
                 banks[jj, rr] = (mem.write_port(), mem.read_port(domain="comb"))
 
-        # each byte k of the word: its column and position (up to 4 column ends crossed when
-        # a column is shorter than a word)
-        k_col, k_pos = [], []
-        for k in range(4):
-            dj, pos = col_step(p + k, f"byte{k}")
-            col = Signal(range(C + 4), name=f"col{k}")
-            m.d.comb += col.eq(j + dj)
-            k_col.append(col)
-            k_pos.append(pos)
+        # a chunk's first word: byte k at position k of column 0 (up to 4 column ends crossed
+        # when a column is shorter than a word); at ``start`` from the input's ``v``
+        Lx_in = [Signal(range(4 * W * EB + 1), name=f"L{n}_in") for n in range(5)]
+        m.d.comb += [Lx_in[n].eq(self.valid_slots * (n * EB)) for n in range(1, 5)]
+
+        def first_word(mult):
+            out = []
+            for k in range(4):
+                dj, pos = col_step(Const(k, 3), f"first{k}_{mult[1].name}", mult)
+                out += [k_col[k].eq(dj), k_pos[k].eq(pos)]
+            return out
+        with m.If(self.start):
+            m.d.sync += first_word(Lx_in)
 
         words_ok = Signal()
         v_pass = bug == "v_as_k"
@@ -248,10 +255,11 @@ class KvWordWriter(wiring.Component):
                                 if DEPTH > 1 else fsel
                         m.d.comb += [wp.en.eq(1), wp.addr.eq(addr), wp.data.eq(byte)]
             # byte 0 of the next word
-            ndj, npos = col_step(p + 4, "next")
-            m.d.sync += [j.eq(j + ndj), p.eq(npos)]
+            for k in range(4):                 # the next word's bytes: four positions on
+                ndj, npos = col_step(k_pos[k] + 4, f"next{k}")
+                m.d.sync += [k_col[k].eq(k_col[k] + ndj), k_pos[k].eq(npos)]
             with m.If(w == v - 1):           # the chunk's last word: hand it to the drain
-                m.d.sync += [w.eq(0), j.eq(0), p.eq(0)]
+                m.d.sync += [w.eq(0), *first_word(Lx)]
                 for b in range(NB):
                     with m.If(fsel == b):
                         m.d.sync += [full[b].eq(1), b_lh[b].eq(lh), b_chunk[b].eq(chunk)]
@@ -308,6 +316,6 @@ class KvWordWriter(wiring.Component):
 
         with m.If(reset):
             m.d.sync += [out_valid.eq(0), in_v.eq(0), lh.eq(0), t.eq(0), o.eq(0),
-                         chunk.eq(0), w.eq(0), j.eq(0), p.eq(0), fsel.eq(0), full.eq(0),
+                         chunk.eq(0), w.eq(0), fsel.eq(0), full.eq(0),
                          dsel.eq(0), dt.eq(0)]
         return m
