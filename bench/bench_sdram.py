@@ -284,9 +284,9 @@ def markdown(results):
         text += ("\n\nThe switch's raw transfer at half rate: 128 KB (65,536 words, the K/V of "
                  "one conversation at the default shape) read in one stream, the controller at "
                  "60 MHz and the SDRAM at 120 MHz, from the first word on DQ to the last "
-                 "(exact clocks, pin-level model; the sector store and the DMA's path into the "
-                 "rings are not yet widened to 4 bytes a clock: `docs/blocks/tiered_storage.md`)"
-                 ".\n\n")
+                 "(exact clocks, pin-level model). The whole switch, the DMA's import from a "
+                 "slot through the sector store's wide port and the four-byte path into the "
+                 "rings, is the `switch` group's.\n\n")
         text += table(["CL", "SDRAM clocks", "efficiency", "us"],
                       [[r["params"]["cl"], r["params"]["sdram_clocks"],
                         f"{100 * r['params']['efficiency']:.1f} %", r["value"]]
@@ -294,8 +294,9 @@ def markdown(results):
     store = [r for r in results if r["name"].startswith("sdram.store.")]
     if store:
         text += ("\n\nThe SDRAM sector store (`hw/storage/sdram_store.py`: the DMA's storage "
-                 "port over one SDRAM port; 1 byte a clock on the port, half of what the 16-bit "
-                 "SDRAM moves): exact clocks from the command offered to the status taken, a "
+                 "port over one SDRAM port; 1 byte a clock on the byte port, half of what the "
+                 "16-bit SDRAM moves; the wide port at half rate is in `sdram_store.md`): "
+                 "exact clocks from the command offered to the status taken, a "
                  "write then a read of the same sectors, the controller on the pin-level model "
                  "(every read equal to what was written). 256 sectors (128 KB) are the K/V of "
                  "one conversation at the default shape: issue #35's switch target is under "

@@ -14,7 +14,9 @@ turns V around in a small double buffer:
 * the fill writes each input byte into the column it belongs to: column ``j`` of a chunk holds
   ``L = v * EB`` bytes, split over four byte-wide **sub-banks** by the byte's position modulo 4,
   so the (up to four) bytes of an input word, which may run over one or more column
-  boundaries when ``L`` is not a multiple of 4, always land in different sub-banks;
+  boundaries when ``L`` is not a multiple of 4, always land in different sub-banks; each
+  byte's column and position are registers, the next word's computed a word ahead (the
+  sub-banks' write enables start at flip-flops);
 * the drain reads, for one slot a clock, the ``EB`` bytes of each of the ``C`` columns (four
   bytes in four different sub-banks) and writes them as one four-byte ring-port write;
 * two buffers: one chunk fills while the previous one drains, so V moves at four bytes a
