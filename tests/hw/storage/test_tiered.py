@@ -433,11 +433,12 @@ KEY = (7, bytes(range(32)))
 
 
 def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiered=None,
-                 p=0.0, cut_at=None, clock=None):
+                 p=0.0, cut_at=None, clock=None, fail=None):
     """Run ``body(ctx, h, logs)`` on a DMA harness over a tiered storage whose backends are the
     sector images ``card`` and ``sdram`` (random idle and stalls ``p``); ``logs`` has each
     backend's ``(op, lba, count)`` commands. ``cut_at``: the power fails at that clock (the
-    simulation stops there; returns ``None``). ``clock`` (a dict): its ``"n"`` counts clocks."""
+    simulation stops there; returns ``None``). ``clock`` (a dict): its ``"n"`` counts clocks.
+    ``fail``: ``{"card" | "sdram": the sector model's fail(op, lba, count)}``."""
     h = DmaHarness(config, regions, mac=mac, tiered=tiered or dict(slots=2))
     sim = Simulator(h)
     sim.add_clock(1e-8)
@@ -445,9 +446,10 @@ def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiere
     for name, image in (("card", card), ("sdram", sdram)):
         port = getattr(h, name)
 
-        async def serve(ctx, port=port, image=image, log=logs[name]):
+        async def serve(ctx, port=port, image=image, log=logs[name],
+                        fail=(fail or {}).get(name)):
             await serve_storage(ctx, port, image, rng=random.Random(seed + len(log)), idle=p,
-                                stall=p, log=log)
+                                stall=p, log=log, fail=fail)
         sim.add_testbench(serve, background=True)
 
     async def bench(ctx):
@@ -518,6 +520,55 @@ def test_dma_over_tiers(width):
     imp2, (got2, meta2) = simulate_dma(config, regions, card, sdram, after_cut, tiered=tiered)
     assert imp2[:4] == (RecordStatus.OK, count, 99, 4)
     assert (got2 == rings).all() and meta2 == [(count, head)]
+
+
+@pytest.mark.parametrize("at", [2, 5, 70])
+def test_wide_import_from_the_card_ended_early(at):
+    """Four-byte words between the engine and the tier, the card behind the tier's widener:
+    after a power cut (the SDRAM noise) an import reads the card, which ends its K/V read with
+    ``CARD`` after ``at`` bytes (the widener holds a partial word, or whole words went to the
+    K/V writer): STORAGE, the rings empty once a K/V word came (``at`` >= 4), unchanged
+    before; the same import again, the card healthy, restores the rings."""
+    config, regions, r = TINY, 4, 1
+    rng = random.Random(at)
+    lay = RecordLayout(config)
+    card = new_image(config, regions, rng)
+    sdram = SectorImage(None, 2 * lay.sectors_per_region)
+    rings, count, head = rand_rings(config, rng), 11, 3
+    tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
+    tiered = dict(slots=2, width=4)
+
+    async def export(ctx, h, logs):
+        await load_state(ctx, h, config, rings, count, head, tokens)
+        return await dma_op(ctx, h, DmaOp.EXPORT, r, hash=9, seq=2)
+
+    assert simulate_dma(config, regions, card, sdram, export, tiered=tiered)[0] \
+        == RecordStatus.OK
+    lose_sdram(sdram, rng)
+    armed = [True]
+
+    def card_fail(op, lba, n):
+        if op == StorageOp.READ and lba == lay.region_lba(r) + lay.kv_sector and armed[0]:
+            armed[0] = False
+            return at
+        return None
+
+    async def imports(ctx, h, logs):
+        stale = rand_rings(config, rng)
+        await load_state(ctx, h, config, stale, 2, 1, tokens)
+        bad = await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=9)
+        after_bad = await read_state(ctx, h, config)
+        good = await dma_op(ctx, h, DmaOp.IMPORT, r, count=count, hash=9)
+        assert not logs["sdram"]
+        return bad[0], after_bad[1], good[:4], await read_state(ctx, h, config)
+
+    bad, meta_bad, good, (got, meta) = simulate_dma(config, regions, card, sdram, imports,
+                                                    tiered=tiered, p=0.2,
+                                                    fail={"card": card_fail})
+    assert bad == RecordStatus.STORAGE
+    assert meta_bad == [(0, config.window - 1) if at >= 4 else (2, 1)]
+    assert good == (RecordStatus.OK, count, 9, 2)
+    assert (got == rings).all() and meta == [(count, head)]
 
 
 def test_dma_over_compact_slots():
