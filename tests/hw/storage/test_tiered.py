@@ -446,10 +446,11 @@ def simulate_dma(config, regions, card, sdram, body, *, seed=0, mac=False, tiere
     for name, image in (("card", card), ("sdram", sdram)):
         port = getattr(h, name)
 
-        async def serve(ctx, port=port, image=image, log=logs[name],
-                        fail=(fail or {}).get(name)):
+        side_fail = (fail or {}).get(name)
+
+        async def serve(ctx, port=port, image=image, log=logs[name], side_fail=side_fail):
             await serve_storage(ctx, port, image, rng=random.Random(seed + len(log)), idle=p,
-                                stall=p, log=log, fail=fail)
+                                stall=p, log=log, fail=side_fail)
         sim.add_testbench(serve, background=True)
 
     async def bench(ctx):
