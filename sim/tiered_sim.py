@@ -278,6 +278,65 @@ SD4_FIGURES = dict(init_half_period=2, half_period=1, resp_timeout=64, data_time
 SD4_CARD_FIGURES = dict(ncr=2, nac=4, block_gap=2, busy_clocks=8)
 
 
+def _random_rings(config, rng):
+    """Rings of random element words, ``(layers, kv_heads, 2, window, head_dim)``."""
+    import numpy as np
+
+    from ringkv.host.record import ring_dtype
+    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
+    dt = ring_dtype(config)
+    return np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
+                         dtype=dt).reshape(shape).copy()
+
+
+async def _timed_op(ctx, h, clock, payload):
+    """One DMA command on a ``DmaHarness``: (its status, the clocks ``clock["n"]`` counted
+    from the command's transfer to the response's)."""
+    from ringkv.defs.record import RecordStatus
+    await stream_put(ctx, h.cmd, payload)
+    start = clock["n"]
+    resp = await stream_get(ctx, h.resp)
+    return RecordStatus(resp.status.value), clock["n"] - start
+
+
+async def _load_state(ctx, h, config, image, n, head, tokens=None):
+    """The ring port's bytes ``image`` and every ring's metadata ``(n, head)`` through a
+    ``DmaHarness``'s tap; with ``tokens``, token memory cleared and filled with them."""
+    ctx.set(h.tap.we, 1)
+    for i, byte in enumerate(image):
+        ctx.set(h.tap.addr, i)
+        ctx.set(h.tap.wdata, int(byte))
+        await ctx.tick()
+    ctx.set(h.tap.we, 0)
+    ctx.set(h.tap.meta_we, 1)
+    for ring in range(config.layers * config.kv_heads):
+        ctx.set(h.tap.meta_ring, ring)
+        ctx.set(h.tap.meta_wcount, n)
+        ctx.set(h.tap.meta_whead, head)
+        await ctx.tick()
+    ctx.set(h.tap.meta_we, 0)
+    if tokens is None:
+        return
+    ctx.set(h.tok_clear, 1)
+    await ctx.tick()
+    ctx.set(h.tok_clear, 0)
+    ctx.set(h.tok_append.valid, 1)
+    for tok in tokens:
+        ctx.set(h.tok_append.payload, tok)
+        await ctx.tick()
+    ctx.set(h.tok_append.valid, 0)
+
+
+async def _read_rings(ctx, h, size):
+    """The ring port's first ``size`` bytes through a ``DmaHarness``'s tap."""
+    got = bytearray()
+    for i in range(size):
+        ctx.set(h.tap.addr, i)
+        await ctx.tick()
+        got.append(ctx.get(h.tap.rdata))
+    return bytes(got)
+
+
 def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
                   slot_token_sectors=None, sdram_rate: int = 1, width: int = 1) -> dict:
     """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
@@ -334,59 +393,24 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
         async for _ in ctx.tick():
             clock["n"] += 1
 
-    async def op(ctx, payload):
-        await stream_put(ctx, h.cmd, payload)
-        start = clock["n"]
-        resp = await stream_get(ctx, h.resp)
-        return RecordStatus(resp.status.value), clock["n"] - start
-
-    async def load(ctx, rings, n, head, tokens):
-        # rings and metadata through the ring model's tap, tokens into token memory
-        from ringkv.host.record import ring_image
-        ctx.set(h.tap.we, 1)
-        for i, byte in enumerate(ring_image(config, rings)):
-            ctx.set(h.tap.addr, i)
-            ctx.set(h.tap.wdata, int(byte))
-            await ctx.tick()
-        ctx.set(h.tap.we, 0)
-        ctx.set(h.tap.meta_we, 1)
-        for ring in range(config.layers * config.kv_heads):
-            ctx.set(h.tap.meta_ring, ring)
-            ctx.set(h.tap.meta_wcount, n)
-            ctx.set(h.tap.meta_whead, head)
-            await ctx.tick()
-        ctx.set(h.tap.meta_we, 0)
-        ctx.set(h.tok_clear, 1)
-        await ctx.tick()
-        ctx.set(h.tok_clear, 0)
-        ctx.set(h.tok_append.valid, 1)
-        for tok in tokens:
-            ctx.set(h.tok_append.payload, tok)
-            await ctx.tick()
-        ctx.set(h.tok_append.valid, 0)
-
-    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
-    from ringkv.host.record import ring_dtype
-    dt = ring_dtype(config)
-    records = []
-    for _ in range(3):
-        rings = np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
-                              dtype=dt).reshape(shape).copy()
-        tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
-        records.append((rings, tokens))
+    from ringkv.host.record import ring_image
+    records = [(_random_rings(config, rng),
+                [rng.randrange(1 << config.token_width) for _ in range(count)])
+               for _ in range(3)]
 
     async def bench(ctx):
         await tick_until(ctx, h.sd_ready)
         for r, (rings, tokens) in enumerate(records):
-            await load(ctx, rings, count, 0, tokens)
-            status, clocks = await op(ctx, {"op": DmaOp.EXPORT, "region": r, "hash": r + 1,
-                                            "seq": r + 1})
+            await _load_state(ctx, h, config, ring_image(config, rings), count, 0, tokens)
+            status, clocks = await _timed_op(ctx, h, clock, {
+                "op": DmaOp.EXPORT, "region": r, "hash": r + 1, "seq": r + 1})
             assert status == RecordStatus.OK, status
             out["export"].append(clocks)
         for r, key in ((0, "import_card"), (2, "import_sdram")):
-            await load(ctx, np.zeros_like(records[r][0]), 0, 0, records[r][1])
-            status, clocks = await op(ctx, {"op": DmaOp.IMPORT, "region": r, "count": count,
-                                            "hash": r + 1})
+            image = ring_image(config, np.zeros_like(records[r][0]))
+            await _load_state(ctx, h, config, image, 0, 0, records[r][1])
+            status, clocks = await _timed_op(ctx, h, clock, {
+                "op": DmaOp.IMPORT, "region": r, "count": count, "hash": r + 1})
             assert status == RecordStatus.OK, (key, status)
             out[key] = clocks
 
@@ -585,12 +609,11 @@ def switch_clocks(config, count: int, *, mhz=60.0, chip=None, seed=0, sdram_rate
     byte a clock, and to the slot); the import must hit the slot (no card command), return
     ``OK`` and leave the rings the export read. Returns ``{"export", "import_sdram",
     "sectors", "kv_sectors"}``: clocks from the DMA command's transfer to its response's."""
-    import numpy as np
 
     from ringkv.defs.hot_tier import slot_sectors
     from ringkv.defs.record import RecordLayout, RecordStatus
     from ringkv.defs.sdram import DEFAULT_CHIP
-    from ringkv.host.record import ring_dtype, ring_image, rings_from_image
+    from ringkv.host.record import ring_image, rings_from_image
     from ringkv.hw.storage.dma import DmaOp
     from ringkv.sim.ring_model import DmaHarness
 
@@ -624,64 +647,24 @@ def switch_clocks(config, count: int, *, mhz=60.0, chip=None, seed=0, sdram_rate
         async for _ in ctx.tick():
             clock["n"] += 1
 
-    async def op(ctx, payload):
-        await stream_put(ctx, h.cmd, payload)
-        start = clock["n"]
-        resp = await stream_get(ctx, h.resp)
-        return RecordStatus(resp.status.value), clock["n"] - start
-
-    async def load_rings(ctx, image, n, head):
-        ctx.set(h.tap.we, 1)
-        for i, byte in enumerate(image):
-            ctx.set(h.tap.addr, i)
-            ctx.set(h.tap.wdata, int(byte))
-            await ctx.tick()
-        ctx.set(h.tap.we, 0)
-        ctx.set(h.tap.meta_we, 1)
-        for ring in range(config.layers * config.kv_heads):
-            ctx.set(h.tap.meta_ring, ring)
-            ctx.set(h.tap.meta_wcount, n)
-            ctx.set(h.tap.meta_whead, head)
-            await ctx.tick()
-        ctx.set(h.tap.meta_we, 0)
-
-    async def read_rings(ctx, size):
-        got = bytearray()
-        for i in range(size):
-            ctx.set(h.tap.addr, i)
-            await ctx.tick()
-            got.append(ctx.get(h.tap.rdata))
-        return bytes(got)
-
-    shape = (config.layers, config.kv_heads, 2, config.window, config.head_dim)
-    dt = ring_dtype(config)
-    rings = np.frombuffer(rng.randbytes(int(np.prod(shape)) * dt.itemsize),
-                          dtype=dt).reshape(shape).copy()
+    rings = _random_rings(config, rng)
     image = ring_image(config, rings)
     tokens = [rng.randrange(1 << config.token_width) for _ in range(count)]
     head = (count - 1) % config.window
 
     async def bench(ctx):
         await tick_until(ctx, h.sd_ready)
-        await load_rings(ctx, image, count, head)
-        ctx.set(h.tok_clear, 1)
-        await ctx.tick()
-        ctx.set(h.tok_clear, 0)
-        ctx.set(h.tok_append.valid, 1)
-        for tok in tokens:
-            ctx.set(h.tok_append.payload, tok)
-            await ctx.tick()
-        ctx.set(h.tok_append.valid, 0)
-        status, out["export"] = await op(ctx, {"op": DmaOp.EXPORT, "region": 1, "hash": 7,
-                                               "seq": 1})
+        await _load_state(ctx, h, config, image, count, head, tokens)
+        status, out["export"] = await _timed_op(ctx, h, clock, {
+            "op": DmaOp.EXPORT, "region": 1, "hash": 7, "seq": 1})
         assert status == RecordStatus.OK, status
-        await load_rings(ctx, bytes(len(image)), 0, config.window - 1)
+        await _load_state(ctx, h, config, bytes(len(image)), 0, config.window - 1)
         n_card = len(card_log)
-        status, out["import_sdram"] = await op(ctx, {"op": DmaOp.IMPORT, "region": 1,
-                                                     "count": count, "hash": 7})
+        status, out["import_sdram"] = await _timed_op(ctx, h, clock, {
+            "op": DmaOp.IMPORT, "region": 1, "count": count, "hash": 7})
         assert status == RecordStatus.OK, status
         assert len(card_log) == n_card, "the import read the card"
-        out["rings"] = await read_rings(ctx, len(image))
+        out["rings"] = await _read_rings(ctx, h, len(image))
 
     sim.add_process(counter)
     sim.add_testbench(bench)

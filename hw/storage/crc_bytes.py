@@ -3,15 +3,16 @@ K/V area four bytes a clock and its tokens one.
 
 Why not ``amaranth.lib.crc`` (which the engine uses for every CRC of one width): its
 ``Processor`` takes words of one fixed width and keeps its register to itself, so a CRC cannot
-go on from a byte stream (the record's tokens, any number of bytes) into a word stream (its
-K/V area) in one register, and a payload of tokens whose length is not a multiple of four has
-no word-wide form at all. This unit keeps one register and updates it by ``n`` = 1 to 4 bytes
-of ``data`` a clock: four XOR networks (one per ``n``) derived at elaboration from the CRC's
+go on from a byte stream (the record's tokens, any number of bytes) into a word stream (its K/V
+area) in one register, and a payload of tokens whose length is not a multiple of four has no
+word-wide form at all. This unit keeps one register and updates it by ``n`` = 1 to 4 bytes of
+``data`` a clock: four XOR networks (one per ``n``) derived at elaboration from the CRC's
 parameters (:class:`ringkv.defs.crc.CrcSpec`: the same Rocksoft model as ``lib.crc``), the
 register's next value chosen by ``n``. The networks come from the bitwise definition
-(:meth:`CrcSpec.compute`'s), applied to unit vectors: the update is linear in the register and
-the data bits. ``tests/hw/storage/test_crc_bytes.py`` checks the unit against ``zlib.crc32``,
-``CrcSpec.compute`` and ``amaranth.lib.crc`` on random byte streams split at random.
+(:meth:`CrcSpec.update`, which :meth:`CrcSpec.compute` uses), applied to unit vectors: the
+update is linear in the register and the data bits. ``tests/hw/storage/test_crc_bytes.py``
+checks the unit against ``zlib.crc32``, ``CrcSpec.compute`` and ``amaranth.lib.crc`` on random
+byte streams split at random.
 """
 
 from functools import cache
@@ -26,27 +27,14 @@ from ringkv.defs.crc import CrcSpec
 __all__ = ["CrcBytes", "crc_step_matrix"]
 
 
-def _raw_update(spec: CrcSpec, state: int, data: bytes) -> int:
-    """The CRC register (before the output's reflection and XOR) after ``data``."""
-    top, mask = 1 << (spec.width - 1), (1 << spec.width) - 1
-    for byte in data:
-        if spec.reflect:
-            byte = int(f"{byte:08b}"[::-1], 2)
-        state ^= byte << (spec.width - 8)
-        for _ in range(8):
-            state = ((state << 1) ^ spec.polynomial) if state & top else state << 1
-            state &= mask
-    return state
-
-
 @cache
 def crc_step_matrix(spec: CrcSpec, nbytes: int) -> tuple[tuple[int, int], ...]:
     """For each bit ``i`` of the register after ``nbytes`` bytes: ``(state mask, data mask)``,
     the bits of the register before and of the data (the first byte in the low 8 bits) whose
     XOR it is."""
     w = spec.width
-    from_state = [_raw_update(spec, 1 << j, bytes(nbytes)) for j in range(w)]
-    from_data = [_raw_update(spec, 0, (1 << j).to_bytes(nbytes, "little"))
+    from_state = [spec.update(1 << j, bytes(nbytes)) for j in range(w)]
+    from_data = [spec.update(0, (1 << j).to_bytes(nbytes, "little"))
                  for j in range(8 * nbytes)]
     return tuple((sum(1 << j for j in range(w) if from_state[j] >> i & 1),
                   sum(1 << j for j in range(8 * nbytes) if from_data[j] >> i & 1))

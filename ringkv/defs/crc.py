@@ -29,17 +29,23 @@ class CrcSpec:
                     initial_crc=self.initial, reflect_input=self.reflect,
                     reflect_output=self.reflect, xor_output=self.xor_output)
 
-    def compute(self, data: bytes) -> int:
-        """The CRC of ``data``, bit by bit (slow; the reference, not the host's fast path)."""
+    def update(self, state: int, data: bytes) -> int:
+        """The CRC register after ``data`` from ``state``, bit by bit, before the output's
+        reflection and XOR (linear in ``state`` and ``data``: the gateware's many-byte update
+        networks are derived from it, ``hw/storage/crc_bytes.py``)."""
         top, mask = 1 << (self.width - 1), (1 << self.width) - 1
-        crc = self.initial
         for byte in bytes(data):
             if self.reflect:
                 byte = int(f"{byte:08b}"[::-1], 2)
-            crc ^= byte << (self.width - 8)
+            state ^= byte << (self.width - 8)
             for _ in range(8):
-                crc = ((crc << 1) ^ self.polynomial) if crc & top else crc << 1
-                crc &= mask
+                state = ((state << 1) ^ self.polynomial) if state & top else state << 1
+                state &= mask
+        return state
+
+    def compute(self, data: bytes) -> int:
+        """The CRC of ``data``, bit by bit (slow; the reference, not the host's fast path)."""
+        crc = self.update(self.initial, data)
         if self.reflect:
             crc = int(f"{crc:0{self.width}b}"[::-1], 2)
         return crc ^ self.xor_output
