@@ -37,7 +37,7 @@ from ringkv.hw.store.token_memory import TokenMemory
 
 from .sdram_store_sim import SdramStoreTop
 
-__all__ = ["RingMemoryModel", "DmaHarness", "tap_signature"]
+__all__ = ["RingMemoryModel", "DmaHarness", "tap_signature", "tap_load", "tap_read"]
 
 
 def tap_signature(config):
@@ -274,3 +274,42 @@ class DmaHarness(wiring.Component):
         if ready:
             both = ready[0] if len(ready) == 1 else ready[0] & ready[1]
             m.d.comb += self.sd_ready.eq(both)
+
+
+async def tap_load(ctx, h, config, image, count, head, tokens=None, *, heads=None):
+    """Through a :class:`DmaHarness`'s tap: the ring port's bytes ``image``, every ring's
+    metadata (``count`` and ``head``, or ring ``r``'s ``heads[r]``); with ``tokens``, token
+    memory cleared and filled with them. A testbench coroutine."""
+    ctx.set(h.tap.we, 1)
+    for i, byte in enumerate(image):
+        ctx.set(h.tap.addr, i)
+        ctx.set(h.tap.wdata, int(byte))
+        await ctx.tick()
+    ctx.set(h.tap.we, 0)
+    ctx.set(h.tap.meta_we, 1)
+    for ring in range(config.layers * config.kv_heads):
+        ctx.set(h.tap.meta_ring, ring)
+        ctx.set(h.tap.meta_wcount, count)
+        ctx.set(h.tap.meta_whead, heads[ring] if heads else head)
+        await ctx.tick()
+    ctx.set(h.tap.meta_we, 0)
+    if tokens is None:
+        return
+    ctx.set(h.tok_clear, 1)
+    await ctx.tick()
+    ctx.set(h.tok_clear, 0)
+    ctx.set(h.tok_append.valid, 1)
+    for tok in tokens:
+        ctx.set(h.tok_append.payload, tok)
+        await ctx.tick()
+    ctx.set(h.tok_append.valid, 0)
+
+
+async def tap_read(ctx, h, size) -> bytes:
+    """The ring port's first ``size`` bytes through a :class:`DmaHarness`'s tap."""
+    got = bytearray()
+    for i in range(size):
+        ctx.set(h.tap.addr, i)
+        await ctx.tick()
+        got.append(ctx.get(h.tap.rdata))
+    return bytes(got)

@@ -29,6 +29,7 @@ from ringkv.hw.storage.port import SECTOR_BYTES, StorageError, StorageOp
 from ringkv.hw.storage.tiered import TieredStorage
 from ringkv.hw.store.hot_tier import Op, Status
 
+from .ring_model import tap_load, tap_read
 from .sector_model import SectorImage, serve_storage
 from .storage_host import storage_read, storage_write
 from .streams import stream_get, stream_put, tick_until
@@ -299,44 +300,6 @@ async def _timed_op(ctx, h, clock, payload):
     return RecordStatus(resp.status.value), clock["n"] - start
 
 
-async def _load_state(ctx, h, config, image, n, head, tokens=None):
-    """The ring port's bytes ``image`` and every ring's metadata ``(n, head)`` through a
-    ``DmaHarness``'s tap; with ``tokens``, token memory cleared and filled with them."""
-    ctx.set(h.tap.we, 1)
-    for i, byte in enumerate(image):
-        ctx.set(h.tap.addr, i)
-        ctx.set(h.tap.wdata, int(byte))
-        await ctx.tick()
-    ctx.set(h.tap.we, 0)
-    ctx.set(h.tap.meta_we, 1)
-    for ring in range(config.layers * config.kv_heads):
-        ctx.set(h.tap.meta_ring, ring)
-        ctx.set(h.tap.meta_wcount, n)
-        ctx.set(h.tap.meta_whead, head)
-        await ctx.tick()
-    ctx.set(h.tap.meta_we, 0)
-    if tokens is None:
-        return
-    ctx.set(h.tok_clear, 1)
-    await ctx.tick()
-    ctx.set(h.tok_clear, 0)
-    ctx.set(h.tok_append.valid, 1)
-    for tok in tokens:
-        ctx.set(h.tok_append.payload, tok)
-        await ctx.tick()
-    ctx.set(h.tok_append.valid, 0)
-
-
-async def _read_rings(ctx, h, size):
-    """The ring port's first ``size`` bytes through a ``DmaHarness``'s tap."""
-    got = bytearray()
-    for i in range(size):
-        ctx.set(h.tap.addr, i)
-        await ctx.tick()
-        got.append(ctx.get(h.tap.rdata))
-    return bytes(got)
-
-
 def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
                   slot_token_sectors=None, sdram_rate: int = 1, width: int = 1) -> dict:
     """Exact clocks of the DMA engine's EXPORT and IMPORT of one record of ``count`` tokens
@@ -401,14 +364,14 @@ def import_clocks(config, count: int, *, mhz=40.0, chip=None, seed=0,
     async def bench(ctx):
         await tick_until(ctx, h.sd_ready)
         for r, (rings, tokens) in enumerate(records):
-            await _load_state(ctx, h, config, ring_image(config, rings), count, 0, tokens)
+            await tap_load(ctx, h, config, ring_image(config, rings), count, 0, tokens)
             status, clocks = await _timed_op(ctx, h, clock, {
                 "op": DmaOp.EXPORT, "region": r, "hash": r + 1, "seq": r + 1})
             assert status == RecordStatus.OK, status
             out["export"].append(clocks)
         for r, key in ((0, "import_card"), (2, "import_sdram")):
             image = ring_image(config, np.zeros_like(records[r][0]))
-            await _load_state(ctx, h, config, image, 0, 0, records[r][1])
+            await tap_load(ctx, h, config, image, 0, 0, records[r][1])
             status, clocks = await _timed_op(ctx, h, clock, {
                 "op": DmaOp.IMPORT, "region": r, "count": count, "hash": r + 1})
             assert status == RecordStatus.OK, (key, status)
@@ -654,17 +617,17 @@ def switch_clocks(config, count: int, *, mhz=60.0, chip=None, seed=0, sdram_rate
 
     async def bench(ctx):
         await tick_until(ctx, h.sd_ready)
-        await _load_state(ctx, h, config, image, count, head, tokens)
+        await tap_load(ctx, h, config, image, count, head, tokens)
         status, out["export"] = await _timed_op(ctx, h, clock, {
             "op": DmaOp.EXPORT, "region": 1, "hash": 7, "seq": 1})
         assert status == RecordStatus.OK, status
-        await _load_state(ctx, h, config, bytes(len(image)), 0, config.window - 1)
+        await tap_load(ctx, h, config, bytes(len(image)), 0, config.window - 1)
         n_card = len(card_log)
         status, out["import_sdram"] = await _timed_op(ctx, h, clock, {
             "op": DmaOp.IMPORT, "region": 1, "count": count, "hash": 7})
         assert status == RecordStatus.OK, status
         assert len(card_log) == n_card, "the import read the card"
-        out["rings"] = await _read_rings(ctx, h, len(image))
+        out["rings"] = await tap_read(ctx, h, len(image))
 
     sim.add_process(counter)
     sim.add_testbench(bench)

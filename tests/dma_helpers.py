@@ -9,7 +9,7 @@ from amaranth.sim import Simulator
 from ringkv.defs.record import SECTOR, RecordLayout, RecordStatus
 from ringkv.host.record import ring_dtype, ring_image, rings_from_image
 from ringkv.hw.attention.ring_port import RingPortSignature
-from ringkv.sim.ring_model import DmaHarness
+from ringkv.sim.ring_model import DmaHarness, tap_load, tap_read
 from ringkv.sim.sector_model import PowerCut, SectorImage, serve_storage
 from ringkv.sim.streams import stream_get, stream_put, write_key
 
@@ -34,36 +34,13 @@ def random_session(config, rng, count):
 async def load_state(ctx, h, config, rings, count, head, tokens, *, meta_heads=None):
     """Write ``rings`` and every ring's metadata (``head``, or ring ``r``'s
     ``meta_heads[r]``) through the ring model's tap, and ``tokens`` into token memory."""
-    ctx.set(h.tap.we, 1)
-    for i, byte in enumerate(ring_image(config, rings)):
-        ctx.set(h.tap.addr, i)
-        ctx.set(h.tap.wdata, int(byte))
-        await ctx.tick()
-    ctx.set(h.tap.we, 0)
-    ctx.set(h.tap.meta_we, 1)
-    for layer in range(config.layers * config.kv_heads):
-        ctx.set(h.tap.meta_ring, layer)
-        ctx.set(h.tap.meta_wcount, count)
-        ctx.set(h.tap.meta_whead, meta_heads[layer] if meta_heads else head)
-        await ctx.tick()
-    ctx.set(h.tap.meta_we, 0)
-    ctx.set(h.tok_clear, 1)
-    await ctx.tick()
-    ctx.set(h.tok_clear, 0)
-    ctx.set(h.tok_append.valid, 1)
-    for tok in tokens:
-        ctx.set(h.tok_append.payload, tok)
-        await ctx.tick()
-    ctx.set(h.tok_append.valid, 0)
+    await tap_load(ctx, h, config, ring_image(config, rings), count, head, tokens,
+                   heads=meta_heads)
 
 
 async def read_state(ctx, h, config):
     """``(rings, [(count, head)] per ring)`` read back through the ring model's tap."""
-    out = bytearray(RingPortSignature.for_config(config).ring_bytes)
-    for i in range(len(out)):
-        ctx.set(h.tap.addr, i)
-        await ctx.tick()
-        out[i] = ctx.get(h.tap.rdata)
+    out = await tap_read(ctx, h, RingPortSignature.for_config(config).ring_bytes)
     meta = []
     for layer in range(config.layers * config.kv_heads):
         ctx.set(h.tap.meta_ring, layer)
