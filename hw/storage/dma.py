@@ -260,18 +260,6 @@ class DmaEngine(wiring.Component):
         m.d.comb += [slot_set.eq(self.key_set.bit_select(req_slot, 1)),
                      slot_id.eq(self.key_ids[req_slot])]
 
-        v = Signal(range(W + 1))
-        m.d.comb += v.eq(Mux(n < W, n, W))
-        tok_payload = Signal(34)
-        kv_payload = Signal(32)
-        m.d.comb += [tok_payload.eq(n * TB), kv_payload.eq(v * KV_PER_SLOT)]
-        tok_sectors = Signal(16)
-        kv_sectors = Signal(16)
-        m.d.comb += [tok_sectors.eq((tok_payload + SECTOR - 1) >> 9),
-                     kv_sectors.eq((kv_payload + SECTOR - 1) >> 9)]
-        s0 = Signal(range(W))
-        m.d.comb += s0.eq(head + 1 - v)          # oldest valid slot, mod W (W a power of two)
-
         # --- the pieces ------------------------------------------------------------------
         wide = self._width == 4
         m.submodules.pcrc = pcrc = (CrcBytes(RECORD_CRC) if wide else
@@ -295,7 +283,6 @@ class DmaEngine(wiring.Component):
         # enable) was one of the DMA's longest paths at the board's 60 MHz.
         total_nz = Signal()
         hdr_pos = cursor.hdr_pos
-        m.d.comb += [cursor.segment.eq(seg), cursor.valid_slots.eq(v), cursor.first_slot.eq(s0)]
 
         # --- export: header bytes, built at issue time --------------------------------------
         # (and the MAC's header pass, both directions: an import's fields are the header's
@@ -303,6 +290,30 @@ class DmaEngine(wiring.Component):
         exporting = op == DmaOp.EXPORT
         importing = op == DmaOp.IMPORT
         hd = hparse.fields
+
+        # --- the snapshot's sizes, registers a clock behind the count and head they derive
+        # from (export: ``n``, ``head``, set in META_CAPTURE at least two clocks before
+        # SEGMENT_COMMAND reads them; otherwise the parsed header's, whose bytes came at
+        # least four clocks before HEADER_EVALUATE). Computed in one clock from ``n`` (the
+        # 32-bit ``n < W``, then ``v - 1`` in the cursor) they were the board's longest path
+        # at 60 MHz with the half-rate SDRAM (docs/blocks/dma.md).
+        n_src = Signal(32)
+        head_src = Signal(range(W))
+        m.d.comb += [n_src.eq(Mux(exporting, n, hd.count)),
+                     head_src.eq(Mux(exporting, head, hd.ring_head))]
+        v_src = Signal(range(W + 1))
+        m.d.comb += v_src.eq(Mux(n_src < W, n_src, W))
+        v = Signal(range(W + 1))
+        tok_payload = Signal(34)
+        kv_payload = Signal(32)
+        tok_sectors = Signal(16)
+        kv_sectors = Signal(16)
+        s0 = Signal(range(W))                    # oldest valid slot, mod W (W a power of two)
+        m.d.sync += [v.eq(v_src), tok_payload.eq(n_src * TB), kv_payload.eq(v_src * KV_PER_SLOT),
+                     tok_sectors.eq((n_src * TB + SECTOR - 1) >> 9),
+                     kv_sectors.eq((v_src * KV_PER_SLOT + SECTOR - 1) >> 9),
+                     s0.eq(head_src + 1 - v_src)]
+        m.d.comb += [cursor.segment.eq(seg), cursor.valid_slots.eq(v), cursor.first_slot.eq(s0)]
         # (the header CRC's bytes 508..511 do not come from the encoder: the write pipeline
         # takes them from the CRC itself, ByteSource.CRC; its ``header_crc`` stays 0)
         m.d.comb += [henc.pos.eq(hdr_pos),

@@ -62,7 +62,8 @@ class RecordCursor(wiring.Component):
 
     Ports: ``segment`` (In :class:`RecordSegment`), ``valid_slots`` (In: ``min(count,
     window)``), ``first_slot`` (In: the oldest valid slot, ``head + 1 - valid_slots`` modulo the
-    window), ``start`` (In 1: restart the segment at the next edge), ``step`` (In 1: advance by
+    window; both held through a segment, ``valid_slots`` taken at ``start``), ``start`` (In 1:
+    restart the segment at the next edge), ``step`` (In 1: advance by
     one byte at the next edge; not together with ``start``), ``hdr_pos`` (Out 9: bytes stepped
     since ``start``, modulo 512: the header byte's offset), ``token_index`` and ``token_byte``
     (Out: the token and its byte, little-endian), ``ring_addr`` (Out 32: the ring port's byte
@@ -95,6 +96,8 @@ class RecordCursor(wiring.Component):
         dim = Signal(range(D))
         slot = Signal(range(W))
         kind = Signal()
+        # ``valid_slots - 1``, taken at ``start``: the subtraction off the step's path
+        t_last = Signal(range(W + 1))
         # byte of the element, innermost (no counter at all for one byte per element)
         elem_b = Signal(range(EB)) if EB > 1 else None
         m.d.comb += self.ring_addr.eq(Cat(elem_b if EB > 1 else [], dim, slot, kind,
@@ -102,7 +105,8 @@ class RecordCursor(wiring.Component):
 
         with m.If(self.start):
             m.d.sync += [tok_i.eq(0), tok_b.eq(0), lh.eq(0), t.eq(0), dim.eq(0), slot.eq(s0),
-                         kind.eq(0), hdr_pos.eq(0), *([elem_b.eq(0)] if EB > 1 else [])]
+                         kind.eq(0), hdr_pos.eq(0), t_last.eq(v - 1),
+                         *([elem_b.eq(0)] if EB > 1 else [])]
         with m.If(self.step):
             with m.If(seg == RecordSegment.TOK):
                 with m.If(tok_b == TB - 1):
@@ -117,7 +121,7 @@ class RecordCursor(wiring.Component):
                     m.d.sync += elem_b.eq(0)
                 next_slot = Signal.like(slot, name="next_slot")
                 m.d.comb += next_slot.eq(slot + 1)
-                last_t, last_dim, last_lh = t == v - 1, dim == D - 1, lh == LH - 1
+                last_t, last_dim, last_lh = t == t_last, dim == D - 1, lh == LH - 1
                 with m.If(kind == 0):      # K: lh, t, dim (dim fastest)
                     with m.If(last_dim):
                         m.d.sync += [dim.eq(0), t.eq(t + 1), slot.eq(next_slot)]

@@ -191,19 +191,27 @@ class KvWordWriter(wiring.Component):
                 m.submodules[f"col{jj}_sub{rr}"] = mem
                 banks[jj, rr] = (mem.write_port(), mem.read_port(domain="comb"))
 
-        # a chunk's first word: byte k at position k of column 0 (up to 4 column ends crossed
-        # when a column is shorter than a word); at ``start`` from the input's ``v``
-        Lx_in = [Signal(range(4 * W * EB + 1), name=f"L{n}_in") for n in range(5)]
-        m.d.comb += [Lx_in[n].eq(self.valid_slots * (n * EB)) for n in range(1, 5)]
+        # a chunk's first word: byte k at position k of column 0; when a column is shorter
+        # than a word (L = v * EB < 4 bytes) at k mod L of column k // L. At ``start`` from
+        # the input's ``v``, by a table on the few short lengths (the general step's
+        # multiplies and compares, from the DMA's ``v``, were the import's longest path)
+        def first_word(length):
+            if bug == "column_wrap":
+                length = 4
+            return [x for k in range(4) for x in (k_col[k].eq(k // length),
+                                                   k_pos[k].eq(k % length))]
 
-        def first_word(mult):
-            out = []
-            for k in range(4):
-                dj, pos = col_step(Const(k, 3), f"first{k}_{mult[1].name}", mult)
-                out += [k_col[k].eq(dj), k_pos[k].eq(pos)]
-            return out
+        def load_first_word(slots):
+            """The first word's columns and positions, for ``slots`` valid slots."""
+            with m.Switch(slots):
+                for v_in in range(1, 4):
+                    if v_in * EB < 4:
+                        with m.Case(v_in):
+                            m.d.sync += first_word(v_in * EB)
+                with m.Default():
+                    m.d.sync += first_word(4)
         with m.If(self.start):
-            m.d.sync += first_word(Lx_in)
+            load_first_word(self.valid_slots)
 
         words_ok = Signal()
         v_pass = bug == "v_as_k"
@@ -261,7 +269,8 @@ class KvWordWriter(wiring.Component):
                 ndj, npos = col_step(k_pos[k] + 4, f"next{k}")
                 m.d.sync += [k_col[k].eq(k_col[k] + ndj), k_pos[k].eq(npos)]
             with m.If(w == v - 1):           # the chunk's last word: hand it to the drain
-                m.d.sync += [w.eq(0), *first_word(Lx)]
+                m.d.sync += w.eq(0)
+                load_first_word(v)
                 for b in range(NB):
                     with m.If(fsel == b):
                         m.d.sync += [full[b].eq(1), b_lh[b].eq(lh), b_chunk[b].eq(chunk)]

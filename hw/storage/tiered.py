@@ -338,7 +338,11 @@ class TieredStorage(wiring.Component):
         m.d.comb += is_header.eq(offset == 0)
         ext_r, ext_w = self._extents(m, data.ArrayLayout(ext, EXTENTS))
         slot = Signal(range(self._slots))        # the slot a read is served from
-        served_q = Signal()                      # the read lies in one of its extents
+        # the read lies in one of its extents: each extent's two bounds, checked
+        within = [Signal(name=f"within{i}_{b}") for i in range(EXTENTS) for b in ("lo", "hi")]
+        served_q = Signal()
+        m.d.comb += served_q.eq(Cat(*(within[2 * i] & within[2 * i + 1]
+                                      for i in range(EXTENTS))).any())
 
         # where the write's sectors go among the pending extents
         append = [Signal(name=f"append{i}") for i in range(EXTENTS)]
@@ -551,11 +555,13 @@ class TieredStorage(wiring.Component):
                     m.d.sync += state.eq(_State.EXT_CHECK)
 
             with m.Case(_State.EXT_CHECK):
-                served = Const(1) if bug == "extents" else Cat(
-                    *[(e.lo <= offset) & (end <= e.hi) for e in ext_r.data]).any()
-                # registered: the extents' compare starts at the block RAM's output and would
-                # run on into the backends' command valids (the tier's longest path at 60 MHz)
-                m.d.sync += [served_q.eq(served), state.eq(_State.EXT_SERVE)]
+                # registered, each bound's compare on its own: the compares start at the block
+                # RAM's output and would run on into the backends' command valids (the tier's
+                # longest path at 60 MHz); the AND and OR of them come a clock later
+                m.d.sync += [*(x.eq(Const(1) if bug == "extents" else cond) for x, cond in
+                               zip(within, [c for e in ext_r.data
+                                            for c in (e.lo <= offset, end <= e.hi)])),
+                             state.eq(_State.EXT_SERVE)]
 
             with m.Case(_State.EXT_SERVE):
                 with m.If(served_q):

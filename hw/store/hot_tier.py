@@ -161,6 +161,18 @@ class HotTier(wiring.Component):
         best_region = Signal(rb)
         have_best = Signal()
 
+        # The command's own checks, registered with it: the states that decide on a table's
+        # read combine these with the read alone (a block RAM's output through a chain of
+        # the opcode's and the bounds' compares was the tier's longest path at 60 MHz).
+        region_bad = Signal()                # cmd.region >= regions
+        slot_bad = Signal()                  # cmd.slot >= slots
+        op_is = {op: Signal(name=f"op_is_{op.name.lower()}")
+                 for op in (Op.LOOKUP, Op.ALLOC, Op.DROP, Op.COMMIT, Op.ABORT, Op.READ)}
+        # ``fifo_level != 0``, a clock behind it: the level changes only in a deciding state,
+        # at least two clocks (RESPOND, IDLE) before REGION reads this
+        fifo_nz = Signal(init=int(fifo_level.init != 0))
+        m.d.sync += fifo_nz.eq(fifo_level != 0)
+
         reserved_row = Signal(row_layout)    # ``cmd.region``'s row while its copy is written
         m.d.comb += [reserved_row.state.eq(SlotState.RESERVED),
                      reserved_row.region.eq(cmd.region[:rb]), reserved_row.stamp.eq(cmd.now)]
@@ -206,7 +218,9 @@ class HotTier(wiring.Component):
                 with m.If(self.i.valid):
                     m.d.sync += [cmd.eq(self.i.payload), resp.eq(0),
                                  resp.op.eq(self.i.payload.op), idx.eq(0), have_best.eq(0),
-                                 scan_live.eq(0)]
+                                 scan_live.eq(0), region_bad.eq(self.i.payload.region >= nr),
+                                 slot_bad.eq(self.i.payload.slot >= ns),
+                                 *(bit.eq(self.i.payload.op == op) for op, bit in op_is.items())]
                     with m.Switch(self.i.payload.op):
                         with m.Case(Op.LOOKUP, Op.ALLOC, Op.DROP):
                             m.next = "REGION"
@@ -253,47 +267,57 @@ class HotTier(wiring.Component):
                 aim(fifo, fifo_wr, entry.slot)
                 # the row read next: the mapped slot's (LOOKUP), slot 0 (an ALLOC's scan)
                 m.d.comb += rows.raddr.eq(Mux(cmd.op == Op.LOOKUP, entry.slot, 0))
-                m.next = "RESPOND"
-                with m.If(cmd.region >= nr):
-                    m.d.sync += resp.status.eq(Status.BAD_REGION)
-                with m.Elif(cmd.op == Op.LOOKUP):
-                    with m.If(entry.valid):
-                        m.d.sync += cur.eq(entry.slot)
-                        m.next = "LOOKUP_SLOT"
-                    with m.Else():
-                        m.d.sync += resp.status.eq(Status.MISS)
-                with m.Elif(dropping):
-                    with m.If(entry.valid):
-                        enable(region_map)
-                        if bug == "drop_leak":
-                            enable(rows)
-                        else:
-                            free_row()
-                        m.d.sync += resp.slot.eq(entry.slot)
-                    with m.Else():
-                        m.d.sync += resp.status.eq(Status.MISS)
-                with m.Elif(entry.valid):
-                    # ALLOC of a mapped region: its copy is invalidated, its slot rewritten.
+                # the decision: the entry's valid bit against the registered checks
+                valid = entry.valid
+                go = ~region_bad
+                lookup_hit = Signal()
+                drop_hit = Signal()
+                alloc_hit = Signal()                # ALLOC of a mapped region
+                alloc_new = Signal()                # ALLOC from the free FIFO
+                alloc_scan = Signal()               # ALLOC with no free slot: the LRU scan
+                m.d.comb += [lookup_hit.eq(go & op_is[Op.LOOKUP] & valid),
+                             drop_hit.eq(go & op_is[Op.DROP] & valid),
+                             alloc_hit.eq(go & op_is[Op.ALLOC] & valid),
+                             alloc_new.eq(go & op_is[Op.ALLOC] & ~valid & fifo_nz),
+                             alloc_scan.eq(go & op_is[Op.ALLOC] & ~valid & ~fifo_nz)]
+                m.d.sync += [resp.status.eq(Mux(region_bad, Status.BAD_REGION,
+                                                Mux(valid | op_is[Op.ALLOC], Status.OK,
+                                                    Status.MISS))),
+                             resp.slot.eq(Mux(drop_hit | alloc_hit, entry.slot,
+                                              Mux(alloc_new, fifo.rdata, 0))),
+                             cur.eq(entry.slot)]
+                # ALLOC of a mapped region: its copy is invalidated, its slot rewritten; DROP:
+                # the slot back to the pool
+                with m.If(drop_hit):
+                    enable(region_map)
+                    if bug == "drop_leak":
+                        enable(rows)
+                    else:
+                        free_row()
+                with m.If(alloc_hit):
                     enable(rows)
-                    m.d.sync += resp.slot.eq(entry.slot)
-                with m.Elif(fifo_level != 0):
+                with m.If(alloc_new):
                     enable(rows, region_map)
-                    m.d.sync += [resp.slot.eq(fifo.rdata), fifo_level.eq(fifo_level - 1),
+                    m.d.sync += [fifo_level.eq(fifo_level - 1),
                                  fifo_rd.eq(Mux(fifo_rd == ns - 1, 0, fifo_rd + 1))]
-                with m.Else():
+                with m.If(lookup_hit):
+                    m.next = "LOOKUP_SLOT"
+                with m.Elif(alloc_scan):
                     # No free slot: scan for the least recently used valid one (slot 0 is read).
                     m.next = "SCAN"
+                with m.Else():
+                    m.next = "RESPOND"
 
             with m.State("LOOKUP_SLOT"):
                 row = rows.rdata
                 touched = Signal(row_layout)
                 m.d.comb += [touched.eq(row), touched.stamp.eq(cmd.now)]
                 aim(rows, cur, touched)
-                with m.If(row.state == SlotState.VALID):
+                hit = row.state == SlotState.VALID  # else reserved: a write in progress
+                with m.If(hit):
                     enable(rows)
-                    m.d.sync += resp.slot.eq(cur)
-                with m.Else():
-                    m.d.sync += resp.status.eq(Status.MISS)    # reserved: a write in progress
+                m.d.sync += [resp.slot.eq(Mux(hit, cur, 0)),
+                             resp.status.eq(Mux(hit, Status.OK, Status.MISS))]
                 m.next = "RESPOND"
 
             with m.State("SLOT"):
@@ -310,22 +334,23 @@ class HotTier(wiring.Component):
                 aim(region_map, cmd.region[:rb], 0)
                 aim(fifo, fifo_wr, slot)
                 m.next = "RESPOND"
-                with m.If((cmd.op == Op.READ) & (cmd.slot >= ns)):
-                    m.d.sync += resp.status.eq(Status.BAD_SLOT)
-                with m.Elif(cmd.op == Op.READ):
-                    m.d.sync += [resp.slot.eq(cmd.slot), resp.state.eq(row.state),
-                                 resp.region.eq(row.region), resp.stamp.eq(row.stamp)]
-                with m.Elif(cmd.region >= nr):
-                    m.d.sync += resp.status.eq(Status.BAD_REGION)
-                with m.Elif((cmd.slot >= ns) | ~reserved_here):
-                    m.d.sync += resp.status.eq(Status.BAD_SLOT)
-                with m.Elif(cmd.op == Op.COMMIT):
+                # the decision: the row's check against the registered ones
+                reading = op_is[Op.READ]
+                fixed = reading | region_bad | slot_bad     # decided without the row
+                fixed_status = Mux(reading, Mux(slot_bad, Status.BAD_SLOT, Status.OK),
+                                   Mux(region_bad, Status.BAD_REGION, Status.BAD_SLOT))
+                go = ~fixed & reserved_here
+                m.d.sync += [resp.status.eq(Mux(fixed, fixed_status,
+                                                Mux(reserved_here, Status.OK, Status.BAD_SLOT))),
+                             resp.slot.eq(Mux((reading & ~slot_bad) | go, cmd.slot, 0))]
+                with m.If(reading & ~slot_bad):
+                    m.d.sync += [resp.state.eq(row.state), resp.region.eq(row.region),
+                                 resp.stamp.eq(row.stamp)]
+                with m.If(go & op_is[Op.COMMIT]):
                     enable(rows)
-                    m.d.sync += resp.slot.eq(cmd.slot)
-                with m.Else():
+                with m.If(go & op_is[Op.ABORT]):
                     enable(region_map)
                     free_row()
-                    m.d.sync += resp.slot.eq(cmd.slot)
 
             with m.State("SCAN"):
                 # One slot per clock, two stages (the row registered, then aged and compared),
