@@ -55,8 +55,9 @@ def kv_word_writes(config: RingKVConfig, valid_slots: int, first_slot: int,
 
 def kv_word_clocks(config: RingKVConfig, valid_slots: int) -> int:
     """Clocks from the area's first word taken to its last write shown, with every word
-    offered at once and every write taken at once: one word a clock, the last V chunk drained
-    ``v`` clocks after its last word, the output a register behind."""
+    offered at once and every write taken at once: one word a clock, each a register behind
+    its transfer (the writer's input register), the last V chunk drained ``v`` clocks after
+    its last word, the output a register behind."""
     eb = RecordLayout(config).elem_bytes
     words = 2 * config.layers * config.kv_heads * valid_slots * config.head_dim * eb // 4
-    return words + valid_slots
+    return words + valid_slots + 1

@@ -84,9 +84,10 @@ class KvWordWriter(wiring.Component):
     * ``idle`` (Out 1): no whole chunk waiting to drain and no write pending (a chunk still
       filling does not count: ``idle`` after the area's last word means every write is out).
 
-    Latency: a K word is on ``writes`` the clock after it is taken; a V chunk's first write
-    two clocks after its last word is taken (its buffer marked full, then the output
-    register), its last ``v - 1`` clocks after that. Throughput: one word a
+    Latency: a word taken is registered first (an input register: the handshake stays off
+    the column arithmetic); a K word is on ``writes`` two clocks after it is taken; a V
+    chunk's first write three clocks after its last word is taken (the input register, its
+    buffer marked full, then the output register), its last ``v - 1`` clocks after that. Throughput: one word a
     clock each way (``words.ready`` stays high while ``writes.ready`` does). Backpressure:
     ``writes.ready`` low holds the output, then the drain, then ``words``; nothing is lost.
     """
@@ -219,11 +220,23 @@ class KvWordWriter(wiring.Component):
             m.d.comb += words_ok.eq(out_free)
         with m.Else():
             m.d.comb += words_ok.eq(~full.bit_select(fsel, 1) if NB > 1 else ~full[0])
-        # (not gated by ``start``/``flush``: a word taken in their clock is dropped with the
-        # rest; the DMA never offers one then, and its ready stays off their paths)
-        m.d.comb += self.words.ready.eq(words_ok)
+        # The input words pass a register first (``in_valid``, ``in_word``): the storage
+        # port's handshake, which comes through the tier and the DMA, ends there, and the
+        # column arithmetic below starts at flip-flops only (the handshake through the next
+        # word's positions was the half-rate board build's longest path, 17.1 ns at 60 MHz).
+        # ``words.ready`` is the register's room (empty, or its word taken this clock):
+        # still a word a clock. (Not gated by ``start``/``flush``: a word taken in their
+        # clock is dropped with the rest; the DMA never offers one then, and its ready stays
+        # off their paths.)
+        in_valid = Signal()
+        in_word = Signal(32)
         take = Signal()
-        m.d.comb += take.eq(self.words.valid & self.words.ready)
+        m.d.comb += [take.eq(in_valid & words_ok),
+                     self.words.ready.eq(~in_valid | words_ok)]
+        with m.If(take):
+            m.d.sync += in_valid.eq(0)
+        with m.If(self.words.valid & self.words.ready):
+            m.d.sync += [in_valid.eq(1), in_word.eq(self.words.payload)]
 
         k_slot = Signal(range(W))
         m.d.comb += k_slot.eq(wrap_slot(s0, t))
@@ -234,7 +247,7 @@ class KvWordWriter(wiring.Component):
 
         with m.If(take & (~in_v | v_pass)):
             # K (or, broken, V) straight through
-            m.d.sync += [out_valid.eq(1), out.data.eq(self.words.payload)]
+            m.d.sync += [out_valid.eq(1), out.data.eq(in_word)]
             if v_pass:
                 m.d.sync += out.addr.eq(Mux(in_v, ring_addr(lh, 1, k_slot, o * 4),
                                             ring_addr(lh, 0, k_slot, o * 4)))
@@ -255,7 +268,7 @@ class KvWordWriter(wiring.Component):
         with m.Elif(take):
             # V: each byte into its column's sub-bank
             for k in range(4):
-                byte = self.words.payload[8 * k:8 * k + 8]
+                byte = in_word[8 * k:8 * k + 8]
                 for (jj, rr), (wp, _) in banks.items():
                     sel = (k_col[k] == jj) & (_sub(k_pos[k], MOD) == rr)
                     with m.If(sel):
@@ -323,10 +336,10 @@ class KvWordWriter(wiring.Component):
             with m.Else():
                 m.d.sync += dt.eq(dt + 1)
 
-        m.d.comb += self.idle.eq(~out_valid & (full == 0))
+        m.d.comb += self.idle.eq(~in_valid & ~out_valid & (full == 0))
 
         with m.If(reset):
-            m.d.sync += [out_valid.eq(0), in_v.eq(0), lh.eq(0), t.eq(0), o.eq(0),
+            m.d.sync += [in_valid.eq(0), out_valid.eq(0), in_v.eq(0), lh.eq(0), t.eq(0), o.eq(0),
                          chunk.eq(0), w.eq(0), fsel.eq(0), full.eq(0),
                          dsel.eq(0), dt.eq(0)]
         return m

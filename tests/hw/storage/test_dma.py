@@ -554,8 +554,9 @@ def test_wide_port_clocks(config):
     """Exact clocks of an export and an open import at the storage port's peak, on a port of
     bytes and on a wide one: the wide import reads its K/V sectors a word a clock (384 clocks
     less a sector), gives 3 clocks back (the unpacker's and the K/V writer's latencies), and
-    waits for the K/V writer's last chunk where no padding words hide it (``v - 1`` clocks
-    less those words); the export takes 3 clocks more (its bytes packed into words)."""
+    waits for the K/V writer's last chunk where no padding words hide it (its input register
+    and ``v - 1`` clocks, less those words); the export takes 3 clocks more (its bytes packed
+    into words)."""
     from bench.bench_storage import dma_cycles
     lay = RecordLayout(config)
     per_slot = 2 * config.layers * config.kv_heads * config.head_dim * lay.elem_bytes
@@ -566,4 +567,4 @@ def test_wide_port_clocks(config):
         pad_words = (kv_sectors * SECTOR - v * per_slot) // 4
         assert wide["export"] == narrow["export"] + 3, count
         assert wide["import"] == (narrow["import"] - 384 * kv_sectors + 3
-                                  + max(0, v - 1 - pad_words)), count
+                                  + max(0, v - pad_words)), count

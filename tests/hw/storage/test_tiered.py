@@ -737,11 +737,11 @@ def test_dma_through_the_half_rate_sdram_controller():
     full = import_clocks(config, 8, mhz=60)
     half = import_clocks(config, 8, mhz=60, sdram_rate=2)
     assert half == full and half["import_sdram"] < half["import_card"]
-    # on four-byte words: the slot's K/V sector a word a clock (374 clocks fewer, as in
+    # on four-byte words: the slot's K/V sector a word a clock (373 clocks fewer, as in
     # test_switch_from_sdram_at_four_bytes_a_clock); the card's import a clock more (its
     # widener hands the status on after the last word); the exports paced by the card
     wide = import_clocks(config, 8, mhz=60, sdram_rate=2, width=4)
-    assert wide == {**half, "import_sdram": half["import_sdram"] - 374,
+    assert wide == {**half, "import_sdram": half["import_sdram"] - 373,
                     "import_card": half["import_card"] + 1}
 
 
@@ -753,13 +753,14 @@ def test_switch_from_sdram_at_four_bytes_a_clock():
     sector store on four-byte words, the SDRAM controller at half rate (60 MHz, the SDRAM at
     120, CL 3) on the strict pin-level model. A record exported to the card and its slot
     imports from the slot (no card command) and restores the rings (``switch_clocks`` checks
-    both) in 1,244 clocks: the byte port's 1,618 (``test_switch_from_sdram_on_bytes``) less
+    both) in 1,245 clocks: the byte port's 1,618 (``test_switch_from_sdram_on_bytes``) less
     384 for its one K/V sector read a word a clock, plus the 3 of the wide path and the K/V
-    writer's last chunk (``v - 1`` = 7 clocks, no padding words after it): the SDRAM keeps up
+    writer's input register and last chunk (1 + ``v - 1`` = 8 clocks, no padding words after
+    it): the SDRAM keeps up
     with a word a clock."""
     from ringkv.sim.tiered_sim import switch_clocks
     r = switch_clocks(SWITCH, 8, width=4)
-    assert (r["import_sdram"], r["kv_sectors"]) == (1618 - 384 + 3 + 7, 1)
+    assert (r["import_sdram"], r["kv_sectors"]) == (1618 - 384 + 3 + 8, 1)
 
 
 @pytest.mark.slow
