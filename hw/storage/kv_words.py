@@ -87,8 +87,9 @@ class KvWordWriter(wiring.Component):
     Latency: a word taken is registered first (an input register: the handshake stays off
     the column arithmetic); a K word is on ``writes`` two clocks after it is taken; a V
     chunk's first write three clocks after its last word is taken (the input register, its
-    buffer marked full, then the output register), its last ``v - 1`` clocks after that. Throughput: one word a
-    clock each way (``words.ready`` stays high while ``writes.ready`` does). Backpressure:
+    buffer marked full, then the output register), its last ``v - 1`` clocks after that.
+    Throughput: one word a clock each way (``words.ready`` stays high while ``writes.ready``
+    does). Backpressure:
     ``writes.ready`` low holds the output, then the drain, then ``words``; nothing is lost.
     """
 

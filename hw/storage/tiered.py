@@ -507,7 +507,8 @@ class TieredStorage(wiring.Component):
                             with m.If(op == StorageOp.READ):
                                 with m.If(ok):
                                     m.d.sync += [slot.eq(resp.slot), state.eq(_State.EXT_READ),
-                                                 slot_base.eq(self._sdram_base + resp.slot[:len(slot)]
+                                                 slot_base.eq(self._sdram_base
+                                                              + resp.slot[:len(slot)]
                                                               * self._slot_sectors)]
                                 with m.Else():
                                     to_card()
