@@ -353,19 +353,32 @@ class TieredStorage(wiring.Component):
         fits = Signal()
         m.d.comb += fits.eq(Cat(*append, *free).any())
 
+        # The write's place among the extents is decided in DECIDE and recorded a clock later
+        # (the first of BOTH, which waits for both backends and so lasts more than a clock
+        # before SETTLE reads the extents): the compares start at the division's remainder,
+        # finished the clock before, and through the priority into the nine extent registers'
+        # enables they were among the half-rate board build's longest paths (15.5 ns at
+        # 60 MHz). ``app_q``/``free_q``: which extent the write continues or takes (one-hot).
+        app_q = [Signal(name=f"app_q{i}") for i in range(EXTENTS)]
+        free_q = [Signal(name=f"free_q{i}") for i in range(EXTENTS)]
+        record_now = Signal()
+        any_app = Cat(*append).any()
+        m.d.sync += [*(q.eq(append[i] & ~(Cat(*append[:i]).any() if i else Const(0)))
+                       for i, q in enumerate(app_q)),
+                     *(q.eq(~any_app & free[i] & ~(Cat(*free[:i]).any() if i else Const(0)))
+                       for i, q in enumerate(free_q)),
+                     record_now.eq(0)]
+        with m.If(record_now):
+            for i in range(EXTENTS):
+                with m.If(app_q[i]):
+                    m.d.sync += pend_ext[i].hi.eq(end)
+                with m.If(free_q[i]):
+                    m.d.sync += [pend_ext[i].lo.eq(offset), pend_ext[i].hi.eq(end)]
+
         def record_extent():
             """Append the write's sectors to the first extent it continues, else the first
-            free one (``fits`` is high)."""
-            with m.If(Cat(*append).any()):
-                for i in range(EXTENTS):
-                    prior = Cat(*append[:i]).any() if i else Const(0)
-                    with m.If(append[i] & ~prior):
-                        m.d.sync += pend_ext[i].hi.eq(end)
-            with m.Else():
-                for i in range(EXTENTS):
-                    prior = Cat(*free[:i]).any() if i else Const(0)
-                    with m.If(free[i] & ~prior):
-                        m.d.sync += [pend_ext[i].lo.eq(offset), pend_ext[i].hi.eq(end)]
+            free one (``fits`` is high), at the next clock."""
+            m.d.sync += record_now.eq(1)
 
         # ---- hot-tier commands ------------------------------------------------------------
         ht_op = Signal(Op)

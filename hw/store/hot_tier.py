@@ -257,7 +257,7 @@ class HotTier(wiring.Component):
                 # The region's map entry is read: LOOKUP, DROP and ALLOC decide on it.
                 entry = region_map.rdata
                 region = cmd.region[:rb]
-                dropping = cmd.op == Op.DROP
+                dropping = op_is[Op.DROP]
                 new_entry = Signal(map_layout)
                 m.d.comb += [new_entry.valid.eq(~dropping),
                              new_entry.slot.eq(Mux(dropping, 0, fifo.rdata))]
@@ -266,7 +266,7 @@ class HotTier(wiring.Component):
                     Mux(dropping, 0, reserved_row))
                 aim(fifo, fifo_wr, entry.slot)
                 # the row read next: the mapped slot's (LOOKUP), slot 0 (an ALLOC's scan)
-                m.d.comb += rows.raddr.eq(Mux(cmd.op == Op.LOOKUP, entry.slot, 0))
+                m.d.comb += rows.raddr.eq(Mux(op_is[Op.LOOKUP], entry.slot, 0))
                 # the decision: the entry's valid bit against the registered checks
                 valid = entry.valid
                 go = ~region_bad
