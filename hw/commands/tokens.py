@@ -2,7 +2,8 @@
 
 A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. Tokens
 arrive as ``token_bytes`` little-endian bytes each, one byte per clock; TOKENS_READ sends them back
-at 2 clocks per token plus one per byte; HASH_QUERY runs the hash feeder (``n + 3`` clocks).
+a byte a clock after 2 clocks (the next token read while one is sent); HASH_QUERY runs the hash
+feeder (``n + 3`` clocks).
 """
 
 from amaranth import Cat, Mux, Signal
@@ -26,6 +27,7 @@ class TokenUnit(CommandUnit):
         self.tok_acc = Signal(8 * TB)
         self.tok_b = Signal(range(max(TB, 2)))
         self.tok_word = Signal(8 * TB)
+        self.tok_reg = Signal(8 * TB)
         d.m.d.comb += self.tok_word.eq(d.rd0.data)
 
     def responses(self, d):
@@ -110,21 +112,32 @@ class TokenUnit(CommandUnit):
         with m.State("TOKENS_RESPOND"):
             d.ok_fixed(Op.TOKENS_APPEND)
 
-        # ---- TOKENS_READ: 2 clocks per token + TB bytes ----
+        # ---- TOKENS_READ: 2 clocks, then a byte a clock ----
+        # The bytes leave from ``tok_reg``, a register: the token memory's block RAM has no
+        # output register (5.8 ns clock-to-out), and its data through the byte select into the
+        # response encoder in the same clock was the half-rate board build's critical path
+        # (docs/BOARD.md). The read of the next token is issued as the current one is loaded
+        # (port 0 holds its data while ``en`` is low), so after ISSUE and LOAD a token takes
+        # ``TB`` clocks; a read past the last token is issued and never used.
         with m.State("TOKENS_READ_ISSUE"):
-            m.d.comb += d.rd0.en.eq(1)             # at h_i (dispatch.py)
-            m.d.sync += tok_b.eq(0)
+            m.d.comb += d.rd0.en.eq(1)             # at h_i (dispatch.py): token `offset`
+            m.d.sync += d.h_i.eq(d.h_i + 1)
+            m.next = "TOKENS_READ_LOAD"
+        with m.State("TOKENS_READ_LOAD"):
+            m.d.comb += d.rd0.en.eq(1)             # the next token
+            m.d.sync += [self.tok_reg.eq(self.tok_word), tok_b.eq(0), d.h_i.eq(d.h_i + 1)]
             m.next = "TOKENS_READ_SEND"
         with m.State("TOKENS_READ_SEND"):
             m.d.comb += [enc.data.valid.eq(1),
-                         enc.data.payload.eq(self.tok_word.word_select(tok_b, 8))]
+                         enc.data.payload.eq(self.tok_reg.word_select(tok_b, 8))]
             with m.If(enc.data.ready):
                 m.d.sync += [d.idx.eq(d.idx + 1), tok_b.eq(tok_b + 1)]
                 with m.If(d.idx == d.rlen - 1):
                     m.next = "IDLE"
                 with m.Elif(tok_b == TB - 1):
-                    m.d.sync += d.h_i.eq(d.h_i + 1)
-                    m.next = "TOKENS_READ_ISSUE"
+                    m.d.comb += d.rd0.en.eq(1)
+                    m.d.sync += [self.tok_reg.eq(self.tok_word), tok_b.eq(0),
+                                 d.h_i.eq(d.h_i + 1)]
 
         # ---- HASH_QUERY ----
         d.hash_call("HASH_QUERY_HASH", "HASH_QUERY_DONE")
