@@ -23,7 +23,7 @@ one-deep register: a delete that finds the register still full replaces it, and 
 region's copy stays (it still equals the card; its slot ages out by LRU).
 """
 
-from amaranth import Mux, Signal
+from amaranth import Const, Mux, Signal
 from amaranth.lib import memory
 
 from ringkv.defs.protocol import Op, StorageKind
@@ -75,13 +75,16 @@ class StorageUnit(CommandUnit):
                                                         init=[])
             self.sec_wr = sector.write_port()
             self.sec_rd = sector.read_port(transparent_for=())
-            self.sec_sel = Signal(2)                 # the byte of the row read, a clock later
-            self.sec_byte = self.sec_rd.data.word_select(self.sec_sel, 8)
+            self.sec_word = Signal(32)              # the row being sent (SECTOR_READ)
+            self.sec_sel = Signal(2)                 # its byte being sent
+            self.sec_byte = self.sec_word.word_select(self.sec_sel, 8)
         else:
             m.submodules.sector = sector = memory.Memory(shape=8, depth=SECTOR_BYTES, init=[])
             self.sec_wr = sector.write_port()
             self.sec_rd = sector.read_port(transparent_for=())
-            self.sec_byte = self.sec_rd.data
+            self.sec_word = Signal(8)               # the byte being sent (SECTOR_READ)
+            self.sec_byte = self.sec_word
+        self.sec_row = Signal(range(SECTOR_BYTES // (4 if wide else 1)))  # the next row read
         self.sec_err = Signal()
         # the storage port's error record (STORAGE_INFO)
         self.last_error = Signal(StorageError)
@@ -176,17 +179,33 @@ class StorageUnit(CommandUnit):
                     d.respond(Status.STORAGE_ERROR)
                 with m.Else():
                     d.respond(Status.OK, SECTOR_BYTES, "SECTOR")
+        # The bytes leave from ``sec_word``, a register loaded from the sector buffer (a block
+        # RAM without an output register: its 5.6 ns clock-to-out through the byte select into
+        # the response encoder and the link's TX register was the half-rate board build's
+        # critical path); the next row is read as a row is loaded (the read port holds its data
+        # while ``en`` is low), so after ISSUE and LOAD the sector goes out a byte a clock; the
+        # read after the last row wraps to row 0 and is never used.
+        R = 4 if self.wide else 1                   # bytes a row
         with m.State("SECTOR_READ_ISSUE"):
-            m.d.comb += [sec_rd.addr.eq(idx >> 2 if self.wide else idx), sec_rd.en.eq(1)]
+            m.d.comb += [sec_rd.addr.eq(0), sec_rd.en.eq(1)]
+            m.d.sync += self.sec_row.eq(1)
+            m.next = "SECTOR_READ_LOAD"
+        with m.State("SECTOR_READ_LOAD"):
+            m.d.comb += [sec_rd.addr.eq(self.sec_row), sec_rd.en.eq(1)]
+            m.d.sync += [self.sec_word.eq(sec_rd.data), self.sec_row.eq(self.sec_row + 1)]
             if self.wide:
-                m.d.sync += self.sec_sel.eq(idx[:2])
+                m.d.sync += self.sec_sel.eq(0)
             m.next = "SECTOR_READ_SEND"
         with m.State("SECTOR_READ_SEND"):
-            m.d.comb += [sec_rd.en.eq(0), enc.data.valid.eq(1),
+            m.d.comb += [sec_rd.addr.eq(self.sec_row), sec_rd.en.eq(0), enc.data.valid.eq(1),
                          enc.data.payload.eq(self.sec_byte)]
             with m.If(enc.data.ready):
                 m.d.sync += idx.eq(idx + 1)
+                if self.wide:
+                    m.d.sync += self.sec_sel.eq(self.sec_sel + 1)
                 with m.If(idx == SECTOR_BYTES - 1):
                     m.next = "IDLE"
-                with m.Else():
-                    m.next = "SECTOR_READ_ISSUE"
+                with m.Elif(self.sec_sel == R - 1 if self.wide else Const(1)):
+                    m.d.comb += sec_rd.en.eq(1)
+                    m.d.sync += [self.sec_word.eq(sec_rd.data),
+                                 self.sec_row.eq(self.sec_row + 1)]
