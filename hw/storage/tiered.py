@@ -409,6 +409,20 @@ class TieredStorage(wiring.Component):
         # address (one of the half-rate board build's longest, 16.7 ns at 60 MHz)
         slot_base = Signal(32)
         pend_base = Signal(32)
+
+        def slot_first(s):
+            """``sdram_base + s * slot_sectors``: shifted copies of ``s``, one a set bit of the
+            constant, added in a balanced tree of carry chains. Yosys maps ``s * constant``
+            onto a MULT18X18D, whose 5.3 ns put these registers at the margin's edge (15.0 ns
+            at 60 MHz in the half-rate board build)."""
+            s = s[:len(slot)]
+            terms = [s << i for i in range(self._slot_sectors.bit_length())
+                     if self._slot_sectors >> i & 1]
+            if self._sdram_base:
+                terms.append(Const(self._sdram_base, 32))
+            while len(terms) > 1:                # a balanced tree of adders
+                terms = [a + b for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms) & ~1:]
+            return terms[0] if terms else Const(0, 32)
         m.d.comb += slot_lba.eq(Mux(state == _State.EXT_SERVE, slot_base, pend_base)
                                 + slot_offset + (1 if bug == "address" else 0))
         m.d.comb += [card.cmd.valid.eq(card_cmd_valid), card.cmd.payload.op.eq(op),
@@ -520,9 +534,7 @@ class TieredStorage(wiring.Component):
                             with m.If(op == StorageOp.READ):
                                 with m.If(ok):
                                     m.d.sync += [slot.eq(resp.slot), state.eq(_State.EXT_READ),
-                                                 slot_base.eq(self._sdram_base
-                                                              + resp.slot[:len(slot)]
-                                                              * self._slot_sectors)]
+                                                 slot_base.eq(slot_first(resp.slot))]
                                 with m.Else():
                                     to_card()
                             with m.Else():
@@ -535,9 +547,7 @@ class TieredStorage(wiring.Component):
                             with m.If(ok):
                                 m.d.sync += [pending.eq(1), pend_region.eq(region),
                                              pend_slot.eq(resp.slot),
-                                             pend_base.eq(self._sdram_base
-                                                          + resp.slot[:len(pend_slot)]
-                                                          * self._slot_sectors),
+                                             pend_base.eq(slot_first(resp.slot)),
                                              pend_ext[0].lo.eq(offset), pend_ext[0].hi.eq(end),
                                              state.eq(_State.EXT_READ)]
                                 for e in pend_ext[1:]:
