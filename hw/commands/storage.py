@@ -4,8 +4,9 @@
 A :class:`~ringkv.hw.commands.dispatch.CommandUnit` of :class:`ringkv.hw.top.RingKVTop`. The top's
 storage port belongs to the DMA except while a ``SECTOR_READ`` runs: the sector is read into a
 512-byte buffer (at the storage port's pace; four bytes a row on a wide port,
-``RingKVTop(storage_width=4)``), then sent at 2 clocks per byte. A storage error or
-a short sector answers ``STORAGE_ERROR``.
+``RingKVTop(storage_width=4)``), then sent after 2 clocks at a byte a clock (from a register,
+the next row read while one is sent). A storage error or a short sector answers
+``STORAGE_ERROR``.
 
 ``STORAGE_INFO`` answers at once (no storage command) with the build's storage parameters
 (``storage_kind``, the bus width it implies, ``sd_clock_hz``), the controller's state on the
