@@ -10,8 +10,8 @@ the residents' count), serves its ``card`` and ``sdram`` ports from two
 its per-command ``fail`` hook), and watches every stream: per
 operation it returns the status, the bytes, which backend got a command (with its payload), and
 the block's own clocks (``setup``: the command's transfer on ``storage`` to the backend's
-``cmd.valid``; ``tail``: the later backend status of a write to both tiers to the initiator's
-``status.valid``), for comparison with :class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
+``cmd.valid``; ``tail``: the backend's status, the later one of a write to both tiers, to the
+initiator's ``status.valid``), for comparison with :class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
 
 A power cut is the end of a run (``cut_at``: the simulation stops at that clock, wherever it
 is); the next run on the same card image, with a new block and the SDRAM image overwritten
@@ -46,7 +46,7 @@ class Observed:
     card: tuple | None = None          # (op, lba, count) of the card's command, if any
     sdram: tuple | None = None         # ... of the SDRAM's
     setup: int | None = None           # clocks: storage cmd transfer -> first backend cmd.valid
-    tail: int | None = None            # write to both: later backend status -> status.valid
+    tail: int | None = None            # (later) backend status -> the initiator's status.valid
     card_status: StorageError | None = None
     sdram_status: StorageError | None = None
     expect: bytes | None = None        # a read: the card's bytes when it ended (None: beyond)
@@ -114,7 +114,7 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
                 if ss_valid and ss_ready:
                     o.sdram_status = StorageError(ss_p.error)
                     cur["last_status"] = n
-                if st_valid and not prev_st and o.card and o.sdram:
+                if st_valid and not prev_st and cur["last_status"] is not None:
                     o.tail = n - cur["last_status"]
             prev_c, prev_s, prev_st = cc_valid, sc_valid, st_valid
 
@@ -124,7 +124,7 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
         clock["start"] = clock["n"]
         for op in script:
             o = Observed()
-            cur["op"] = o
+            cur["op"], cur["last_status"] = o, None
             run.ops.append(o)
             if op[0] == "d":
                 await stream_put(ctx, dut.drop, op[1])
@@ -202,10 +202,11 @@ def check_run(golden, script, run: TieredRun) -> list[str]:
         if o.setup != route.setup:
             found.append(f"{where}: setup {o.setup} clocks, golden {route.setup}")
         want_status = o.card_status if route.tier != "sdram" else o.sdram_status
+        tail = route.tail
         if route.tier == "both":
             want_status, tail = golden.finish(o.card_status.value, o.sdram_status.value)
-            if o.tail != tail:
-                found.append(f"{where}: tail {o.tail} clocks, golden {tail}")
+        if o.tail != tail:
+            found.append(f"{where}: tail {o.tail} clocks, golden {tail}")
         if o.status != StorageError(want_status):
             found.append(f"{where}: status {o.status}, golden {StorageError(want_status)}")
         if kind == READ and o.status == StorageError.OK and o.data != o.expect:

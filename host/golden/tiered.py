@@ -5,7 +5,7 @@ goes (:class:`Route`: the card, the SDRAM slot, or both), at which SDRAM sector,
 many clocks of the block's own work (``setup``: from the command's transfer on the storage
 port to the backend's ``cmd.valid``), and for a write to both tiers, given the two backends'
 statuses, the status the initiator gets and the clocks from the later backend status to it
-(``tail``). Its hot tier is :class:`ringkv.host.golden.hot_tier.GoldenHotTier`, driven with the
+(``tail``; a route to one backend gives its backend's status a clock after it, ``Route.tail``). Its hot tier is :class:`ringkv.host.golden.hot_tier.GoldenHotTier`, driven with the
 same commands as the gateware drives its ``HotTier``, so LRU choices and slots agree.
 
 The rules (``docs/blocks/tiered_storage.md``) in short: a read in one region is served from
@@ -44,6 +44,9 @@ class Route:
     tier: str                    # "card", "sdram" or "both"
     sdram_lba: int | None = None
     setup: int = 0               # clocks: the command's transfer -> the backend's cmd.valid
+    #: clocks from the backend's status transfer to the initiator's ``status.valid`` for a
+    #: route to one backend (the status registered); a write to both gets :meth:`finish`'s
+    tail: int = 1
     hot_ops: list = field(default_factory=list)   # the hot-tier commands it ran, in order
 
 

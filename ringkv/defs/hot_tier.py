@@ -42,13 +42,15 @@ BOARD_SDRAM_PART = DEFAULT_CHIP.name
 #: storage's own (its ``setup``, exact: the golden model's), fitted to the imports measured in
 #: ``docs/blocks/tiered_storage.md`` (``sim.tiered_sim.import_clocks``, 40 MHz, the DMA over the
 #: SDRAM sector store on the pin-level SDRAM model, CL 2, and over the SD native controller on
-#: the bit-level card model at SD CLK = clk / 2: 1,613 and 5,199 clocks from SDRAM, 6,656 and
-#: 21,488 from the card, for records of 3 and 10 sectors). It gives those four within 2 clocks
-#: (:func:`import_clocks_model`); ``fixed`` holds the DMA's own clocks of the read and the
-#: medium's first-byte latency. A model of the simulated media, not of a real card (whose
+#: the bit-level card model at SD CLK = clk / 2: 1,624 and 5,210 clocks from SDRAM, 6,659 and
+#: 21,491 from the card, for records of 3 and 10 sectors; ``bench/results.json``'s
+#: ``sdram.tier.*``). It gives those four within 2 clocks (:func:`import_clocks_model`;
+#: ``tests/host/device/test_software_device_tier.py`` reads the stored figures); ``fixed``
+#: holds the DMA's own clocks of the read, the tier's clock for the status and the medium's
+#: first-byte latency. A model of the simulated media, not of a real card (whose
 #: read latency, up to 100 ms, adds to the card's side only); ``FpgaDevice`` reports the
 #: device's own clocks (``QUERY``'s ``cycles``).
-READ_CLOCKS = {"sdram": (16, 512), "card": (93, 2119)}
+READ_CLOCKS = {"sdram": (19, 512), "card": (94, 2119)}
 
 #: The keys of ``RingKVTop(tier=...)`` (:func:`tier_parameters`).
 TIER_KEYS = ("part", "sdram_bytes", "slot_token_sectors", "slots", "stamp_width")
