@@ -11,7 +11,8 @@ its per-command ``fail`` hook), and watches every stream: per
 operation it returns the status, the bytes, which backend got a command (with its payload), and
 the block's own clocks (``setup``: the command's transfer on ``storage`` to the backend's
 ``cmd.valid``; ``tail``: the backend's status, the later one of a write to both tiers, to the
-initiator's ``status.valid``), for comparison with :class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
+initiator's ``status.valid``), for comparison with
+:class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
 
 A power cut is the end of a run (``cut_at``: the simulation stops at that clock, wherever it
 is); the next run on the same card image, with a new block and the SDRAM image overwritten

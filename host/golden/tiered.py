@@ -5,8 +5,9 @@ goes (:class:`Route`: the card, the SDRAM slot, or both), at which SDRAM sector,
 many clocks of the block's own work (``setup``: from the command's transfer on the storage
 port to the backend's ``cmd.valid``), and for a write to both tiers, given the two backends'
 statuses, the status the initiator gets and the clocks from the later backend status to it
-(``tail``; a route to one backend gives its backend's status a clock after it, ``Route.tail``). Its hot tier is :class:`ringkv.host.golden.hot_tier.GoldenHotTier`, driven with the
-same commands as the gateware drives its ``HotTier``, so LRU choices and slots agree.
+(``tail``; a route to one backend gives its backend's status a clock after it,
+``Route.tail``). Its hot tier is :class:`ringkv.host.golden.hot_tier.GoldenHotTier`, driven
+with the same commands as the gateware drives its ``HotTier``, so LRU choices and slots agree.
 
 The rules (``docs/blocks/tiered_storage.md``) in short: a read in one region is served from
 SDRAM when the region's copy is committed and the read lies inside one of its written extents;
