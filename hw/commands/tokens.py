@@ -84,7 +84,10 @@ class TokenUnit(CommandUnit):
         # ---- token stream in (TOKENS_APPEND / TOKENS_WRITE) ----
         with m.State("TOKENS_IN"):
             is_write = op == LinkOp.TOKENS_WRITE
-            n = Mux(is_write, arg(Op.TOKENS_WRITE, "n"), arg(Op.TOKENS_APPEND, "n"))
+            # the count through a register (the request's op and arguments are final since
+            # DECODE): the op's decode and the two arguments' mux in front of the compare
+            # into ``taken``'s enable were 15.9 ns of the half-rate board build at 60 MHz
+            n = d.early(Mux(is_write, arg(Op.TOKENS_WRITE, "n"), arg(Op.TOKENS_APPEND, "n")))
             off = arg(Op.TOKENS_WRITE, "offset")
             m.d.comb += dec.data.ready.eq(tok_i != n)
             with m.If(tok_i == n):

@@ -227,6 +227,11 @@ class TokenChecker(wiring.Component):
 
     Latency: ``mismatch`` rises two clocks after the ``check`` of a differing byte. One byte per
     clock; no backpressure.
+
+    Token memory's block RAM has no output register (5.8 ns clock-to-out): the byte of its word
+    that ``sel`` names is taken into a register the clock the word comes, and compared with the
+    stored byte from registers the clock after. ``mismatch`` is that compare OR'd with the
+    mismatch seen before (a flip-flop), so it still rises two clocks after the ``check``.
     """
 
     def __init__(self, config: RingKVConfig):
@@ -243,9 +248,14 @@ class TokenChecker(wiring.Component):
         m.d.sync += cmp_valid.eq(self.check)
         with m.If(self.check):
             m.d.sync += [cmp_byte.eq(self.byte), cmp_sel.eq(self.sel)]
-        # written as the flip-flop's data, not as its enable: the compare starts at token
-        # memory's block RAM output (5.8 ns clock-to-out), and into the enable it was 0.7 ns
-        # later than into the data input in the half-rate board build (15.1 against 14.4 ns)
-        differ = cmp_valid & (self.token_word.word_select(cmp_sel, 8) != cmp_byte)
-        m.d.sync += self.mismatch.eq((self.mismatch & ~self.clear) | differ)
+        # the block RAM's output through the byte select, the compare and the OR into the
+        # sticky flip-flop was the half-rate board build's longest path (16.6 ns at 60 MHz):
+        # the selected byte is registered first (``got``), the compare made from registers
+        got, got_valid, want = Signal(8), Signal(), Signal(8)
+        m.d.sync += [got.eq(self.token_word.word_select(cmp_sel, 8)), want.eq(cmp_byte),
+                     got_valid.eq(cmp_valid)]
+        differ = got_valid & (got != want)
+        seen = Signal()                          # ``mismatch`` a clock ago, less a clear
+        m.d.sync += seen.eq((seen | differ) & ~self.clear)
+        m.d.comb += self.mismatch.eq(seen | differ)
         return m
