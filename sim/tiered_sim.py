@@ -10,8 +10,9 @@ the residents' count), serves its ``card`` and ``sdram`` ports from two
 its per-command ``fail`` hook), and watches every stream: per
 operation it returns the status, the bytes, which backend got a command (with its payload), and
 the block's own clocks (``setup``: the command's transfer on ``storage`` to the backend's
-``cmd.valid``; ``tail``: the backend's status, the later one of a write to both tiers, to the
-initiator's ``status.valid``), for comparison with
+``cmd.valid``; ``tail``: the backend's status, the later one of a write to both tiers, or the
+last read word's transfer to the initiator if later and the status OK, to the initiator's
+``status.valid``), for comparison with
 :class:`~ringkv.host.golden.tiered.GoldenTieredStorage`.
 
 A power cut is the end of a run (``cut_at``: the simulation stops at that clock, wherever it
@@ -47,7 +48,7 @@ class Observed:
     card: tuple | None = None          # (op, lba, count) of the card's command, if any
     sdram: tuple | None = None         # ... of the SDRAM's
     setup: int | None = None           # clocks: storage cmd transfer -> first backend cmd.valid
-    tail: int | None = None            # (later) backend status -> the initiator's status.valid
+    tail: int | None = None            # (later) backend status or last read word -> status.valid
     card_status: StorageError | None = None
     sdram_status: StorageError | None = None
     expect: bytes | None = None        # a read: the card's bytes when it ended (None: beyond)
@@ -85,18 +86,18 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
                               card_fail), background=True)
     sim.add_testbench(_server(dut.sdram, sdram, random.Random(rng.random()), idle, stall,
                               sdram_fail), background=True)
-    cur = {"op": None, "t0": None, "last_status": None, "done": 0}
+    cur = {"op": None, "t0": None, "last_status": None, "last_word": None, "done": 0}
 
     async def monitor(ctx):
         st, cp, sp = dut.storage, dut.card, dut.sdram
         sigs = (st.cmd.valid, st.cmd.ready, cp.cmd.valid, cp.cmd.ready, cp.cmd.payload,
                 sp.cmd.valid, sp.cmd.ready, sp.cmd.payload, cp.status.valid, cp.status.ready,
                 cp.status.payload, sp.status.valid, sp.status.ready, sp.status.payload,
-                st.status.valid)
+                st.status.valid, st.rdata.valid, st.rdata.ready)
         prev_c = prev_s = prev_st = 0
         async for _, _, *v in ctx.tick().sample(*sigs):
             (c_valid, c_ready, cc_valid, cc_ready, cc_p, sc_valid, sc_ready, sc_p, cs_valid,
-             cs_ready, cs_p, ss_valid, ss_ready, ss_p, st_valid) = v
+             cs_ready, cs_p, ss_valid, ss_ready, ss_p, st_valid, rd_valid, rd_ready) = v
             clock["n"] += 1
             n = clock["n"]
             o = cur["op"]
@@ -111,12 +112,19 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
                     o.setup = n - cur["t0"] if o.setup is None else o.setup
                 if cs_valid and cs_ready:
                     o.card_status = StorageError(cs_p.error)
-                    cur["last_status"] = n
+                    cur["last_status"], cur["last_ok"] = n, o.card_status == StorageError.OK
                 if ss_valid and ss_ready:
                     o.sdram_status = StorageError(ss_p.error)
-                    cur["last_status"] = n
+                    cur["last_status"], cur["last_ok"] = n, o.sdram_status == StorageError.OK
+                if rd_valid and rd_ready:
+                    cur["last_word"] = n
                 if st_valid and not prev_st and cur["last_status"] is not None:
-                    o.tail = n - cur["last_status"]
+                    # an OK status waits for the read words still on their way; an error
+                    # status does not
+                    after = cur["last_status"]
+                    if cur["last_ok"]:
+                        after = max(after, cur["last_word"] or 0)
+                    o.tail = n - after
             prev_c, prev_s, prev_st = cc_valid, sc_valid, st_valid
 
     async def bench(ctx):
@@ -125,7 +133,7 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
         clock["start"] = clock["n"]
         for op in script:
             o = Observed()
-            cur["op"], cur["last_status"] = o, None
+            cur["op"], cur["last_status"], cur["last_word"] = o, None, None
             run.ops.append(o)
             if op[0] == "d":
                 await stream_put(ctx, dut.drop, op[1])

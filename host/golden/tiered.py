@@ -45,8 +45,10 @@ class Route:
     tier: str                    # "card", "sdram" or "both"
     sdram_lba: int | None = None
     setup: int = 0               # clocks: the command's transfer -> the backend's cmd.valid
-    #: clocks from the backend's status transfer to the initiator's ``status.valid`` for a
-    #: route to one backend (the status registered); a write to both gets :meth:`finish`'s
+    #: clocks from the backend's status transfer (an OK one: or the last read word's transfer
+    #: to the initiator, if later) to the initiator's ``status.valid`` for a route to one
+    #: backend (the status registered, the read data through a register slice); a write to
+    #: both gets :meth:`finish`'s
     tail: int = 1
     hot_ops: list = field(default_factory=list)   # the hot-tier commands it ran, in order
 

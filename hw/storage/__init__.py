@@ -11,8 +11,9 @@ other subsystems only the ports the DMA drives: the attention core's ring port
 (``ringkv.hw.attention.ring_port``), the token memory's read port
 (``ringkv.hw.store.token_memory``) and the record MAC's port (``ringkv.hw.seal.mac``); and the
 SDRAM controller's user port (``ringkv.hw.sdram.arbiter``) that the SDRAM sector store drives,
-and the hot tier (``ringkv.hw.store.hot_tier``) that the tiered storage holds and routes by
-(``tests/repo/test_layers.py``).
+and the hot tier (``ringkv.hw.store.hot_tier``) that the tiered storage holds and routes by,
+with the register slice of ``ringkv.hw.link.skid`` on its read data (a module of Amaranth
+alone) (``tests/repo/test_layers.py``).
 
 The storage port's names (``StoragePortSignature``, ``StorageOp``, ``StorageError``, ...) are
 re-exported here from :mod:`.port`, so ``from ringkv.hw.storage import StoragePortSignature``

@@ -56,9 +56,11 @@ clock, then the decision), plus 1 + its clocks for each hot-tier command (a read
 its ``LOOKUP``, and 3 clocks for the extents on a hit; a write's ``ALLOC`` and 1 clock, an
 ``ABORT`` of another pending write, a ``CLEAR``). A write to both tiers gives its status 3
 clocks after the later backend status, 6 when it commits or aborts. A transfer to one
-backend gives its status a clock after the backend's: its data streams are connected straight
-through, its status taken into a register (an OK status once the backend offers no read word).
-The table for each case is in ``docs/blocks/tiered_storage.md``.
+backend: its write data is connected straight through, its read data goes through a register
+slice (a clock more to the first word), its status is taken into a register (an OK one once
+the backend offers no read word) and given a clock after the backend's, or, for an OK status,
+after the last read word's transfer to the initiator if that is later. The table for each
+case is in ``docs/blocks/tiered_storage.md``.
 
 Throughput and backpressure: one transfer (a byte, or a word at ``width=4``) per clock in both
 directions; the tee holds each transfer in a register per tier and takes the next when both
@@ -79,6 +81,7 @@ from amaranth.lib.wiring import In, Out
 from ringkv.defs.checks import check_int, check_pow2
 from ringkv.defs.hot_tier import COUNT_FIELD_WIDTH, MAX_SLOTS
 
+from ..link.skid import StreamRegister
 from ..store.hot_tier import HotTier, Op, Status
 from .port import STORAGE_WIDTHS, StorageError, StorageOp, StoragePortSignature
 from .port_width import StorageWidener
@@ -436,7 +439,7 @@ class TieredStorage(wiring.Component):
             m.d.sync += sd_cmd_valid.eq(0)
 
         def to_card():
-            m.d.sync += [card_cmd_valid.eq(1), state.eq(_State.CARD)]
+            m.d.sync += [card_cmd_valid.eq(1), state.eq(_State.CARD), rd_open.eq(1)]
 
         # ---- the tee (writes to both) and the two statuses --------------------------------
         card_done = Signal()
@@ -446,6 +449,24 @@ class TieredStorage(wiring.Component):
         c_buf_valid = Signal()
         s_buf_valid = Signal()
         buf = Signal(8 * self._width)
+
+        # ---- a transfer to one backend: read data through a register slice, the status
+        # registered. Passed straight through, the read data's ready and the status were
+        # handshakes across this block, the DMA (whose ``ready`` terms depend on its state,
+        # its unpacker and the status's error) and the backend's FIFO and status registers
+        # in one clock: the half-rate board build's longest paths (16.5 ns at 60 MHz into
+        # the card's status register, 15.7 into the DMA's counters and the SDRAM's read
+        # FIFO). The slice (``rd``, two entries) adds a clock to a read's first word; the
+        # status is taken a clock after the backend's, an OK status once the backend offers
+        # no read word, and given (state STATUS) once the slice is empty: a clock after the
+        # later of the backend's status and the last word's transfer to the initiator. An
+        # error status is taken and given at once; words left in the slice then are dropped
+        # (``rd_open`` low: the slice drains, the initiator sees none).
+        m.submodules.rdata_slice = rd = StreamRegister(8 * self._width)
+        rd_open = Signal()                       # the slice's words are the initiator's
+        m.d.comb += [st.rdata.payload.eq(rd.o.payload),
+                     st.rdata.valid.eq(rd.o.valid & rd_open),
+                     rd.o.ready.eq(st.rdata.ready | ~rd_open)]
 
         def take_status(backend):
             m.d.comb += backend.status.ready.eq(
@@ -606,24 +627,20 @@ class TieredStorage(wiring.Component):
             with m.Case(_State.EXT_SERVE):
                 with m.If(served_q):
                     m.d.sync += [sd_lba.eq(slot_lba), sd_cmd_valid.eq(1),
-                                 state.eq(_State.SDRAM)]
+                                 state.eq(_State.SDRAM), rd_open.eq(1)]
                 with m.Else():
                     to_card()
 
-            # A transfer to one backend: its data streams straight through, its status into
-            # ``card_err`` (the SDRAM's for a read served from there) and given from STATUS a
-            # clock later. Passed through, the status was a handshake across this block, the
-            # DMA (whose ``ready`` depends on the error and its unpacker) and the backend's
-            # status register in one clock: the half-rate board build's longest path (16.5 ns
-            # at 60 MHz). An OK status is taken only while the backend offers no read word
-            # (one offered in the status's own clock goes first); an error status at once.
+            # A transfer to one backend: its write data straight through, its read data
+            # through the register slice, its status into ``card_err`` (the SDRAM's for a
+            # read served from there) and given from STATUS.
             with m.Case(_State.CARD):
                 _through(m, st.wdata, card.wdata)
-                _through(m, card.rdata, st.rdata)
+                _through(m, card.rdata, rd.i)
                 take_status(card)
 
             with m.Case(_State.SDRAM):
-                _through(m, sd.rdata, st.rdata)
+                _through(m, sd.rdata, rd.i)
                 take_status(sd)
 
             with m.Case(_State.BOTH):
@@ -666,9 +683,10 @@ class TieredStorage(wiring.Component):
                     m.d.sync += state.eq(_State.STATUS)
 
             with m.Case(_State.STATUS):
-                m.d.comb += [st.status.valid.eq(1), st.status.payload.error.eq(card_err)]
-                with m.If(st.status.ready):
-                    m.d.sync += state.eq(_State.IDLE)
+                m.d.comb += [st.status.valid.eq(~rd.o.valid | (card_err != StorageError.OK)),
+                             st.status.payload.error.eq(card_err)]
+                with m.If(st.status.valid & st.status.ready):
+                    m.d.sync += [rd_open.eq(0), state.eq(_State.IDLE)]
 
         m.d.comb += ext_r.addr.eq(Mux(state == _State.HT_WAIT, resp.slot, slot))
         return m

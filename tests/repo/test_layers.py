@@ -9,7 +9,7 @@
       ├── boards/  defs, hw, sim's toolchain helpers (toolchain, verilog), host.errors
       ├── hw/      defs + Amaranth: a core never sees host, sim or boards
       │     ├── link/, store/, attention/, seal/, sdram/  defs (+ shared hw.enums, hw.protocol;
-      │     │               sdram/ also link.skid, the register slice)
+      │     │               sdram/ and storage/ also link.skid, the register slice)
       │     ├── storage/    + the ports its DMA drives (ring port, token memory, MAC), the
       │     │               SDRAM user port (sdram.arbiter) of its SDRAM sector store and the
       │     │               hot tier (store.hot_tier) its tiered storage decides by
@@ -61,11 +61,12 @@ RULES = {
                          "ringkv.hw.link.skid"}, AMARANTH),
     # the DMA drives the ring port, the token memory's read port and the MAC, the SDRAM
     # sector store an SDRAM controller's user port: their ports only; the tiered storage
-    # holds the hot tier (card region -> SDRAM slot), the one block it routes by
+    # holds the hot tier (card region -> SDRAM slot), the one block it routes by, and the
+    # link's register slice on its read data (a module of Amaranth alone)
     "ringkv.hw.storage": ({"ringkv.defs", "ringkv.hw.storage", "ringkv.hw.enums",
                            "ringkv.hw.attention.ring_port", "ringkv.hw.store.token_memory",
                            "ringkv.hw.seal.mac", "ringkv.hw.sdram.arbiter",
-                           "ringkv.hw.store.hot_tier"}, AMARANTH),
+                           "ringkv.hw.store.hot_tier", "ringkv.hw.link.skid"}, AMARANTH),
     "ringkv.hw.commands": ({"ringkv.defs", "ringkv.hw"}, AMARANTH),
     # the host: the package (scheduler) sees all of it; the rest in the order of the docstring
     "ringkv.host": ({"ringkv.defs", "ringkv.host"}, HOST_3P),
