@@ -457,8 +457,8 @@ class TieredStorage(wiring.Component):
         # in one clock: the half-rate board build's longest paths (16.5 ns at 60 MHz into
         # the card's status register, 15.7 into the DMA's counters and the SDRAM's read
         # FIFO). The slice (``rd``, two entries) adds a clock to a read's first word; the
-        # status is taken a clock after the backend's, an OK status once the backend offers
-        # no read word, and given (state STATUS) once the slice is empty: a clock after the
+        # backend's status is taken into ``card_err`` (an OK status once the backend offers
+        # no read word) and given (state STATUS) once the slice is empty: a clock after the
         # later of the backend's status and the last word's transfer to the initiator. An
         # error status is taken and given at once; words left in the slice then are dropped
         # (``rd_open`` low: the slice drains, the initiator sees none).
