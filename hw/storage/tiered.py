@@ -102,9 +102,11 @@ EXTENTS = 3
 #: other), ``gap_keep`` (a write touching the gap goes to the card without dropping the
 #: region's committed copy), ``gap_address`` (a K/V sector's slot offset is not moved down by
 #: the gap); ``drop_ignored`` (a region on ``drop`` is taken and nothing is done: the copy of a
-#: deleted record keeps its slot).
+#: deleted record keeps its slot); the read slice's: ``slice_early`` (an OK status is given
+#: while the slice still holds read words), ``slice_stale`` (words left in the slice after an
+#: error status are offered to the next transfer).
 BUGS = ("extents", "stale", "error", "span", "address", "early", "gap_read", "gap_write",
-        "gap_keep", "gap_address", "drop_ignored")
+        "gap_keep", "gap_address", "drop_ignored", "slice_early", "slice_stale")
 
 
 class _State(enum.Enum, shape=4):
@@ -683,10 +685,11 @@ class TieredStorage(wiring.Component):
                     m.d.sync += state.eq(_State.STATUS)
 
             with m.Case(_State.STATUS):
-                m.d.comb += [st.status.valid.eq(~rd.o.valid | (card_err != StorageError.OK)),
+                m.d.comb += [st.status.valid.eq(~rd.o.valid | (card_err != StorageError.OK)
+                                                | (bug == "slice_early")),
                              st.status.payload.error.eq(card_err)]
                 with m.If(st.status.valid & st.status.ready):
-                    m.d.sync += [rd_open.eq(0), state.eq(_State.IDLE)]
+                    m.d.sync += [rd_open.eq(bug == "slice_stale"), state.eq(_State.IDLE)]
 
         m.d.comb += ext_r.addr.eq(Mux(state == _State.HT_WAIT, resp.slot, slot))
         return m

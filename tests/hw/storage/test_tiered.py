@@ -223,8 +223,35 @@ def test_rule(rule):
     assert found, f"the broken variant {bug!r} passed rule {rule!r}"
 
 
+#: the read slice's rules, caught on random reads with stalls (the initiator withholding
+#: ``ready`` keeps words in the slice) and card errors: rule -> the broken variant
+SLICE_RULES = {"ok_status_after_the_words": "slice_early",
+               "words_after_an_error_dropped": "slice_stale"}
+
+
+@pytest.mark.parametrize("rule", sorted(SLICE_RULES))
+def test_read_slice_rule(rule):
+    """Reads of the card and of a slot with the initiator stalling half its clocks, a fifth
+    of the card's reads failing part-way: an OK status comes only once the slice's words are
+    out (else a read returns short), and the words an error leaves in the slice never reach
+    the next read (else it returns another read's bytes first)."""
+    rng = random.Random(3)
+    script = export(0) + [("r", rng.randrange(SMALL["base_lba"], 24), rng.randrange(1, 3))
+                          for _ in range(40)]
+    frng = random.Random(4)
+
+    def fail(op, lba, count):
+        return frng.randrange(8, count * 512) if frng.random() < 0.2 else None
+
+    for bug in (None, SLICE_RULES[rule]):
+        frng.seed(4)
+        _, found = run_and_check(SMALL, script, seed=5, stall=0.5, card_fail=fail, bug=bug)
+        assert bool(found) == (bug is not None), (bug, found[:3])
+
+
 def test_every_broken_variant_is_caught_by_a_rule():
-    assert sorted(bug for *_, bug in [*RULES.values(), *GAP_RULES.values()]) == sorted(BUGS)
+    assert sorted([*(bug for *_, bug in [*RULES.values(), *GAP_RULES.values()]),
+                   *SLICE_RULES.values()]) == sorted(BUGS)
 
 
 def test_compact_slot_boundaries():
