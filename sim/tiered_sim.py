@@ -86,7 +86,8 @@ def run_tiered(params: dict, script, card: SectorImage, sdram: SectorImage, *, s
                               card_fail), background=True)
     sim.add_testbench(_server(dut.sdram, sdram, random.Random(rng.random()), idle, stall,
                               sdram_fail), background=True)
-    cur = {"op": None, "t0": None, "last_status": None, "last_word": None, "done": 0}
+    cur = {"op": None, "t0": None, "last_status": None, "last_ok": None, "last_word": None,
+           "done": 0}
 
     async def monitor(ctx):
         st, cp, sp = dut.storage, dut.card, dut.sdram

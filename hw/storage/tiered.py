@@ -465,6 +465,8 @@ class TieredStorage(wiring.Component):
         # error status is taken and given at once; words left in the slice then are dropped
         # (``rd_open`` low: the slice drains, the initiator sees none).
         m.submodules.rdata_slice = rd = StreamRegister(8 * self._width)
+        # (a register set on the way into CARD/SDRAM and cleared on leaving STATUS, not a
+        # decode of the state: the initiator's ``rdata.valid`` comes from two flip-flops)
         rd_open = Signal()                       # the slice's words are the initiator's
         m.d.comb += [st.rdata.payload.eq(rd.o.payload),
                      st.rdata.valid.eq(rd.o.valid & rd_open),

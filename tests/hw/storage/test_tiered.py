@@ -233,8 +233,8 @@ SLICE_RULES = {"ok_status_after_the_words": "slice_early",
 def test_read_slice_rule(rule):
     """Reads of the card and of a slot with the initiator stalling half its clocks, a fifth
     of the card's reads failing part-way: an OK status comes only once the slice's words are
-    out (else a read returns short), and the words an error leaves in the slice never reach
-    the next read (else it returns another read's bytes first)."""
+    out (else its tail is short of the golden's clock), and the words an error leaves in the
+    slice never reach the next read (else it returns another read's bytes first)."""
     rng = random.Random(3)
     script = export(0) + [("r", rng.randrange(SMALL["base_lba"], 24), rng.randrange(1, 3))
                           for _ in range(40)]

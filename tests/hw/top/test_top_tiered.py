@@ -106,7 +106,7 @@ def test_query_imports_from_sdram_then_from_the_card_after_a_power_cut():
     # the same scenario on the top alone: the QUERY's clocks differ only by the tier's own
     # clocks (both media here move one byte per clock): for each of the three reads, its
     # setup (``qb + 9``: a committed copy's LOOKUP and extents) and the registered status's
-    # clock
+    # clock (the read slice's clock overlaps it on the byte port)
     rng = np.random.default_rng(4)
     tokens2 = [int(t) for t in rng.integers(0, 1 << 16, size=12)]
     plain = make_top()
