@@ -96,6 +96,9 @@ def test_parameter_errors():
     (TINY, 40, 5, 1), (TINY, 3, 6, 1),
     (SMALL2, 0, 7, 1), (SMALL2, 5, 8, 1), (SMALL2, 300, 9, 1), (TINY2, 40, 10, 1),
     (SMALL, 0, 50, 4), (SMALL, 7, 51, 4), (TINY, 40, 52, 4), (SMALL2, 300, 53, 4),
+    # max_tokens: the token segment as long as it gets (1,200 bytes), the segment counters'
+    # full width
+    (SMALL, 600, 11, 1), (SMALL, 600, 54, 4),
 ])
 def test_export_bit_exact(config, count, seed, width):
     """The export's sector writes equal the golden encoder's, the header last; on a port of
