@@ -143,7 +143,7 @@ class AttentionUnit(CommandUnit):
                 m.d.sync += [a_beat.word_select(a_fill[:max(1, (MB - 1).bit_length())]
                                                 if MB > 1 else 0, 8)
                              .eq(dec.data.payload.data),
-                             a_fill.eq(a_fill + 1), d.taken.eq(d.taken + 1)]
+                             a_fill.eq(a_fill + 1)]
             with m.If(at.i.valid & at.i.ready):
                 m.d.sync += a_fill.eq(0)
             # output beats -> little-endian int16 bytes

@@ -182,7 +182,13 @@ class Dispatcher:
         self.op = LinkOp(Signal(8, name="op"))     # any byte; reset value 0 is no Op
         self.seq = Signal(8)
         self.length = Signal(16)
-        self.taken = Signal(16)              # payload bytes consumed so far
+        # payload bytes taken from the decoder so far, counted by one rule (every transfer on
+        # ``dec.data``, whichever state takes it), and ``more``: ``taken != length``, a register
+        # kept with every write of ``taken``. As comparators in front of ``dec.data.ready``
+        # (``DRAIN``'s 16 bits, ``TOKENS_IN``'s 32-bit token count) and a count in each state,
+        # they led the half-rate board build's paths into ``taken``'s enable (17.3 ns at 60 MHz)
+        self.taken = Signal(16)
+        self.more = Signal()
         self.args = Signal(8 * arg_max)
         self.rstatus = Signal(Status)
         self.rlen = Signal(16)
@@ -443,6 +449,9 @@ class Dispatcher:
         # before SEND_BUFFER): the op's record mux and the byte select are a register apart
         resp_held = Signal.like(resp_word)
 
+        with m.If(dec.data.valid & dec.data.ready):
+            m.d.sync += [taken.eq(taken + 1), self.more.eq(taken + 1 != length)]
+
         with m.FSM(name="dispatch"):
             with m.State("IDLE"):
                 m.d.comb += dec.error.ready.eq(1)
@@ -456,7 +465,8 @@ class Dispatcher:
                     with m.If(dec.header.valid):
                         p = dec.header.payload
                         m.d.sync += [op.eq(p.op), self.seq.eq(p.seq), length.eq(p.length),
-                                     taken.eq(0), self.args.eq(0),
+                                     taken.eq(0), self.more.eq(p.length != 0),
+                                     self.args.eq(0),
                                      self.answer_not_ready.eq(0),
                                      self.frames.eq(self.frames + 1),
                                      self.cycles_at.eq(self.cycles)]
@@ -498,8 +508,7 @@ class Dispatcher:
                 # collect the op's fixed record (length >= its size was checked)
                 m.d.comb += dec.data.ready.eq(1)
                 with m.If(dec.data.valid):
-                    m.d.sync += [self.args.word_select(taken[:5], 8).eq(dec.data.payload.data),
-                                 taken.eq(taken + 1)]
+                    m.d.sync += self.args.word_select(taken[:5], 8).eq(dec.data.payload.data)
                     with m.Switch(op):
                         for o in self.requests:
                             size = self.requests[o].size
@@ -510,11 +519,9 @@ class Dispatcher:
                                     m.next = "DECODE"
 
             with m.State("DRAIN"):
-                m.d.comb += dec.data.ready.eq(taken != length)
-                with m.If(taken == length):
+                m.d.comb += dec.data.ready.eq(self.more)
+                with m.If(~self.more):
                     m.next = "RESPOND_HEADER"
-                with m.Elif(dec.data.valid):
-                    m.d.sync += taken.eq(taken + 1)
 
             with m.State("RESPOND_HEADER"):
                 m.d.sync += resp_held.eq(resp_word)

@@ -166,7 +166,7 @@ class KeyUnit(CommandUnit):
                 m.d.comb += [dec.data.ready.eq(1), w.valid.eq(dec.data.valid),
                              w.payload.data.eq(dec.data.payload.data)]
                 with m.If(dec.data.valid):
-                    m.d.sync += [self.index.eq(self.index + 1), d.taken.eq(d.taken + 1)]
+                    m.d.sync += self.index.eq(self.index + 1)
                     with m.If(self.index == last_index):
                         m.next = "KEY_SEED"
         with m.State("KEY_SEED"):

@@ -6,7 +6,7 @@ a byte a clock after 2 clocks (the next token read while one is sent); HASH_QUER
 feeder (``n + 3`` clocks).
 """
 
-from amaranth import Cat, Mux, Signal
+from amaranth import Cat, Signal
 
 from ringkv.defs.hash import hash_seed
 from ringkv.defs.protocol import REQUESTS, Op
@@ -84,18 +84,17 @@ class TokenUnit(CommandUnit):
         # ---- token stream in (TOKENS_APPEND / TOKENS_WRITE) ----
         with m.State("TOKENS_IN"):
             is_write = op == LinkOp.TOKENS_WRITE
-            # the count through a register (the request's op and arguments are final since
-            # DECODE): the op's decode and the two arguments' mux in front of the compare
-            # into ``taken``'s enable were 15.9 ns of the half-rate board build at 60 MHz
-            n = d.early(Mux(is_write, arg(Op.TOKENS_WRITE, "n"), arg(Op.TOKENS_APPEND, "n")))
+            # the tokens end with the payload (DISPATCH checked ``length`` to be the record's
+            # size plus ``n`` tokens, and ARGS took the record): ``d.more`` is ``tok_i != n``,
+            # a register (the 32-bit compare in front of ``dec.data.ready`` and the dispatcher's
+            # count led the half-rate board build's paths at 60 MHz)
             off = arg(Op.TOKENS_WRITE, "offset")
-            m.d.comb += dec.data.ready.eq(tok_i != n)
-            with m.If(tok_i == n):
+            m.d.comb += dec.data.ready.eq(d.more)
+            with m.If(~d.more):
                 m.next = "TOKENS_DONE"
             with m.Elif(dec.data.valid):
                 byte = dec.data.payload.data
-                m.d.sync += [d.taken.eq(d.taken + 1),
-                             tok_acc.word_select(tok_b, 8).eq(byte)]
+                m.d.sync += tok_acc.word_select(tok_b, 8).eq(byte)
                 with m.If(tok_b == TB - 1):
                     token = Cat(tok_acc[:8 * (TB - 1)], byte) if TB > 1 else byte
                     m.d.sync += [tok_b.eq(0), tok_i.eq(tok_i + 1)]
