@@ -99,8 +99,11 @@ class RecoveryUnit(CommandUnit):
         # decides every DISPATCH case, and the op decode in front of it was on the longest
         # paths into the units' registers at the board's 60 MHz (docs/BOARD.md).
         op = d.op.as_value()
-        gated = d.early(op.matches(*(o.value for o in RECOVERY_GATED)))
-        scan_gated = d.early(op.matches(*(o.value for o in RECOVERY_SCAN_GATED - RECOVERY_GATED)))
+        # (the sets in a fixed order: iterated in hash order, they gave the RTLIL a different
+        # text in each Python process, so a rebuild of one commit was not the same netlist)
+        gated = d.early(op.matches(*sorted(o.value for o in RECOVERY_GATED)))
+        scan_gated = d.early(op.matches(*sorted(o.value
+                                                for o in RECOVERY_SCAN_GATED - RECOVERY_GATED)))
         m.d.comb += d.not_ready.eq((gated & (self.state != RecoveryState.READY))
                                    | (scan_gated & scanning))
         with m.If(scanning):
