@@ -31,8 +31,14 @@ def test_board_rtlil_does_not_depend_on_the_hash_seed():
                               env={**os.environ, "PYTHONHASHSEED": seed})
              for seed in ("1", "2")]
     digests = []
-    for p in procs:
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err
-        digests.append(out.strip())
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=300)
+            assert p.returncode == 0, err
+            digests.append(out.strip())
+    finally:                    # a failure or a timeout leaves no child behind
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert len(digests[0]) == 64 and digests[0] == digests[1]
